@@ -1,0 +1,20 @@
+"""The node side of shmstat: the collector daemon, its handlers, the launcher and the ``shmstat`` CLI."""
+
+from __future__ import annotations
+
+from .daemon import PLATFORM_GROUP, Collector, CollectorConfig
+from .handlers import Dispatcher, JsonlMetricHandler, build_handler
+from .merge import Summary, WindowRow, merge, merge_all
+
+__all__ = [
+    "PLATFORM_GROUP",
+    "Collector",
+    "CollectorConfig",
+    "Dispatcher",
+    "JsonlMetricHandler",
+    "Summary",
+    "WindowRow",
+    "build_handler",
+    "merge",
+    "merge_all",
+]

@@ -1,0 +1,297 @@
+"""The per-node collector: one loop that scans windows, relays messages, watches ranks and dispatches.
+
+Arbiter-style: signal handlers only set a flag; :meth:`Collector.step` does one round of work and is what
+tests drive with an injected clock. Only one collector serves a job on a node: it holds an exclusive
+``flock`` on ``<runtime dir>/<job>.collector.lock`` for its whole life (released by the kernel if it dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+import zmq
+
+from elastic.metrics import MetricData, MetricHandler, StatMetricData
+from shmstat import wire
+from shmstat.errors import CollectorError
+from shmstat.layout import Geometry
+from shmstat.runtime import ingest_endpoint, runtime_dir, validate_job
+from shmstat.segment import Segment
+
+from .handlers import Dispatcher
+from .liveness import Lifecycle, Liveness
+from .merge import WindowRow
+from .scanner import Scanner
+
+__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig"]
+
+PLATFORM_GROUP = "shmstat"
+"""The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
+``torchelastic``."""
+
+_log = logging.getLogger("shmstat.collector")
+
+
+@dataclass
+class CollectorConfig:
+    """Everything a collector needs; defaults are what ``shmstat collect --job JOB`` uses."""
+
+    job: str
+    publish: str = "tcp://127.0.0.1:0"
+    handlers: dict[str, str] = field(default_factory=dict)
+    """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
+    grace_ms: int = 20
+    usage_interval_s: float = 1.0
+    geometry: Geometry | None = None
+    ingest: str | None = None
+    clock: Callable[[], int] = time.time_ns
+
+
+class Collector:
+    """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
+    :meth:`close`. Raises :class:`CollectorError` if another collector serves the job."""
+
+    def __init__(
+        self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
+        out: IO[str] | None = None,
+    ) -> None:
+        validate_job(config.job)
+        self.config = config
+        self.clock = config.clock
+        self.out = out if out is not None else sys.stdout
+        self.stop_requested = threading.Event()
+        self._lock_fd = _take_lock(config.job)
+        self.segment: Segment | None = None
+        self.relay = None
+        try:
+            self.dispatcher = Dispatcher.from_specs(config.handlers)
+            if handler_objects:
+                for group, handler in handler_objects.items():
+                    if group == "*":
+                        self.dispatcher.default = handler
+                    else:
+                        self.dispatcher.handlers[group] = handler
+            if PLATFORM_GROUP not in self.dispatcher.handlers and "*" not in config.handlers:
+                from elastic.metrics import NullMetricHandler
+
+                self.dispatcher.handlers[PLATFORM_GROUP] = NullMetricHandler()
+            self.segment = Segment.open(config.job, geometry=config.geometry)
+            self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
+            self.liveness = Liveness(self.segment)
+            from .relay import Relay
+
+            self.relay = Relay(config.ingest or ingest_endpoint(config.job), config.publish)
+            self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
+        except BaseException:
+            self._release()
+            raise
+        self.windows_emitted = 0
+        self.rows_emitted = 0
+        self.overwritten = 0
+        self.torn = 0
+        self.lifecycle: list[Lifecycle] = []
+        self._next_usage = 0.0
+        self.segment.set_collector(os.getpid(), self.clock())
+        self.poller = zmq.Poller()
+        self.poller.register(self.relay.xsub, zmq.POLLIN)
+
+    @property
+    def publish_endpoint(self) -> str:
+        """The XPUB endpoint subscribers connect to (the real port when bound to port 0)."""
+        assert self.relay is not None
+        return self.relay.publish_endpoint
+
+    @property
+    def ingest_endpoint(self) -> str:
+        """The ipc endpoint ranks publish to."""
+        assert self.relay is not None
+        return self.relay.ingest_endpoint
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM (or :meth:`request_stop`), then emit what is held and return 0."""
+        self._install_signals()
+        print(
+            f"shmstat collector: job {self.config.job} pid {os.getpid()} ingest {self.ingest_endpoint} "
+            f"publish {self.publish_endpoint}",
+            file=self.out, flush=True,
+        )
+        try:
+            while not self.stop_requested.is_set():
+                self.step(self._poll_timeout_ms())
+        finally:
+            self.shutdown()
+        return 0
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to finish its round, flush and return (safe from a signal handler)."""
+        self.stop_requested.set()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _s, _f: self.stop_requested.set())
+
+    def _poll_timeout_ms(self) -> int:
+        due = self.scanner.next_due_ns()
+        if due is None:
+            return 20
+        wait_ms = (due - self.clock()) / 1e6
+        return int(min(50.0, max(0.0, wait_ms)))
+
+    def step(self, poll_timeout_ms: int = 0) -> None:
+        """One round: wait up to ``poll_timeout_ms`` for messages, relay them, then scan and watch ranks."""
+        assert self.relay is not None and self.segment is not None
+        if poll_timeout_ms > 0:
+            self.poller.poll(poll_timeout_ms)
+        for msg in self.relay.receive():
+            if msg.kind == "metric":
+                self._dispatch_put_metrics(msg)
+        now = self.clock()
+        ranks = self.scanner.refresh()
+        for change in self.liveness.poll(ranks):
+            self._lifecycle(change)
+        if self.scanner.due(now):
+            self._emit_scan(now, final=False)
+        if time.monotonic() >= self._next_usage:
+            self._next_usage = time.monotonic() + self.config.usage_interval_s
+            self._emit_usage(now, ranks)
+        self.segment.set_collector(os.getpid(), now)
+
+    def shutdown(self) -> None:
+        """Take the last messages, emit every window that holds data, flush handlers, release everything."""
+        if self.relay is None:
+            return
+        with contextlib.suppress(Exception):
+            for msg in self.relay.receive(limit=100_000):
+                if msg.kind == "metric":
+                    self._dispatch_put_metrics(msg)
+            now = self.clock()
+            for change in self.liveness.poll(self.scanner.refresh()):
+                self._lifecycle(change)
+            self._emit_scan(now, final=True)
+        with contextlib.suppress(Exception):
+            self.dispatcher.close()
+        if self.segment is not None:
+            with contextlib.suppress(Exception):
+                self.segment.set_collector(0, self.clock())
+        self._release()
+
+    def close(self) -> None:
+        """Same as :meth:`shutdown` (idempotent)."""
+        self.shutdown()
+
+    def _release(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- emission -------------------------------------------------------------------------------------------
+    def _emit_scan(self, now: int, *, final: bool) -> None:
+        result = self.scanner.scan(now, final=final)
+        self.overwritten += result.overwritten
+        self.torn += result.torn
+        by_topic: dict[str, list[dict]] = {}
+        for row in result.rows:
+            self._dispatch_row(row)
+            by_topic.setdefault(wire.stat_topic(row.group, row.name), []).append(row.to_wire())
+            self.rows_emitted += 1
+            if row.rank is None:
+                self.windows_emitted += 1
+        assert self.relay is not None
+        for topic, items in by_topic.items():
+            self.relay.publish(topic, "stat", items)
+        self.dispatcher.flush()
+        self.scanner.commit()
+
+    def _dispatch_row(self, row: WindowRow) -> None:
+        start, end = row.start_ns / 1e9, row.end_ns / 1e9
+        torn = row.summary.torn
+        for key, value in row.values().items():
+            self.dispatcher.emit(
+                StatMetricData(end, row.group, key, value, rank=row.rank, window_start=start, window_end=end,
+                               torn=torn)
+            )
+
+    def _dispatch_put_metrics(self, msg: wire.WireMessage) -> None:
+        for group, name, value, ts in msg.items:
+            self.dispatcher.emit(_point(float(ts), group, name, value, msg.rank))
+
+    def _lifecycle(self, change: Lifecycle) -> None:
+        self.lifecycle.append(change)
+        assert self.relay is not None
+        self.relay.publish(wire.rank_topic(change.state), "rank", [change.to_wire()])
+        _log.info("rank %d (pid %d, incarnation %d) %s", change.rank, change.pid, change.incarnation, change.state)
+
+    def _emit_usage(self, now: int, ranks: list) -> None:
+        ts = now / 1e9
+        rows: list[MetricData] = []
+        for u in self.liveness.usage(ranks):
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank))
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank))
+        cpu_s, rss = Liveness.self_usage()
+        assert self.relay is not None
+        c = self.relay.counters
+        for name, value in (
+            ("collector.windows_emitted", self.windows_emitted), ("collector.rows_emitted", self.rows_emitted),
+            ("collector.events_relayed", c.events), ("collector.metrics_relayed", c.metrics),
+            ("collector.frames_rejected", c.rejected), ("collector.seq_gaps", c.gaps),
+            ("collector.handler_errors", self.dispatcher.errors),
+            ("collector.windows_overwritten", self.overwritten), ("collector.windows_torn", self.torn),
+            ("collector.cpu_seconds", cpu_s), ("collector.rss_bytes", rss),
+        ):
+            rows.append(_point(ts, PLATFORM_GROUP, name, value, None))
+        items = []
+        for md in rows:
+            self.dispatcher.emit(md)
+            items.append({"group": md.group_name, "name": md.name, "value": md.value,
+                          "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
+        self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+    def counters(self) -> dict[str, int]:
+        """The collector's own counters (also emitted in the platform group)."""
+        c = self.relay_counters
+        return {
+            "windows_emitted": self.windows_emitted, "rows_emitted": self.rows_emitted,
+            "events_relayed": c.events, "metrics_relayed": c.metrics,
+            "frames_rejected": c.rejected, "seq_gaps": c.gaps,
+            "handler_errors": self.dispatcher.errors, "windows_overwritten": self.overwritten,
+            "windows_torn": self.torn,
+        }
+
+
+def _point(ts: float, group: str, name: str, value: float, rank: int | None) -> StatMetricData:
+    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank."""
+    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None)  # type: ignore[arg-type]
+
+
+def _take_lock(job: str) -> int:
+    path = os.path.join(runtime_dir(), f"{job}.collector.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise CollectorError(f"a collector for job {job!r} is already running on this node (pid {holder})") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,0 +1,122 @@
+"""Merging windows across ranks (and, with the same code, node results into job results).
+
+COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX are the extremes of the parts, VALUE is the value with
+the latest timestamp. :func:`merge` is associative and commutative, so any grouping of parts gives the same
+result (a job-level collector merges node rows exactly as a node merges rank rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shmstat.aggregation import Aggregation, aggregation_key, from_mask
+
+__all__ = ["Summary", "WindowRow", "merge", "merge_all"]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Count, sum, extremes and latest value of a set of samples."""
+
+    count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_ts: int
+    torn: bool = False
+
+    @property
+    def mean(self) -> float:
+        """SUM / COUNT (0 for an empty summary, as torch.monitor reports)."""
+        return self.sum / self.count if self.count else 0.0
+
+    def value(self, agg: Aggregation) -> float:
+        """The figure for one aggregation, as a float."""
+        if self.count == 0:
+            return 0.0
+        if agg is Aggregation.COUNT:
+            return float(self.count)
+        if agg is Aggregation.SUM:
+            return float(self.sum)
+        if agg is Aggregation.MEAN:
+            return self.mean
+        if agg is Aggregation.MAX:
+            return float(self.max)
+        if agg is Aggregation.MIN:
+            return float(self.min)
+        return float(self.last)
+
+
+def merge(a: Summary, b: Summary) -> Summary:
+    """Combine two summaries; empty ones are the identity."""
+    if a.count == 0 and not a.torn:
+        return b
+    if b.count == 0 and not b.torn:
+        return a
+    later = b if b.last_ts > a.last_ts else a
+    return Summary(
+        a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
+        a.torn or b.torn,
+    )
+
+
+def merge_all(parts: Iterable[Summary]) -> Summary:
+    """Merge any number of summaries (empty input gives the empty summary)."""
+    out = Summary(0, 0.0, 0.0, 0.0, 0.0, 0)
+    for p in parts:
+        out = merge(out, p)
+    return out
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One emitted row: a stat's window, merged (``rank`` None) or of one rank."""
+
+    group: str
+    name: str
+    wid: int
+    window_ms: int
+    agg_mask: int
+    rank: int | None
+    summary: Summary
+    ranks: int = 1
+    """How many ranks contributed (1 for a per-rank row)."""
+
+    @property
+    def start_ns(self) -> int:
+        """Window start, wall-clock ns."""
+        return self.wid * self.window_ms * 1_000_000
+
+    @property
+    def end_ns(self) -> int:
+        """Window end (exclusive), wall-clock ns."""
+        return (self.wid + 1) * self.window_ms * 1_000_000
+
+    def values(self) -> dict[str, float]:
+        """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order."""
+        return {f"{self.name}.{aggregation_key(a)}": self.summary.value(a) for a in _ordered(self.agg_mask)}
+
+    def to_wire(self) -> dict[str, object]:
+        """The map published on ``stat/<group>/<name>`` (every figure, whatever the stat asked for)."""
+        s = self.summary
+        return {
+            "group": self.group, "name": self.name, "rank": self.rank, "ranks": self.ranks, "wid": self.wid,
+            "window_ms": self.window_ms, "start_ns": self.start_ns, "end_ns": self.end_ns, "count": s.count,
+            "sum": s.sum, "mean": s.mean, "min": s.min if s.count else 0.0, "max": s.max if s.count else 0.0,
+            "value": s.last, "last_ts": s.last_ts, "torn": s.torn,
+        }
+
+
+_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN, Aggregation.VALUE)
+_ordered_cache: dict[int, tuple[Aggregation, ...]] = {}
+
+
+def _ordered(mask: int) -> tuple[Aggregation, ...]:
+    got = _ordered_cache.get(mask)
+    if got is None:
+        present = set(from_mask(mask))
+        got = tuple(a for a in _ORDER if a in present)
+        _ordered_cache[mask] = got
+    return got

@@ -1,0 +1,135 @@
+"""The relay: ranks' messages in on XSUB, everything out on XPUB for subscribers.
+
+The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
+everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
+validated with :func:`shmstat.wire.decode`; valid messages are re-published unchanged, invalid ones are
+counted and dropped. The XPUB socket binds ``tcp://127.0.0.1:<port>`` by default. A slow subscriber only
+loses its own messages past its high-water mark; the collector's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import zmq
+
+from shmstat import wire
+from shmstat.errors import CollectorError, WireError
+
+__all__ = ["Relay", "RelayCounters"]
+
+_MAX_BATCH = 2048
+
+
+@dataclass
+class RelayCounters:
+    """What went through the relay."""
+
+    messages: int = 0
+    events: int = 0
+    metrics: int = 0
+    rejected: int = 0
+    published: int = 0
+    gaps: int = 0
+    """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
+
+
+class Relay:
+    """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
+
+    def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 100_000) -> None:
+        self.ctx = zmq.Context()
+        self.counters = RelayCounters()
+        self.pid = os.getpid() if pid is None else pid
+        self._seq = 0
+        self._next_seq: dict[tuple[int, int, int], int] = {}
+        self.xsub = self.ctx.socket(zmq.XSUB)
+        self.xpub = self.ctx.socket(zmq.XPUB)
+        for sock in (self.xsub, self.xpub):
+            sock.setsockopt(zmq.LINGER, 500)
+        self.xsub.setsockopt(zmq.RCVHWM, 0)
+        self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
+        self.xsub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
+        self.xpub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
+        try:
+            old_umask = os.umask(0o077)  # the ipc socket file is created owner-only
+            try:
+                self.xsub.bind(ingest)
+            finally:
+                os.umask(old_umask)
+            self.xpub.bind(publish)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise CollectorError(f"cannot bind {ingest} / {publish}: {exc}") from None
+        self.ingest_endpoint = ingest
+        self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.xsub.send(b"\x01")  # subscribe to everything every rank sends
+
+    def receive(self, limit: int = _MAX_BATCH) -> list[wire.WireMessage]:
+        """Take up to ``limit`` waiting messages from the ranks: re-publish the valid ones, return them."""
+        out: list[wire.WireMessage] = []
+        c = self.counters
+        for _ in range(limit):
+            try:
+                frames = self.xsub.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            if len(frames) != 2:
+                c.rejected += 1
+                continue
+            try:
+                msg = wire.decode(frames[0], frames[1])
+            except WireError:
+                c.rejected += 1
+                continue
+            c.messages += 1
+            if msg.kind == "event":
+                c.events += len(msg.items)
+            elif msg.kind == "metric":
+                c.metrics += len(msg.items)
+            self._track_seq(msg)
+            self._send(frames)
+            out.append(msg)
+        self._drain_subscriptions()
+        return out
+
+    def _track_seq(self, msg: wire.WireMessage) -> None:
+        key = (msg.rank, msg.pid, msg.incarnation)
+        expected = self._next_seq.get(key)
+        if expected is not None and msg.seq > expected:
+            self.counters.gaps += msg.seq - expected
+        self._next_seq[key] = msg.seq + len(msg.items)
+
+    def publish(self, topic: str, kind: str, items: list[dict]) -> None:
+        """Publish collector-made items (stat windows, rank lifecycle) on XPUB."""
+        if not items:
+            return
+        payload = wire.encode(kind, wire.COLLECTOR_RANK, self.pid, 0, self._seq, items)
+        self._seq += len(items)
+        self._send([topic.encode("utf-8"), payload])
+
+    def _send(self, frames: list[bytes]) -> None:
+        try:
+            self.xpub.send_multipart(frames, zmq.NOBLOCK)
+            self.counters.published += 1
+        except zmq.Again:  # no subscriber is reading fast enough: PUB semantics, drop
+            pass
+
+    def _drain_subscriptions(self) -> None:
+        # Subscribers' (un)subscribe frames queue on XPUB; the collector publishes everything regardless.
+        for _ in range(1000):
+            try:
+                self.xpub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def close(self) -> None:
+        """Close both sockets and the context."""
+        for sock in (getattr(self, "xsub", None), getattr(self, "xpub", None)):
+            if sock is not None:
+                with contextlib.suppress(Exception):
+                    sock.close(linger=200)
+        with contextlib.suppress(Exception):
+            self.ctx.term()

@@ -1,0 +1,311 @@
+"""torchelastic's metrics API (``torch.distributed.elastic.metrics.api``), routed to the collector when attached.
+
+Same names, signatures and behaviour as torchelastic: a metric is a ``(group, name)`` time series; each
+group maps to a :class:`MetricHandler` set with :func:`configure`; :func:`put_metric` looks the handler up
+on every call; :func:`getStream` binds it when called; ``@prof`` records success/failure and duration.
+
+What we add: the built-in default handler (in force for every group that was not configured in this
+process, and as long as ``configure(handler)`` was not called for the default) behaves like torchelastic's
+:class:`NullMetricHandler` when the process is not attached to a job, and publishes each metric to the
+node's collector (topic ``metric/<group>/<name>``) when it is. The process attaches from the environment
+on the first metric (see :func:`shmstat.attach.ensure_init`), never at import. A handler configured in
+this process always wins over routing. The collector then dispatches the metric to the handler its own
+configuration gives the group.
+
+Differences from torchelastic, all deliberate:
+
+- ``put_metric`` and ``@prof`` are several times cheaper (the null case builds no record at all);
+- ``@prof`` measures duration on the monotonic clock, so a wall-clock step cannot make it negative;
+  a handler that raises while recording ``.success`` is not reported as a ``.failure`` of the function;
+- ``profile`` warns once, when it decorates, instead of three times on every call of the function;
+- :func:`configure` refuses an object without a callable ``emit`` (torchelastic fails later, at emit time);
+- :func:`initialize_metrics` attaches to the job from the environment right away (torchelastic: no-op).
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import logging
+import operator
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from shmstat._state import STATE
+
+from ._data import MetricData, StatMetricData
+from ._registry import REGISTRY
+from ._registry import publisher as _publisher
+
+__all__ = [
+    "ConsoleMetricHandler",
+    "MetricData",
+    "MetricHandler",
+    "MetricStream",
+    "MetricsConfig",
+    "NullMetricHandler",
+    "StatMetricData",
+    "configure",
+    "getStream",
+    "get_elapsed_time_ms",
+    "initialize_metrics",
+    "prof",
+    "profile",
+    "publish_metric",
+    "put_metric",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_log = logging.getLogger("shmstat.elastic.metrics")
+_handlers = REGISTRY.handlers  # mutated in place only, so this alias stays valid across resets
+_time = time.time
+_clock = time.perf_counter
+_NUMBER_TYPES = frozenset((int, float, bool))
+_INT_MIN = -(1 << 63)
+_UINT_MAX = (1 << 64) - 1
+
+
+class MetricsConfig:
+    """Configuration for :func:`initialize_metrics`: a dict of string parameters (``{}`` when None)."""
+
+    __slots__ = ["params"]
+
+    def __init__(self, params: dict[str, str] | None = None) -> None:
+        """Keep ``params`` (a new empty dict when None)."""
+        self.params: dict[str, str] = {} if params is None else params
+
+
+class MetricHandler(abc.ABC):
+    """Where metric data points go. Subclass it and implement :meth:`emit`."""
+
+    @abc.abstractmethod
+    def emit(self, metric_data: MetricData) -> None:
+        """Handle one data point (called synchronously by ``put_metric`` / ``MetricStream.add_value``)."""
+
+
+class ConsoleMetricHandler(MetricHandler):
+    """Prints each data point to stdout as ``[<timestamp>][<group>]: <name>=<value>`` (torchelastic's format)."""
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Print ``metric_data`` in torchelastic's console format."""
+        print(f"[{metric_data.timestamp}][{metric_data.group_name}]: {metric_data.name}={metric_data.value}")
+
+
+class NullMetricHandler(MetricHandler):
+    """Discards every data point."""
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Do nothing."""
+
+
+class _DefaultHandler(NullMetricHandler):
+    """The built-in default: a null handler that publishes to the collector when the process is attached."""
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Publish ``metric_data`` to the node's collector when attached; otherwise drop it."""
+        pub = _publisher()
+        if pub is not None:
+            ts, group, name, value = metric_data
+            _publish(pub, group, name, value, ts)
+
+    def __repr__(self) -> str:
+        return "<elastic.metrics built-in default handler (null, or the collector when attached)>"
+
+
+_BUILTIN_DEFAULT = _DefaultHandler()
+
+
+def _publish(pub: Any, group: Any, name: Any, value: Any, ts: float) -> None:
+    """Hand one metric to the publisher, converting what the wire cannot carry (see :func:`_coerce`)."""
+    if type(value) not in _NUMBER_TYPES or type(group) is not str or type(name) is not str:
+        number = _coerce(value)
+        if number is None:
+            REGISTRY.dropped += 1
+            if REGISTRY.dropped == 1:
+                _log.warning(
+                    "metric %s/%s has a value the collector cannot take (a %s); dropped (further ones are "
+                    "counted in elastic.metrics._registry.REGISTRY.dropped)",
+                    group,
+                    name,
+                    type(value).__name__,
+                )
+            return
+        group, name, value = str(group), str(name), number
+    pub.publish_metric(group, name, value, ts)
+
+
+def _coerce(value: Any) -> int | float | bool | None:
+    """``value`` as an int, float or bool the wire carries; None when it is not a number at all.
+
+    Subclasses become their base type, integers outside 64 bits and objects with ``__float__`` (a
+    0-d tensor, ``Decimal``) become floats, objects with ``__index__`` (numpy integers) become ints.
+    """
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, float):
+        return float(value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    return number if _INT_MIN <= number <= _UINT_MAX else float(number)
+
+
+class MetricStream:
+    """A ``(group, handler)`` pair: :meth:`add_value` emits data points of ``group_name`` to ``handler``."""
+
+    def __init__(self, group_name: str, handler: MetricHandler) -> None:
+        """Bind ``group_name`` to ``handler`` (the binding does not follow later :func:`configure` calls)."""
+        self.group_name = group_name
+        self.handler = handler
+
+    def add_value(self, metric_name: str, metric_value: int) -> None:
+        """Emit ``MetricData(time.time(), group_name, metric_name, metric_value)`` to the bound handler."""
+        self.handler.emit(MetricData(_time(), self.group_name, metric_name, metric_value))
+
+
+def configure(handler: MetricHandler, group: str | None = None) -> None:
+    """Send metrics of ``group`` to ``handler``; with ``group=None``, make ``handler`` the default handler.
+
+    The default serves every group that has no handler of its own. Configuring a handler in this process
+    (for the group, or as the default) takes the group away from collector routing. Passing back the
+    built-in default (as found in ``getStream(g).handler`` before any configuration) restores routing.
+    Raises :class:`TypeError` if ``handler`` has no callable ``emit``.
+    """
+    if not callable(getattr(handler, "emit", None)):
+        raise TypeError(f"a metric handler needs an emit(metric_data) method; got {type(handler).__name__}")
+    builtin = handler is _BUILTIN_DEFAULT
+    if group is None:
+        REGISTRY.default = None if builtin else handler
+    elif builtin:
+        _handlers.pop(group, None)
+    else:
+        _handlers[group] = handler
+
+
+def getStream(group: str) -> MetricStream:  # noqa: N802 (torchelastic's name)
+    """A :class:`MetricStream` for ``group``, bound to the handler that serves the group right now."""
+    handler = _handlers.get(group)
+    if handler is None:
+        handler = REGISTRY.default
+        if handler is None:
+            handler = _BUILTIN_DEFAULT
+    return MetricStream(group, handler)
+
+
+def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchelastic") -> None:
+    """Publish one data point of ``(metric_group, metric_name)`` with the current time.
+
+    The handler is looked up on every call (so a later :func:`configure` applies at once). With no handler
+    configured for the group or as default, the point goes to the collector when the process is attached
+    and nowhere otherwise. Usage: ``put_metric("metric_name", 1)``, ``put_metric("metric_name", 1, "group")``.
+    """
+    handler = _handlers.get(metric_group)
+    if handler is None:
+        handler = REGISTRY.default
+        if handler is None:
+            pub = STATE.publisher
+            if pub is None:
+                if STATE.auto_init_done:
+                    return
+                pub = _publisher()
+                if pub is None:
+                    return
+            _publish(pub, metric_group, metric_name, metric_value, _time())
+            return
+    handler.emit(MetricData(_time(), metric_group, metric_name, metric_value))
+
+
+def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:
+    """Deprecated: ``put_metric(metric_name, metric_value, metric_group)``; warns :class:`FutureWarning`."""
+    warnings.warn(
+        "Deprecated, use `put_metric(metric_group)(metric_name, metric_value)` instead", FutureWarning, stacklevel=2
+    )
+    getStream(metric_group).add_value(metric_name, metric_value)
+
+
+publish_metric.__deprecated__ = "Deprecated, use `put_metric(metric_group)(metric_name, metric_value)` instead"  # type: ignore[attr-defined]
+
+
+def get_elapsed_time_ms(start_time_in_seconds: float) -> int:
+    """Whole milliseconds from ``start_time_in_seconds`` (a :func:`time.time` value) to now, truncated."""
+    return int((_time() - start_time_in_seconds) * 1000)
+
+
+def _metric_key(fn: Callable[..., Any]) -> str:
+    """``@prof``'s key: ``__qualname__`` if it has a dot (``Class.method``), else ``<module leaf>.<name>``."""
+    qualname: str = fn.__qualname__
+    if "." in qualname:
+        return qualname
+    module = fn.__module__
+    return f"{module.rsplit('.', 1)[-1]}.{qualname}" if module else qualname
+
+
+def _profiled(fn: F, key: str, group: Any) -> F:
+    """Wrap ``fn`` to emit ``<key>.success``/``<key>.failure`` = 1 and ``<key>.duration.ms`` to ``group``."""
+    success, failure, duration = f"{key}.success", f"{key}.failure", f"{key}.duration.ms"
+    clock = _clock
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = clock()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception:
+            put_metric(failure, 1, group)
+            raise
+        else:
+            put_metric(success, 1, group)
+            return result
+        finally:
+            put_metric(duration, int((clock() - start) * 1000), group)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@overload
+def prof(fn: F, group: str = "torchelastic") -> F: ...
+@overload
+def prof(fn: None = None, group: str = "torchelastic") -> Callable[[F], F]: ...
+def prof(fn: F | None = None, group: str = "torchelastic") -> F | Callable[[F], F]:
+    """Decorator: publish ``<key>.success`` (or ``<key>.failure``, then re-raise) and ``<key>.duration.ms``.
+
+    ``key`` is the function's ``__qualname__`` when it has a dot (``Class.method``), else
+    ``<leaf module>.<function>``. Duration is whole milliseconds; it is published even when the function
+    raises. Use as ``@prof`` or ``@prof(group="agent")``; metrics go through :func:`put_metric`.
+    """
+
+    def wrap(f: F) -> F:
+        return _profiled(f, _metric_key(f), group)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def profile(group: str | None = None) -> Callable[[F], F]:
+    """Deprecated (use :func:`prof`): decorator publishing ``<function name>.success/.failure/.duration.ms``.
+
+    Warns :class:`FutureWarning` when called. The key is the bare ``__name__``, as in torchelastic.
+    """
+    warnings.warn("Deprecated, use `@prof` instead", FutureWarning, stacklevel=2)
+
+    def wrap(func: F) -> F:
+        return _profiled(func, func.__name__, group)
+
+    return wrap
+
+
+profile.__deprecated__ = "Deprecated, use `@prof` instead"  # type: ignore[attr-defined]
+
+
+def initialize_metrics(cfg: MetricsConfig | None = None) -> None:
+    """Attach to the job from the environment now rather than on the first metric (``cfg`` is unused).
+
+    A no-op when no job is configured, as in torchelastic.
+    """
+    _publisher()

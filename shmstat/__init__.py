@@ -1,0 +1,55 @@
+"""shmstat: multiprocess shared-memory telemetry, a drop-in for ``torch.monitor``.
+
+``from shmstat import Stat, Aggregation, Event, log_event, register_event_handler`` works like
+``torch.monitor``; in a job (``shmstat.init(...)`` or ``SHMSTAT_JOB`` / torchrun's variables) stats go to the
+node's shared-memory segment and events to the node's collector.
+"""
+
+from __future__ import annotations
+
+from .aggregation import Aggregation
+from .attach import init, shutdown
+from .errors import (
+    CapacityError,
+    CollectorError,
+    ConfigError,
+    LayoutMismatchError,
+    SegmentError,
+    ShmstatError,
+    WireError,
+)
+from .events import (
+    Event,
+    EventHandlerHandle,
+    data_value_t,
+    log_event,
+    register_event_handler,
+    unregister_event_handler,
+)
+from .stat import Stat
+from .stats import stats
+from .tensorboard import TensorboardEventHandler
+
+__all__ = [
+    "Aggregation",
+    "CapacityError",
+    "CollectorError",
+    "ConfigError",
+    "Event",
+    "EventHandlerHandle",
+    "LayoutMismatchError",
+    "SegmentError",
+    "ShmstatError",
+    "Stat",
+    "TensorboardEventHandler",
+    "WireError",
+    "data_value_t",
+    "init",
+    "log_event",
+    "register_event_handler",
+    "shutdown",
+    "stats",
+    "unregister_event_handler",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,51 @@
+"""The one module that holds shmstat's process-global state.
+
+Everything process-wide lives in :data:`STATE`: the registered event handlers, the attachment to a job's
+segment (if any) and the rank's event publisher (if any). Nothing here reads the environment at import time.
+Tests call :func:`reset` to start from a clean slate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .publisher import Publisher
+    from .segment import RankAttachment
+
+
+@dataclass
+class GlobalState:
+    """Process-wide state: handler registry, attachment and publisher, plus counters users can read."""
+
+    handlers: list[Any] = field(default_factory=list)
+    """Registered handler handles, in registration order (see :mod:`shmstat.events`)."""
+    handler_tuple: tuple[Any, ...] = ()
+    """The registered callbacks, in order, as one immutable snapshot (rebuilt on register/unregister)."""
+    handler_errors: int = 0
+    """Exceptions raised by event handlers (logged and counted, never propagated)."""
+    attachment: RankAttachment | None = None
+    publisher: Publisher | None = None
+    publish_target: tuple[str, int, int] | None = None
+    """(endpoint, rank, incarnation) of the publisher, so a forked child can open its own."""
+    auto_init_done: bool = False
+    """Whether the environment was consulted for a job (done lazily, once)."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+STATE = GlobalState()
+
+
+def reset() -> None:
+    """Detach from any job, close the publisher and forget every handler (for tests and forks)."""
+    old = STATE
+    if old.publisher is not None:
+        with contextlib.suppress(Exception):
+            old.publisher.close(linger_ms=0)
+    if old.attachment is not None:
+        with contextlib.suppress(Exception):
+            old.attachment.detach()
+    STATE.__init__()  # in place: other modules hold a reference to STATE

@@ -1,0 +1,135 @@
+"""The aggregations a :class:`~shmstat.stat.Stat` can compute, and their bit masks.
+
+:class:`Aggregation` mirrors ``torch.monitor.Aggregation``: same member names, same integer values
+(VALUE 0, MEAN 2, COUNT 3, SUM 4, MAX 5, MIN 6), same ``str()``. A set of aggregations is stored in the
+shared-memory segment as a bit mask (bit ``int(agg)``), built with :func:`to_mask` and read back with
+:func:`from_mask`.
+
+Every function here also accepts torch's own ``torch.monitor.Aggregation`` members (matched by ``.name``), so
+code that passes torch's enum keeps working after switching the import. torch is never imported.
+
+Where we differ from torch: ``VALUE`` is implemented (the last value added, data key ``<stat>.value``); torch
+accepts it but emits nothing for it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "AGG_BIT",
+    "COUNT",
+    "MAX",
+    "MEAN",
+    "MIN",
+    "SUM",
+    "VALUE",
+    "Aggregation",
+    "aggregation_key",
+    "from_mask",
+    "to_mask",
+]
+
+
+class Aggregation(enum.IntEnum):
+    """These are types of aggregations that can be used to accumulate stats.
+
+    The integer values equal torch's; iteration order is VALUE, MEAN, COUNT, SUM, MAX, MIN.
+    """
+
+    def __new__(cls, value: int, doc: str) -> Aggregation:
+        """Create a member holding ``value`` with its own docstring ``doc``."""
+        obj = int.__new__(cls, value)
+        obj._value_ = value
+        obj.__doc__ = doc
+        return obj
+
+    VALUE = 0, "VALUE returns the last value to be added."
+    MEAN = 2, "MEAN computes the arithmetic mean of all the added values."
+    COUNT = 3, "COUNT returns the total number of added values."
+    SUM = 4, "SUM returns the sum of the added values."
+    MAX = 5, "MAX returns the max of the added values."
+    MIN = 6, "MIN returns the min of the added values."
+
+    def __str__(self) -> str:
+        """``Aggregation.MEAN``, as torch prints its members."""
+        return f"Aggregation.{self.name}"
+
+    def __format__(self, format_spec: str) -> str:
+        """Format like ``str()`` (torch's members format as ``Aggregation.MEAN``)."""
+        return format(str(self), format_spec)
+
+
+VALUE = Aggregation.VALUE
+"""Alias of :attr:`Aggregation.VALUE` (torch.monitor exports its members at module level too)."""
+MEAN = Aggregation.MEAN
+"""Alias of :attr:`Aggregation.MEAN`."""
+COUNT = Aggregation.COUNT
+"""Alias of :attr:`Aggregation.COUNT`."""
+SUM = Aggregation.SUM
+"""Alias of :attr:`Aggregation.SUM`."""
+MAX = Aggregation.MAX
+"""Alias of :attr:`Aggregation.MAX`."""
+MIN = Aggregation.MIN
+"""Alias of :attr:`Aggregation.MIN`."""
+
+AGG_BIT: dict[Aggregation, int] = {agg: 1 << int(agg) for agg in Aggregation}
+"""The bit of each aggregation in a mask: ``1 << int(agg)``."""
+
+_VALID_MASK = 0
+for _bit in AGG_BIT.values():
+    _VALID_MASK |= _bit
+del _bit
+
+_KEYS: dict[Aggregation, str] = {agg: agg.name.lower() for agg in Aggregation}
+
+
+def _coerce(agg: Any) -> Aggregation:
+    """Return our member for ``agg`` (ours, or any object whose ``.name`` is a member name, e.g. torch's)."""
+    if isinstance(agg, Aggregation):
+        return agg
+    name = getattr(agg, "name", None)
+    if isinstance(name, str):
+        member = Aggregation.__members__.get(name)
+        if member is None:
+            raise ConfigError(
+                f"aggregation {agg!r} is unknown: use one of {', '.join(Aggregation.__members__)}"
+            )
+        return member
+    raise TypeError(
+        f"{agg!r} of type {type(agg).__name__} is not an Aggregation: pass a member such as Aggregation.MEAN"
+    )
+
+
+def aggregation_key(agg: Any) -> str:
+    """The lower-case suffix of the data key this aggregation produces (``"mean"`` for ``<stat>.mean``).
+
+    Accepts our members and torch's; raises :class:`TypeError` for anything else.
+    """
+    return _KEYS[_coerce(agg)]
+
+
+def to_mask(aggs: Iterable[Any]) -> int:
+    """The bit mask of an iterable of aggregations (ours or torch's); duplicates merge, empty gives 0."""
+    mask = 0
+    for agg in aggs:
+        mask |= AGG_BIT[_coerce(agg)]
+    return mask
+
+
+def from_mask(mask: int) -> list[Aggregation]:
+    """The aggregations in ``mask``, in enum order (VALUE, MEAN, COUNT, SUM, MAX, MIN), each once.
+
+    Raises :class:`~shmstat.errors.ConfigError` if ``mask`` is negative or has a bit no aggregation owns.
+    """
+    if isinstance(mask, bool) or not isinstance(mask, int):
+        raise TypeError(f"aggregation mask must be an int, not {type(mask).__name__}")
+    if mask < 0 or mask & ~_VALID_MASK:
+        raise ConfigError(
+            f"aggregation mask {mask:#x} has bits outside {_VALID_MASK:#x}; pass a mask made by to_mask()"
+        )
+    return [agg for agg, bit in AGG_BIT.items() if mask & bit]

@@ -1,0 +1,123 @@
+"""Attaching this process to a job as one rank: ``init()``, the lazy attach from the environment, detach."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+
+from . import _state
+from .errors import ConfigError
+from .identity import Identity, identity_from_env
+from .layout import Geometry
+from .publisher import Publisher
+from .runtime import ingest_endpoint, validate_job
+from .segment import RankAttachment, Segment
+
+__all__ = ["ensure_init", "init", "shutdown"]
+
+
+def init(
+    job: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    max_ranks: int | None = None,
+    max_stats: int | None = None,
+    banks: int | None = None,
+    endpoint: str | None = None,
+    publish: bool = True,
+) -> RankAttachment | None:
+    """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
+
+    Arguments left out come from the environment (see :mod:`shmstat.identity`); with no job anywhere the
+    process stays in-process (torch.monitor behaviour) and None is returned. Capacities given explicitly
+    must match an existing segment. Stats created afterwards write to shared memory; events and metrics
+    are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``.
+    Calling ``init`` again for another job detaches from the first.
+    """
+    env = identity_from_env()
+    if job is None:
+        if env is None:
+            _state.STATE.auto_init_done = True
+            return None
+        job = env.job
+    validate_job(job)
+    if rank is None:
+        rank = env.rank if env is not None else 0
+    if local_rank is None:
+        local_rank = env.local_rank if env is not None and env.rank == rank else rank
+    if world_size is None:
+        world_size = env.world_size if env is not None else 1
+    for label, value in (("rank", rank), ("local_rank", local_rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
+    geometry = None
+    if max_ranks is not None or max_stats is not None or banks is not None:
+        default = Geometry()
+        geometry = Geometry(max_ranks or default.max_ranks, max_stats or default.max_stats, banks or default.banks)
+    with _state.STATE.lock:
+        shutdown()
+        segment = Segment.open(job, geometry=geometry)
+        try:
+            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size)
+        except BaseException:
+            segment.close()
+            raise
+        _state.STATE.attachment = att
+        if publish:
+            target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
+            _state.STATE.publish_target = target
+            _state.STATE.publisher = Publisher(target[0], rank=rank, incarnation=att.incarnation)
+        _state.STATE.auto_init_done = True
+    return att
+
+
+def ensure_init() -> RankAttachment | None:
+    """The current attachment, attaching from the environment the first time it is asked."""
+    st = _state.STATE
+    if st.attachment is not None and st.attachment.pid == os.getpid():
+        return st.attachment
+    if st.auto_init_done:
+        return None
+    with st.lock:
+        if st.auto_init_done:
+            return st.attachment
+        env: Identity | None = identity_from_env()
+        if env is None:
+            st.auto_init_done = True
+            return None
+        return init(env.job, env.rank, env.local_rank, env.world_size)
+
+
+def shutdown(flush_timeout_s: float = 2.0) -> None:
+    """Flush and close the publisher, mark this rank exited and detach; the process is in-process again."""
+    st = _state.STATE
+    pub, att = st.publisher, st.attachment
+    st.publisher = None
+    st.attachment = None
+    st.publish_target = None
+    if pub is not None:
+        with contextlib.suppress(Exception):
+            pub.close(linger_ms=int(flush_timeout_s * 1000))
+    if att is not None and att.pid == os.getpid():
+        with contextlib.suppress(Exception):
+            att.mark_exited()
+
+
+def _after_fork_in_child() -> None:
+    # The child is not the registered rank: it must not write the parent's slots or use its socket.
+    # It keeps publishing events as the same rank under its own pid, on a socket of its own.
+    st = _state.STATE
+    st.attachment = None
+    st.publisher = None
+    st.auto_init_done = True
+    if st.publish_target is not None:
+        endpoint, rank, incarnation = st.publish_target
+        with contextlib.suppress(Exception):
+            st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)

@@ -1,0 +1,54 @@
+"""The exception tree of shmstat.
+
+::
+
+    ShmstatError                      root of every error shmstat raises on purpose
+     ├── ConfigError (ValueError)     a bad argument or environment value: job id, name, window, handler spec
+     ├── CapacityError                the segment has no room left for another rank or stat
+     ├── SegmentError                 the shared-memory segment cannot be created, attached or trusted
+     │    └── LayoutMismatchError     the segment was made by another layout version or is not ours
+     ├── WireError (ValueError)       a frame received on a socket is not a valid shmstat message
+     └── CollectorError               the collector cannot start (e.g. another one runs for the job)
+
+Every message is one sentence that says what to change.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapacityError",
+    "CollectorError",
+    "ConfigError",
+    "LayoutMismatchError",
+    "SegmentError",
+    "ShmstatError",
+    "WireError",
+]
+
+
+class ShmstatError(Exception):
+    """Root of every error shmstat raises on purpose."""
+
+
+class ConfigError(ShmstatError, ValueError):
+    """A bad argument or environment value (job id, stat name, window size, handler spec)."""
+
+
+class CapacityError(ShmstatError):
+    """The segment has no room for another rank or stat; raised before anything is written."""
+
+
+class SegmentError(ShmstatError):
+    """The shared-memory segment cannot be created, attached or trusted."""
+
+
+class LayoutMismatchError(SegmentError):
+    """The segment was created by another layout version, with other capacities, or not by shmstat."""
+
+
+class WireError(ShmstatError, ValueError):
+    """A frame received on a socket is not a valid shmstat message."""
+
+
+class CollectorError(ShmstatError):
+    """The collector cannot start or run (for example, another collector already serves the job)."""

@@ -1,0 +1,315 @@
+"""Events and event handlers: the ``torch.monitor`` event API (:class:`Event`, :func:`log_event`, ...).
+
+An :class:`Event` is a name, a timestamp and a flat dict of data. :func:`log_event` hands the event to
+every handler registered with :func:`register_event_handler`, synchronously and in registration order, then
+(when the process is attached to a job) to the rank's publisher, which ships it to the node's collector.
+
+``data_value_t`` mirrors ``torch.monitor.data_value_t``: a data value is one of ``str``, ``float``, ``int`` or
+``bool``. Here it is a typing union usable in annotations and in ``isinstance``.
+
+Where we differ from torch (on purpose, each one an improvement):
+
+- a ``bool`` in the data stays a ``bool`` (torch turns it into ``1.0``);
+- a handler that raises is logged and counted in ``shmstat._state.STATE.handler_errors``, and the other
+  handlers still run (torch skips the rest);
+- a handler may call :func:`log_event` itself (torch deadlocks);
+- unregistering a handle twice is a no-op (torch crashes);
+- timezone-aware timestamps keep their zone; naive ones mean local time, as in
+  :meth:`datetime.datetime.timestamp`.
+
+The handler registry lives in :data:`shmstat._state.STATE` (``handlers`` and the ``handler_tuple`` snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ._state import STATE
+from .errors import ConfigError
+
+__all__ = [
+    "STAT_EVENT",
+    "Event",
+    "EventHandlerHandle",
+    "data_value_t",
+    "log_event",
+    "register_event_handler",
+    "unregister_event_handler",
+]
+
+_log = logging.getLogger("shmstat")
+
+data_value_t = str | float | int | bool
+"""A value in :attr:`Event.data`: one of ``str``, ``float``, ``int``, ``bool`` (mirrors torch's type)."""
+
+STAT_EVENT = "torch.monitor.Stat"
+"""The name of the Event a Stat logs when a window closes (the same string torch uses)."""
+
+_NS_PER_S = 1_000_000_000
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_new_object = object.__new__
+
+
+def _check_data(data: Any) -> dict[str, data_value_t]:
+    """Return a fresh dict of ``data``: every key a ``str``, every value a ``str``/``float``/``int``/``bool``.
+
+    Subclasses of those types (an ``IntEnum``, a ``str`` subclass) are converted to the base type. Raises
+    :class:`TypeError` for any other key or value type and :class:`ConfigError` for an int outside int64.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(
+            f"Event data must be a dict of str to str, float, int or bool, not {type(data).__name__}"
+        )
+    out: dict[str, data_value_t] = {}
+    for key, value in data.items():
+        if type(key) is not str:
+            if not isinstance(key, str):
+                raise TypeError(f"Event data key {key!r} is a {type(key).__name__}, but keys must be str")
+            key = str(key)
+        kind = type(value)
+        if kind is float or kind is str or kind is bool:
+            pass
+        elif kind is int or isinstance(value, int):
+            if kind is not int:
+                value = int(value)
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise ConfigError(
+                    f"Event data value for key {key!r} is an int outside the signed 64-bit range"
+                )
+        elif isinstance(value, float):
+            value = float(value)
+        elif isinstance(value, str):
+            value = str(value)
+        else:
+            raise TypeError(
+                f"Event data value for key {key!r} is a {kind.__name__}, "
+                "but values must be str, float, int or bool"
+            )
+        out[key] = value
+    return out
+
+
+def _check_name(name: Any) -> str:
+    """Return ``name`` as a plain ``str`` or raise :class:`TypeError`."""
+    if type(name) is str:
+        return name
+    if isinstance(name, str):
+        return str(name)
+    raise TypeError(f"Event name must be a str, not {type(name).__name__}")
+
+
+def _check_timestamp(timestamp: Any) -> datetime:
+    """Return ``timestamp`` if it is a :class:`datetime.datetime`, else raise :class:`TypeError`."""
+    if not isinstance(timestamp, datetime):
+        raise TypeError(f"Event timestamp must be a datetime.datetime, not {type(timestamp).__name__}")
+    return timestamp
+
+
+def _datetime_from_ns(ts_ns: int) -> datetime:
+    """The naive local-time datetime of a Unix time in nanoseconds (truncated to microseconds)."""
+    seconds, rest = divmod(ts_ns, _NS_PER_S)
+    return datetime.fromtimestamp(seconds).replace(microsecond=rest // 1000)
+
+
+class Event:
+    """A named, timestamped record with structured data, to be passed to :func:`log_event`.
+
+    All Events of the same type should have the same name so downstream handlers can process them.
+    ``name``, ``timestamp`` and ``data`` can be read and assigned; assignments are validated like the
+    constructor's arguments. ``data`` returns the event's own dict: change it by assigning a new one.
+    """
+
+    __slots__ = ("_data", "_name", "_ts", "_ts_ns")
+
+    _name: str
+    _ts: datetime | None
+    _ts_ns: int | None
+    _data: dict[str, data_value_t]
+
+    def __init__(self, name: str, timestamp: datetime, data: Mapping[str, data_value_t]) -> None:
+        """Construct the Event; raise :class:`TypeError` if any argument, key or value has a wrong type.
+
+        ``data`` is copied; an int outside the signed 64-bit range raises :class:`~shmstat.errors.ConfigError`
+        (a ValueError, as in torch). A naive ``timestamp`` means local time; an aware one keeps its zone.
+        """
+        self._name = _check_name(name)
+        self._ts = _check_timestamp(timestamp)
+        self._ts_ns = None
+        self._data = _check_data(data)
+
+    @classmethod
+    def _from_ns(cls, name: str, ts_ns: int, data: dict[str, data_value_t]) -> Event:
+        """Build an Event from trusted internal values without validation (``data`` is not copied).
+
+        The timestamp is kept as integer Unix nanoseconds; the datetime is built on first read of
+        :attr:`timestamp` (and cached), so an event nobody looks at never pays for a datetime.
+        """
+        event = _new_object(cls)
+        event._name = name
+        event._ts = None
+        event._ts_ns = ts_ns
+        event._data = data
+        return event
+
+    @property
+    def name(self) -> str:
+        """The name of the Event."""
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = _check_name(value)
+
+    @property
+    def timestamp(self) -> datetime:
+        """The timestamp when the Event happened (for internal events: naive local time, microseconds)."""
+        ts = self._ts
+        if ts is None:
+            ts = self._ts = _datetime_from_ns(self._ts_ns)  # type: ignore[arg-type]
+        return ts
+
+    @timestamp.setter
+    def timestamp(self, value: datetime) -> None:
+        self._ts = _check_timestamp(value)
+        self._ts_ns = None
+
+    @property
+    def data(self) -> dict[str, data_value_t]:
+        """The structured data contained within the Event (the event's own dict; assign to replace it)."""
+        return self._data
+
+    @data.setter
+    def data(self, value: Mapping[str, data_value_t]) -> None:
+        self._data = _check_data(value)
+
+    def _timestamp_ns(self) -> int:
+        """The timestamp as integer Unix nanoseconds (computed once from the datetime, then cached).
+
+        A naive datetime is interpreted as local time, exactly like :meth:`datetime.datetime.timestamp`.
+        """
+        ns = self._ts_ns
+        if ns is None:
+            ts: datetime = self._ts  # type: ignore[assignment]
+            whole = ts.replace(microsecond=0).timestamp()  # an exact integer-valued float
+            ns = self._ts_ns = int(whole) * _NS_PER_S + ts.microsecond * 1000
+        return ns
+
+    def __repr__(self) -> str:
+        """``Event(name=..., timestamp=..., data=...)``."""
+        return f"Event(name={self._name!r}, timestamp={self.timestamp!r}, data={self._data!r})"
+
+
+_HANDLE_TOKEN = object()
+
+
+class EventHandlerHandle:
+    """Returned by :func:`register_event_handler`; pass it to :func:`unregister_event_handler`.
+
+    It cannot be constructed directly (:class:`TypeError`), as in torch.
+    """
+
+    __slots__ = ("_callback", "_reported")
+
+    _callback: Callable[[Event], None]
+    _reported: set[type[BaseException]]
+
+    def __init__(self, _token: object = None, _callback: Callable[[Event], None] | None = None) -> None:
+        """Refuse construction outside this module."""
+        if _token is not _HANDLE_TOKEN or _callback is None:
+            raise TypeError(
+                "EventHandlerHandle cannot be directly initialized: call register_event_handler(callback)"
+            )
+        self._callback = _callback
+        self._reported = set()
+
+    def __repr__(self) -> str:
+        """``<EventHandlerHandle for <callback>>``."""
+        return f"<EventHandlerHandle for {self._callback!r}>"
+
+
+def register_event_handler(callback: Callable[[Event], None]) -> EventHandlerHandle:
+    """Register ``callback`` to be called with every Event passed to :func:`log_event`; return its handle.
+
+    Handlers run synchronously in registration order inside ``log_event``, so they should not block.
+    Registering the same callable twice makes it run twice. Raises :class:`TypeError` if it is not callable.
+    """
+    if not callable(callback):
+        raise TypeError(f"event handler must be callable, not {type(callback).__name__}")
+    handle = EventHandlerHandle(_HANDLE_TOKEN, callback)
+    with STATE.lock:
+        STATE.handlers.append(handle)
+        STATE.handler_tuple = tuple(h._callback for h in STATE.handlers)
+    return handle
+
+
+def unregister_event_handler(handler: EventHandlerHandle) -> None:
+    """Unregister the handler behind ``handler``; events logged after this returns no longer reach it.
+
+    A ``log_event`` already dispatching (on another thread, or further up this thread's stack) may still
+    deliver its current event. Unregistering a handle a second time is a no-op. Raises :class:`TypeError` for
+    anything that is not an :class:`EventHandlerHandle`.
+    """
+    if not isinstance(handler, EventHandlerHandle):
+        raise TypeError(f"expected an EventHandlerHandle, not {type(handler).__name__}")
+    with STATE.lock:
+        handlers = STATE.handlers
+        for i, registered in enumerate(handlers):
+            if registered is handler:
+                del handlers[i]
+                STATE.handler_tuple = tuple(h._callback for h in handlers)
+                return
+
+
+def _handler_failed(callback: Callable[[Event], None], exc: Exception) -> None:
+    """Count a handler's exception; log it the first time this handler raises this exception type."""
+    with STATE.lock:
+        STATE.handler_errors += 1
+        handle = next((h for h in STATE.handlers if h._callback is callback), None)
+        kind = type(exc)
+        if handle is not None:
+            if kind in handle._reported:
+                return
+            handle._reported.add(kind)
+    _log.error(
+        "event handler %r raised %s; the other handlers still ran "
+        "(further %s from it are counted, not logged)",
+        callback,
+        kind.__name__,
+        kind.__name__,
+        exc_info=exc,
+    )
+
+
+def log_event(event: Event) -> None:
+    """Pass ``event`` (the same object) to every registered handler, in order, then to the job's collector.
+
+    With no handlers and no job attached this is a no-op. A handler's exception is logged and counted, never
+    raised, and the remaining handlers still run; a handler may itself call ``log_event``. Raises
+    :class:`TypeError` if ``event`` is not an :class:`Event`.
+    """
+    if not isinstance(event, Event):
+        raise TypeError(f"log_event expects an Event, not {type(event).__name__}")
+    for callback in STATE.handler_tuple:
+        try:
+            callback(event)
+        except Exception as exc:
+            _handler_failed(callback, exc)
+    pub = STATE.publisher
+    if pub is not None:
+        pub.publish_event(event._name, event._timestamp_ns(), event._data)
+
+
+def _dispatch_local(event: Event) -> None:
+    """Pass ``event`` to the local handlers only (no publishing); same error handling as :func:`log_event`.
+
+    Used for Stat windows, which reach the collector through shared memory rather than the wire.
+    """
+    for callback in STATE.handler_tuple:
+        try:
+            callback(event)
+        except Exception as exc:
+            _handler_failed(callback, exc)

@@ -1,0 +1,350 @@
+"""The binary layout of a job's shared-memory segment: the one source of truth for ranks and collector.
+
+All integers and floats are little-endian, every field is 8 bytes and 8-byte aligned; banks are 64-byte
+aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``K`` = banks per slot.
+
+::
+
+    offset                         size       region
+    0                              256        header
+    256                            R*128      rank table        (entry i = local rank i)
+    DESC_BASE                      R*S*192    stat descriptors  (rank-major: rank i, stat j)
+    BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
+
+    header (256 bytes)
+      0  magic            8s   b"SHMSTAT\\0"
+      8  layout_version   u64  LAYOUT_VERSION
+     16  max_ranks        u64  R
+     24  max_stats        u64  S
+     32  banks            u64  K
+     40  total_size       u64  bytes of the whole segment
+     48  created_ns       i64  wall-clock ns at creation
+     56  collector_pid    i64  pid of the collector serving the job, 0 if none
+     64  collector_beat   i64  collector heartbeat, wall-clock ns
+     72  reserved ... 256
+
+    rank entry (128 bytes)
+      0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
+      8  pid              i64
+     16  incarnation      u64  bumped on every registration of this entry (a restarted rank)
+     24  rank             i64  global rank
+     32  local_rank       i64  index of this entry
+     40  world_size       i64
+     48  start_ns         i64
+     56  heartbeat_ns     i64
+     64  nstats           u64  descriptors handed out so far (high-water mark)
+     72  nan_count        u64  NaN samples ignored by this rank
+     80  discarded        u64  samples discarded because a window reached max_samples
+     88  reserved ... 128
+
+    stat descriptor (192 bytes)
+      0  state            u64  0 empty, 1 published (written last, after the other fields)
+      8  window_ms        u64
+     16  max_samples      i64
+     24  agg_mask         u64  bit (1 << Aggregation value)
+     32  emitted_wid      i64  written by the collector only: the newest window it has emitted (-1 none)
+     40  name_len         u64
+     48  group_len        u64
+     56  incarnation      u64  incarnation of the rank that published the descriptor
+     64  name             80 bytes UTF-8
+    144  group            48 bytes UTF-8
+
+    bank (64 bytes)
+      0  seq              f64  2 * count, plus 1 while a write is in progress (a seqlock whose even value
+                               is the sample count: the writer touches one field less per sample)
+      8  wid              i64  window id = wall-clock ns // window ns
+     16  sum              f64
+     24  min              f64
+     32  max              f64
+     40  last             f64  last value added
+     48  last_ts          i64  wall-clock ns of the last value added
+     56  incarnation      u64  incarnation of the rank that wrote this window
+
+Concurrency guarantees:
+
+- Every bank has exactly one writer, the process registered for its rank entry; it never takes a lock.
+  The writer sets ``seq`` odd, writes ``wid`` (on a reset) and the data fields, then sets ``seq`` even.
+- A reader copies ``seq, wid``, the data, then ``wid, seq`` again and accepts the copy only when both pairs
+  match and ``seq`` is even; otherwise it retries. Re-checking ``wid`` catches a bank reset whose new count
+  equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
+- Rank entries and descriptors are allocated under the job's named semaphore; a descriptor's ``state`` is
+  written last, so a reader that sees ``state == 1`` sees the whole descriptor.
+- ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+__all__ = [
+    "BANK_SIZE",
+    "DEFAULT_BANKS",
+    "DEFAULT_MAX_RANKS",
+    "DEFAULT_MAX_STATS",
+    "DESC_SIZE",
+    "HEADER_SIZE",
+    "LAYOUT_VERSION",
+    "MAGIC",
+    "MAX_GROUP_BYTES",
+    "MAX_NAME_BYTES",
+    "RANK_ENTRY_SIZE",
+    "BankSnapshot",
+    "Geometry",
+    "Header",
+    "RankInfo",
+    "RankState",
+    "StatDescriptor",
+]
+
+MAGIC = b"SHMSTAT\x00"
+LAYOUT_VERSION = 1
+
+HEADER_SIZE = 256
+RANK_ENTRY_SIZE = 128
+DESC_SIZE = 192
+BANK_SIZE = 64
+MAX_NAME_BYTES = 80
+MAX_GROUP_BYTES = 48
+
+DEFAULT_MAX_RANKS = 64
+DEFAULT_MAX_STATS = 512
+DEFAULT_BANKS = 4
+
+# Header fields (byte offsets).
+H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
+H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT = 48, 56, 64
+_HEADER = struct.Struct("<8sQQQQQqqq")
+
+# Rank entry fields (byte offsets inside an entry).
+R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
+R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED = 48, 56, 64, 72, 80
+_RANK = struct.Struct("<QqQqqqqqQQQ")
+
+# Descriptor fields (byte offsets inside a descriptor).
+D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
+D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_NAME, D_GROUP = 40, 48, 56, 64, 144
+_DESC_HEAD = struct.Struct("<QQqQqQQQ")
+
+# Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).
+B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC = range(8)
+BANK_WORDS = BANK_SIZE // 8
+_BANK = struct.Struct("<dqddddqQ")
+_SEQ_WID = struct.Struct("<dq")
+
+
+class RankState:
+    """Values of a rank entry's ``state`` field."""
+
+    FREE = 0
+    ACTIVE = 1
+    EXITED = 2
+    DIED = 3
+    NAMES = {0: "free", 1: "active", 2: "exited", 3: "died"}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Capacities of a segment and the offsets they imply; the only place offsets are computed."""
+
+    max_ranks: int = DEFAULT_MAX_RANKS
+    max_stats: int = DEFAULT_MAX_STATS
+    banks: int = DEFAULT_BANKS
+
+    @property
+    def rank_table(self) -> int:
+        """Byte offset of the rank table."""
+        return HEADER_SIZE
+
+    @property
+    def desc_base(self) -> int:
+        """Byte offset of the descriptor region."""
+        return HEADER_SIZE + self.max_ranks * RANK_ENTRY_SIZE
+
+    @property
+    def bank_base(self) -> int:
+        """Byte offset of the slot region (64-byte aligned)."""
+        end = self.desc_base + self.max_ranks * self.max_stats * DESC_SIZE
+        return (end + 63) // 64 * 64
+
+    @property
+    def total_size(self) -> int:
+        """Size in bytes of the whole segment."""
+        return self.bank_base + self.max_ranks * self.max_stats * self.banks * BANK_SIZE
+
+    def rank_offset(self, local_rank: int) -> int:
+        """Byte offset of a rank entry."""
+        return HEADER_SIZE + local_rank * RANK_ENTRY_SIZE
+
+    def desc_offset(self, local_rank: int, stat: int) -> int:
+        """Byte offset of a stat descriptor."""
+        return self.desc_base + (local_rank * self.max_stats + stat) * DESC_SIZE
+
+    def slot_offset(self, local_rank: int, stat: int) -> int:
+        """Byte offset of bank 0 of a slot; bank ``b`` follows at ``b * BANK_SIZE``."""
+        return self.bank_base + (local_rank * self.max_stats + stat) * self.banks * BANK_SIZE
+
+    def rank_slots_span(self, local_rank: int) -> tuple[int, int]:
+        """Byte range ``(start, end)`` of all banks of one rank (what the rank pre-faults)."""
+        start = self.slot_offset(local_rank, 0)
+        return start, start + self.max_stats * self.banks * BANK_SIZE
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded segment header."""
+
+    magic: bytes
+    version: int
+    max_ranks: int
+    max_stats: int
+    banks: int
+    total_size: int
+    created_ns: int
+    collector_pid: int
+    collector_beat_ns: int
+
+    @property
+    def geometry(self) -> Geometry:
+        """The capacities recorded in the header."""
+        return Geometry(self.max_ranks, self.max_stats, self.banks)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One decoded rank-table entry."""
+
+    local_rank: int
+    state: int
+    pid: int
+    incarnation: int
+    rank: int
+    world_size: int
+    start_ns: int
+    heartbeat_ns: int
+    nstats: int
+    nan_count: int
+    discarded: int
+
+    @property
+    def state_name(self) -> str:
+        """``free``, ``active``, ``exited`` or ``died``."""
+        return RankState.NAMES.get(self.state, "unknown")
+
+
+@dataclass(frozen=True)
+class StatDescriptor:
+    """One decoded stat descriptor: what a rank declared about one of its stats."""
+
+    local_rank: int
+    index: int
+    name: str
+    group: str
+    window_ms: int
+    max_samples: int
+    agg_mask: int
+    emitted_wid: int
+    incarnation: int
+
+    @property
+    def window_ns(self) -> int:
+        """Window length in nanoseconds."""
+        return self.window_ms * 1_000_000
+
+
+@dataclass(frozen=True)
+class BankSnapshot:
+    """A consistent copy of one bank (or, if ``torn``, the last inconsistent copy seen)."""
+
+    wid: int
+    count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_ts: int
+    incarnation: int
+    torn: bool = False
+
+
+def read_header(buf: memoryview) -> Header:
+    """Decode the header from the start of ``buf``."""
+    return Header(*_HEADER.unpack_from(buf, 0))
+
+
+def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
+    """Write a fresh header; the magic is written last so a half-initialised segment is never trusted."""
+    _HEADER.pack_into(
+        buf, 0, b"\x00" * 8, LAYOUT_VERSION, geometry.max_ranks, geometry.max_stats, geometry.banks,
+        geometry.total_size, created_ns, 0, 0,
+    )
+    struct.pack_into("<8s", buf, H_MAGIC, MAGIC)
+
+
+def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
+    """Decode rank entry ``local_rank``."""
+    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc) = _RANK.unpack_from(
+        buf, geometry.rank_offset(local_rank)
+    )
+    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc)
+
+
+def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: int) -> StatDescriptor | None:
+    """Decode a descriptor, or None if it is not published yet."""
+    off = geometry.desc_offset(local_rank, stat)
+    state, window_ms, max_samples, mask, emitted, name_len, group_len, inc = _DESC_HEAD.unpack_from(buf, off)
+    if state != 1:
+        return None
+    name_len = min(name_len, MAX_NAME_BYTES)
+    group_len = min(group_len, MAX_GROUP_BYTES)
+    name = bytes(buf[off + D_NAME : off + D_NAME + name_len]).decode("utf-8", "replace")
+    group = bytes(buf[off + D_GROUP : off + D_GROUP + group_len]).decode("utf-8", "replace")
+    return StatDescriptor(local_rank, stat, name, group, window_ms, max_samples, mask, emitted, inc)
+
+
+def write_descriptor(
+    buf: memoryview, geometry: Geometry, local_rank: int, stat: int, *, name: bytes, group: bytes,
+    window_ms: int, max_samples: int, agg_mask: int, incarnation: int,
+) -> None:
+    """Publish a descriptor: every field first, ``state = 1`` last."""
+    off = geometry.desc_offset(local_rank, stat)
+    buf[off + D_NAME : off + D_NAME + MAX_NAME_BYTES] = name.ljust(MAX_NAME_BYTES, b"\x00")
+    buf[off + D_GROUP : off + D_GROUP + MAX_GROUP_BYTES] = group.ljust(MAX_GROUP_BYTES, b"\x00")
+    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, -1, len(name), len(group), incarnation)
+    struct.pack_into("<Q", buf, off + D_STATE, 1)
+
+
+def write_emitted_wid(buf: memoryview, geometry: Geometry, local_rank: int, stat: int, wid: int) -> None:
+    """Record (collector only) that every window up to ``wid`` of this slot has been emitted."""
+    struct.pack_into("<q", buf, geometry.desc_offset(local_rank, stat) + D_EMITTED, wid)
+
+
+def read_bank(buf: memoryview, offset: int, retries: int = 64) -> BankSnapshot:
+    """Copy one bank consistently (seqlock protocol above), retrying a torn read up to ``retries`` times.
+
+    If every attempt sees a write in progress, the last copy is returned with ``torn=True``: the caller
+    decides (a dead writer's bank is emitted flagged; a live writer's is read again later).
+    """
+    unpack = _BANK.unpack_from
+    seq_wid = _SEQ_WID.unpack_from
+    fields = unpack(buf, offset)
+    for _ in range(retries):
+        seq, wid, total, lo, hi, last, ts, inc = fields
+        seq2, wid2 = seq_wid(buf, offset)
+        if seq == seq2 and wid == wid2 and not (int(seq) & 1):
+            return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc)
+        fields = unpack(buf, offset)
+    seq, wid, total, lo, hi, last, ts, inc = fields
+    return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc, torn=True)
+
+
+def encode_name(text: str, limit: int, what: str) -> bytes:
+    """UTF-8 encode a stat name or group, or raise ConfigError if empty or longer than ``limit`` bytes."""
+    from .errors import ConfigError
+
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{what} must be a non-empty string, got {text!r}")
+    raw = text.encode("utf-8")
+    if len(raw) > limit:
+        raise ConfigError(f"{what} {text[:40]!r}... is {len(raw)} bytes in UTF-8; shorten it to at most {limit}")
+    return raw

@@ -1,0 +1,605 @@
+"""The rank's event publisher: ships events and metrics to the node's collector without blocking the caller.
+
+A :class:`Publisher` owns one ZeroMQ ``XPUB`` socket *connected* to the collector's ``XSUB`` (which binds the
+job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The caller's side of every
+``publish*`` method is one ``deque.append`` of ``(topic, kind, item)``; a daemon thread, started on the first
+publish, owns the socket and does everything else: it takes items from the deque, assigns per-rank sequence
+numbers, batches consecutive items of the same topic (up to ``batch_max`` per message), encodes them with
+:func:`shmstat.wire.encode`, sends with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
+
+What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket options below):
+
+- An ``XPUB`` silently discards messages no subscriber has asked for. So until the collector's subscribe-all
+  frame has arrived (``subscribed`` is False) items are held here, in order, in a bounded backlog.
+- With the default ``ZMQ_IMMEDIATE=0`` the socket's pipe to the collector's endpoint outlives the connection:
+  when the collector dies the ``XPUB`` reports *nothing* (no unsubscribe frame), keeps the subscription, and
+  queues what we send in that pipe (up to ``SNDHWM`` messages; ``ZMQ_XPUB_NODROP`` makes a full pipe answer
+  ``EAGAIN`` instead of discarding); when a collector binds the endpoint again, libzmq reconnects and delivers
+  that queue to it. (With ``ZMQ_IMMEDIATE=1`` the ``XPUB`` reports ``b"\\x00"`` on disconnect but silently
+  discards everything sent to the dead pipe before that frame is read, and the whole pipe content: more loss,
+  so it is not used.)
+- An explicit unsubscribe (``b"\\x00"`` sent by a collector that shuts down cleanly) does arrive; from then on
+  items are held here again until a new subscribe-all frame arrives.
+
+Guarantees:
+
+- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full queue, never touch
+  the socket, and cost one tuple, one ``dict`` copy (events) and one ``deque.append``.
+- Items leave in publish order (per publisher); every item taken gets the next sequence number of this
+  publisher, starting at 0, *including* items that are dropped: a receiver's gap of ``n`` is ``n`` lost items.
+- At most ``backlog_limit`` items are held in this process (waiting for a subscriber or for room in zmq's
+  pipe); past that, new items are dropped and counted in :attr:`PublisherStats.dropped`. Items that cannot be
+  encoded (bad types, too big) are dropped, counted and logged once. Nothing within the bound is lost while
+  the collector is up or before it first starts.
+- ``stats().queued == sent_items + dropped + backlog`` once the thread is idle (see :meth:`Publisher.flush`).
+- Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
+  and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
+  collector sees them as a sequence gap. Items in zmq's pipe when ``close()``'s linger expires with no
+  collector present are likewise lost uncounted.
+
+Processes: sequence numbers are per publisher, so a receiver keys them by (rank, incarnation, pid). A
+publisher belongs to the process that created it: in a forked child, :func:`after_fork_in_child` (registered
+with :func:`os.register_at_fork`) marks every inherited publisher dead — it never touches the parent's socket,
+context or thread again; its ``publish*`` calls are no-ops counted as dropped — and clears
+``shmstat._state.STATE.publisher`` if it held one, so the child can create its own publisher with its own pid.
+At interpreter exit (and at the exit of a ``multiprocessing`` child) live publishers are flushed and closed
+within a bounded time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import logging
+import multiprocessing.util
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from . import _state, wire
+from .errors import ConfigError, WireError
+
+__all__ = ["DEFAULT_SNDHWM", "Publisher", "PublisherStats", "after_fork_in_child"]
+
+_log = logging.getLogger("shmstat")
+
+DEFAULT_SNDHWM = 1000
+"""zmq's send high-water mark, in messages (each message batches up to ``batch_max`` items)."""
+
+_MAX_IDLE_SLEEP_S = 0.02
+_EXIT_BUDGET_S = 2.0
+
+_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_FORK_ORPHANS: list[Any] = []  # zmq objects inherited by a forked child: kept alive, never closed, never used
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    """A snapshot of a publisher's counters (items unless stated otherwise).
+
+    ``queued``: items accepted by ``publish*`` calls since creation. ``sent_items`` / ``sent_messages``:
+    items / messages handed to zmq. ``dropped``: items given up (over the backlog bound, not encodable,
+    published after close or in a forked child, left over at close). ``subscribed``: whether the collector's
+    subscribe-all frame is in effect. ``backlog``: items held in this process, not yet handed to zmq.
+    ``queued == sent_items + dropped + backlog`` whenever the publisher thread is idle.
+    """
+
+    queued: int
+    sent_items: int
+    sent_messages: int
+    dropped: int
+    subscribed: bool
+    backlog: int
+
+
+class _Batch:
+    """Consecutive items of one topic with consecutive sequence numbers; ``frames`` once encoded."""
+
+    __slots__ = ("first_seq", "frames", "items", "kind", "topic")
+
+    def __init__(self, topic: str, kind: str, first_seq: int, items: list[Any]) -> None:
+        self.topic = topic
+        self.kind = kind
+        self.first_seq = first_seq
+        self.items = items
+        self.frames: tuple[bytes, bytes] | None = None
+
+
+class _FlushRequest:
+    __slots__ = ("cancelled", "done", "target")
+
+    def __init__(self) -> None:
+        self.target = -1
+        self.cancelled = False
+        self.done = threading.Event()
+
+
+class Publisher:
+    """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
+
+    ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
+    ``backlog_limit`` items are held here; a message carries at most ``batch_max`` items; the background
+    thread sleeps ``idle_sleep_s`` when idle, backing off to 20 ms after a while. ``context`` is a
+    ``zmq.Context`` to use (not terminated by :meth:`close`); by default the publisher makes its own.
+    ``sndhwm`` is zmq's send high-water mark in messages. Raises :class:`~shmstat.errors.ConfigError` for
+    bad arguments or an endpoint zmq cannot connect to. Creating a publisher starts no thread.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        rank: int,
+        incarnation: int = 0,
+        pid: int | None = None,
+        backlog_limit: int = 100_000,
+        batch_max: int = 1024,
+        idle_sleep_s: float = 0.002,
+        context: zmq.Context[Any] | None = None,
+        sndhwm: int = DEFAULT_SNDHWM,
+    ) -> None:
+        if pid is None:
+            pid = os.getpid()
+        for label, value, low in (
+            ("rank", rank, wire.COLLECTOR_RANK),
+            ("incarnation", incarnation, 0),
+            ("pid", pid, 0),
+            ("backlog_limit", backlog_limit, 1),
+            ("batch_max", batch_max, 1),
+            ("sndhwm", sndhwm, 0),
+        ):
+            if type(value) is not int or value < low:
+                raise ConfigError(f"Publisher {label} must be an int >= {low}, got {value!r}")
+        if not isinstance(idle_sleep_s, (int, float)) or not 0 < idle_sleep_s <= 1:
+            raise ConfigError(f"Publisher idle_sleep_s must be in (0, 1] seconds, got {idle_sleep_s!r}")
+        if not isinstance(endpoint, str) or not endpoint:
+            raise ConfigError(f"Publisher endpoint must be a non-empty str, got {endpoint!r}")
+
+        self.endpoint = endpoint
+        self.rank = rank
+        self.incarnation = incarnation
+        self.pid = pid
+        self._owner_pid = os.getpid()
+        self._backlog_limit = backlog_limit
+        self._batch_max = batch_max
+        self._idle_sleep_s = float(idle_sleep_s)
+        self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
+
+        # caller side
+        self._q: collections.deque[tuple[str, str, Any]] = collections.deque()
+        self._append = self._q.append
+        self._started = False
+        self._late_drops = 0  # publishes after close() or in a forked child
+
+        # thread side (written only by the background thread while it runs)
+        self._next_seq = 0  # == items taken from self._q
+        self._pending: collections.deque[_Batch] = collections.deque()
+        self._held = 0
+        self._sent_items = 0
+        self._sent_messages = 0
+        self._dropped = 0
+        self._prefixes: set[bytes] = set()
+        self._subscribed = False
+        self._warned_invalid = False
+        self._flush_waiting: list[_FlushRequest] = []
+
+        # shared control
+        self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._close_linger_ms = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._dead = False
+
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
+        sock = self._ctx.socket(zmq.XPUB)
+        try:
+            sock.setsockopt(zmq.SNDHWM, sndhwm)
+            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
+            sock.setsockopt(zmq.LINGER, 0)  # set for real in close()
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            if self._own_context:
+                self._ctx.term()
+            raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
+        self._sock: zmq.Socket[Any] | None = sock
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------------------------- caller side
+
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any]) -> None:
+        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with a copy of ``data``; never blocks.
+
+        ``data`` values must be ``str``/``int``/``float``/``bool`` (not checked here: an item that cannot
+        be encoded is dropped, counted and logged once by the background thread).
+        """
+        self._append(("event/" + name, "event", (name, ts_ns, dict(data))))
+        if not self._started:
+            self._start()
+
+    def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
+        """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
+        self._append((f"metric/{group}/{name}", "metric", (group, name, value, ts)))
+        if not self._started:
+            self._start()
+
+    def publish(self, topic: str, kind: str, item: Any) -> None:
+        """Queue one ``item`` of ``kind`` under ``topic`` (shapes in :mod:`shmstat.wire`); never blocks.
+
+        Checks that ``kind`` is a wire kind and that ``topic`` starts with ``<kind>/`` and, for events and
+        metrics, is the topic the item's name implies; raises :class:`~shmstat.errors.ConfigError` if not.
+        """
+        if type(kind) is not str or kind not in wire.KINDS:
+            raise ConfigError(f"publish kind must be one of {wire.KINDS}, got {kind!r}")
+        if type(topic) is not str or not topic.startswith(kind + "/"):
+            raise ConfigError(f"publish topic {topic!r} must start with {kind!r} + '/'")
+        expected = topic
+        try:
+            if kind == "event":
+                expected = wire.event_topic(item[0])
+            elif kind == "metric":
+                expected = wire.metric_topic(item[0], item[1])
+        except (TypeError, IndexError, KeyError) as exc:
+            raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
+        if expected != topic:
+            raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
+        self._append((topic, kind, item))
+        if not self._started:
+            self._start()
+
+    def _drop_late(self, entry: tuple[str, str, Any]) -> None:
+        """Stand-in for ``deque.append`` after close() or in a forked child: count, keep nothing."""
+        self._late_drops += 1
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started or self._closed or self._dead:
+                return
+            _ensure_exit_hooks()
+            thread = threading.Thread(target=self._run, name=f"shmstat-publisher-r{self.rank}", daemon=True)
+            thread.start()
+            self._thread = thread
+            self._started = True
+
+    # ------------------------------------------------------------------------------------- control
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every item published before this call was handed to zmq or dropped.
+
+        Returns True if that happened within ``timeout_s`` seconds, False otherwise (for example while no
+        collector has subscribed: held items are neither sent nor dropped). Returns True at once if
+        nothing was ever published; in a forked child's inherited publisher, always True (its items were
+        all dropped). Must not be called from the publisher's own thread.
+        """
+        if self._dead:
+            return True
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return not self._q and self._held == 0
+        req = _FlushRequest()
+        self._flush_requests.append(req)
+        self._wake.set()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - time.monotonic()
+            if req.done.wait(max(0.0, min(remaining, 0.05))):
+                return True
+            if remaining <= 0 or not thread.is_alive():
+                req.cancelled = True
+                return req.done.is_set()
+
+    def close(self, linger_ms: int = 1000) -> None:
+        """Flush for up to ``linger_ms``, stop the thread, close the socket (and the context if ours).
+
+        Items still held afterwards are counted as dropped; later ``publish*`` calls are no-ops counted as
+        dropped. Idempotent; bounded by about ``linger_ms`` plus a few ms. A no-op in a forked child's
+        inherited publisher.
+        """
+        with self._lock:
+            if self._closed or self._dead:
+                return
+            self._closed = True
+            self._started = True  # never start a thread from now on
+            self._append = self._drop_late
+        budget_s = max(0, linger_ms) / 1000.0
+        deadline = time.monotonic() + budget_s
+        thread = self._thread
+        if thread is not None:
+            self.flush(budget_s)
+            self._close_linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            self._stop = True
+            self._wake.set()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+            if thread.is_alive():  # pragma: no cover - the loop never blocks for long
+                _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
+                _LIVE.discard(self)
+                return
+        elif self._sock is not None:
+            self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
+        self._sock = None
+        # whatever was not handed to zmq is given up
+        leftover = len(self._q)
+        self._q.clear()
+        self._next_seq += leftover
+        self._dropped += leftover + self._held
+        self._held = 0
+        self._pending.clear()
+        if self._own_context:
+            with contextlib.suppress(zmq.ZMQError):
+                self._ctx.term()
+        _LIVE.discard(self)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the counters (see :class:`PublisherStats`); exact once the thread is idle."""
+        taken = self._next_seq
+        waiting = len(self._q)
+        late = self._late_drops
+        return PublisherStats(
+            queued=taken + waiting + late,
+            sent_items=self._sent_items,
+            sent_messages=self._sent_messages,
+            dropped=self._dropped + late,
+            subscribed=self._subscribed,
+            backlog=self._held + waiting,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`, and for a forked child's inherited publisher."""
+        return self._closed or self._dead
+
+    def _mark_dead_in_child(self) -> None:
+        """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
+        self._dead = True
+        self._started = True
+        self._append = self._drop_late
+        _FORK_ORPHANS.append((self._sock, self._ctx))  # never closed, never garbage-collected here
+        self._sock = None
+        self._thread = None
+        self._lock = threading.Lock()
+        self._q = collections.deque()
+        self._pending = collections.deque()
+        self._flush_requests = collections.deque()
+        self._flush_waiting = []
+        self._next_seq = self._held = self._sent_items = self._sent_messages = self._dropped = 0
+        self._late_drops = 0
+        self._subscribed = False
+
+    # ------------------------------------------------------------------------------------- thread side
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        sleep_s = self._idle_sleep_s
+        failures = 0
+        try:
+            while True:
+                try:
+                    progressed = self._step(sock)
+                except zmq.ContextTerminated:
+                    return
+                except Exception:  # the thread must survive anything
+                    failures += 1
+                    if failures == 1:
+                        _log.exception("shmstat: unexpected error in the publisher thread (continuing)")
+                    progressed = False
+                if self._stop:
+                    return
+                if progressed:
+                    sleep_s = self._idle_sleep_s
+                    if self._q:
+                        continue  # more work right now
+                    wait_s = sleep_s  # items are flowing: let the next ones gather into a batch
+                else:
+                    wait_s = sleep_s  # idle: back off up to _max_sleep_s
+                    sleep_s = min(sleep_s * 2, self._max_sleep_s)
+                if self._pending and not self._subscribed:
+                    # only a subscription frame can unblock the backlog: wait on the socket
+                    sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
+                elif self._wake.wait(wait_s):
+                    self._wake.clear()
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.close(linger=self._close_linger_ms)
+
+    def _step(self, sock: zmq.Socket[Any]) -> bool:
+        """One round: subscriptions, flush requests, take queued items, send. True if anything moved."""
+        if sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._read_subscriptions(sock)
+        requests = self._flush_requests
+        while requests:
+            req = requests.popleft()
+            req.target = self._next_seq + len(self._q)
+            self._flush_waiting.append(req)
+        progressed = self._take()
+        if self._subscribed and self._pending and self._send(sock):
+            progressed = True
+        if self._flush_waiting:
+            self._resolve_flushes()
+        return progressed
+
+    def _read_subscriptions(self, sock: zmq.Socket[Any]) -> None:
+        prefixes = self._prefixes
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                prefixes.add(frame[1:])
+            elif frame[:1] == b"\x00":
+                prefixes.discard(frame[1:])
+        self._subscribed = b"" in prefixes  # the collector subscribes to everything
+
+    def _take(self) -> bool:
+        """Move queued items into pending batches (or drop them past the bound); True if any were taken."""
+        popleft = self._q.popleft
+        pending = self._pending
+        last = pending[-1] if pending else None
+        seq = self._next_seq
+        held = self._held
+        cap = self._backlog_limit
+        batch_max = self._batch_max
+        dropped = 0
+        limit = seq + max(8 * batch_max, 8192)
+        while seq < limit:
+            try:
+                topic, kind, item = popleft()
+            except IndexError:
+                break
+            if held >= cap:
+                dropped += 1
+            elif (
+                last is not None
+                and last.frames is None
+                and last.topic == topic
+                and last.kind == kind
+                and len(last.items) < batch_max
+                and last.first_seq + len(last.items) == seq
+            ):
+                last.items.append(item)
+                held += 1
+            else:
+                last = _Batch(topic, kind, seq, [item])
+                pending.append(last)
+                held += 1
+            seq += 1
+        taken = seq - self._next_seq
+        self._next_seq = seq
+        self._held = held
+        self._dropped += dropped
+        return taken > 0
+
+    def _send(self, sock: zmq.Socket[Any]) -> bool:
+        """Send pending batches in order until zmq says EAGAIN; True if at least one message left."""
+        pending = self._pending
+        sent = False
+        while pending:
+            batch = pending[0]
+            if batch.frames is None:
+                good = self._encode(batch)
+                if good is not None:
+                    pending.popleft()
+                    pending.extendleft(reversed(good))
+                if not pending:
+                    break
+                batch = pending[0]
+                if batch.frames is None:  # pragma: no cover - _encode always seals what it returns
+                    continue
+            try:
+                sock.send_multipart(batch.frames, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            pending.popleft()
+            n = len(batch.items)
+            self._held -= n
+            self._sent_items += n
+            self._sent_messages += 1
+            sent = True
+        return sent
+
+    def _encode(self, batch: _Batch) -> list[_Batch] | None:
+        """Seal ``batch`` with its frames; None if it encoded as is, else the encodable parts (in order)."""
+        try:
+            topic_b = batch.topic.encode("utf-8")
+        except (UnicodeEncodeError, AttributeError):
+            topic_b = b""
+        if not topic_b or len(topic_b) > wire.MAX_TOPIC:
+            self._give_up(len(batch.items), f"topic {batch.topic!r} is not sendable")
+            return []
+        try:
+            payload = wire.encode(batch.kind, self.rank, self.pid, self.incarnation, batch.first_seq, batch.items)
+        except WireError as exc:
+            if len(batch.items) == 1:
+                self._give_up(1, str(exc))
+                return []
+            half = len(batch.items) // 2
+            out: list[_Batch] = []
+            for first_seq, items in (
+                (batch.first_seq, batch.items[:half]),
+                (batch.first_seq + half, batch.items[half:]),
+            ):
+                part = _Batch(batch.topic, batch.kind, first_seq, items)
+                sub = self._encode(part)
+                out.extend([part] if sub is None else sub)
+            return out
+        batch.frames = (topic_b, payload)
+        return None
+
+    def _give_up(self, n: int, reason: str) -> None:
+        self._held -= n
+        self._dropped += n
+        if not self._warned_invalid:
+            self._warned_invalid = True
+            _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted", reason)
+
+    def _resolve_flushes(self) -> None:
+        frontier = self._pending[0].first_seq if self._pending else self._next_seq
+        still: list[_FlushRequest] = []
+        for req in self._flush_waiting:
+            if req.cancelled:
+                continue
+            if frontier >= req.target:
+                req.done.set()
+            else:
+                still.append(req)
+        self._flush_waiting = still
+
+
+# ----------------------------------------------------------------------------------------- process hooks
+
+
+def after_fork_in_child() -> None:
+    """Make every publisher inherited from the parent process unusable, and clear ``STATE.publisher``.
+
+    Runs automatically in a child made by ``os.fork()`` (registered with :func:`os.register_at_fork`);
+    idempotent. Inherited publishers never touch the parent's socket, context or thread again; their
+    ``publish*`` calls become no-ops counted as dropped. Publishers created in this process are untouched.
+    """
+    me = os.getpid()
+    for pub in list(_LIVE):
+        if pub._owner_pid != me and not pub._dead:
+            pub._mark_dead_in_child()
+            _LIVE.discard(pub)
+    st = _state.STATE
+    if st.publisher is not None and st.publisher._owner_pid != me:
+        st.publisher = None
+
+
+_hooks_pid = -1
+
+
+def _ensure_exit_hooks() -> None:
+    """Register the exit flush for this process (once per process; a forked child registers its own)."""
+    global _hooks_pid
+    if _hooks_pid == os.getpid():
+        return
+    _hooks_pid = os.getpid()
+    # multiprocessing children leave through os._exit (fork) and skip atexit: close from its finalizers too
+    multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
+
+
+def _close_all_at_exit() -> None:
+    """Flush and close this process's live publishers, within about two seconds in total (best effort)."""
+    deadline = time.monotonic() + _EXIT_BUDGET_S
+    me = os.getpid()
+    for pub in list(_LIVE):
+        if pub._owner_pid != me or pub.closed:
+            continue
+        remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        with contextlib.suppress(Exception):
+            pub.close(linger_ms=remaining_ms)
+
+
+os.register_at_fork(after_in_child=after_fork_in_child)
+atexit.register(_close_all_at_exit)

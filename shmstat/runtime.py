@@ -1,0 +1,73 @@
+"""Job ids, names and the owner-only runtime directory where a job's sockets live.
+
+A job id names the node's segment (``/shmstat.<job>``) and the collector's ``ipc://`` ingest socket, so it is
+validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat as _stat
+import tempfile
+
+from .errors import ConfigError, SegmentError
+
+__all__ = [
+    "MAX_JOB_LEN",
+    "ingest_endpoint",
+    "runtime_dir",
+    "segment_name",
+    "semaphore_name",
+    "validate_job",
+]
+
+MAX_JOB_LEN = 64
+_JOB_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def validate_job(job: str) -> str:
+    """Return ``job`` if it is a valid job id, else raise :class:`ConfigError` saying what is allowed."""
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", ".."):
+        raise ConfigError(
+            f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.'"
+        )
+    return job
+
+
+def segment_name(job: str) -> str:
+    """The POSIX shared-memory name of the job's segment on this node."""
+    return f"/shmstat.{validate_job(job)}"
+
+
+def semaphore_name(job: str) -> str:
+    """The POSIX named semaphore that serialises creation and registration in the job's segment."""
+    return f"/shmstat.{validate_job(job)}.lock"
+
+
+def runtime_dir() -> str:
+    """The per-user directory (mode 0700) holding the ipc sockets; created if missing, refused if unsafe.
+
+    ``$SHMSTAT_RUNTIME_DIR`` wins, then ``$XDG_RUNTIME_DIR/shmstat``, then ``<tmp>/shmstat-<uid>``.
+    """
+    base = os.environ.get("SHMSTAT_RUNTIME_DIR")
+    if not base:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        base = os.path.join(xdg, "shmstat") if xdg else os.path.join(tempfile.gettempdir(), f"shmstat-{os.getuid()}")
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError as exc:
+        raise SegmentError(f"cannot create the runtime directory {base}: {exc.strerror}") from exc
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise SegmentError(
+            f"runtime directory {base} is not a directory owned by you; remove it or set SHMSTAT_RUNTIME_DIR"
+        )
+    if st.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base
+
+
+def ingest_endpoint(job: str) -> str:
+    """The ``ipc://`` endpoint where the job's collector receives events and metrics from the ranks."""
+    return f"ipc://{os.path.join(runtime_dir(), validate_job(job))}.ingest"

@@ -1,0 +1,397 @@
+"""Creating, attaching and registering in a job's shared-memory segment.
+
+Whoever comes first (collector or rank) creates and initialises the segment under the job's named POSIX
+semaphore; everyone else attaches and validates magic, layout version and capacities. Segments are created
+with mode 0600 and fully allocated up front (``posix_fallocate``), so a full ``/dev/shm`` is a clear error at
+creation instead of a SIGBUS in the middle of a training step. ``posix_ipc`` is used rather than
+``multiprocessing.shared_memory``, whose resource tracker unlinks segments when their creator exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import posix_ipc
+
+from . import layout as L
+from .errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
+from .runtime import segment_name, semaphore_name, validate_job
+
+__all__ = ["RankAttachment", "Segment", "pid_alive"]
+
+_log = logging.getLogger("shmstat")
+_LOCK_TIMEOUT_S = 3.0
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this pid exists (zombies count as alive until reaped)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Segment:
+    """An open mapping of one job's segment on this node.
+
+    ``buf`` is a byte view, ``f64`` and ``i64`` are 8-byte views of the same memory (index = byte offset // 8).
+    """
+
+    def __init__(self, job: str, mm: mmap.mmap, geometry: L.Geometry, created: bool) -> None:
+        self.job = job
+        self.geometry = geometry
+        self.created = created
+        self._mm = mm
+        self.buf = memoryview(mm)
+        self.f64 = self.buf.cast("d")
+        self.i64 = self.buf.cast("q")
+        self._sem: posix_ipc.Semaphore | None = None
+
+    # -- opening -------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None) -> Segment:
+        """Attach to the job's segment, creating it with ``geometry`` (or the defaults) if it does not exist.
+
+        ``geometry`` given explicitly must match an existing segment; ``None`` accepts what is there.
+        Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe or unusable, and
+        :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity.
+        """
+        validate_job(job)
+        if geometry is not None:
+            _check_geometry(geometry)
+        sem = _open_semaphore(job)
+        with _held(sem, job):
+            seg = cls._open_locked(job, create, geometry)
+        seg._sem = sem
+        return seg
+
+    @classmethod
+    def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None) -> Segment:
+        name = segment_name(job)
+        if create:
+            geo = geometry or L.Geometry()
+            try:
+                shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
+            except posix_ipc.ExistentialError:
+                pass
+            except OSError as exc:
+                raise SegmentError(f"cannot create shared memory segment {name}: {exc}") from exc
+            else:
+                return cls._initialise(job, shm, geo)
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise SegmentError(
+                f"no shared memory segment exists for job {job!r}; start its collector or a rank first"
+            ) from None
+        except posix_ipc.PermissionsError:
+            raise SegmentError(f"segment {name} belongs to another user; pick another job id") from None
+        try:
+            _check_owner(shm.fd, name)
+            if shm.size < L.HEADER_SIZE:
+                raise LayoutMismatchError(
+                    f"segment {name} is too small to be a shmstat segment; remove it with 'shmstat clean {job}'"
+                )
+            mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        header = L.read_header(memoryview(mm))
+        try:
+            _validate_header(header, mm.size(), name, geometry)
+        except LayoutMismatchError:
+            mm.close()
+            raise
+        return cls(job, mm, header.geometry, created=False)
+
+    @classmethod
+    def _initialise(cls, job: str, shm: posix_ipc.SharedMemory, geo: L.Geometry) -> Segment:
+        try:
+            os.fchmod(shm.fd, 0o600)
+            os.ftruncate(shm.fd, geo.total_size)
+            try:
+                os.posix_fallocate(shm.fd, 0, geo.total_size)
+            except OSError as exc:
+                raise SegmentError(
+                    f"cannot allocate {geo.total_size} bytes for segment {shm.name} ({exc.strerror}); "
+                    "free space in /dev/shm or lower --max-ranks/--max-stats"
+                ) from exc
+            mm = mmap.mmap(shm.fd, geo.total_size)
+        except BaseException:
+            shm.close_fd()
+            with contextlib.suppress(posix_ipc.ExistentialError):
+                shm.unlink()
+            raise
+        shm.close_fd()
+        L.write_header(memoryview(mm), geo, time.time_ns())
+        return cls(job, mm, geo, created=True)
+
+    # -- locking ---------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the job's named semaphore (for allocation of rank entries and descriptors)."""
+        sem = self._sem or _open_semaphore(self.job)
+        self._sem = sem
+        with _held(sem, self.job):
+            yield
+
+    # -- reading -----------------------------------------------------------------------------------------------
+    def header(self) -> L.Header:
+        """The current header."""
+        return L.read_header(self.buf)
+
+    def rank(self, local_rank: int) -> L.RankInfo:
+        """Rank entry ``local_rank``."""
+        return L.read_rank(self.buf, self.geometry, local_rank)
+
+    def ranks(self) -> list[L.RankInfo]:
+        """Every rank entry that was ever used (state other than free)."""
+        out = []
+        for i in range(self.geometry.max_ranks):
+            info = self.rank(i)
+            if info.state != L.RankState.FREE:
+                out.append(info)
+        return out
+
+    def descriptors(self, local_rank: int) -> list[L.StatDescriptor]:
+        """Every published stat descriptor of a rank, in index order."""
+        nstats = min(self.rank(local_rank).nstats, self.geometry.max_stats)
+        out = []
+        for j in range(nstats):
+            desc = L.read_descriptor(self.buf, self.geometry, local_rank, j)
+            if desc is not None:
+                out.append(desc)
+        return out
+
+    def read_bank(self, local_rank: int, stat: int, bank: int) -> L.BankSnapshot:
+        """A consistent copy of one bank (see :func:`shmstat.layout.read_bank`)."""
+        return L.read_bank(self.buf, self.geometry.slot_offset(local_rank, stat) + bank * L.BANK_SIZE)
+
+    # -- fields written by the collector -----------------------------------------------------------------------
+    def set_collector(self, pid: int, beat_ns: int) -> None:
+        """Record the serving collector's pid and heartbeat in the header."""
+        struct.pack_into("<qq", self.buf, L.H_COLLECTOR_PID, pid, beat_ns)
+
+    def set_rank_state(self, local_rank: int, state: int) -> None:
+        """Set a rank entry's state (collector: died; rank: exited)."""
+        struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)
+
+    def set_emitted_wid(self, local_rank: int, stat: int, wid: int) -> None:
+        """Record (collector only) the newest emitted window of a slot."""
+        L.write_emitted_wid(self.buf, self.geometry, local_rank, stat, wid)
+
+    # -- lifetime -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap the segment (the segment itself stays until unlinked)."""
+        for view in (self.f64, self.i64, self.buf):
+            with contextlib.suppress(Exception):
+                view.release()
+        with contextlib.suppress(Exception):
+            self._mm.close()
+        if self._sem is not None:
+            with contextlib.suppress(Exception):
+                self._sem.close()
+            self._sem = None
+
+    @staticmethod
+    def unlink(job: str) -> bool:
+        """Remove the job's segment and semaphore names; True if a segment existed."""
+        existed = True
+        try:
+            posix_ipc.unlink_shared_memory(segment_name(job))
+        except posix_ipc.ExistentialError:
+            existed = False
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_semaphore(semaphore_name(job))
+        return existed
+
+    @staticmethod
+    def list_jobs() -> list[str]:
+        """Job ids of the shmstat segments visible in /dev/shm on this node."""
+        try:
+            names = os.listdir("/dev/shm")
+        except OSError:
+            return []
+        jobs = []
+        for n in sorted(names):
+            if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
+                jobs.append(n[len("shmstat.") :])
+        return jobs
+
+
+@dataclass
+class RankAttachment:
+    """This process's registration as one rank of a job: its entry, incarnation and stat descriptors."""
+
+    segment: Segment
+    local_rank: int
+    rank: int
+    world_size: int
+    pid: int
+    incarnation: int
+    taken: set[int] = field(default_factory=set)
+    """Descriptor indices held by live Stats of this process (a duplicate name gets its own slot)."""
+
+    @classmethod
+    def register(
+        cls, segment: Segment, *, rank: int, local_rank: int, world_size: int = 1, pid: int | None = None,
+        clock_ns: int | None = None,
+    ) -> RankAttachment:
+        """Take rank entry ``local_rank`` for this process, bumping its incarnation; pre-fault the rank's slots.
+
+        Raises :class:`CapacityError` if ``local_rank`` is beyond the segment's rank capacity and
+        :class:`ConfigError` if a live process already holds the entry.
+        """
+        geo = segment.geometry
+        if not 0 <= local_rank < geo.max_ranks:
+            raise CapacityError(
+                f"local rank {local_rank} does not fit the segment of job {segment.job!r} (max {geo.max_ranks} "
+                "ranks per node); start the job with a larger --max-ranks"
+            )
+        pid = os.getpid() if pid is None else pid
+        now = time.time_ns() if clock_ns is None else clock_ns
+        off = geo.rank_offset(local_rank)
+        with segment.locked():
+            info = segment.rank(local_rank)
+            if info.state == L.RankState.ACTIVE and info.pid not in (pid, 0) and pid_alive(info.pid):
+                raise ConfigError(
+                    f"local rank {local_rank} of job {segment.job!r} is held by live pid {info.pid}; "
+                    "give each process its own LOCAL_RANK"
+                )
+            incarnation = info.incarnation + 1
+            struct.pack_into(
+                "<qQqqqqq", segment.buf, off + L.R_PID, pid, incarnation, rank, local_rank, world_size, now, now
+            )
+            struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
+        att = cls(segment, local_rank, rank, world_size, pid, incarnation)
+        att.prefault()
+        return att
+
+    def prefault(self) -> None:
+        """Touch every page of this rank's slots once, so no ``Stat.add`` pays a page fault."""
+        start, end = self.segment.geometry.rank_slots_span(self.local_rank)
+        bytes(self.segment.buf[start:end:mmap.PAGESIZE])
+        d0 = self.segment.geometry.desc_offset(self.local_rank, 0)
+        bytes(self.segment.buf[d0 : d0 + self.segment.geometry.max_stats * L.DESC_SIZE : mmap.PAGESIZE])
+
+    def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int) -> int:
+        """Take a descriptor index for this stat: reuse an identical one no live Stat holds, else publish one.
+
+        Reuse keeps a restarted rank (new incarnation) from exhausting the table. Raises
+        :class:`CapacityError` when the rank's stat table is full; nothing is written then.
+        """
+        name_b = L.encode_name(name, L.MAX_NAME_BYTES, "stat name")
+        group_b = L.encode_name(group, L.MAX_GROUP_BYTES, "stat group")
+        seg, geo = self.segment, self.segment.geometry
+        with seg.locked():
+            nstats = min(seg.rank(self.local_rank).nstats, geo.max_stats)
+            for j in range(nstats):
+                if j in self.taken:
+                    continue
+                d = L.read_descriptor(seg.buf, geo, self.local_rank, j)
+                if (
+                    d is not None and d.name == name and d.group == group and d.window_ms == window_ms
+                    and d.max_samples == max_samples and d.agg_mask == agg_mask
+                ):
+                    self.taken.add(j)
+                    return j
+            if nstats >= geo.max_stats:
+                raise CapacityError(
+                    f"rank {self.rank} has used all {geo.max_stats} stat slots of job {seg.job!r}; "
+                    "create fewer distinct stats or start the job with a larger --max-stats"
+                )
+            L.write_descriptor(
+                seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
+                max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation,
+            )
+            struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
+            self.taken.add(nstats)
+            return nstats
+
+    def release_stat(self, index: int) -> None:
+        """Give a descriptor index back when its Stat is closed (its windows stay for the collector)."""
+        self.taken.discard(index)
+
+    def word(self, field_offset: int) -> int:
+        """Index into ``segment.i64`` of one 8-byte field of this rank's entry."""
+        return (self.segment.geometry.rank_offset(self.local_rank) + field_offset) // 8
+
+    def heartbeat(self, now_ns: int) -> None:
+        """Record that this rank is alive (done on window roll-over, never per sample)."""
+        self.segment.i64[self.word(L.R_HEARTBEAT)] = now_ns
+
+    def mark_exited(self) -> None:
+        """Mark this rank's entry as cleanly exited (its windows stay readable)."""
+        if self.segment.rank(self.local_rank).pid == self.pid:
+            self.segment.set_rank_state(self.local_rank, L.RankState.EXITED)
+
+    def detach(self) -> None:
+        """Mark exited and unmap."""
+        with contextlib.suppress(Exception):
+            self.mark_exited()
+        self.segment.close()
+
+
+def _check_geometry(geo: L.Geometry) -> None:
+    if not (1 <= geo.max_ranks <= 4096 and 1 <= geo.max_stats <= 65536 and 3 <= geo.banks <= 64):
+        raise ConfigError(
+            f"capacities {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks are out of range "
+            "(1-4096 ranks, 1-65536 stats, 3-64 banks)"
+        )
+
+
+def _check_owner(fd: int, name: str) -> None:
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid():
+        raise SegmentError(f"segment {name} belongs to uid {st.st_uid}, not you; pick another job id")
+    if st.st_mode & 0o077:
+        raise SegmentError(f"segment {name} is accessible to other users (mode {st.st_mode & 0o777:o}); refusing it")
+
+
+def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | None) -> None:
+    if header.magic != L.MAGIC:
+        raise LayoutMismatchError(f"segment {name} was not created by shmstat (bad magic); pick another job id")
+    if header.version != L.LAYOUT_VERSION:
+        raise LayoutMismatchError(
+            f"segment {name} has layout version {header.version}, this shmstat speaks {L.LAYOUT_VERSION}; "
+            "stop the job's processes and run 'shmstat clean'"
+        )
+    geo = header.geometry
+    if geo.total_size != header.total_size or size < header.total_size:
+        raise LayoutMismatchError(f"segment {name} is truncated or inconsistent; run 'shmstat clean'")
+    if want is not None and want != geo:
+        raise LayoutMismatchError(
+            f"segment {name} holds {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks but "
+            f"{want.max_ranks} x {want.max_stats} x {want.banks} was asked for; use the same capacities everywhere"
+        )
+
+
+def _open_semaphore(job: str) -> posix_ipc.Semaphore:
+    try:
+        return posix_ipc.Semaphore(semaphore_name(job), posix_ipc.O_CREAT, mode=0o600, initial_value=1)
+    except posix_ipc.PermissionsError:
+        raise SegmentError(f"the lock of job {job!r} belongs to another user; pick another job id") from None
+
+
+@contextlib.contextmanager
+def _held(sem: posix_ipc.Semaphore, job: str) -> Iterator[None]:
+    try:
+        sem.acquire(_LOCK_TIMEOUT_S)
+    except posix_ipc.BusyError:
+        # A process died while holding the lock (the critical sections are microseconds long).
+        _log.warning("lock of job %r was held for %.0f s; assuming its holder died", job, _LOCK_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        sem.release()

@@ -1,0 +1,48 @@
+"""Shared test helpers: unique job ids, an injectable clock and bounded waiting (no sleep-and-hope)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+MS = 1_000_000
+
+
+def unique_job(prefix: str = "t") -> str:
+    """A job id no other test uses."""
+    return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+
+
+class FakeClock:
+    """A wall clock in ns that only moves when told to."""
+
+    def __init__(self, start_ns: int = 1_700_000_000_000 * MS) -> None:
+        self.now = start_ns
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += int(ms * MS)
+
+    def to_window(self, window_ms: int, wid_offset: int = 0) -> None:
+        """Jump to the start of window (current + wid_offset) of the given length."""
+        w = window_ms * MS
+        self.now = (self.now // w + wid_offset) * w
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.005, what: str = "") -> T:
+    """Poll ``predicate`` until it returns something truthy or the deadline passes (then fail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+        time.sleep(interval_s)

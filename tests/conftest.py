@@ -1,0 +1,29 @@
+"""Shared test fixtures: every test starts and ends with a clean process-global state."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The repository root must be importable when pytest is run without installing the package
+# (a cleaner alternative is ``pythonpath = ["."]`` under [tool.pytest.ini_options] in pyproject.toml).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from elastic.metrics import _registry as _elastic_registry  # noqa: E402
+from shmstat import _state  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean_state() -> Iterator[None]:
+    """Reset the process-global state before and after each test: shmstat's (handlers, attachment, publisher)
+    and elastic.metrics' handler registry."""
+    _state.reset()
+    _elastic_registry.reset()
+    yield
+    _state.reset()
+    _elastic_registry.reset()

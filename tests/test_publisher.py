@@ -1,0 +1,515 @@
+"""The rank publisher with real processes and real sockets: backlog before the collector, drops past the
+bound counted exactly, order and contiguous sequence numbers, no blocking, fork safety, collector restart."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import zmq
+
+from shmstat import _state, wire
+from shmstat.errors import ConfigError
+from shmstat.publisher import Publisher, PublisherStats, after_fork_in_child
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "") -> Any:
+    """Poll ``predicate`` every few ms until truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def endpoint() -> Iterator[str]:
+    """A unique ipc endpoint in a fresh owner-only directory (short path: ipc paths are limited to ~100 B)."""
+    d = tempfile.mkdtemp(prefix="sspub-", dir="/tmp")
+    os.chmod(d, 0o700)
+    try:
+        yield f"ipc://{d}/c.ingest"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class Collector:
+    """A minimal stand-in for the collector's ingest: XSUB bound at ``endpoint``, subscribed to everything,
+    decoding every message with :func:`shmstat.wire.decode`."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.XSUB)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(endpoint)
+        self.sock.send(b"\x01")
+        self.messages: list[wire.WireMessage] = []
+
+    def pump(self, timeout_ms: int = 10) -> None:
+        """Receive whatever is there (waiting up to ``timeout_ms`` for the first message)."""
+        if self.sock.poll(timeout_ms):
+            while True:
+                try:
+                    topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self.messages.append(wire.decode(topic, payload))
+
+    def receive_until(self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+        """Keep receiving until ``predicate()`` holds; fail at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+            self.pump()
+
+    def items(self, pid: int | None = None) -> list[tuple[int, Any, wire.WireMessage]]:
+        """(seq, item, message) of every received item, in arrival order, optionally of one pid."""
+        return [
+            (m.seq + j, item, m)
+            for m in self.messages
+            if pid is None or m.pid == pid
+            for j, item in enumerate(m.items)
+        ]
+
+    def count(self, pid: int | None = None) -> int:
+        return sum(len(m.items) for m in self.messages if pid is None or m.pid == pid)
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def collector_factory(endpoint: str) -> Iterator[Callable[[], Collector]]:
+    made: list[Collector] = []
+
+    def make() -> Collector:
+        c = Collector(endpoint)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        if not c.sock.closed:
+            c.close()
+
+
+@pytest.fixture
+def publishers() -> Iterator[list[Publisher]]:
+    """Publishers created by a test, closed at the end whatever happens."""
+    made: list[Publisher] = []
+    yield made
+    for p in made:
+        p.close(linger_ms=0)
+
+
+def flush_while_pumping(pub: Publisher, c: Collector, timeout_s: float = 10.0) -> bool:
+    """``pub.flush()`` while the collector keeps servicing its socket (a passive XSUB never sends its
+    subscription to a new connection: libzmq runs a socket's commands only inside calls on that socket)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        c.pump(0)
+        if pub.flush(0.01):
+            return True
+    return False
+
+
+def settled(pub: Publisher) -> PublisherStats | None:
+    """The stats once the thread has taken every queued item (nothing waits in the caller's deque)."""
+    s = pub.stats()
+    return s if not pub._q and s.queued == s.sent_items + s.dropped + s.backlog else None
+
+
+# ------------------------------------------------------------------------------------------- rank processes
+
+
+def _rank_main(
+    endpoint: str,
+    rank: int,
+    n_before: int,
+    n_after: int,
+    backlog_limit: int,
+    drain_first: bool,
+    go: Any,
+    results: Any,
+) -> None:
+    """A rank: publish ``n_before`` events (collector absent), report, wait for ``go``, publish ``n_after``
+    (once the backlog reached the collector if ``drain_first``, else at once)."""
+    pub = Publisher(endpoint, rank=rank, backlog_limit=backlog_limit)
+    for i in range(n_before):
+        pub.publish_event("step", time.time_ns(), {"i": i, "phase": "before", "rank": rank})
+    pub.publish_metric("train", "loss", 0.5, time.time())
+    # every item was taken by the thread: what is held and what is dropped is now decided
+    deadline = time.monotonic() + 10
+    while not (not pub._q and pub.stats().backlog + pub.stats().dropped == n_before + 1):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    before = pub.stats()
+    results.put(("queued", rank, os.getpid(), before.__dict__))
+    go.wait(20)
+    deadline = time.monotonic() + 10
+    while drain_first and pub.stats().backlog and time.monotonic() < deadline:
+        time.sleep(0.002)
+    for i in range(n_after):
+        pub.publish_event("step", time.time_ns(), {"i": i, "phase": "after", "rank": rank})
+    flushed = pub.flush(10)
+    pub.close(linger_ms=5000)
+    results.put(("done", rank, os.getpid(), {**pub.stats().__dict__, "flushed": flushed}))
+
+
+def _run_ranks(
+    endpoint: str,
+    collector_factory: Callable[[], Collector],
+    n_ranks: int,
+    n_before: int,
+    n_after: int,
+    backlog_limit: int,
+    drain_first: bool = False,
+) -> tuple[Collector, dict[int, dict[str, Any]], dict[int, dict[str, Any]], dict[int, int]]:
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_rank_main, args=(endpoint, r, n_before, n_after, backlog_limit, drain_first, go, results),
+        )
+        for r in range(n_ranks)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        before: dict[int, dict[str, Any]] = {}
+        pids: dict[int, int] = {}
+        while len(before) < n_ranks:  # every rank queued everything while no collector exists
+            tag, rank, pid, stats = results.get(timeout=20)
+            assert tag == "queued"
+            before[rank] = stats
+            pids[rank] = pid
+        collector = collector_factory()  # the collector starts late
+        go.set()
+        done: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + 20
+        while len(done) < n_ranks:  # receive while the ranks finish (their close() waits for delivery)
+            collector.pump()
+            while not results.empty():
+                tag, rank, _pid, stats = results.get()
+                assert tag == "done"
+                done[rank] = stats
+            assert time.monotonic() < deadline, "ranks did not finish"
+        expected = sum(s["sent_items"] for s in done.values())
+        collector.receive_until(lambda: collector.count() >= expected, what="every sent item")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():  # pragma: no cover - only on failure
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    return collector, before, done, pids
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+
+def test_ranks_started_before_the_collector_lose_nothing_within_the_bound(
+    endpoint: str, collector_factory: Callable[[], Collector]
+) -> None:
+    n_ranks, n_before, n_after = 3, 3000, 2000
+    collector, before, done, pids = _run_ranks(endpoint, collector_factory, n_ranks, n_before, n_after, 100_000)
+    for rank in range(n_ranks):
+        assert before[rank]["subscribed"] is False
+        assert before[rank]["sent_items"] == 0 and before[rank]["dropped"] == 0
+        assert before[rank]["backlog"] == n_before + 1
+        stats = done[rank]
+        assert stats["flushed"] is True
+        assert stats["dropped"] == 0 and stats["backlog"] == 0
+        assert stats["queued"] == stats["sent_items"] == n_before + 1 + n_after
+
+        got = collector.items(pids[rank])
+        seqs = [seq for seq, _item, _m in got]
+        assert seqs == list(range(n_before + 1 + n_after))  # complete, in order, contiguous
+        assert {m.rank for _s, _i, m in got} == {rank}
+        events = [(item[2]["phase"], item[2]["i"]) for _s, item, m in got if m.kind == "event"]
+        assert events == [("before", i) for i in range(n_before)] + [("after", i) for i in range(n_after)]
+        metrics = [item for _s, item, m in got if m.kind == "metric"]
+        assert len(metrics) == 1 and metrics[0][:3] == ["train", "loss", 0.5]
+        assert got[n_before][2].topic == "metric/train/loss"
+    # batching happened: far fewer messages than items
+    assert len(collector.messages) < collector.count() // 4
+
+
+def test_items_past_the_bound_are_dropped_and_counted_exactly(
+    endpoint: str, collector_factory: Callable[[], Collector]
+) -> None:
+    n_ranks, n_before, n_after, bound = 2, 2000, 300, 500
+    collector, before, done, pids = _run_ranks(
+        endpoint, collector_factory, n_ranks, n_before, n_after, bound, drain_first=True
+    )
+    for rank in range(n_ranks):
+        sent = n_before + 1 + n_after
+        assert before[rank]["backlog"] == bound
+        assert before[rank]["dropped"] == n_before + 1 - bound
+        stats = done[rank]
+        received = collector.count(pids[rank])
+        assert stats["queued"] == sent
+        assert received == stats["sent_items"]
+        assert received + stats["dropped"] == sent  # every loss is counted
+        assert stats["dropped"] == n_before + 1 - bound
+        seqs = [seq for seq, _i, _m in collector.items(pids[rank])]
+        # the oldest `bound` items were kept; the dropped ones show as one gap of exactly `dropped` seqs
+        assert seqs == list(range(bound)) + list(range(n_before + 1, sent))
+
+
+def test_publishing_never_blocks_without_a_collector(publishers: list[Publisher], endpoint: str) -> None:
+    bound = 1000
+    pub = Publisher(endpoint, rank=0, backlog_limit=bound)
+    publishers.append(pub)
+    n = 10 * bound
+    for i in range(n):
+        pub.publish_event("e", i, {"i": i})
+    for i in range(n):
+        pub.publish_metric("g", "m", i, 1.0)
+    stats = wait_until(lambda: settled(pub), what="the thread to take everything")
+    assert stats == PublisherStats(
+        queued=2 * n, sent_items=0, sent_messages=0, dropped=2 * n - bound, subscribed=False, backlog=bound
+    )
+    assert pub.flush(0.05) is False  # nobody to hand the backlog to
+    pub.close(linger_ms=0)
+    final = pub.stats()
+    assert final.dropped == 2 * n and final.backlog == 0 and final.queued == 2 * n
+
+
+def test_backlog_then_live_items_in_order_with_topic_batching(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    pub = Publisher(endpoint, rank=5, incarnation=3, batch_max=4)
+    publishers.append(pub)
+    for i in range(10):
+        pub.publish_event("a" if i < 6 else "b", i, {"i": i})
+    wait_until(lambda: settled(pub))
+    c = collector_factory()
+    c.receive_until(lambda: c.count() == 10)
+    assert wait_until(lambda: pub.stats().subscribed)
+    for i in range(10, 13):
+        pub.publish_metric("g", "m", i, 2.0)
+    assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == 13)
+    shapes = [(m.topic, m.seq, len(m.items)) for m in c.messages]
+    # at most batch_max items per message, one topic per message, seq runs on across messages
+    assert shapes[:3] == [("event/a", 0, 4), ("event/a", 4, 2), ("event/b", 6, 4)]
+    assert [s for s, _i, _m in c.items()] == list(range(13))
+    assert {(m.rank, m.incarnation, m.pid) for m in c.messages} == {(5, 3, os.getpid())}
+
+
+def test_unencodable_items_are_dropped_counted_and_leave_a_seq_gap(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    pub.publish_event("e", 0, {"ok": 1})
+    pub.publish_event("e", 1, {"bad": [1, 2]})  # not a scalar: cannot go on the wire
+    pub.publish_event("e", 2, {"ok": 2})
+    pub.publish_event("e", 3, {"big": 1 << 70})
+    pub.publish_event("e", 4, {"ok": 3})
+    assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == 3)
+    assert [s for s, _i, _m in c.items()] == [0, 2, 4]
+    stats = pub.stats()
+    assert (stats.queued, stats.sent_items, stats.dropped) == (5, 3, 2)
+
+
+def test_explicit_unsubscribe_holds_items_until_resubscribed(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=1)
+    publishers.append(pub)
+    pub.publish_event("e", 0, {})
+    c.receive_until(lambda: c.count() == 1)
+    c.sock.send(b"\x00")  # a collector shutting down cleanly unsubscribes first
+    wait_until(lambda: (c.pump(), not pub.stats().subscribed)[1], what="the unsubscribe to arrive")
+    for i in range(1, 50):
+        pub.publish_event("e", i, {})
+    wait_until(lambda: settled(pub))
+    assert pub.stats().backlog == 49 and pub.stats().sent_items == 1
+    assert pub.flush(0.05) is False
+    c.sock.send(b"\x01")
+    c.receive_until(lambda: c.count() == 50)
+    assert [s for s, _i, _m in c.items()] == list(range(50))
+    assert pub.flush(5) and pub.stats().subscribed
+
+
+def test_collector_restart(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    """A collector that dies (no unsubscribe) and comes back: items published afterwards arrive; items
+    published while it was down arrive too unless in flight when it went; order is kept, nothing doubles."""
+    first = collector_factory()
+    pub = Publisher(endpoint, rank=2)
+    publishers.append(pub)
+    for i in range(100):
+        pub.publish_event("a", i, {})
+    first.receive_until(lambda: first.count() == 100)
+    first.close()  # gone without unsubscribing, as after SIGKILL
+    for i in range(100):
+        pub.publish_event("down", i, {})
+    assert pub.flush(5)  # handed to zmq: queued in the pipe to the endpoint, not held here
+    assert pub.stats().subscribed  # the XPUB reports nothing when its subscriber disappears
+    second = collector_factory()
+    for i in range(100):
+        pub.publish_event("b", i, {})
+    assert pub.flush(5)
+    second.receive_until(
+        lambda: any(m.topic == "event/b" and m.seq + len(m.items) == 300 for m in second.messages),
+        what="the last item published after the restart",
+    )
+    seqs = [s for s, _i, _m in second.items()]
+    assert seqs == sorted(set(seqs))  # in order, no duplicates
+    assert set(range(200, 300)) <= set(seqs)  # everything after the restart
+    assert all(s >= 100 for s in seqs)  # nothing of the first collector's share is replayed
+    assert pub.stats().dropped == 0
+
+
+def test_fork_child_never_uses_the_parents_publisher(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    parent = Publisher(endpoint, rank=4)
+    publishers.append(parent)
+    for i in range(20):
+        parent.publish_event("parent", i, {"i": i})
+    assert flush_while_pumping(parent, c)
+    saved = _state.STATE.publisher
+    _state.STATE.publisher = parent
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, reported through the pipe
+            code = 1
+            try:
+                report: dict[str, Any] = {"state_cleared": _state.STATE.publisher is None}
+                report["closed"] = parent.closed
+                parent.publish_event("ghost", 0, {})  # a no-op counted as dropped
+                parent.close()
+                report["flush"] = parent.flush(1)
+                report["inherited"] = parent.stats().__dict__
+                own = Publisher(endpoint, rank=4)
+                for i in range(30):
+                    own.publish_event("child", i, {"i": i})
+                report["own_flush"] = own.flush(10)
+                own.close(linger_ms=5000)
+                report["own"] = own.stats().__dict__
+                os.write(write_fd, json.dumps(report).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        write_fd = -1
+        for i in range(20, 40):  # the parent's publisher keeps working after the fork
+            parent.publish_event("parent", i, {"i": i})
+        assert parent.flush(5)
+        # the collector keeps servicing its socket while the child connects and publishes
+        deadline = time.monotonic() + 20
+        while True:
+            c.pump()
+            done_pid, status = os.waitpid(pid, os.WNOHANG)
+            if done_pid == pid:
+                break
+            assert time.monotonic() < deadline, "the child did not finish"
+
+        with os.fdopen(read_fd, "rb") as f:
+            report = json.loads(f.read() or b"{}")
+        read_fd = -1
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        _state.STATE.publisher = saved
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+    assert report["state_cleared"] and report["closed"] and report["flush"]
+    assert report["inherited"] == {
+        "queued": 1, "sent_items": 0, "sent_messages": 0, "dropped": 1, "subscribed": False, "backlog": 0
+    }
+    assert report["own_flush"] and report["own"]["sent_items"] == 30 and report["own"]["dropped"] == 0
+    c.receive_until(lambda: c.count() == 70, what="40 parent and 30 child items")
+    mine = c.items(os.getpid())
+    assert [s for s, _i, _m in mine] == list(range(40))  # the child never sent on the parent's socket
+    assert {m.topic for _s, _i, m in mine} == {"event/parent"}
+    child = c.items(pid)
+    assert [s for s, _i, _m in child] == list(range(30)) and {m.rank for _s, _i, m in child} == {4}
+
+
+def test_after_fork_hook_spares_publishers_of_this_process(publishers: list[Publisher], endpoint: str) -> None:
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    after_fork_in_child()  # nothing was forked: this process owns pub
+    assert not pub.closed
+
+
+def test_lifecycle_and_argument_checks(publishers: list[Publisher], endpoint: str) -> None:
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    assert pub.flush(0) is True  # nothing published, no thread started
+    assert pub._thread is None
+    pub.close()
+    pub.close()  # idempotent
+    pub.publish_event("late", 0, {})
+    assert pub.stats().dropped == 1 and pub.stats().queued == 1 and pub.closed
+    with pytest.raises(ConfigError):
+        Publisher("nonsense://nowhere", rank=0)
+    for bad in ({"rank": -2}, {"rank": 0, "backlog_limit": 0}, {"rank": 0, "batch_max": 0},
+                {"rank": 0, "idle_sleep_s": 0}, {"rank": True}):
+        with pytest.raises(ConfigError):
+            Publisher(endpoint, **bad)
+
+
+def test_generic_publish_checks_topic_against_kind_and_item(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    for topic, kind, item in [
+        ("event/x", "nope", ["x", 1, {}]),
+        ("metric/x", "event", ["x", 1, {}]),
+        ("event/y", "event", ["x", 1, {}]),
+        ("metric/g/n", "metric", ["g", "other", 1, 1.0]),
+        ("event/x", "event", 5),
+    ]:
+        with pytest.raises(ConfigError):
+            pub.publish(topic, kind, item)
+    c = collector_factory()
+    pub.publish("event/x", "event", ["x", 1, {"a": 1}])
+    pub.publish("stat/g/n", "stat", {"count": 3, "mean": None})
+    assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == 2)
+    assert [(m.kind, m.items) for m in c.messages] == [
+        ("event", [["x", 1, {"a": 1}]]),
+        ("stat", [{"count": 3, "mean": None}]),
+    ]
+
+
+def test_event_data_is_copied_at_publish(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    data = {"v": 1}
+    pub.publish_event("e", 0, data)
+    data["v"] = 2
+    assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == 1)
+    assert c.messages[0].items[0][2] == {"v": 1}
