@@ -86,26 +86,32 @@ class SegmentReader:
             return SlotRead([], after_wid, 0)
         banks = self.geometry.banks
         base = self.geometry.slot_offset(info.local_rank, desc.index)
-        first = max(after_wid + 1, newest_closed - banks + 1)
-        # Windows older than the ring (the collector was away too long) cannot be told apart from empty ones.
-        overwritten = 0
-        windows: list[WindowRead] = []
-        for wid in range(first, newest_closed + 1):
-            snap = L.read_bank(self.segment.buf, base + (wid % banks) * L.BANK_SIZE)
-            if snap.wid > wid and not snap.torn:
-                overwritten += 1  # its bank already holds a later window
+        snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE) for b in range(banks)]
+        safe = newest_closed
+        found: list[L.BankSnapshot] = []
+        for snap in snaps:
+            if not after_wid < snap.wid <= newest_closed:
                 continue
-            if snap.wid != wid:
-                continue  # no sample in that window
             if snap.torn:
                 alive = pid_alive(info.pid) if writer_alive is None else writer_alive
                 if alive:  # a live writer mid-add (or stopped there): read it again on a later pass
-                    return SlotRead(windows, wid - 1, overwritten)
+                    safe = min(safe, snap.wid - 1)
+                    continue
             if snap.count > 0 or snap.torn:
-                windows.append(
-                    WindowRead(
-                        info.local_rank, info.rank, desc.index, wid, wns, snap.count, snap.sum, snap.min,
-                        snap.max, snap.last, snap.last_ts, snap.incarnation, snap.torn,
-                    )
-                )
-        return SlotRead(windows, newest_closed, overwritten)
+                found.append(snap)
+        # Windows whose bank already holds a later one (the collector fell behind the ring). An empty window
+        # looks the same, so this is an upper bound on windows lost.
+        overwritten = 0
+        if after_wid >= 0:
+            for wid in range(max(after_wid + 1, safe - 8 * banks), safe + 1):
+                if snaps[wid % banks].wid > wid and all(f.wid != wid for f in found):
+                    overwritten += 1
+        windows = [
+            WindowRead(
+                info.local_rank, info.rank, desc.index, snap.wid, wns, snap.count, snap.sum, snap.min,
+                snap.max, snap.last, snap.last_ts, snap.incarnation, snap.torn,
+            )
+            for snap in sorted(found, key=lambda s: s.wid)
+            if snap.wid <= safe
+        ]
+        return SlotRead(windows, safe, overwritten)

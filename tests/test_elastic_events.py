@@ -156,7 +156,15 @@ def test_rdzv_event_fields_and_json_shape() -> None:
     assert (event.master_endpoint, event.rank, event.local_id, event.error_trace) == ("", None, None, "")
     loaded = json.loads(event.serialize())
     assert list(loaded) == [
-        "name", "run_id", "message", "hostname", "pid", "node_state", "master_endpoint", "rank", "local_id",
+        "name",
+        "run_id",
+        "message",
+        "hostname",
+        "pid",
+        "node_state",
+        "master_endpoint",
+        "rank",
+        "local_id",
         "error_trace",
     ]
     assert loaded["node_state"] == "RUNNING" and loaded["rank"] is None
@@ -244,17 +252,35 @@ def test_recorded_event_is_published_when_attached(attached: FakeCollector) -> N
     class Level(IntEnum):
         HIGH = 2
 
-    metadata = {"rank": 1, "ok": True, "t": 0.5, "who": "me", "none": None, "list": [1, 2], "lvl": Level.HIGH,
-                "huge": 1 << 70}
-    events.record(events.Event("torchelastic.worker.status.START", events.EventSource.WORKER, 1_700_000_000_123,
-                               metadata))
+    metadata = {
+        "rank": 1,
+        "ok": True,
+        "t": 0.5,
+        "who": "me",
+        "none": None,
+        "list": [1, 2],
+        "lvl": Level.HIGH,
+        "huge": 1 << 70,
+    }
+    events.record(
+        events.Event("torchelastic.worker.status.START", events.EventSource.WORKER, 1_700_000_000_123, metadata)
+    )
     topic = "event/torchelastic.worker.status.START"
     attached.receive_until(attached.has(topic))
     name, ts_ns, data = attached.items(topic)[0]
     assert name == "torchelastic.worker.status.START"
     assert ts_ns == 1_700_000_000_123 * 1_000_000
-    assert data == {"rank": 1, "ok": True, "t": 0.5, "who": "me", "none": "None", "list": "[1, 2]", "lvl": 2,
-                    "huge": str(1 << 70), "source": "WORKER"}
+    assert data == {
+        "rank": 1,
+        "ok": True,
+        "t": 0.5,
+        "who": "me",
+        "none": "None",
+        "list": "[1, 2]",
+        "lvl": 2,
+        "huge": str(1 << 70),
+        "source": "WORKER",
+    }
 
 
 def test_event_without_timestamp_gets_the_recording_time(attached: FakeCollector) -> None:
@@ -269,8 +295,17 @@ def test_rdzv_event_is_published_with_its_fields(attached: FakeCollector) -> Non
     events.record_rdzv_event(events.RdzvEvent("rdzv", "run", "msg", "host", 12, events.NodeState.SUCCEEDED, rank=0))
     attached.receive_until(attached.has("event/rdzv"))
     _, _, data = attached.items("event/rdzv")[0]
-    assert data == {"run_id": "run", "message": "msg", "hostname": "host", "pid": 12, "node_state": "SUCCEEDED",
-                    "master_endpoint": "", "rank": 0, "local_id": "None", "error_trace": ""}
+    assert data == {
+        "run_id": "run",
+        "message": "msg",
+        "hostname": "host",
+        "pid": 12,
+        "node_state": "SUCCEEDED",
+        "master_endpoint": "",
+        "rank": 0,
+        "local_id": "None",
+        "error_trace": "",
+    }
 
 
 def test_construct_and_record_rdzv_event_publishes_when_attached(attached: FakeCollector) -> None:

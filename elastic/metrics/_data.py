@@ -76,7 +76,7 @@ class StatMetricData(MetricData):
 
     def _replace(self, **changes: Any) -> StatMetricData:  # type: ignore[override]
         """A copy with some fields or extras replaced; unknown names raise :class:`ValueError` (as namedtuple)."""
-        values = [changes.pop(field, value) for field, value in zip(self._fields, self)]
+        values = [changes.pop(field, value) for field, value in zip(self._fields, self, strict=True)]
         extras = {key: changes.pop(key, getattr(self, key)) for key in _EXTRAS}
         if changes:
             raise ValueError(f"Got unexpected field names: {list(changes)!r}")
@@ -84,7 +84,7 @@ class StatMetricData(MetricData):
 
     def _asdict(self) -> dict[str, Any]:
         """The four fields then the extras, as a new dict (for JSON and other flat formats)."""
-        out = dict(zip(self._fields, self))
+        out = dict(zip(self._fields, self, strict=True))
         for key in _EXTRAS:
             out[key] = getattr(self, key)
         return out
@@ -94,7 +94,7 @@ class StatMetricData(MetricData):
 
     def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Pickle and copy support: rebuild through ``__new__`` with the extras as keywords."""
-        return tuple(self), dict(zip(_EXTRAS, self._extras()))
+        return tuple(self), dict(zip(_EXTRAS, self._extras(), strict=True))
 
     def __eq__(self, other: object) -> bool:
         """Tuple equality, plus equal extras when ``other`` is a StatMetricData too."""

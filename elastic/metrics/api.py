@@ -63,7 +63,6 @@ _log = logging.getLogger("shmstat.elastic.metrics")
 _handlers = REGISTRY.handlers  # mutated in place only, so this alias stays valid across resets
 _time = time.time
 _clock = time.perf_counter
-_NUMBER_TYPES = frozenset((int, float, bool))
 _INT_MIN = -(1 << 63)
 _UINT_MAX = (1 << 64) - 1
 
@@ -120,7 +119,12 @@ _BUILTIN_DEFAULT = _DefaultHandler()
 
 def _publish(pub: Any, group: Any, name: Any, value: Any, ts: float) -> None:
     """Hand one metric to the publisher, converting what the wire cannot carry (see :func:`_coerce`)."""
-    if type(value) not in _NUMBER_TYPES or type(group) is not str or type(name) is not str:
+    kind = type(value)
+    if not (
+        (kind is float or kind is bool or (kind is int and _INT_MIN <= value <= _UINT_MAX))
+        and type(group) is str
+        and type(name) is str
+    ):
         number = _coerce(value)
         if number is None:
             REGISTRY.dropped += 1
@@ -189,7 +193,7 @@ def configure(handler: MetricHandler, group: str | None = None) -> None:
         _handlers[group] = handler
 
 
-def getStream(group: str) -> MetricStream:  # noqa: N802 (torchelastic's name)
+def getStream(group: str) -> MetricStream:
     """A :class:`MetricStream` for ``group``, bound to the handler that serves the group right now."""
     handler = _handlers.get(group)
     if handler is None:
@@ -209,7 +213,7 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     handler = _handlers.get(metric_group)
     if handler is None:
         handler = REGISTRY.default
-        if handler is None:
+        if handler is None:  # the built-in default: collector or nothing (inlined for speed)
             pub = STATE.publisher
             if pub is None:
                 if STATE.auto_init_done:
@@ -217,7 +221,15 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
                 pub = _publisher()
                 if pub is None:
                     return
-            _publish(pub, metric_group, metric_name, metric_value, _time())
+            kind = type(metric_value)
+            if (
+                (kind is float or kind is bool or (kind is int and _INT_MIN <= metric_value <= _UINT_MAX))
+                and type(metric_group) is str
+                and type(metric_name) is str
+            ):
+                pub.publish_metric(metric_group, metric_name, metric_value, _time())
+            else:
+                _publish(pub, metric_group, metric_name, metric_value, _time())
             return
     handler.emit(MetricData(_time(), metric_group, metric_name, metric_value))
 

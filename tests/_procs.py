@@ -1,0 +1,125 @@
+"""Real processes for integration tests: a collector subprocess and rank workers (spawn-safe functions)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from _support import wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class CollectorProc:
+    """A ``python -m collector`` subprocess and the endpoints it printed."""
+
+    proc: subprocess.Popen
+    publish: str
+    ingest: str
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.stdout:
+                self.proc.stdout.close()
+
+
+def start_collector(job: str, *args: str) -> CollectorProc:
+    """Start a collector for ``job`` and wait for its start-up line."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "collector", "collect", "--job", job, *args],
+        stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=REPO,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("shmstat collector:"):
+        proc.kill()
+        raise AssertionError(f"collector did not start: {line!r}")
+    fields = line.split()
+    return CollectorProc(proc, fields[fields.index("publish") + 1], fields[fields.index("ingest") + 1])
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every line of a jsonl output (missing file: none)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def window_counts(rows: list[dict], stat: str) -> tuple[dict[float, float], dict[tuple[int, float], float]]:
+    """From jsonl rows: merged ``{window_start: count}`` and per-rank ``{(rank, window_start): count}``."""
+    merged: dict[float, float] = defaultdict(float)
+    per_rank: dict[tuple[int, float], float] = defaultdict(float)
+    for r in rows:
+        if r["name"] != f"{stat}.count":
+            continue
+        if r["rank"] is None:
+            merged[r["window_start"]] += r["value"]
+        else:
+            per_rank[(r["rank"], r["window_start"])] += r["value"]
+    return dict(merged), dict(per_rank)
+
+
+def rank_worker(job: str, rank: int, world: int, seconds: float, window_ms: int, out_path: str,
+                endpoint: str | None = None, events: int = 0, ready_path: str | None = None) -> None:
+    """Add 1.0 per step to Stat ``steps`` for ``seconds``; write ``{window_start_s: count}`` to ``out_path``."""
+    import datetime
+
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=rank, local_rank=rank, world_size=world, endpoint=endpoint)
+    last_t = [0]
+
+    def clock() -> int:
+        last_t[0] = time.time_ns()
+        return last_t[0]
+
+    stat = shmstat.Stat("steps", [A.COUNT, A.SUM, A.MAX], window_ms / 1000, group="train", clock=clock)
+    counts: dict[str, int] = defaultdict(int)
+    wns = window_ms * 1_000_000
+    for i in range(events):
+        shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {"rank": rank, "i": i}))
+    if ready_path:
+        open(ready_path, "w").close()
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        stat.add(float(rank + 1))
+        counts[repr((last_t[0] // wns) * wns / 1e9)] += 1
+        n += 1
+        if n % 64 == 0:
+            time.sleep(0.001)
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(counts, f)
+    os.replace(out_path + ".tmp", out_path)
+    shmstat.shutdown()
+
+
+def load_counts(path: str) -> dict[float, int]:
+    """What a rank_worker wrote."""
+    with open(path) as f:
+        return {float(k): v for k, v in json.load(f).items()}
+
+
+def wait_file(path: str, timeout_s: float = 30.0) -> None:
+    """Wait until a worker wrote ``path``."""
+    wait_for(lambda: os.path.exists(path), timeout_s, what=path)
+
+
+def sleep_until_next_window(window_ms: int) -> None:
+    """Not used for assertions: only to start a phase near a window boundary."""
+    w = window_ms / 1000
+    time.sleep(w - (time.time() % w))
