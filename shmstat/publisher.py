@@ -101,14 +101,26 @@ class PublisherStats:
 class _Batch:
     """Consecutive items of one topic with consecutive sequence numbers; ``frames`` once encoded."""
 
-    __slots__ = ("first_seq", "frames", "items", "kind", "topic")
+    __slots__ = ("first_seq", "frames", "items", "key", "kind", "tag", "topic")
 
-    def __init__(self, topic: str, kind: str, first_seq: int, items: list[Any]) -> None:
+    def __init__(self, topic: str, kind: str, first_seq: int, items: list[Any], tag: Any = None,
+                 key: Any = None) -> None:
         self.topic = topic
         self.kind = kind
         self.first_seq = first_seq
         self.items = items
+        self.tag = tag  # how the entries were queued ("event", "metric" or None for publish())
+        self.key = key  # what entries must share to join: event name, (group, name), or the topic
         self.frames: tuple[bytes, bytes] | None = None
+
+    @classmethod
+    def start(cls, tag: Any, entry: tuple[Any, ...], seq: int, item: Any) -> _Batch:
+        """A new batch holding ``item`` (the queue ``entry`` it came from decides topic and kind)."""
+        if tag == "event":
+            return cls(f"event/{entry[1]}", "event", seq, [item], tag, entry[1])
+        if tag == "metric":
+            return cls(f"metric/{entry[1]}/{entry[2]}", "metric", seq, [item], tag, entry[1:3])
+        return cls(entry[1], entry[2], seq, [item], tag, entry[1])
 
 
 class _FlushRequest:
@@ -172,7 +184,8 @@ class Publisher:
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
 
         # caller side
-        self._q: collections.deque[tuple[str, str, Any]] = collections.deque()
+        # entries: ("event", name, ts_ns, data) | ("metric", group, name, value, ts) | (None, topic, kind, item)
+        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
         self._append = self._q.append
         self._started = False
         self._late_drops = 0  # publishes after close() or in a forked child
@@ -223,13 +236,13 @@ class Publisher:
         ``data`` values must be ``str``/``int``/``float``/``bool`` (not checked here: an item that cannot
         be encoded is dropped, counted and logged once by the background thread).
         """
-        self._append(("event/" + name, "event", (name, ts_ns, dict(data))))
+        self._append(("event", name, ts_ns, dict(data)))
         if not self._started:
             self._start()
 
     def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
         """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
-        self._append((f"metric/{group}/{name}", "metric", (group, name, value, ts)))
+        self._append(("metric", group, name, value, ts))
         if not self._started:
             self._start()
 
@@ -253,11 +266,11 @@ class Publisher:
             raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
         if expected != topic:
             raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
-        self._append((topic, kind, item))
+        self._append((None, topic, kind, item))
         if not self._started:
             self._start()
 
-    def _drop_late(self, entry: tuple[str, str, Any]) -> None:
+    def _drop_late(self, entry: tuple[Any, ...]) -> None:
         """Stand-in for ``deque.append`` after close() or in a forked child: count, keep nothing."""
         self._late_drops += 1
 
@@ -445,35 +458,45 @@ class Publisher:
         """Move queued items into pending batches (or drop them past the bound); True if any were taken."""
         popleft = self._q.popleft
         pending = self._pending
-        last = pending[-1] if pending else None
         seq = self._next_seq
         held = self._held
         cap = self._backlog_limit
         batch_max = self._batch_max
         dropped = 0
+        # the batch new items may join: the last one, if not sealed and its seqs run up to `seq`
+        cur: _Batch | None = pending[-1] if pending else None
+        if cur is not None and (cur.frames is not None or cur.first_seq + len(cur.items) != seq):
+            cur = None
+        cur_items: list[Any] = cur.items if cur is not None else []
+        cur_tag, cur_key = (cur.tag, cur.key) if cur is not None else (0, None)
         limit = seq + max(8 * batch_max, 8192)
         while seq < limit:
             try:
-                topic, kind, item = popleft()
+                entry = popleft()
             except IndexError:
                 break
+            seq += 1
             if held >= cap:
                 dropped += 1
-            elif (
-                last is not None
-                and last.frames is None
-                and last.topic == topic
-                and last.kind == kind
-                and len(last.items) < batch_max
-                and last.first_seq + len(last.items) == seq
-            ):
-                last.items.append(item)
-                held += 1
+                cur = None  # a seq gap: later items start a new batch
+                continue
+            tag = entry[0]
+            if tag == "event":
+                key = entry[1]
+                item = entry[1:]
+            elif tag == "metric":
+                key = entry[1:3]
+                item = entry[1:]
             else:
-                last = _Batch(topic, kind, seq, [item])
-                pending.append(last)
-                held += 1
-            seq += 1
+                key = entry[1]
+                item = entry[3]
+            if cur is not None and key == cur_key and tag == cur_tag and len(cur_items) < batch_max:
+                cur_items.append(item)
+            else:
+                cur = _Batch.start(tag, entry, seq - 1, item)
+                pending.append(cur)
+                cur_items, cur_tag, cur_key = cur.items, tag, key
+            held += 1
         taken = seq - self._next_seq
         self._next_seq = seq
         self._held = held
@@ -529,7 +552,7 @@ class Publisher:
                 (batch.first_seq, batch.items[:half]),
                 (batch.first_seq + half, batch.items[half:]),
             ):
-                part = _Batch(batch.topic, batch.kind, first_seq, items)
+                part = _Batch(batch.topic, batch.kind, first_seq, items, batch.tag, batch.key)
                 sub = self._encode(part)
                 out.extend([part] if sub is None else sub)
             return out

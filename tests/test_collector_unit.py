@@ -1,0 +1,107 @@
+"""The collector driven step by step in-process with an injected clock (real segment, real sockets)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from _procs import REPO
+from _support import MS, FakeClock, unique_job
+from tests_user_handler import Recording
+
+from collector import PLATFORM_GROUP, Collector, CollectorConfig
+from collector.admin import segment_info
+from shmstat.aggregation import Aggregation as A
+from shmstat.attach import init, shutdown
+from shmstat.segment import Segment
+from shmstat.stat import Stat
+
+
+@pytest.fixture
+def job():
+    name = unique_job("u")
+    yield name
+    shutdown()
+    Segment.unlink(name)
+
+
+def _collector(job, clock, **handlers):
+    rec = Recording()
+    objs = {"*": rec, **handlers}
+    c = Collector(CollectorConfig(job=job, grace_ms=0, clock=clock, usage_interval_s=0.0), handler_objects=objs)
+    return c, rec
+
+
+def test_rank_restart_continues_without_mixing_incarnations(job):
+    clock = FakeClock()
+    clock.to_window(100)
+    c, rec = _collector(job, clock)
+    try:
+        init(job, rank=0, publish=False)
+        s = Stat("lat", [A.COUNT], 0.1, clock=clock, group="g")
+        for _ in range(3):
+            s.add(1.0)
+        clock.advance_ms(100)
+        s.close()
+        init(job, rank=0, publish=False)  # the same rank registers again: a new incarnation
+        s2 = Stat("lat", [A.COUNT], 0.1, clock=clock, group="g")
+        for _ in range(5):
+            s2.add(1.0)
+        clock.advance_ms(100)
+        c.step()
+        rows = [(m.rank, m.window_start, m.value) for m in rec.got if m.name == "lat.count" and m.rank is not None]
+        w0 = (clock.now - 200 * MS) / 1e9
+        w1 = (clock.now - 100 * MS) / 1e9
+        assert rows == [(0, w0, 3.0), (0, w1, 5.0)]
+        assert Segment.open(job, create=False).descriptors(0)[0].emitted_wid == int(w1 * 10)
+        c.step()
+        assert len([m for m in rec.got if m.name == "lat.count"]) == 4  # nothing emitted twice
+    finally:
+        c.close()
+
+
+def test_platform_group_has_rank_usage_and_collector_counters(job):
+    clock = FakeClock()
+    platform = Recording()
+    c, _ = _collector(job, clock, **{PLATFORM_GROUP: platform})
+    try:
+        init(job, rank=0, publish=False)
+        c.step()
+        names = {m.name for m in platform.got}
+        assert {"rank.cpu_percent", "rank.rss_bytes", "collector.windows_emitted", "collector.frames_rejected",
+                "collector.handler_errors", "collector.events_relayed"} <= names
+        rss = [m for m in platform.got if m.name == "rank.rss_bytes"]
+        assert rss[0].rank == 0 and rss[0].value > 1_000_000
+    finally:
+        c.close()
+
+
+def test_shutdown_emits_the_open_window_and_flushes(job):
+    clock = FakeClock()
+    clock.to_window(1000)
+    c, rec = _collector(job, clock)
+    init(job, rank=0, publish=False)
+    s = Stat("lat", [A.SUM], 1.0, clock=clock, group="g")
+    s.add(2.0)
+    c.step()
+    assert [m for m in rec.got if m.name == "lat.sum"] == []  # the window is still open
+    c.close()
+    assert [m.value for m in rec.got if m.name == "lat.sum"] == [2.0, 2.0]  # merged and rank 0
+
+
+def test_ls_and_clean(job):
+    c, _ = _collector(job, FakeClock())
+    info = segment_info(job)
+    assert info.collector_alive and info.live
+    r = subprocess.run([sys.executable, "-m", "collector", "clean", job], capture_output=True, text=True,
+                       cwd=REPO, timeout=30)
+    assert r.returncode == 2 and "live processes" in r.stderr
+    ls = subprocess.run([sys.executable, "-m", "collector", "ls"], capture_output=True, text=True, cwd=REPO,
+                        timeout=30)
+    assert job in ls.stdout
+    c.close()
+    r = subprocess.run([sys.executable, "-m", "collector", "clean", job], capture_output=True, text=True,
+                       cwd=REPO, timeout=30)
+    assert r.returncode == 0 and f"removed {job}" in r.stdout
+    assert job not in Segment.list_jobs()

@@ -1,0 +1,104 @@
+"""Merge across ranks, handler specs, dispatch and the jsonl output."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+
+from collector.handlers import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
+from collector.merge import Summary, WindowRow, merge, merge_all
+from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
+from shmstat.aggregation import Aggregation as A
+from shmstat.aggregation import to_mask
+from shmstat.errors import ConfigError
+
+
+def _summary(rng: random.Random) -> Summary:
+    values = [rng.uniform(-5, 5) for _ in range(rng.randint(1, 6))]
+    return Summary(len(values), sum(values), min(values), max(values), values[-1], rng.randint(0, 10**6))
+
+
+def test_merge_rules():
+    a = Summary(2, 3.0, 1.0, 2.0, 2.0, 10)
+    b = Summary(3, 12.0, 0.5, 6.0, 4.0, 20)
+    m = merge(a, b)
+    assert (m.count, m.sum, m.min, m.max, m.last, m.last_ts) == (5, 15.0, 0.5, 6.0, 4.0, 20)
+    assert m.mean == 3.0
+    assert merge_all([]) .count == 0 and merge_all([]).mean == 0.0
+    assert merge(Summary(0, 0.0, 0.0, 0.0, 0.0, 0), a) == a
+
+
+def test_merge_is_associative_and_commutative_on_counts_and_extremes():
+    rng = random.Random(7)
+    for _ in range(50):
+        parts = [_summary(rng) for _ in range(4)]
+        results = [merge_all(p) for p in itertools.permutations(parts)]
+        nested = merge(merge(parts[0], parts[1]), merge(parts[2], parts[3]))
+        for r in [*results, nested]:
+            assert (r.count, r.min, r.max, r.last, r.last_ts) == (
+                results[0].count, results[0].min, results[0].max, results[0].last, results[0].last_ts)
+            assert math.isclose(r.sum, results[0].sum, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_window_row_values_follow_the_requested_aggregations():
+    row = WindowRow("g", "lat", 5, 100, to_mask([A.MEAN, A.MAX, A.VALUE]), None, Summary(2, 6.0, 1.0, 5.0, 1.0, 3))
+    assert row.values() == {"lat.mean": 3.0, "lat.max": 5.0, "lat.value": 1.0}
+    assert (row.start_ns, row.end_ns) == (500_000_000, 600_000_000)
+    wire = row.to_wire()
+    assert wire["rank"] is None and wire["count"] == 2 and wire["mean"] == 3.0
+
+
+def test_handler_specs():
+    assert isinstance(build_handler("console"), ConsoleMetricHandler)
+    assert isinstance(build_handler("null"), NullMetricHandler)
+    assert type(build_handler("tests_user_handler:Recording")).__name__ == "Recording"
+    for bad in ("jsonl:", "nope", "os.path:join", "no_such_module_xyz:Thing"):
+        with pytest.raises(ConfigError):
+            build_handler(bad)
+    assert parse_handler_args(["a=console", "*=null"]) == {"a": "console", "*": "null"}
+    with pytest.raises(ConfigError, match="GROUP=SPEC"):
+        parse_handler_args(["console"])
+
+
+class _Boom(MetricHandler):
+    def emit(self, metric_data):
+        raise RuntimeError("boom")
+
+
+class _Keep(MetricHandler):
+    def __init__(self):
+        self.got = []
+
+    def emit(self, metric_data):
+        self.got.append(metric_data)
+
+
+def test_a_raising_handler_is_counted_and_the_others_still_run(caplog):
+    keep = _Keep()
+    d = Dispatcher({"bad": _Boom(), "good": keep}, default=keep)
+    for i in range(3):
+        d.emit(MetricData(1.0, "bad", "x", i))
+        d.emit(MetricData(1.0, "good", "y", i))
+        d.emit(MetricData(1.0, "other", "z", i))
+    assert d.errors == 3
+    assert [m.name for m in keep.got] == ["y", "z"] * 3
+    assert sum("boom" in r.getMessage() for r in caplog.records) == 1  # logged once, counted every time
+
+
+def test_jsonl_rows_are_strict_json_with_rank_and_window(tmp_path):
+    path = tmp_path / "out.jsonl"
+    h = JsonlMetricHandler(str(path))
+    h.emit(StatMetricData(2.0, "g", "lat.max", math.inf, rank=None, window_start=1.0, window_end=2.0))
+    h.emit(StatMetricData(2.0, "g", "lat.count", 3.0, rank=1, window_start=1.0, window_end=2.0, torn=True))
+    h.emit(MetricData(5.0, "trainer", "loss", 0.5))
+    h.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0] == {"timestamp": 2.0, "group": "g", "name": "lat.max", "value": "Infinity", "rank": None,
+                       "window_start": 1.0, "window_end": 2.0}
+    assert rows[1]["rank"] == 1 and rows[1]["torn"] is True
+    assert rows[2]["rank"] is None and rows[2]["window_start"] is None
+    assert (path.stat().st_mode & 0o777) == 0o600
