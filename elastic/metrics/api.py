@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import logging
-import operator
 import time
 import warnings
 from collections.abc import Callable
@@ -38,6 +36,9 @@ from shmstat._state import STATE
 from ._data import MetricData, StatMetricData
 from ._registry import REGISTRY
 from ._registry import publisher as _publisher
+from ._routing import INT_MIN as _INT_MIN
+from ._routing import UINT_MAX as _UINT_MAX
+from ._routing import publish as _publish
 
 __all__ = [
     "ConsoleMetricHandler",
@@ -59,12 +60,9 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_log = logging.getLogger("shmstat.elastic.metrics")
 _handlers = REGISTRY.handlers  # mutated in place only, so this alias stays valid across resets
 _time = time.time
 _clock = time.perf_counter
-_INT_MIN = -(1 << 63)
-_UINT_MAX = (1 << 64) - 1
 
 
 class MetricsConfig:
@@ -115,50 +113,6 @@ class _DefaultHandler(NullMetricHandler):
 
 
 _BUILTIN_DEFAULT = _DefaultHandler()
-
-
-def _publish(pub: Any, group: Any, name: Any, value: Any, ts: float) -> None:
-    """Hand one metric to the publisher, converting what the wire cannot carry (see :func:`_coerce`)."""
-    kind = type(value)
-    if not (
-        (kind is float or kind is bool or (kind is int and _INT_MIN <= value <= _UINT_MAX))
-        and type(group) is str
-        and type(name) is str
-    ):
-        number = _coerce(value)
-        if number is None:
-            REGISTRY.dropped += 1
-            if REGISTRY.dropped == 1:
-                _log.warning(
-                    "metric %s/%s has a value the collector cannot take (a %s); dropped (further ones are "
-                    "counted in elastic.metrics._registry.REGISTRY.dropped)",
-                    group,
-                    name,
-                    type(value).__name__,
-                )
-            return
-        group, name, value = str(group), str(name), number
-    pub.publish_metric(group, name, value, ts)
-
-
-def _coerce(value: Any) -> int | float | bool | None:
-    """``value`` as an int, float or bool the wire carries; None when it is not a number at all.
-
-    Subclasses become their base type, integers outside 64 bits and objects with ``__float__`` (a
-    0-d tensor, ``Decimal``) become floats, objects with ``__index__`` (numpy integers) become ints.
-    """
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, float):
-        return float(value)
-    try:
-        number = operator.index(value)
-    except TypeError:
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            return None
-    return number if _INT_MIN <= number <= _UINT_MAX else float(number)
 
 
 class MetricStream:

@@ -1,0 +1,431 @@
+/* Optional C hot path for an attached ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python
+ * ``add``/``roll`` closures of ``shmstat.stat._SharedCore`` do, on the same bytes of the segment.
+ *
+ * The binary layout and the seqlock protocol are defined in ``shmstat/layout.py`` (the one source of truth);
+ * this file only mirrors them. Bank (64 bytes, 8-byte words, little-endian):
+ *   0 seq f64 | 8 wid i64 | 16 sum f64 | 24 min f64 | 32 max f64 | 40 last f64 | 48 last_ts i64 | 56 inc u64
+ * ``seq`` is 2 * count as a double, plus 1 while a write is in progress.
+ *
+ * Memory ordering. Every bank has one writer (this process); readers in other processes copy the bank and
+ * accept the copy only if ``seq`` (and ``wid``) read the same before and after and ``seq`` is even. So the
+ * writer must make the odd ``seq`` visible before any data word and every data word visible before the even
+ * ``seq``. That is the classic seqlock writer (Boehm, "Can seqlocks get along with programming language
+ * memory models?", 2012):
+ *     seq = odd (relaxed store); release fence; data words (relaxed stores); seq = even (release store).
+ * The release fence orders the odd ``seq`` before the later data stores; the release store orders the data
+ * before the even ``seq``. All words are stored with __atomic builtins (8-byte aligned, so single untorn
+ * stores) so that neither the compiler nor the CPU may reorder, merge or split them. On x86-64 all of this
+ * compiles to plain ``mov`` stores (TSO keeps store order); on weaker CPUs the fences emit real barriers.
+ * The per-rank counters (nan_count, discarded) and the heartbeat have only this writer too: a relaxed
+ * load + store is enough (no locked read-modify-write), exactly like the Python ``q[i] += 1``.
+ *
+ * The hot path allocates nothing, takes no lock and makes no system call beyond clock_gettime (vDSO).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "shmstat._fastpath stores native words; the segment layout is little-endian"
+#endif
+
+#define BANK_SIZE 64
+/* Byte offsets of the bank fields (layout.py: B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC). */
+#define B_SEQ 0
+#define B_WID 8
+#define B_SUM 16
+#define B_MIN 24
+#define B_MAX 32
+#define B_LAST 40
+#define B_TS 48
+#define B_INC 56
+
+static inline void
+st_f64(char *p, double v)
+{
+    __atomic_store((double *)p, &v, __ATOMIC_RELAXED);
+}
+
+static inline void
+st_f64_release(char *p, double v)
+{
+    __atomic_store((double *)p, &v, __ATOMIC_RELEASE);
+}
+
+static inline void
+st_i64(char *p, int64_t v)
+{
+    __atomic_store_n((int64_t *)p, v, __ATOMIC_RELAXED);
+}
+
+/* Single-writer counter: plain load + store, no locked instruction (wraps like a u64). */
+static inline void
+bump_u64(char *p)
+{
+    uint64_t n = __atomic_load_n((uint64_t *)p, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)p, n + 1, __ATOMIC_RELAXED);
+}
+
+/* Python's // and % for a positive divisor. */
+static inline int64_t
+floor_div(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+static inline int64_t
+floor_mod(int64_t a, int64_t b)
+{
+    int64_t r = a % b;
+    return r < 0 ? r + b : r;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;      /* the whole segment, held (and so kept mapped) for this object's life */
+    int have_view;
+    char *slot0;         /* bank 0 of the slot */
+    char *bank;          /* bank of the open window (bank 0 before the first roll, as in the Python code) */
+    char *nan_p;         /* rank entry: nan_count */
+    char *disc_p;        /* rank entry: discarded */
+    char *beat_p;        /* rank entry: heartbeat_ns */
+    int64_t nbanks;
+    int64_t window_ns;
+    int64_t incarnation;
+    int64_t wend;        /* end (ns, exclusive) of the open window; 0 before the first sample */
+    double max2;         /* 2.0 * max_samples, the seq at which the window is full */
+    double seq, sum, min, max, last;  /* this process's copy of the open window (never read back) */
+    int want_last;
+    PyObject *on_roll;   /* NULL or callable(count, sum, min, max, last, t) */
+    PyObject *clock;     /* NULL (clock_gettime(CLOCK_REALTIME)) or callable() -> int ns */
+} SlotWriter;
+
+/* Convert like PyFloat_AsDouble (int, float, bool, __float__, __index__); -1.0 with an error set on failure. */
+static inline double
+as_double(PyObject *v)
+{
+    if (PyFloat_CheckExact(v)) {
+        return PyFloat_AS_DOUBLE(v);
+    }
+    if (PyLong_Check(v)) { /* int and bool, without allocating a float */
+        return PyLong_AsDouble(v);
+    }
+    return PyFloat_AsDouble(v);
+}
+
+/* The wall clock in ns; -1 with an error set on failure (only possible with an injected clock). */
+static inline int64_t
+now_ns(SlotWriter *self)
+{
+    if (self->clock == NULL) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+    }
+    PyObject *r = PyObject_CallNoArgs(self->clock);
+    if (r == NULL) {
+        return -1;
+    }
+    long long t = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return (int64_t)t;
+}
+
+/* Slow path, once per window: report the previous window to on_roll, then reset this window's bank. */
+static PyObject *
+roll(SlotWriter *self, double v, int64_t t)
+{
+    if (isnan(v)) {
+        bump_u64(self->nan_p);
+        Py_RETURN_NONE;
+    }
+    if (self->on_roll != NULL && (self->seq != 0.0 || self->wend != 0)) {
+        /* Python: ``if seq: core.last = _Summary(...)`` / ``elif wend: core.last = _Summary()``. An empty
+         * previous window is reported as count 0 with zeros. The bank is not touched yet, so if on_roll
+         * raises, the bank is still the previous window's, consistent (seq even), exactly as when the
+         * Python roll raises; the next add rolls again. */
+        PyObject *r;
+        if (self->seq != 0.0) {
+            r = PyObject_CallFunction(self->on_roll, "LddddL", (long long)self->seq >> 1, self->sum, self->min,
+                                      self->max, self->last, (long long)t);
+        }
+        else {
+            r = PyObject_CallFunction(self->on_roll, "LddddL", 0LL, 0.0, 0.0, 0.0, 0.0, (long long)t);
+        }
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+        /* on_roll may have run arbitrary code (even this add): everything below uses only v, t and config. */
+    }
+    int64_t wid = floor_div(t, self->window_ns);
+    int64_t wend;
+    if (__builtin_mul_overflow(wid + 1, self->window_ns, &wend)) {
+        wend = INT64_MAX;
+    }
+    char *b = self->slot0 + floor_mod(wid, self->nbanks) * BANK_SIZE;
+    self->wend = wend;
+    self->bank = b;
+    st_f64(b + B_SEQ, 1.0);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
+    st_i64(b + B_WID, wid);
+    st_i64(b + B_INC, self->incarnation);
+    st_f64(b + B_SUM, v);
+    st_f64(b + B_MIN, v);
+    st_f64(b + B_MAX, v);
+    st_f64(b + B_LAST, v);
+    st_i64(b + B_TS, t);
+    self->sum = self->min = self->max = self->last = v;
+    self->seq = 2.0;
+    st_f64_release(b + B_SEQ, 2.0); /* the data before the even seq */
+    st_i64(self->beat_p, t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+SlotWriter_add(SlotWriter *self, PyObject *arg)
+{
+    double v = as_double(arg); /* raises TypeError on a non-number before anything is touched */
+    if (v == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int64_t t = now_ns(self);
+    if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (t >= self->wend) {
+        return roll(self, v, t);
+    }
+    if (isnan(v)) {
+        bump_u64(self->nan_p);
+        Py_RETURN_NONE;
+    }
+    double seq = self->seq;
+    if (seq >= self->max2) {
+        bump_u64(self->disc_p);
+        Py_RETURN_NONE;
+    }
+    char *b = self->bank;
+    st_f64(b + B_SEQ, seq + 1.0);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
+    self->sum += v;
+    st_f64(b + B_SUM, self->sum);
+    if (v < self->min) {
+        self->min = v;
+        st_f64(b + B_MIN, v);
+    }
+    else if (v > self->max) {
+        self->max = v;
+        st_f64(b + B_MAX, v);
+    }
+    if (self->want_last) {
+        self->last = v;
+        st_f64(b + B_LAST, v);
+        st_i64(b + B_TS, t);
+    }
+    seq += 2.0;
+    self->seq = seq;
+    st_f64_release(b + B_SEQ, seq); /* the data before the even seq */
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+SlotWriter_state(SlotWriter *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(ddddd)", self->seq, self->sum, self->min, self->max, self->last);
+}
+
+static PyObject *
+SlotWriter_get_count(SlotWriter *self, void *Py_UNUSED(closure))
+{
+    int64_t t = now_ns(self);
+    if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(t < self->wend ? ((long long)self->seq >> 1) : 0);
+}
+
+static PyObject *
+SlotWriter_get_wend(SlotWriter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->wend);
+}
+
+static int
+check_word(const char *what, Py_ssize_t off, Py_ssize_t len, Py_ssize_t size)
+{
+    if (off < 0 || off % 8 != 0 || size > len || off > len - size) {
+        PyErr_Format(PyExc_ValueError, "%s %zd is not an 8-byte aligned offset of %zd bytes inside a buffer of %zd",
+                     what, off, size, len);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buf", "slot0", "nbanks", "window_ns", "incarnation", "max_samples", "want_last",
+                             "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", NULL};
+    PyObject *buf, *on_roll = Py_None, *clock = Py_None;
+    Py_ssize_t slot0, nbanks, nan_off, disc_off, beat_off;
+    long long window_ns, incarnation, max_samples;
+    int want_last;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OO:SlotWriter", kwlist, &buf, &slot0, &nbanks,
+                                     &window_ns, &incarnation, &max_samples, &want_last, &nan_off, &disc_off,
+                                     &beat_off, &on_roll, &clock)) {
+        return NULL;
+    }
+    if (on_roll != Py_None && !PyCallable_Check(on_roll)) {
+        PyErr_SetString(PyExc_TypeError, "on_roll must be callable or None");
+        return NULL;
+    }
+    if (clock != Py_None && !PyCallable_Check(clock)) {
+        PyErr_SetString(PyExc_TypeError, "clock must be callable or None");
+        return NULL;
+    }
+    if (nbanks < 1 || window_ns < 1 || max_samples < 1) {
+        PyErr_Format(PyExc_ValueError, "nbanks (%zd), window_ns (%lld) and max_samples (%lld) must be at least 1",
+                     nbanks, window_ns, max_samples);
+        return NULL;
+    }
+    SlotWriter *self = (SlotWriter *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->have_view = 1;
+    Py_ssize_t len = self->view.len;
+    if (((uintptr_t)self->view.buf) % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "buf is not 8-byte aligned");
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (nbanks > PY_SSIZE_T_MAX / BANK_SIZE || check_word("slot0", slot0, len, nbanks * BANK_SIZE) < 0
+        || check_word("nan_off", nan_off, len, 8) < 0 || check_word("discarded_off", disc_off, len, 8) < 0
+        || check_word("heartbeat_off", beat_off, len, 8) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError, "nbanks %zd is too large", nbanks);
+        }
+        Py_DECREF(self);
+        return NULL;
+    }
+    char *base = (char *)self->view.buf;
+    self->slot0 = self->bank = base + slot0;
+    self->nan_p = base + nan_off;
+    self->disc_p = base + disc_off;
+    self->beat_p = base + beat_off;
+    self->nbanks = nbanks;
+    self->window_ns = window_ns;
+    self->incarnation = incarnation;
+    self->wend = 0;
+    self->max2 = 2.0 * (double)max_samples;
+    self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    self->want_last = want_last;
+    if (on_roll != Py_None) {
+        self->on_roll = Py_NewRef(on_roll);
+    }
+    if (clock != Py_None) {
+        self->clock = Py_NewRef(clock);
+    }
+    return (PyObject *)self;
+}
+
+static int
+SlotWriter_traverse(SlotWriter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->on_roll);
+    Py_VISIT(self->clock);
+    if (self->have_view) {
+        Py_VISIT(self->view.obj);
+    }
+    return 0;
+}
+
+static int
+SlotWriter_clear(SlotWriter *self)
+{
+    /* The buffer is kept until dealloc: add stays memory-safe even on a cleared object. */
+    Py_CLEAR(self->on_roll);
+    Py_CLEAR(self->clock);
+    return 0;
+}
+
+static void
+SlotWriter_dealloc(SlotWriter *self)
+{
+    PyObject_GC_UnTrack(self);
+    SlotWriter_clear(self);
+    if (self->have_view) {
+        self->have_view = 0;
+        PyBuffer_Release(&self->view);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef SlotWriter_methods[] = {
+    {"add", (PyCFunction)SlotWriter_add, METH_O, "add(v): add a sample to the open window (see Stat.add)."},
+    {"state", (PyCFunction)SlotWriter_state, METH_NOARGS,
+     "state() -> (seq, sum, min, max, last): this writer's copy of the open window (for tests)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef SlotWriter_getset[] = {
+    {"count", (getter)SlotWriter_get_count, NULL, "Samples in the open window (0 once the window has ended).",
+     NULL},
+    {"wend", (getter)SlotWriter_get_wend, NULL, "End (ns, exclusive) of the open window; 0 before any sample.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SlotWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.SlotWriter",
+    .tp_doc = PyDoc_STR("SlotWriter(buf, slot0, nbanks, window_ns, incarnation, max_samples, want_last, nan_off, "
+                        "discarded_off, heartbeat_off, on_roll=None, clock=None)\n\n"
+                        "Writes one stat's samples into its slot of a shmstat segment (offsets in bytes)."),
+    .tp_basicsize = sizeof(SlotWriter),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = SlotWriter_new,
+    .tp_dealloc = (destructor)SlotWriter_dealloc,
+    .tp_traverse = (traverseproc)SlotWriter_traverse,
+    .tp_clear = (inquiry)SlotWriter_clear,
+    .tp_methods = SlotWriter_methods,
+    .tp_getset = SlotWriter_getset,
+};
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "shmstat._fastpath",
+    .m_doc = "C hot path of an attached shmstat Stat (optional; the pure-Python path is the fallback).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    if (PyType_Ready(&SlotWriterType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&fastpath_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&SlotWriterType);
+    if (PyModule_AddObject(m, "SlotWriter", (PyObject *)&SlotWriterType) < 0) {
+        Py_DECREF(&SlotWriterType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
