@@ -105,13 +105,11 @@ typedef struct {
     PyObject *clock;     /* NULL (clock_gettime(CLOCK_REALTIME)) or callable() -> int ns */
 } SlotWriter;
 
-/* Convert like PyFloat_AsDouble (int, float, bool, __float__, __index__); -1.0 with an error set on failure. */
-static inline double
-as_double(PyObject *v)
+/* Convert anything but an exact float like PyFloat_AsDouble (int, bool, float subclasses, __float__,
+ * __index__); -1.0 with an error set (TypeError for a non-number) on failure. */
+static double
+as_double_slow(PyObject *v)
 {
-    if (PyFloat_CheckExact(v)) {
-        return PyFloat_AS_DOUBLE(v);
-    }
     if (PyLong_Check(v)) { /* int and bool, without allocating a float */
         return PyLong_AsDouble(v);
     }
@@ -190,9 +188,15 @@ roll(SlotWriter *self, double v, int64_t t)
 static PyObject *
 SlotWriter_add(SlotWriter *self, PyObject *arg)
 {
-    double v = as_double(arg); /* raises TypeError on a non-number before anything is touched */
-    if (v == -1.0 && PyErr_Occurred()) {
-        return NULL;
+    double v;
+    if (PyFloat_CheckExact(arg)) {
+        v = PyFloat_AS_DOUBLE(arg);
+    }
+    else {
+        v = as_double_slow(arg); /* raises TypeError on a non-number before anything is touched */
+        if (v == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
     }
     int64_t t = now_ns(self);
     if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
@@ -343,11 +347,11 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static int
 SlotWriter_traverse(SlotWriter *self, visitproc visit, void *arg)
 {
+    /* view.obj is deliberately not visited: to the collector, the exported memoryview then looks
+     * referenced from outside, so it is never cleared (memoryview's tp_clear drops its buffer, and with it the
+     * mapping, even while exports exist) before this object is gone and has released its export. */
     Py_VISIT(self->on_roll);
     Py_VISIT(self->clock);
-    if (self->have_view) {
-        Py_VISIT(self->view.obj);
-    }
     return 0;
 }
 

@@ -374,6 +374,31 @@ class _SharedCore:
             att.release_stat(core.index)
 
         self.add, self.count, self.close = add, count, close
+        self.writer = None
+        try:
+            from . import _fastpath  # optional C hot path, built at install time
+        except ImportError:
+            return
+        if os.environ.get("SHMSTAT_PURE_PYTHON") == "1":
+            return
+
+        def on_roll(n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
+            # What roll() does before resetting the bank; n == 0 is its ``elif wend`` case.
+            if n:
+                core.last = _Summary(n, total, lo, hi, lastv)
+                s = stat_ref()
+                if s is not None and _state.STATE.handler_tuple:
+                    s._log_window(core.last, t)
+            else:
+                core.last = _Summary()
+
+        writer = _fastpath.SlotWriter(
+            seg.buf, slot0 * 8, nbanks, wns, inc, stat._max_samples, want_last, nan_word * 8, disc_word * 8,
+            beat_word * 8, on_roll, None if clock is time.time_ns else clock,
+        )
+        self.writer = writer
+        self.add = writer.add
+        self.count = lambda: writer.count
 
 
 def _after_fork_in_child() -> None:

@@ -19,7 +19,9 @@ Differences from torchelastic, all deliberate:
   a handler that raises while recording ``.success`` is not reported as a ``.failure`` of the function;
 - ``profile`` warns once, when it decorates, instead of three times on every call of the function;
 - :func:`configure` refuses an object without a callable ``emit`` (torchelastic fails later, at emit time);
-- :func:`initialize_metrics` attaches to the job from the environment right away (torchelastic: no-op).
+- :func:`initialize_metrics` attaches to the job from the environment right away (torchelastic: no-op);
+- routed values must be numbers: numeric types the wire lacks are converted, anything else (text, None) is
+  dropped, counted and logged once (see :mod:`elastic.metrics._routing`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,80 @@
+"""Identity from the environment, automatic attach, and each package's public names."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+from _support import unique_job
+
+import collector
+import elastic
+import elastic.metrics
+import shmstat
+from shmstat.errors import ConfigError
+from shmstat.identity import identity_from_env
+from shmstat.segment import Segment
+
+
+def test_our_variables_win_over_torchrun_ones():
+    env = {"SHMSTAT_JOB": "a", "SHMSTAT_RANK": "3", "TORCHELASTIC_RUN_ID": "b", "RANK": "9", "LOCAL_RANK": "1",
+           "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    ident = identity_from_env(env)
+    assert ident is not None
+    assert (ident.job, ident.rank, ident.local_rank, ident.world_size, ident.local_world_size) == ("a", 3, 1, 16, 8)
+
+
+def test_torchrun_variables_alone_are_enough():
+    ident = identity_from_env({"TORCHELASTIC_RUN_ID": "run7", "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"})
+    assert ident is not None and (ident.job, ident.rank, ident.local_rank, ident.world_size) == ("run7", 5, 1, 8)
+    assert identity_from_env({"RANK": "0"}) is None
+
+
+@pytest.mark.parametrize("env", [{"SHMSTAT_JOB": "bad job"}, {"SHMSTAT_JOB": "j", "RANK": "x"},
+                                 {"SHMSTAT_JOB": "j", "RANK": "-1"}])
+def test_bad_environment_is_a_clear_error(env):
+    with pytest.raises(ConfigError):
+        identity_from_env(env)
+
+
+def _child(job: str, q) -> None:
+    import shmstat as s
+    from shmstat import Aggregation as A
+
+    st = s.Stat("auto", [A.COUNT], 1.0)
+    st.add(1.0)
+    q.put((s.stats().attached, s.stats().job, s.stats().rank))
+    s.shutdown()
+
+
+def test_a_rank_attaches_from_the_environment_without_code_changes():
+    job = unique_job("env")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    old = dict(os.environ)
+    os.environ.update({"TORCHELASTIC_RUN_ID": job, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
+    try:
+        p = ctx.Process(target=_child, args=(job, q))
+        p.start()
+        p.join(60)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert p.exitcode == 0
+    assert q.get(timeout=5) == (True, job, 2)
+    seg = Segment.open(job, create=False)
+    assert [(r.rank, r.local_rank, r.world_size) for r in seg.ranks()] == [(2, 0, 4)]
+    assert [d.name for d in seg.descriptors(0)] == ["auto"]
+    seg.close()
+    Segment.unlink(job)
+
+
+@pytest.mark.parametrize("module", [shmstat, elastic, elastic.metrics, collector])
+def test_all_is_exactly_the_public_names(module):
+    names = vars(module)
+    public = {n for n, v in names.items() if not n.startswith("_") and not isinstance(v, type(os))}
+    public -= {"annotations"}
+    exported_modules = {n for n in module.__all__ if isinstance(names.get(n), type(os))}
+    assert set(module.__all__) - exported_modules == public
+    assert all(hasattr(module, n) for n in module.__all__)
