@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
@@ -101,6 +102,7 @@ class Collector:
         self.torn = 0
         self.lifecycle: list[Lifecycle] = []
         self._next_usage = 0.0
+        self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
         self.segment.set_collector(os.getpid(), self.clock())
         self.poller = zmq.Poller()
         self.poller.register(self.relay.xsub, zmq.POLLIN)
@@ -126,12 +128,16 @@ class Collector:
             f"publish {self.publish_endpoint}",
             file=self.out, flush=True,
         )
+        self.serve()
+        return 0
+
+    def serve(self) -> None:
+        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread)."""
         try:
             while not self.stop_requested.is_set():
                 self.step(self._poll_timeout_ms())
         finally:
             self.shutdown()
-        return 0
 
     def request_stop(self) -> None:
         """Ask :meth:`run` to finish its round, flush and return (safe from a signal handler)."""
@@ -158,6 +164,7 @@ class Collector:
         for msg in self.relay.receive():
             if msg.kind == "metric":
                 self._dispatch_put_metrics(msg)
+        self._drain_submitted()
         now = self.clock()
         ranks = self.scanner.refresh()
         for change in self.liveness.poll(ranks):
@@ -177,6 +184,7 @@ class Collector:
             for msg in self.relay.receive(limit=100_000):
                 if msg.kind == "metric":
                     self._dispatch_put_metrics(msg)
+            self._drain_submitted()
             now = self.clock()
             for change in self.liveness.poll(self.scanner.refresh()):
                 self._lifecycle(change)
@@ -203,6 +211,26 @@ class Collector:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)
             self._lock_fd = None
+
+    # -- submissions from other threads of this process (the launcher's agent) ------------------------------
+    def submit_metric(self, metric: MetricData) -> None:
+        """Queue a metric made in this process (thread-safe); dispatched and published by the loop."""
+        self._submitted.append(metric)
+
+    def submit_event(self, name: str, data: dict[str, str | int | float | bool]) -> None:
+        """Queue an event made in this process (thread-safe); published on ``event/<name>`` by the loop."""
+        self._submitted.append((name, time.time_ns(), dict(data)))
+
+    def _drain_submitted(self) -> None:
+        assert self.relay is not None
+        while self._submitted:
+            item = self._submitted.popleft()
+            if isinstance(item, MetricData):
+                self.dispatcher.emit(item)
+                topic = wire.metric_topic(item.group_name, item.name)
+                self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
+            elif isinstance(item, tuple):
+                self.relay.publish(wire.event_topic(item[0]), "event", [list(item)])
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:

@@ -102,7 +102,7 @@ class Relay:
             self.counters.gaps += msg.seq - expected
         self._next_seq[key] = msg.seq + len(msg.items)
 
-    def publish(self, topic: str, kind: str, items: list[dict]) -> None:
+    def publish(self, topic: str, kind: str, items: list) -> None:
         """Publish collector-made items (stat windows, rank lifecycle) on XPUB."""
         if not items:
             return

@@ -513,3 +513,27 @@ def test_event_data_is_copied_at_publish(
     assert flush_while_pumping(pub, c)
     c.receive_until(lambda: c.count() == 1)
     assert c.messages[0].items[0][2] == {"v": 1}
+
+
+def test_an_idle_thread_does_not_spin(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    """Idle with a held backlog (waiting for a subscriber) and idle while subscribed: the thread sleeps."""
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    pub.publish_event("e", 0, {})
+    wait_until(lambda: settled(pub))
+
+    def cpu_over_half_a_second() -> float:
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        while time.monotonic() - wall0 < 0.5:  # an interval to measure over, not a wait for a condition
+            time.sleep(0.05)
+        return time.process_time() - cpu0
+
+    cpu = cpu_over_half_a_second()
+    assert cpu < 0.1, f"{cpu:.3f} s of CPU in 0.5 s while holding a backlog"
+    c = collector_factory()
+    c.receive_until(lambda: c.count() == 1)
+    wait_until(lambda: settled(pub) and pub.stats().backlog == 0)
+    cpu = cpu_over_half_a_second()
+    assert cpu < 0.1, f"{cpu:.3f} s of CPU in 0.5 s while subscribed and idle"

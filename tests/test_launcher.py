@@ -1,0 +1,72 @@
+"""``shmstat run``: a torchelastic-style job under our agent, with a restart, checked in jsonl output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+from _procs import REPO, read_jsonl
+from _support import unique_job
+
+from shmstat.segment import Segment
+
+SCRIPT = os.path.join(REPO, "tests", "scripts", "elastic_job.py")
+
+
+def _run(job, tmp_path, *extra, env_extra=None):
+    out = str(tmp_path / "m.jsonl")
+    env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, **(env_extra or {}))
+    r = subprocess.run(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "3", "--monitor-interval",
+         "0.05", "--handler", f"*=jsonl:{out}", "--grace-ms", "10", *extra, SCRIPT],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    Segment.unlink(job)
+    return r, read_jsonl(out)
+
+
+def _agent(rows, name):
+    return [r["value"] for r in rows if r["group"] == "torchelastic" and r["name"] == f"workers.default.{name}"]
+
+
+def test_job_with_one_failure_is_restarted_and_succeeds(tmp_path):
+    job = unique_job("run")
+    r, rows = _run(job, tmp_path, "--max-restarts", "2", env_extra={"FAIL_RANK": "1", "STEPS": "60"})
+    assert r.returncode == 0, r.stderr
+    # the job's own metrics, routed from the ranks through the collector
+    losses = sorted(row["value"] for row in rows if row["group"] == "trainer" and row["name"] == "loss")
+    assert losses[-3:] == [0.25, 0.5, 0.75] and len(losses) >= 3
+    assert all(row["rank"] is not None for row in rows if row["name"] == "loss")
+    success = [row for row in rows if row["name"] == "__main__.train_step.success"]
+    assert len(success) >= 3 * 60
+    # stat windows: merged counts equal the per-rank rows, and cover every step of the successful attempt
+    merged = sum(row["value"] for row in rows if row["name"] == "step_ms.count" and row["rank"] is None)
+    per_rank = sum(row["value"] for row in rows if row["name"] == "step_ms.count" and row["rank"] is not None)
+    assert merged == per_rank >= 3 * 60
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("done-1")) == ["done-1-1"]
+    # the agent's metrics, under torchelastic's names
+    assert _agent(rows, "run_success_with_retries") == [1]
+    assert _agent(rows, "run_success_no_retries") == [0]
+    assert _agent(rows, "run_failed_with_retries") == [0] and _agent(rows, "run_failed_no_retries") == [0]
+    assert _agent(rows, "run_total") == [1]
+    assert _agent(rows, "flakiness") == [int(100 - 100 * (1 + 1) / (2 + 1))]
+    assert 2 in _agent(rows, "remaining_restarts") and 1 in _agent(rows, "remaining_restarts")
+    assert _agent(rows, "failed") and _agent(rows, "succeeded") == [1]
+    profs = Counter(row["name"] for row in rows if row["name"].endswith(".success") and "Agent" in row["name"])
+    assert profs["Agent._restart_workers.success"] == 1
+
+
+def test_job_that_keeps_failing_exits_with_the_workers_status(tmp_path):
+    job = unique_job("runf")
+    r, rows = _run(job, tmp_path, "--max-restarts", "0", env_extra={"FAIL_RANK": "0", "STEPS": "5"})
+    assert r.returncode == 3
+    assert _agent(rows, "run_failed_no_retries") == [1]
+    assert _agent(rows, "flakiness") == [100]
+
+
+def test_bad_arguments_are_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "collector", "run", "--nproc-per-node", "2", "no_such_script.py"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
