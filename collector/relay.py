@@ -126,7 +126,11 @@ class Relay:
                 return
 
     def close(self) -> None:
-        """Close both sockets and the context."""
+        """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""
+        xsub = getattr(self, "xsub", None)
+        if xsub is not None:
+            with contextlib.suppress(Exception):
+                xsub.send(b"\x00", zmq.NOBLOCK)
         for sock in (getattr(self, "xsub", None), getattr(self, "xpub", None)):
             if sock is not None:
                 with contextlib.suppress(Exception):
