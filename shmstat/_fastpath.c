@@ -149,7 +149,7 @@ roll(SlotWriter *self, double v, int64_t t)
          * Python roll raises; the next add rolls again. */
         PyObject *r;
         if (self->seq != 0.0) {
-            r = PyObject_CallFunction(self->on_roll, "LddddL", (long long)self->seq >> 1, self->sum + 1, self->min,
+            r = PyObject_CallFunction(self->on_roll, "LddddL", (long long)self->seq >> 1, self->sum, self->min,
                                       self->max, self->last, (long long)t);
         }
         else {

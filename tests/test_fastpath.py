@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import random
 import struct
 import subprocess
@@ -345,7 +346,7 @@ def test_default_clock_is_the_c_clock_and_env_is_read_at_creation(monkeypatch, j
     assert fast.count == pure.count  # both 2 unless the minute turned between the calls
 
 
-def test_interpreter_exit_with_a_live_writer_is_clean(tmp_path):
+def test_interpreter_exit_with_a_live_writer_is_clean():
     """Regression: the exported memoryview must not be cleared by the collector while the writer holds it."""
     job = unique_job("fp-exit")
     script = (
@@ -357,7 +358,8 @@ def test_interpreter_exit_with_a_live_writer_is_clean(tmp_path):
         "gc.collect()\n"
     )
     try:
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        env = {k: v for k, v in os.environ.items() if k != "SHMSTAT_PURE_PYTHON"}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     finally:
         Segment.unlink(job)
     assert proc.returncode == 0, proc.stderr
