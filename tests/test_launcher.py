@@ -36,9 +36,8 @@ def test_job_with_one_failure_is_restarted_and_succeeds(tmp_path):
     r, rows = _run(job, tmp_path, "--max-restarts", "2", env_extra={"FAIL_RANK": "1", "STEPS": "60"})
     assert r.returncode == 0, r.stderr
     # the job's own metrics, routed from the ranks through the collector
-    losses = sorted(row["value"] for row in rows if row["group"] == "trainer" and row["name"] == "loss")
-    assert losses[-3:] == [0.25, 0.5, 0.75] and len(losses) >= 3
-    assert all(row["rank"] is not None for row in rows if row["name"] == "loss")
+    losses = {(row["rank"], row["value"]) for row in rows if row["group"] == "trainer" and row["name"] == "loss"}
+    assert losses == {(0, 0.25), (1, 0.5), (2, 0.75)}  # ranks 0 and 2 may report twice (both attempts)
     success = [row for row in rows if row["name"] == "__main__.train_step.success"]
     assert len(success) >= 3 * 60
     # stat windows: merged counts equal the per-rank rows, and cover every step of the successful attempt
