@@ -69,3 +69,54 @@ def test_bad_arguments_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "collector", "run", "--nproc-per-node", "2", "no_such_script.py"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
+    import threading
+
+    import msgpack
+    import zmq
+    from _support import wait_for
+
+    from collector import Collector, CollectorConfig
+    from collector.launcher import Agent
+
+    job = unique_job("ev")
+    collector = Collector(CollectorConfig(job=job, handlers={"*": "null"}, usage_interval_s=0.05))
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(collector.publish_endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"event/torchelastic.worker.status.")
+    sub2 = ctx.socket(zmq.SUB)
+    sub2.connect(collector.publish_endpoint)
+    sub2.setsockopt(zmq.SUBSCRIBE, b"")
+    thread = threading.Thread(target=collector.serve, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: sub2.poll(50), 10, what="the subscription to take effect")
+        env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, STEPS="3", FAIL_RANK="-1")
+        agent = Agent(collector, job, [sys.executable, SCRIPT], 2, monitor_interval_s=0.05, env=env)
+        result = agent.run()
+        assert result.state == "SUCCEEDED" and result.exit_code == 0
+        got = []
+
+        def all_four():
+            while sub.poll(0):
+                topic, payload = sub.recv_multipart()
+                got.extend(msgpack.unpackb(payload)["items"])
+            return len(got) >= 4
+
+        wait_for(all_four, 10, what="START and SUCCEEDED for both workers")
+        states = sorted((item[2]["global_rank"], item[2]["state"]) for item in got)
+        assert states == [(0, "START"), (0, "SUCCEEDED"), (1, "START"), (1, "SUCCEEDED")]
+        meta = got[0][2]
+        assert {"run_id", "global_rank", "group_rank", "worker_id", "role", "hostname", "state", "total_run_time",
+                "raw_error", "agent_restarts", "duration_ms"} <= set(meta)
+        assert meta["run_id"] == job
+    finally:
+        collector.request_stop()
+        thread.join(30)
+        sub.close(0)
+        sub2.close(0)
+        ctx.term()
+        Segment.unlink(job)
