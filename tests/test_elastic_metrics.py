@@ -26,6 +26,7 @@ from shmstat.runtime import ingest_endpoint
 from shmstat.segment import Segment
 
 PUBLIC = [
+    "CollectorMetricHandler",
     "ConsoleMetricHandler",
     "MetricData",
     "MetricHandler",
@@ -568,7 +569,7 @@ def test_same_output_and_names_as_torchelastic(
     torch_api = pytest.importorskip("torch.distributed.elastic.metrics.api")
 
     torch_public = {n for n in dir(torch_metrics) if not n.startswith("_")} - {"api", "Optional", "static_init"}
-    assert set(metrics.__all__) == torch_public | {"StatMetricData"}
+    assert set(metrics.__all__) == torch_public | {"StatMetricData", "CollectorMetricHandler"}
     assert metrics.MetricData._fields == torch_metrics.MetricData._fields
 
     class TorchRecorder(torch_metrics.MetricHandler):  # type: ignore[misc,name-defined]

@@ -105,16 +105,29 @@ class _DefaultHandler(NullMetricHandler):
 
     def emit(self, metric_data: MetricData) -> None:
         """Publish ``metric_data`` to the node's collector when attached; otherwise drop it."""
-        pub = _publisher()
-        if pub is not None:
-            ts, group, name, value = metric_data
-            _publish(pub, group, name, value, ts)
+        CollectorMetricHandler.emit(self, metric_data)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return "<elastic.metrics built-in default handler (null, or the collector when attached)>"
 
 
 _BUILTIN_DEFAULT = _DefaultHandler()
+
+
+class CollectorMetricHandler(MetricHandler):
+    """Publishes every data point to the node's collector (``metric/<group>/<name>``); drops it when unattached.
+
+    Configure it in any torchelastic-compatible registry — ours, or PyTorch's own
+    ``torch.distributed.elastic.metrics.configure(CollectorMetricHandler(), group)`` — to have that code's
+    metrics dispatched by the collector's per-group handlers. Attaches from the environment on first use.
+    """
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Publish ``metric_data`` (never blocks; values the wire cannot carry are converted or counted)."""
+        pub = _publisher()
+        if pub is not None:
+            ts, group, name, value = metric_data
+            _publish(pub, group, name, value, ts)
 
 
 class MetricStream:
