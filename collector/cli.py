@@ -24,6 +24,8 @@ def _add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
                    help="handler for a metric group: console, null, jsonl:PATH, pkg.module:Class; GROUP * = default")
     p.add_argument("--grace-ms", type=int, default=20, help="wait this long after a window ends (default 20)")
+    p.add_argument("--status-interval", type=float, default=30.0,
+                   help="seconds between progress lines on stderr (default 30, 0 = none)")
     p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
     p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
     p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
@@ -99,7 +101,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .handlers import parse_handler_args
 
         config = CollectorConfig(job=args.job, publish=args.publish, handlers=parse_handler_args(args.handler),
-                                 grace_ms=_non_negative(args.grace_ms, "--grace-ms"), geometry=geometry_from(args))
+                                 grace_ms=_non_negative(args.grace_ms, "--grace-ms"), geometry=geometry_from(args),
+                                 status_interval_s=args.status_interval)
         return Collector(config).run()
     if cmd == "run":
         from .launcher import run_job

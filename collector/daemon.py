@@ -53,6 +53,8 @@ class CollectorConfig:
     """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
     grace_ms: int = 20
     usage_interval_s: float = 1.0
+    status_interval_s: float = 30.0
+    """Seconds between one-line progress reports on stderr (0: none)."""
     geometry: Geometry | None = None
     ingest: str | None = None
     clock: Callable[[], int] = time.time_ns
@@ -102,6 +104,7 @@ class Collector:
         self.torn = 0
         self.lifecycle: list[Lifecycle] = []
         self._next_usage = 0.0
+        self._next_status = time.monotonic() + config.status_interval_s
         self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
         self.segment.set_collector(os.getpid(), self.clock())
         self.poller = zmq.Poller()
@@ -129,6 +132,8 @@ class Collector:
             file=self.out, flush=True,
         )
         self.serve()
+        if self.config.status_interval_s > 0:
+            self._print_status([])
         return 0
 
     def serve(self) -> None:
@@ -171,9 +176,13 @@ class Collector:
             self._lifecycle(change)
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
-        if time.monotonic() >= self._next_usage:
-            self._next_usage = time.monotonic() + self.config.usage_interval_s
+        mono = time.monotonic()
+        if mono >= self._next_usage:
+            self._next_usage = mono + self.config.usage_interval_s
             self._emit_usage(now, ranks)
+        if self.config.status_interval_s > 0 and mono >= self._next_status:
+            self._next_status = mono + self.config.status_interval_s
+            self._print_status(ranks)
         self.segment.set_collector(os.getpid(), now)
 
     def shutdown(self) -> None:
@@ -293,6 +302,16 @@ class Collector:
             items.append({"group": md.group_name, "name": md.name, "value": md.value,
                           "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
         self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+    def _print_status(self, ranks: list) -> None:
+        c = self.counters()
+        active = sum(1 for r in ranks if r.state_name == "active")
+        print(
+            f"shmstat collector: {active} ranks active, {c['windows_emitted']} windows, {c['events_relayed']} events, "
+            f"{c['metrics_relayed']} metrics relayed, {c['frames_rejected']} frames rejected, "
+            f"{c['handler_errors']} handler errors",
+            file=sys.stderr, flush=True,
+        )
 
     def counters(self) -> dict[str, int]:
         """The collector's own counters (also emitted in the platform group)."""

@@ -229,7 +229,7 @@ def run_job(args: argparse.Namespace) -> int:
         raise ConfigError(f"script {args.script!r} does not exist")
     collector = Collector(CollectorConfig(
         job=job, publish=args.publish, handlers=parse_handler_args(args.handler), grace_ms=args.grace_ms,
-        geometry=geometry_from(args),
+        geometry=geometry_from(args), status_interval_s=args.status_interval,
     ))
     cmd = [sys.executable, "-u", args.script, *args.script_args]
     agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
