@@ -194,6 +194,7 @@ class Publisher:
         self._append = self._q.append
         self._started = False
         self._late_drops = 0  # publishes after close() or in a forked child
+        self._overflow = 0  # publishes refused because the caller-side queue was full
 
         # thread side (written only by the background thread while it runs)
         self._next_seq = 0  # == items taken from self._q
@@ -274,6 +275,17 @@ class Publisher:
         self._append((None, topic, kind, item))
         if not self._started:
             self._start()
+
+    def _append_bounded(self, entry: tuple[Any, ...]) -> None:
+        """Stand-in for ``deque.append`` while the thread lags: keep the queue within the bound, count the rest.
+
+        The thread swaps it in when the queue it has not yet taken passes half the backlog bound, and back
+        out when it has caught up, so the common case costs no check at all.
+        """
+        if len(self._q) < self._backlog_limit:
+            self._q.append(entry)
+        else:
+            self._overflow += 1
 
     def _drop_late(self, entry: tuple[Any, ...]) -> None:
         """Stand-in for ``deque.append`` after close() or in a forked child: count, keep nothing."""
@@ -361,7 +373,7 @@ class Publisher:
         """A snapshot of the counters (see :class:`PublisherStats`); exact once the thread is idle."""
         taken = self._next_seq
         waiting = len(self._q)
-        late = self._late_drops
+        late = self._late_drops + self._overflow
         return PublisherStats(
             queued=taken + waiting + late,
             sent_items=self._sent_items,
@@ -432,6 +444,12 @@ class Publisher:
 
     def _step(self, sock: zmq.Socket[Any]) -> bool:
         """One round: subscriptions, flush requests, take queued items, send. True if anything moved."""
+        waiting = len(self._q)
+        bounded = self._append == self._append_bounded
+        if (not bounded and waiting > self._backlog_limit // 2) or (bounded and waiting < self._backlog_limit // 4):
+            with self._lock:  # close() swaps in _drop_late under the same lock
+                if not self._closed and not self._dead:
+                    self._append = self._q.append if bounded else self._append_bounded
         if sock.get(zmq.EVENTS) & zmq.POLLIN:
             self._read_subscriptions(sock)
         requests = self._flush_requests
