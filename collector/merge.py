@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shmstat.aggregation import Aggregation, aggregation_key, from_mask
+from shmstat.aggregation import Aggregation, aggregate, aggregation_key, from_mask
 
 __all__ = ["Summary", "WindowRow", "merge", "merge_all"]
 
@@ -34,19 +34,7 @@ class Summary:
 
     def value(self, agg: Aggregation) -> float:
         """The figure for one aggregation, as a float."""
-        if self.count == 0:
-            return 0.0
-        if agg is Aggregation.COUNT:
-            return float(self.count)
-        if agg is Aggregation.SUM:
-            return float(self.sum)
-        if agg is Aggregation.MEAN:
-            return self.mean
-        if agg is Aggregation.MAX:
-            return float(self.max)
-        if agg is Aggregation.MIN:
-            return float(self.min)
-        return float(self.last)
+        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last)
 
 
 def merge(a: Summary, b: Summary) -> Summary:

@@ -21,6 +21,7 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
+    "aggregate",
     "AGG_BIT",
     "COUNT",
     "MAX",
@@ -133,3 +134,23 @@ def from_mask(mask: int) -> list[Aggregation]:
             f"aggregation mask {mask:#x} has bits outside {_VALID_MASK:#x}; pass a mask made by to_mask()"
         )
     return [agg for agg, bit in AGG_BIT.items() if mask & bit]
+
+
+def aggregate(agg: Aggregation, count: int, total: float, lo: float, hi: float, last: float) -> float:
+    """The figure one aggregation reports for a window's count, sum, min, max and last value, as a float.
+
+    Every aggregation of an empty window is 0.0, as torch.monitor reports it; MEAN is ``total / count``.
+    """
+    if count == 0:
+        return 0.0
+    if agg is Aggregation.COUNT:
+        return float(count)
+    if agg is Aggregation.SUM:
+        return float(total)
+    if agg is Aggregation.MEAN:
+        return total / count
+    if agg is Aggregation.MAX:
+        return float(hi)
+    if agg is Aggregation.MIN:
+        return float(lo)
+    return float(last)

@@ -24,7 +24,7 @@ from typing import Any
 
 from . import _state
 from . import layout as L
-from .aggregation import Aggregation, aggregation_key, from_mask, to_mask
+from .aggregation import Aggregation, aggregate, aggregation_key, from_mask, to_mask
 from .errors import ConfigError
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
@@ -64,19 +64,7 @@ class _Summary:
         self.count, self.sum, self.min, self.max, self.last = count, total, lo, hi, last
 
     def value(self, agg: Aggregation) -> float:
-        if self.count == 0:
-            return 0.0
-        if agg is Aggregation.COUNT:
-            return float(self.count)
-        if agg is Aggregation.SUM:
-            return float(self.sum)
-        if agg is Aggregation.MEAN:
-            return self.sum / self.count
-        if agg is Aggregation.MAX:
-            return float(self.max)
-        if agg is Aggregation.MIN:
-            return float(self.min)
-        return float(self.last)
+        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last)
 
 
 class Stat:

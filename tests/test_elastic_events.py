@@ -7,18 +7,17 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
 
 import pytest
-import zmq
+from _fake_collector import FakeCollector
 from _support import unique_job
 
 from elastic import events
 from elastic.events import handlers
-from shmstat import attach, wire
+from shmstat import attach
 from shmstat._state import STATE
 from shmstat.segment import Segment
 
@@ -65,35 +64,6 @@ def rdzv_records(monkeypatch: pytest.MonkeyPatch) -> Iterator[Records]:
 
 
 # ------------------------------------------------------------------------------------ a real collector socket
-
-
-class FakeCollector:
-    """The collector's ingest side: an XSUB bound at an ipc endpoint, subscribed to everything."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.XSUB)
-        self.sock.bind(endpoint)
-        self.sock.send(b"\x01")
-        self.seen: list[wire.WireMessage] = []
-
-    def receive_until(self, done: Callable[[list[wire.WireMessage]], bool], timeout_s: float = 10.0) -> None:
-        """Receive and decode messages until ``done(self.seen)`` holds; fail at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while not done(self.seen):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"timed out; received {[m.topic for m in self.seen]}")
-            if self.sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
-                topic, payload = self.sock.recv_multipart()
-                self.seen.append(wire.decode(topic, payload))
-
-    def has(self, topic: str) -> Callable[[list[wire.WireMessage]], bool]:
-        return lambda seen: any(m.topic == topic for m in seen)
-
-    def items(self, topic: str) -> list[Any]:
-        return [item for m in self.seen if m.topic == topic for item in m.items]
 
 
 @pytest.fixture

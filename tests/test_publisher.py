@@ -14,24 +14,13 @@ from typing import Any
 
 import pytest
 import zmq
+from _support import wait_for
 
 from shmstat import _state, wire
 from shmstat.errors import ConfigError
 from shmstat.publisher import Publisher, PublisherStats, after_fork_in_child
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "") -> Any:
-    """Poll ``predicate`` every few ms until truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
-        time.sleep(0.005)
 
 
 @pytest.fixture
@@ -281,7 +270,7 @@ def test_publishing_never_blocks_without_a_collector(publishers: list[Publisher]
         pub.publish_event("e", i, {"i": i})
     for i in range(n):
         pub.publish_metric("g", "m", i, 1.0)
-    stats = wait_until(lambda: settled(pub), what="the thread to take everything")
+    stats = wait_for(lambda: settled(pub), what="the thread to take everything")
     assert stats == PublisherStats(
         queued=2 * n, sent_items=0, sent_messages=0, dropped=2 * n - bound, subscribed=False, backlog=bound
     )
@@ -298,10 +287,10 @@ def test_backlog_then_live_items_in_order_with_topic_batching(
     publishers.append(pub)
     for i in range(10):
         pub.publish_event("a" if i < 6 else "b", i, {"i": i})
-    wait_until(lambda: settled(pub))
+    wait_for(lambda: settled(pub))
     c = collector_factory()
     c.receive_until(lambda: c.count() == 10)
-    assert wait_until(lambda: pub.stats().subscribed)
+    assert wait_for(lambda: pub.stats().subscribed)
     for i in range(10, 13):
         pub.publish_metric("g", "m", i, 2.0)
     assert flush_while_pumping(pub, c)
@@ -340,10 +329,10 @@ def test_explicit_unsubscribe_holds_items_until_resubscribed(
     pub.publish_event("e", 0, {})
     c.receive_until(lambda: c.count() == 1)
     c.sock.send(b"\x00")  # a collector shutting down cleanly unsubscribes first
-    wait_until(lambda: (c.pump(), not pub.stats().subscribed)[1], what="the unsubscribe to arrive")
+    wait_for(lambda: (c.pump(), not pub.stats().subscribed)[1], what="the unsubscribe to arrive")
     for i in range(1, 50):
         pub.publish_event("e", i, {})
-    wait_until(lambda: settled(pub))
+    wait_for(lambda: settled(pub))
     assert pub.stats().backlog == 49 and pub.stats().sent_items == 1
     assert pub.flush(0.05) is False
     c.sock.send(b"\x01")
@@ -522,7 +511,7 @@ def test_an_idle_thread_does_not_spin(
     pub = Publisher(endpoint, rank=0)
     publishers.append(pub)
     pub.publish_event("e", 0, {})
-    wait_until(lambda: settled(pub))
+    wait_for(lambda: settled(pub))
 
     def cpu_over_half_a_second() -> float:
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -534,6 +523,6 @@ def test_an_idle_thread_does_not_spin(
     assert cpu < 0.1, f"{cpu:.3f} s of CPU in 0.5 s while holding a backlog"
     c = collector_factory()
     c.receive_until(lambda: c.count() == 1)
-    wait_until(lambda: settled(pub) and pub.stats().backlog == 0)
+    wait_for(lambda: settled(pub) and pub.stats().backlog == 0)
     cpu = cpu_over_half_a_second()
     assert cpu < 0.1, f"{cpu:.3f} s of CPU in 0.5 s while subscribed and idle"

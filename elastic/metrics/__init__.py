@@ -9,8 +9,9 @@ groups without an in-process handler go to the node's collector, which dispatche
 job they go nowhere, exactly like torchelastic's default. :class:`StatMetricData` is our addition: the
 MetricData rows the collector makes from shared-memory stat windows (per rank or merged).
 
-The package exports exactly what ``torch.distributed.elastic.metrics`` exports, plus :class:`StatMetricData` and :class:`CollectorMetricHandler`;
-``MetricStream`` (what :func:`getStream` returns) lives in :mod:`elastic.metrics.api`, as in torchelastic.
+The package exports exactly what ``torch.distributed.elastic.metrics`` exports, plus :class:`StatMetricData`
+and :class:`CollectorMetricHandler`; ``MetricStream`` (what :func:`getStream` returns) lives in
+:mod:`elastic.metrics.api`, as in torchelastic.
 """
 
 from __future__ import annotations
