@@ -21,7 +21,6 @@ from typing import Any
 from .errors import ConfigError
 
 __all__ = [
-    "aggregate",
     "AGG_BIT",
     "COUNT",
     "MAX",
@@ -30,6 +29,7 @@ __all__ = [
     "SUM",
     "VALUE",
     "Aggregation",
+    "aggregate",
     "aggregation_key",
     "from_mask",
     "to_mask",
