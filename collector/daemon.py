@@ -41,6 +41,7 @@ PLATFORM_GROUP = "shmstat"
 ``torchelastic``."""
 
 _log = logging.getLogger("shmstat.collector")
+_NOBODY: list[dict] = []  # marks a topic no subscriber listens to
 
 
 @dataclass
@@ -243,33 +244,50 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        result = self.scanner.scan(now, final=final)
+        assert self.relay is not None
+        relay, dispatcher = self.relay, self.dispatcher
+        relay.update_subscriptions()  # first: rows nobody receives are never built
+
+        def wanted(group: str) -> bool:
+            return not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
+
+        result = self.scanner.scan(now, final=final, want=wanted)
         self.overwritten += result.overwritten
         self.torn += result.torn
+        self.windows_emitted += result.skipped_windows
+        self.rows_emitted += result.skipped_rows
         by_topic: dict[str, list[dict]] = {}
         for row in result.rows:
-            self._dispatch_row(row)
-            by_topic.setdefault(wire.stat_topic(row.group, row.name), []).append(row.to_wire())
+            if not dispatcher.discards(row.group):
+                self._dispatch_row(row)
+            topic = wire.stat_topic(row.group, row.name)
+            items = by_topic.get(topic)
+            if items is None:
+                items = by_topic[topic] = [] if relay.wants(topic) else _NOBODY
+            if items is not _NOBODY:
+                items.append(row.to_wire())
             self.rows_emitted += 1
             if row.rank is None:
                 self.windows_emitted += 1
-        assert self.relay is not None
         for topic, items in by_topic.items():
-            self.relay.publish(topic, "stat", items)
-        self.dispatcher.flush()
+            if items is not _NOBODY:
+                relay.publish(topic, "stat", items)
+        dispatcher.flush()
         self.scanner.commit()
 
     def _dispatch_row(self, row: WindowRow) -> None:
         start, end = row.start_ns / 1e9, row.end_ns / 1e9
-        torn = row.summary.torn
-        for key, value in row.values().items():
-            self.dispatcher.emit(
-                StatMetricData(end, row.group, key, value, rank=row.rank, window_start=start, window_end=end,
-                               torn=torn)
-            )
+        torn, group, rank = row.summary.torn, row.group, row.rank
+        self.dispatcher.emit_all(group, [
+            StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn)
+            for key, value in row.values().items()
+        ])
 
     def _dispatch_put_metrics(self, msg: wire.WireMessage) -> None:
+        discards = self.dispatcher.discards
         for group, name, value, ts in msg.items:
+            if discards(group):
+                continue
             self.dispatcher.emit(_point(float(ts), group, name, value, msg.rank))
 
     def _lifecycle(self, change: Lifecycle) -> None:

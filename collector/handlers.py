@@ -138,19 +138,30 @@ class Dispatcher:
         """The handler that receives metrics of ``group``."""
         return self.handlers.get(group, self.default)
 
+    def discards(self, group: str) -> bool:
+        """Whether ``group``'s handler is a plain null handler (its ``emit`` is NullMetricHandler's, which does
+        nothing): the collector then builds no metric for it."""
+        return type(self.handlers.get(group, self.default)).emit is NullMetricHandler.emit
+
     def emit(self, metric: MetricData) -> None:
         """Hand one metric to its group's handler; exceptions are logged once per handler and type, counted."""
-        handler = self.handlers.get(metric.group_name, self.default)
-        try:
-            handler.emit(metric)
-            self.emitted += 1
-        except Exception as exc:  # a user's handler may raise anything; the others must still run
-            self.errors += 1
-            key = (id(handler), type(exc))
-            if key not in self._warned:
-                self._warned.add(key)
-                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
-                           handler, metric.group_name, exc)
+        self.emit_all(metric.group_name, (metric,))
+
+    def emit_all(self, group: str, metrics: Iterable[MetricData]) -> None:
+        """:meth:`emit` for several metrics of one ``group`` (its handler is looked up once)."""
+        handler = self.handlers.get(group, self.default)
+        emit = handler.emit
+        for metric in metrics:
+            try:
+                emit(metric)
+                self.emitted += 1
+            except Exception as exc:  # a user's handler may raise anything; the others must still run
+                self.errors += 1
+                key = (id(handler), type(exc))
+                if key not in self._warned:
+                    self._warned.add(key)
+                    _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                               handler, group, exc)
 
     def all_handlers(self) -> list[MetricHandler]:
         """Every distinct handler, default included."""

@@ -84,7 +84,16 @@ class WindowRow:
 
     def values(self) -> dict[str, float]:
         """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order."""
-        return {f"{self.name}.{aggregation_key(a)}": self.summary.value(a) for a in _ordered(self.agg_mask)}
+        keys = _keys_cache.get((self.name, self.agg_mask))
+        if keys is None:
+            if len(_keys_cache) > 1 << 17:
+                _keys_cache.clear()
+            keys = _keys_cache[(self.name, self.agg_mask)] = tuple(
+                (f"{self.name}.{aggregation_key(a)}", a) for a in _ordered(self.agg_mask)
+            )
+        s = self.summary
+        n, total, lo, hi, last = s.count, s.sum, s.min, s.max, s.last
+        return {key: aggregate(a, n, total, lo, hi, last) for key, a in keys}
 
     def to_wire(self) -> dict[str, object]:
         """The map published on ``stat/<group>/<name>`` (every figure, whatever the stat asked for)."""
@@ -99,6 +108,7 @@ class WindowRow:
 
 _ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN, Aggregation.VALUE)
 _ordered_cache: dict[int, tuple[Aggregation, ...]] = {}
+_keys_cache: dict[tuple[str, int], tuple[tuple[str, Aggregation], ...]] = {}  # (name, mask) -> data keys
 
 
 def _ordered(mask: int) -> tuple[Aggregation, ...]:

@@ -39,17 +39,25 @@ class RelayCounters:
 class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
 
-    def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 100_000) -> None:
+    def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
+                 rcvhwm: int = 100) -> None:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
         self.pid = os.getpid() if pid is None else pid
         self._seq = 0
         self._next_seq: dict[tuple[int, int, int], int] = {}
+        self.prefixes: set[bytes] = set()
+        """Topic prefixes some subscriber of the XPUB asked for (what libzmq reports: a prefix appears with its
+        first subscriber and goes with its last)."""
         self.xsub = self.ctx.socket(zmq.XSUB)
         self.xpub = self.ctx.socket(zmq.XPUB)
         for sock in (self.xsub, self.xpub):
             sock.setsockopt(zmq.LINGER, 500)
-        self.xsub.setsockopt(zmq.RCVHWM, 0)
+        # Both queues are bounded (in messages: a rank's message batches up to 1024 items), so the collector's
+        # memory stays bounded when it falls behind the ranks or a subscriber stops reading: past RCVHWM a
+        # rank's pipe pushes back (its publisher holds, then drops and counts), past SNDHWM a slow subscriber
+        # loses messages (it sees the gap in the per-rank seqs).
+        self.xsub.setsockopt(zmq.RCVHWM, rcvhwm)
         self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
         self.xsub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
         self.xpub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
@@ -71,6 +79,7 @@ class Relay:
         """Take up to ``limit`` waiting messages from the ranks: re-publish the valid ones, return them."""
         out: list[wire.WireMessage] = []
         c = self.counters
+        self._drain_subscriptions()
         for _ in range(limit):
             try:
                 frames = self.xsub.recv_multipart(zmq.NOBLOCK, copy=True)
@@ -102,6 +111,18 @@ class Relay:
             self.counters.gaps += msg.seq - expected
         self._next_seq[key] = msg.seq + len(msg.items)
 
+    def update_subscriptions(self) -> None:
+        """Take the subscription changes the XPUB has queued (also done by every :meth:`receive`)."""
+        self._drain_subscriptions()
+
+    def wants(self, topic: str) -> bool:
+        """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some
+        topic under it); callers skip building what nobody would receive."""
+        if not self.prefixes:
+            return False
+        raw = topic.encode("utf-8")
+        return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in self.prefixes)
+
     def publish(self, topic: str, kind: str, items: list) -> None:
         """Publish collector-made items (stat windows, rank lifecycle) on XPUB."""
         if not items:
@@ -111,6 +132,8 @@ class Relay:
         self._send([topic.encode("utf-8"), payload])
 
     def _send(self, frames: list[bytes]) -> None:
+        if not self.prefixes:  # nobody subscribed: the XPUB would discard it anyway
+            return
         try:
             self.xpub.send_multipart(frames, zmq.NOBLOCK)
             self.counters.published += 1
@@ -118,12 +141,16 @@ class Relay:
             pass
 
     def _drain_subscriptions(self) -> None:
-        # Subscribers' (un)subscribe frames queue on XPUB; the collector publishes everything regardless.
+        # Subscribers' (un)subscribe frames queue on XPUB: keep the set of prefixes someone listens to.
         for _ in range(1000):
             try:
-                self.xpub.recv(zmq.NOBLOCK)
+                frame = self.xpub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if frame[:1] == b"\x01":
+                self.prefixes.add(frame[1:])
+            elif frame[:1] == b"\x00":
+                self.prefixes.discard(frame[1:])
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""

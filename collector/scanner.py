@@ -4,6 +4,21 @@ Each slot's watermark (the newest window already emitted) lives in the segment, 
 ``emitted_wid``: a restarted collector resumes where the previous one stopped, so no window still in the
 ring is lost and none is emitted twice. The watermark is written right after the rows were handed to the
 handlers (a crash between the two can repeat at most that one pass).
+
+How a pass reads (vectorised with NumPy, because a node can hold 64k slots and the pass runs every window):
+for every slot with a window that closed since its watermark, only the banks that can hold such a window are
+read (bank ``w % K`` of each window ``w`` past the watermark: one bank per slot in steady state). Their
+``(seq, wid)`` words are gathered, then the banks are copied whole, then ``(seq, wid)`` gathered again: three
+separate copies, in this order, which is the seqlock reader of :mod:`shmstat.layout` applied to all banks at
+once (x86-64 keeps the copies in order; the order *inside* one copy does not matter). A bank is consistent when
+both gathers and the copy agree on ``seq`` and ``wid`` and ``seq`` is even. The few candidate banks that are not
+(a rank was writing them at that instant) are read again one by one with :func:`shmstat.layout.read_bank`'s
+retry loop; a slot whose bank stays torn goes through :meth:`shmstat.reader.SegmentReader.read_slot`, which
+decides by the writer's liveness. Everything else (which windows are closed and new, how far a slot's watermark
+may move, windows lost to a ring that wrapped) is computed on the arrays with exactly ``read_slot``'s rules
+(``tests/test_scanner_vectorised.py`` checks that), and only the windows of groups someone consumes become
+Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
+no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
 """
 
 from __future__ import annotations
@@ -11,6 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from shmstat import layout as L
 from shmstat.layout import RankInfo, RankState, StatDescriptor
 from shmstat.reader import SegmentReader, WindowRead
 from shmstat.segment import Segment
@@ -22,22 +40,58 @@ __all__ = ["ScanResult", "Scanner"]
 StatKey = tuple[str, str, int, int]
 """(group, name, window_ms, agg_mask): the stats that merge across ranks."""
 
+_WORDS = L.BANK_WORDS
+
 
 @dataclass
 class ScanResult:
-    """What one pass produced: rows in window order (merged row first, then one per rank) and counters."""
+    """What one pass produced: rows in window order (merged row first, then one per rank) and counters.
+
+    ``skipped_windows`` / ``skipped_rows``: merged windows / rows (merged and per rank) of groups the caller's
+    ``want`` declined; they were read, counted and are committed like the others, but never built.
+    """
 
     rows: list[WindowRow] = field(default_factory=list)
     windows_read: int = 0
     overwritten: int = 0
     torn: int = 0
+    skipped_windows: int = 0
+    skipped_rows: int = 0
 
 
 @dataclass
 class _Slot:
-    info: RankInfo
     desc: StatDescriptor
     after_wid: int
+
+
+class _Table:
+    """The known slots as arrays, in a fixed order (rebuilt when slots are added)."""
+
+    def __init__(self, slots: list[_Slot], geometry: L.Geometry) -> None:
+        self.slots = slots
+        n = len(slots)
+        banks = geometry.banks
+        lr = np.fromiter((s.desc.local_rank for s in slots), np.int64, n)
+        si = np.fromiter((s.desc.index for s in slots), np.int64, n)
+        self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
+        self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
+        self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
+        self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
+        keys: dict[StatKey, int] = {}
+        groups: dict[str, int] = {}
+        self.key_id = np.fromiter(
+            (keys.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), len(keys)) for s in slots),
+            np.int64, n,
+        )
+        self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
+        self.groups = list(groups)
+        self.window_lengths = sorted(set(self.wns.tolist()))
+
+    def sync_back(self) -> None:
+        """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
+        for slot, after in zip(self.slots, self.after.tolist(), strict=True):
+            slot.after_wid = after
 
 
 class Scanner:
@@ -49,28 +103,39 @@ class Scanner:
         self.grace_ns = grace_ns
         self.is_alive = is_alive
         self._slots: dict[int, dict[int, _Slot]] = {}
+        self._infos: dict[int, RankInfo] = {}  # the latest entry of each local rank (read every step)
         self._known_nstats: dict[int, tuple[int, int]] = {}
         self._next_due: dict[int, int] = {}
-        self._pending: list[tuple[_Slot, int]] = []
+        self._table: _Table | None = None
+        self._dirty = True
+        self._pending: tuple[np.ndarray, np.ndarray] | None = None
 
     def refresh(self) -> list[RankInfo]:
         """Pick up new ranks and newly published descriptors; returns the current rank entries."""
         ranks = self.reader.ranks()
         for info in ranks:
             slots = self._slots.setdefault(info.local_rank, {})
-            for slot in slots.values():
-                slot.info = info
+            self._infos[info.local_rank] = info
             key = (info.nstats, info.incarnation)
             if self._known_nstats.get(info.local_rank) == key:
                 continue
             self._known_nstats[info.local_rank] = key
             for desc in self.reader.descriptors(info.local_rank):
                 if desc.index not in slots:
-                    slots[desc.index] = _Slot(info, desc, desc.emitted_wid)
+                    if self._table is not None and not self._dirty:
+                        self._table.sync_back()
+                    self._dirty = True
+                    slots[desc.index] = _Slot(desc, desc.emitted_wid)
         return ranks
 
     def _all_slots(self) -> list[_Slot]:
-        return [slot for slots in self._slots.values() for slot in slots.values()]
+        return [slot for _, slots in sorted(self._slots.items()) for _, slot in sorted(slots.items())]
+
+    def _current_table(self) -> _Table:
+        if self._dirty or self._table is None:
+            self._table = _Table(self._all_slots(), self.segment.geometry)
+            self._dirty = False
+        return self._table
 
     def due(self, now_ns: int) -> bool:
         """Whether some window length has a window that closed since the last pass."""
@@ -80,54 +145,208 @@ class Scanner:
         """Wall-clock ns when the next window closes (None if no stat is known yet)."""
         return min(self._next_due.values()) if self._next_due else None
 
-    def scan(self, now_ns: int, *, final: bool = False) -> ScanResult:
+    def scan(self, now_ns: int, *, final: bool = False, want: Callable[[str], bool] | None = None) -> ScanResult:
         """Read every window closed at ``now_ns`` (all windows with data if ``final``), merged and per rank.
 
-        Call :meth:`commit` with the result once the rows were dispatched.
+        ``want(group)`` says whether rows of a group are to be built (default: every group); windows of the
+        other groups are only counted (``skipped_windows``, ``skipped_rows``). Call :meth:`commit` with the
+        result once the rows were dispatched.
         """
         self.refresh()
         result = ScanResult()
-        by_key: dict[tuple[StatKey, int], list[tuple[WindowRead, _Slot]]] = {}
-        self._pending = []
-        all_slots = self._all_slots()
-        for slot in all_slots:
-            desc = slot.desc
-            wns = desc.window_ns
-            if not final and now_ns < self._next_due.get(wns, 0):
-                continue
-            at = now_ns if not final else (now_ns // wns + 2) * wns + self.grace_ns
-            alive = False if slot.info.state == RankState.DIED else None
-            read = self.reader.read_slot(slot.info, desc, at, self.grace_ns, slot.after_wid, writer_alive=alive)
-            result.overwritten += read.overwritten
-            for w in read.windows:
-                key = (desc.group, desc.name, desc.window_ms, desc.agg_mask)
-                by_key.setdefault((key, w.wid), []).append((w, slot))
-                result.windows_read += 1
-                result.torn += w.torn
-            if read.safe_wid > slot.after_wid:
-                self._pending.append((slot, read.safe_wid))
-        for slot in all_slots:
-            wns = slot.desc.window_ns
+        self._pending = None
+        table = self._current_table()
+        if table.slots:
+            self._scan_table(table, now_ns, final, want, result)
+        for wns in table.window_lengths:
             self._next_due[wns] = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
-        for ((group, name, window_ms, mask), wid) in sorted(by_key, key=lambda k: (k[1], k[0])):
-            parts = by_key[((group, name, window_ms, mask), wid)]
-            per_rank = [
-                WindowRow(group, name, wid, window_ms, mask, w.rank,
-                          Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn))
-                for w, _ in sorted(parts, key=lambda p: p[0].rank)
-            ]
-            merged = merge_all(r.summary for r in per_rank)
-            result.rows.append(WindowRow(group, name, wid, window_ms, mask, None, merged, ranks=len(parts)))
-            result.rows.extend(per_rank)
         return result
+
+    # -- the vectorised pass ------------------------------------------------------------------------------------
+    def _scan_table(self, t: _Table, now_ns: int, final: bool, want: Callable[[str], bool] | None,
+                    result: ScanResult) -> None:
+        banks = self.segment.geometry.banks
+        wns = t.wns
+        if final:  # every window with data, the open one too: read_slot's ``at = (now // wns + 2) * wns + grace``
+            newest = now_ns // wns + 1
+            todo = newest > t.after
+        else:
+            newest = (now_ns - self.grace_ns) // wns - 1
+            todo = newest > t.after
+            for w in t.window_lengths:
+                if now_ns < self._next_due.get(w, 0):
+                    todo &= wns != w
+        idx = np.flatnonzero(todo)
+        if not len(idx):
+            return
+        newest, after = newest[idx], t.after[idx]
+        n = len(idx)
+        # The banks that can hold a window in (after, newest]: bank w % K of each such w (all K once the gap
+        # reaches K). In steady state that is one bank per slot.
+        depth = np.minimum(newest - after, banks)
+        parts = [np.flatnonzero(depth > d) for d in range(int(depth.max()))]
+        pos = np.concatenate(parts)
+        bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)])
+        grow = t.row0[idx[pos]] + bank  # bank numbers counted from BANK_BASE
+        first, data, second = self._read_banks(grow)
+        seq_bits = data[:, L.B_SEQ]
+        seq = seq_bits.view(np.float64)
+        with np.errstate(invalid="ignore"):
+            sane = (seq >= 0) & (seq < 2.0**62)  # not NaN, not negative, not absurd: what a writer can produce
+        count = np.where(sane, seq, 0.0).astype(np.int64)  # a bank of garbage reads as empty
+        ok = ~sane | (
+            (first[:, 0] == second[:, 0]) & (first[:, 1] == second[:, 1]) & (first[:, 0] == seq_bits)
+            & (first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
+        )
+        count >>= 1
+        slow = np.zeros(n, bool)  # slots left to read_slot (a bank stayed torn while holding a candidate)
+        wid = data[:, L.B_WID]
+        if not ok.all():
+            cand = (wid > after[pos]) & (wid <= newest[pos])
+            retry = np.flatnonzero(~ok & cand)
+            if len(retry):
+                slow[self._retry_torn(retry, grow, pos, data, count)] = True
+        keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
+        fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
+        # windows whose bank already holds a later one: read_slot's loop over (max(after + 1, safe - 8K), safe]
+        # (every w there is in (after, newest], so its bank w % K was read above)
+        safe = newest
+        bank_wid = np.full((n, banks), np.iinfo(np.int64).min, np.int64)
+        bank_wid[pos, bank] = wid
+        lo = np.maximum(after + 1, safe - 8 * banks)
+        span = np.where((after >= 0) & ~slow, safe - lo + 1, 0)
+        positions = np.arange(n)
+        for d in range(int(span.max(initial=0))):
+            w = lo + d
+            result.overwritten += int(((d < span) & (bank_wid[positions, w % banks] > w)).sum())
+        adv = (safe > after) & ~slow
+        pend_idx, pend_wid = [idx[adv]], [safe[adv]]
+        result.windows_read += len(fs)
+        collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]] = {}
+        skipped: list[tuple[np.ndarray, np.ndarray]] = []
+        wanted_group = np.array([want is None or bool(want(g)) for g in t.groups], bool)
+        if len(fs):
+            wanted = wanted_group[t.group_id[idx[fs]]]
+            if not wanted.all():
+                skip = ~wanted
+                skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID]))
+                fs, fdata, fcount = fs[wanted], fdata[wanted], fcount[wanted]
+            if len(fs):
+                self._collect(t, idx[fs], fdata, fcount, collected)
+        for pos in np.flatnonzero(slow).tolist():
+            self._read_python(t, int(idx[pos]), now_ns, final, result, collected, skipped, pend_idx, pend_wid,
+                              wanted_group)
+        self._pending = (np.concatenate(pend_idx), np.concatenate(pend_wid))
+        if skipped:
+            ks = np.concatenate([k for k, _ in skipped])
+            ws = np.concatenate([w for _, w in skipped])
+            order = np.lexsort((ws, ks))
+            ks, ws = ks[order], ws[order]
+            distinct = 1 + int(((ks[1:] != ks[:-1]) | (ws[1:] != ws[:-1])).sum()) if len(ks) else 0
+            result.skipped_windows += distinct
+            result.skipped_rows += distinct + len(ks)
+        for key, w in sorted(collected, key=lambda k: (k[1], k[0])):
+            group, name, window_ms, mask = key
+            parts = sorted(collected[(key, w)], key=lambda p: (p[0], p[1]))  # by rank, then slot order
+            merged = merge_all(s for _, _, s in parts)
+            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(parts)))
+            result.rows.extend(WindowRow(group, name, w, window_ms, mask, rank, s) for rank, _, s in parts)
+
+    def _read_banks(self, grow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
+        copies out of the segment, in this order (the seqlock reader's order, for all banks at once)."""
+        geo = self.segment.geometry
+        view = np.frombuffer(self.segment.buf, np.int64, geo.max_ranks * geo.max_stats * geo.banks * _WORDS,
+                             geo.bank_base).reshape(-1, _WORDS)
+        try:
+            first = view[grow, :2]
+            data = view[grow]
+            second = view[grow, :2]
+        finally:
+            del view  # no array may keep the mapping exported (the segment must stay closable)
+        return first, data, second
+
+    def _retry_torn(self, retry: np.ndarray, grow: np.ndarray, pos: np.ndarray, data: np.ndarray,
+                    count: np.ndarray) -> list[int]:
+        """Read the banks ``retry`` (indices into the copies) again one by one, updating ``data``/``count`` in
+        place; returns the slot positions whose bank stayed torn."""
+        buf, base = self.segment.buf, self.segment.geometry.bank_base
+        stuck: set[int] = set()
+        for j in retry.tolist():
+            snap = L.read_bank(buf, base + int(grow[j]) * L.BANK_SIZE)
+            if snap.torn or not 0 <= snap.count < 2**61:
+                stuck.add(int(pos[j]))
+                continue
+            row = data[j]
+            f = row.view(np.float64)
+            row[L.B_WID], row[L.B_TS] = snap.wid, snap.last_ts
+            f[L.B_SEQ], f[L.B_SUM], f[L.B_MIN], f[L.B_MAX], f[L.B_LAST] = (
+                2.0 * snap.count, snap.sum, snap.min, snap.max, snap.last)
+            count[j] = snap.count
+        return sorted(stuck)
+
+    def _collect(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray,
+                 collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]]) -> None:
+        f = fdata.view(np.float64)
+        cols = zip(
+            slot_idx.tolist(), fdata[:, L.B_WID].tolist(), fcount.tolist(), f[:, L.B_SUM].tolist(),
+            f[:, L.B_MIN].tolist(), f[:, L.B_MAX].tolist(), f[:, L.B_LAST].tolist(), fdata[:, L.B_TS].tolist(),
+            strict=True,
+        )
+        slots, infos = t.slots, self._infos
+        for i, w, n, total, lo, hi, last, ts in cols:
+            d = slots[i].desc
+            collected.setdefault(((d.group, d.name, d.window_ms, d.agg_mask), w), []).append(
+                (infos[d.local_rank].rank, i, Summary(n, total, lo, hi, last, ts, False))
+            )
+
+    def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
+                     collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
+                     skipped: list[tuple[np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
+                     pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> None:
+        """One slot the slow way (a bank stayed torn): :meth:`SegmentReader.read_slot` decides."""
+        slot = t.slots[i]
+        desc, after = slot.desc, int(t.after[i])
+        wns = desc.window_ns
+        at = now_ns if not final else (now_ns // wns + 2) * wns + self.grace_ns
+        info = self._infos[desc.local_rank]
+        alive = False if info.state == RankState.DIED else None
+        read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive)
+        result.overwritten += read.overwritten
+        key = (desc.group, desc.name, desc.window_ms, desc.agg_mask)
+        wanted = bool(wanted_group[t.group_id[i]])
+        for w in read.windows:
+            result.windows_read += 1
+            result.torn += w.torn
+            if wanted:
+                collected.setdefault((key, w.wid), []).append((w.rank, i, _summary(w)))
+            else:
+                skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64)))
+        if read.safe_wid > after:
+            pend_idx.append(np.array([i], np.int64))
+            pend_wid.append(np.array([read.safe_wid], np.int64))
 
     def commit(self) -> None:
         """Record in the segment that the last scan's windows were emitted."""
-        for slot, wid in self._pending:
-            slot.after_wid = wid
-            self.segment.set_emitted_wid(slot.desc.local_rank, slot.desc.index, wid)
-        self._pending = []
+        pending, self._pending = self._pending, None
+        t = self._table
+        if pending is None or t is None or not len(pending[0]):
+            return
+        which, wids = pending
+        t.after[which] = wids
+        if self._dirty:  # slots were added since the scan: the next table is built from the slot objects
+            t.sync_back()
+        buf = self.segment.buf
+        words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        try:
+            words[t.emitted_word[which]] = wids
+        finally:
+            del words
 
     def forget_rank(self, local_rank: int) -> None:
         """Drop cached descriptors of a rank entry (after it was re-registered)."""
         self._known_nstats.pop(local_rank, None)
+
+
+def _summary(w: WindowRead) -> Summary:
+    return Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn)

@@ -60,6 +60,22 @@ def _check_data(data: Any) -> dict[str, data_value_t]:
     Subclasses of those types (an ``IntEnum``, a ``str`` subclass) are converted to the base type. Raises
     :class:`TypeError` for any other key or value type and :class:`ConfigError` for an int outside int64.
     """
+    if type(data) is dict:  # the common case, checked in one pass over exact types (~3x faster)
+        out = data.copy()
+        for key, value in out.items():
+            kind = type(value)
+            if type(key) is not str or (
+                kind is not float and kind is not str and kind is not bool
+                and (kind is not int or not _INT64_MIN <= value <= _INT64_MAX)
+            ):
+                break
+        else:
+            return out
+    return _check_data_slow(data)
+
+
+def _check_data_slow(data: Any) -> dict[str, data_value_t]:
+    """:func:`_check_data` for any mapping and any subclass (and the errors)."""
     if not isinstance(data, Mapping):
         raise TypeError(
             f"Event data must be a dict of str to str, float, int or bool, not {type(data).__name__}"
@@ -136,8 +152,8 @@ class Event:
         ``data`` is copied; an int outside the signed 64-bit range raises :class:`~shmstat.errors.ConfigError`
         (a ValueError, as in torch). A naive ``timestamp`` means local time; an aware one keeps its zone.
         """
-        self._name = _check_name(name)
-        self._ts = _check_timestamp(timestamp)
+        self._name = name if type(name) is str else _check_name(name)
+        self._ts = timestamp if type(timestamp) is datetime else _check_timestamp(timestamp)
         self._ts_ns = None
         self._data = _check_data(data)
 
@@ -194,8 +210,15 @@ class Event:
         ns = self._ts_ns
         if ns is None:
             ts: datetime = self._ts  # type: ignore[assignment]
-            whole = ts.replace(microsecond=0).timestamp()  # an exact integer-valued float
-            ns = self._ts_ns = int(whole) * _NS_PER_S + ts.microsecond * 1000
+            micro = ts.microsecond
+            if ts.tzinfo is None:
+                # timestamp() is whole seconds + micro / 1e6 rounded to a double (error < 1e-6 s here), so
+                # subtracting micro / 1e6 and rounding gives the whole seconds exactly, without the cost of
+                # replace(microsecond=0)
+                whole = round(ts.timestamp() - micro / 1e6)
+            else:
+                whole = int(ts.replace(microsecond=0).timestamp())  # an exact integer-valued float
+            ns = self._ts_ns = whole * _NS_PER_S + micro * 1000
         return ns
 
     def __repr__(self) -> str:

@@ -6,10 +6,11 @@ job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The c
 ``("metric", group, name, value, ts)`` or ``(None, topic, kind, item)`` (the topic string of events and metrics
 is built by the thread, once per batch: measured here, ~170 ns per ``publish_event`` instead of ~200 ns, and
 fewer objects for the GC while a backlog is held). A daemon thread, started on
-the first publish, owns the socket and does everything else: it takes entries from the deque, assigns per-rank
-sequence numbers, batches consecutive items of the same topic (up to ``batch_max`` per message), encodes them
-with :func:`shmstat.wire.encode`, sends with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB``
-reports.
+the first publish, owns the socket and does everything else: it takes entries from the deque, batches the items
+of each topic (up to ``batch_max`` per message; an item joins its topic's batch still waiting to be sent, so
+topics published interleaved — ``@prof``'s success and duration, a loop's several metrics — still travel in
+large messages), numbers them when a batch is sealed, encodes them with :func:`shmstat.wire.encode`, sends
+with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
 
 What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket options below):
 
@@ -30,8 +31,11 @@ Guarantees:
 - ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full queue, never touch
   the socket, and cost one tuple, one ``dict`` copy (events) and one ``deque.append`` (plus checks for
   ``publish``).
-- Items leave in publish order (per publisher); every item taken gets the next sequence number of this
-  publisher, starting at 0, *including* items that are dropped: a receiver's gap of ``n`` is ``n`` lost items.
+- Items of one topic leave in publish order (per publisher), and so do items of different kinds (an event
+  published before a metric leaves before it). Items of one kind but different topics published close
+  together are regrouped per topic, so between them the wire order can differ from the publish order (each
+  item carries its timestamp). Sequence numbers start at 0 and run on in send order; every item that is
+  dropped takes one too, at its place in the publish order: a receiver's gap of ``n`` is ``n`` lost items.
 - At most ``backlog_limit`` items are held in this process (waiting for a subscriber or for room in zmq's
   pipe); past that, new items are dropped and counted in :attr:`PublisherStats.dropped`. Items that cannot be
   encoded (bad types, too big) are dropped, counted and logged once. Nothing within the bound is lost while
@@ -104,28 +108,34 @@ class PublisherStats:
 
 
 class _Batch:
-    """Consecutive items of one topic with consecutive sequence numbers; ``frames`` once encoded."""
+    """Items of one topic, in publish order; ``first_seq`` and ``frames`` once sealed for sending.
 
-    __slots__ = ("first_seq", "frames", "items", "key", "kind", "tag", "topic")
+    ``taken`` is the take index (position in publish order) of the first item: batches are created, and
+    stay in the pending queue, in that order, which is what :meth:`Publisher.flush` measures progress by.
+    """
 
-    def __init__(self, topic: str, kind: str, first_seq: int, items: list[Any], tag: Any = None,
-                 key: Any = None) -> None:
+    __slots__ = ("first_seq", "frames", "items", "kind", "skip", "taken", "topic")
+
+    def __init__(self, topic: str, kind: str, taken: int, items: list[Any], first_seq: int = -1) -> None:
         self.topic = topic
         self.kind = kind
+        self.taken = taken
         self.first_seq = first_seq
         self.items = items
-        self.tag = tag  # how the entries were queued ("event", "metric" or None for publish())
-        self.key = key  # what entries must share to join: event name, (group, name), or the topic
-        self.frames: tuple[bytes, bytes] | None = None
+        self.frames: tuple[bytes, ...] | None = None
+        self.skip = 0  # > 0: not a message but a gap of that many dropped items, at its place in the order
 
     @classmethod
-    def start(cls, tag: Any, entry: tuple[Any, ...], seq: int, item: Any) -> _Batch:
+    def start(cls, tag: Any, entry: tuple[Any, ...], taken: int, item: Any) -> _Batch:
         """A new batch holding ``item`` (the queue ``entry`` it came from decides topic and kind)."""
         if tag == "event":
-            return cls(f"event/{entry[1]}", "event", seq, [item], tag, entry[1])
+            return cls(f"event/{entry[1]}", "event", taken, [item])
         if tag == "metric":
-            return cls(f"metric/{entry[1]}/{entry[2]}", "metric", seq, [item], tag, entry[1:3])
-        return cls(entry[1], entry[2], seq, [item], tag, entry[1])
+            return cls(f"metric/{entry[1]}/{entry[2]}", "metric", taken, [item])
+        return cls(entry[1], entry[2], taken, [item])
+
+
+_GONE: tuple[bytes, ...] = ()  # the frames of a batch that was split or given up (no item may join it)
 
 
 class _FlushRequest:
@@ -197,8 +207,12 @@ class Publisher:
         self._overflow = 0  # publishes refused because the caller-side queue was full
 
         # thread side (written only by the background thread while it runs)
-        self._next_seq = 0  # == items taken from self._q
+        self._next_seq = 0  # == items taken from self._q (the take index)
+        self._wire_seq = 0  # the next sequence number on the wire (assigned when a batch is sealed)
         self._pending: collections.deque[_Batch] = collections.deque()
+        # the batch of each topic that items may still join, by how they were queued: event name,
+        # {group: {name: batch}} for metrics, topic of publish()
+        self._open: tuple[dict[Any, _Batch], dict[Any, dict[Any, _Batch]], dict[Any, _Batch]] = ({}, {}, {})
         self._held = 0
         self._sent_items = 0
         self._sent_messages = 0
@@ -364,6 +378,8 @@ class Publisher:
         self._dropped += leftover + self._held
         self._held = 0
         self._pending.clear()
+        for opened in self._open:
+            opened.clear()
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.term()
@@ -399,6 +415,8 @@ class Publisher:
         self._lock = threading.Lock()
         self._q = collections.deque()
         self._pending = collections.deque()
+        self._open = ({}, {}, {})
+        self._wire_seq = 0
         self._flush_requests = collections.deque()
         self._flush_waiting = []
         self._next_seq = self._held = self._sent_items = self._sent_messages = self._dropped = 0
@@ -478,20 +496,28 @@ class Publisher:
         self._subscribed = b"" in prefixes  # the collector subscribes to everything
 
     def _take(self) -> bool:
-        """Move queued items into pending batches (or drop them past the bound); True if any were taken."""
+        """Move queued items into pending batches (or drop them past the bound); True if any were taken.
+
+        An item joins the batch of its topic still open (not sealed, not full), else starts one at the end
+        of the pending queue. Open batches are forgotten whenever a batch of another kind is started or an
+        item is dropped, so topics of one kind published interleaved (``@prof``'s success and duration, a
+        loop's several metrics) share large messages, while the order between kinds and the place of every
+        gap stay those of publishing.
+        """
         popleft = self._q.popleft
         pending = self._pending
         seq = self._next_seq
         held = self._held
         cap = self._backlog_limit
         batch_max = self._batch_max
+        open_events, open_metrics, open_other = self._open
+        last = pending[-1] if pending else None
+        open_kind = last.kind if last is not None and last.frames is None and not last.skip else None
+        if open_kind is None:
+            open_events.clear()
+            open_metrics.clear()
+            open_other.clear()
         dropped = 0
-        # the batch new items may join: the last one, if not sealed and its seqs run up to `seq`
-        cur: _Batch | None = pending[-1] if pending else None
-        if cur is not None and (cur.frames is not None or cur.first_seq + len(cur.items) != seq):
-            cur = None
-        cur_items: list[Any] = cur.items if cur is not None else []
-        cur_tag, cur_key = (cur.tag, cur.key) if cur is not None else (0, None)
         limit = seq + max(8 * batch_max, 8192)
         while seq < limit:
             try:
@@ -499,32 +525,52 @@ class Publisher:
             except IndexError:
                 break
             seq += 1
-            if held >= cap:
-                dropped += 1
-                cur = None  # a seq gap: later items start a new batch
-                continue
-            tag = entry[0]
-            try:
-                if tag == "event":
-                    key = entry[1]
-                    item = entry[1:]
-                elif tag == "metric":
-                    key = entry[1:3]
-                    item = entry[1:]
-                else:
-                    key = entry[1]
-                    item = entry[3]
-                if cur is not None and key == cur_key and tag == cur_tag and len(cur_items) < batch_max:
-                    cur_items.append(item)
-                else:
-                    cur = _Batch.start(tag, entry, seq - 1, item)
-                    pending.append(cur)
-                    cur_items, cur_tag, cur_key = cur.items, tag, key
-            except Exception:  # a name whose == or format raises: never let it stop the thread
-                dropped += 1
-                cur = None
-                continue
-            held += 1
+            if held < cap:
+                tag = entry[0]
+                try:
+                    if tag == "event":
+                        key = entry[1]
+                        item = entry[1:]
+                        opened = open_events
+                    elif tag == "metric":
+                        key = entry[2]  # the name; the group is checked below (no key tuple per item)
+                        item = entry[1:]
+                        opened = open_metrics.get(entry[1])
+                        if opened is None:
+                            opened = open_metrics[entry[1]] = {}
+                    else:
+                        key = entry[1]
+                        item = entry[3]
+                        opened = open_other
+                    batch = opened.get(key)
+                    if batch is not None and batch.frames is None and len(batch.items) < batch_max:
+                        batch.items.append(item)
+                    else:
+                        batch = _Batch.start(tag, entry, seq - 1, item)
+                        if batch.kind != open_kind:  # a new kind: nothing before it may be joined again
+                            open_events.clear()
+                            open_metrics.clear()
+                            open_other.clear()
+                            open_kind = batch.kind
+                        pending.append(batch)
+                        opened[key] = batch
+                    held += 1
+                    continue
+                except Exception:  # a name whose hash, == or format raises: never let it stop the thread
+                    pass
+            # dropped: it takes a sequence number at its place, so the receiver sees the gap
+            dropped += 1
+            last = pending[-1] if pending else None
+            if last is not None and last.skip:
+                last.skip += 1
+            else:
+                gap = _Batch("", "", seq - 1, [])
+                gap.skip = 1
+                pending.append(gap)
+            open_events.clear()
+            open_metrics.clear()
+            open_other.clear()
+            open_kind = None
         taken = seq - self._next_seq
         self._next_seq = seq
         self._held = held
@@ -537,9 +583,16 @@ class Publisher:
         sent = False
         while pending:
             batch = pending[0]
+            if batch.skip:  # dropped items: their sequence numbers are skipped here
+                self._wire_seq += batch.skip
+                pending.popleft()
+                continue
             if batch.frames is None:
+                batch.first_seq = self._wire_seq  # sealed now: numbered in send order
+                self._wire_seq += len(batch.items)
                 good = self._encode(batch)
                 if good is not None:
+                    batch.frames = _GONE
                     pending.popleft()
                     pending.extendleft(reversed(good))
                 if not pending:
@@ -580,7 +633,7 @@ class Publisher:
                 (batch.first_seq, batch.items[:half]),
                 (batch.first_seq + half, batch.items[half:]),
             ):
-                part = _Batch(batch.topic, batch.kind, first_seq, items, batch.tag, batch.key)
+                part = _Batch(batch.topic, batch.kind, batch.taken, items, first_seq)
                 sub = self._encode(part)
                 out.extend([part] if sub is None else sub)
             return out
@@ -595,7 +648,7 @@ class Publisher:
             _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted", reason)
 
     def _resolve_flushes(self) -> None:
-        frontier = self._pending[0].first_seq if self._pending else self._next_seq
+        frontier = self._pending[0].taken if self._pending else self._next_seq
         still: list[_FlushRequest] = []
         for req in self._flush_waiting:
             if req.cancelled:

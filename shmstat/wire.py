@@ -198,11 +198,8 @@ def _fast_ok(kind: str, items: Sequence[Any]) -> bool:
             name, ts_ns, data = item
             if type(name) is not str or type(ts_ns) is not int or type(data) is not dict:
                 return False
-            for value in data.values():
-                if type(value) not in data_types:
-                    return False
-            for key in data:
-                if type(key) is not str:
+            for key, value in data.items():
+                if type(key) is not str or type(value) not in data_types:
                     return False
         return True
     if kind == "metric":

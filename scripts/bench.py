@@ -1,0 +1,795 @@
+"""shmstat side by side with its anchors: per-call costs, event throughput, collector cost. One command.
+
+Usage::
+
+    python scripts/bench.py            # the full run (a few minutes)
+    python scripts/bench.py --quick    # the same table in under a minute (fewer rounds, shorter runs)
+    python scripts/bench.py --md BENCHMARKS.md   # also write the printed report into BENCHMARKS.md
+
+Everything is measured in this one run, on this machine, with this interpreter. Per-call figures are the
+median of repeated ``timeit`` rounds (ns per call, the loop of timeit included, GC off during a round, as
+timeit does). Each group of measurements runs in a fresh subprocess of the same interpreter so that imports
+and global state do not leak between them: the calls (ours, torch.monitor, torchelastic and the empty method
+call, in one process), prometheus_client in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set before it is
+imported), the collector, and every rank. Anchors that cannot be imported are reported as ``missing``.
+
+Calls that hand work to the rank's publisher thread (``log_event``/``put_metric``/``prof`` with a collector)
+are timed as N calls *plus* the flush that hands the last item to ZeroMQ, divided by N: the thread's
+encoding is part of what the rank pays (it runs under the same GIL), so it is counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import timeit
+import uuid
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+AGGS_NAMES = ("MEAN", "COUNT", "SUM", "MAX", "MIN")
+EVENT_DATA = {"step": 7, "loss": 0.25, "phase": "train"}
+_SCRUB = ("SHMSTAT_JOB", "SHMSTAT_RANK", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+          "LOCAL_WORLD_SIZE", "PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir", "SHMSTAT_PURE_PYTHON")
+
+
+# ============================================================================================ helpers
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any job identity (so nothing auto-attaches), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def median_ns(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float:
+    """Median over ``repeat`` timeit rounds of ``number`` calls, in ns per call."""
+    rounds = timeit.Timer(stmt, globals=env).repeat(repeat=repeat, number=number)
+    return statistics.median(rounds) / number * 1e9
+
+
+def median_ns_flushed(stmt: str, env: dict[str, Any], flush: Any, number: int, repeat: int) -> tuple[float, float]:
+    """Like :func:`median_ns`, but each round ends with ``flush()``: returns (ns per call with the flush, without).
+
+    The first figure counts the publisher thread's work (it runs under the same GIL); the second is what the
+    caller's loop alone took while the thread was working next to it.
+    """
+    timer = timeit.Timer(stmt, globals=env)
+    flush()
+    with_flush, caller = [], []
+    for _ in range(repeat):
+        inner = timer.timeit(number)
+        t1 = time.perf_counter()
+        flush()
+        with_flush.append(inner + time.perf_counter() - t1)
+        caller.append(inner)
+    return statistics.median(with_flush) / number * 1e9, statistics.median(caller) / number * 1e9
+
+
+def worker_cmd(*args: str) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "--worker", *args]
+
+
+def start_worker(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(worker_cmd(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env or clean_env(), cwd=REPO)
+
+
+def expect_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 60.0) -> str:
+    """Read lines from a worker until one starts with ``prefix`` (or fail after ``timeout_s``)."""
+    assert proc.stdout is not None
+    out: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(prefix):
+                out.append(line[len(prefix):].strip())
+                return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not out:
+        proc.kill()
+        raise RuntimeError(f"worker {proc.args[3:]} did not print {prefix!r} within {timeout_s:.0f} s")
+    return out[0]
+
+
+def tell(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
+    with contextlib.suppress(Exception):
+        if proc.stdin:
+            proc.stdin.close()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def unlink_job(job: str) -> None:
+    from shmstat.segment import Segment
+
+    with contextlib.suppress(Exception):
+        Segment.unlink(job)
+
+
+def new_job(tag: str) -> str:
+    return f"bench-{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def machine_lines() -> list[str]:
+    model = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    from importlib import metadata
+
+    versions = []
+    for dist in ("torch", "prometheus_client", "pyzmq", "msgpack", "numpy"):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist} missing")
+    try:
+        from shmstat import _fastpath  # noqa: F401
+
+        fast = "built"
+    except ImportError:
+        fast = "not built (pure Python Stat.add)"
+    return [
+        f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {model}, {os.cpu_count()} cores ({platform.machine()}, {platform.system()} "
+        f"{platform.release()})",
+        f"- python: {platform.python_version()} ({platform.python_implementation()}) {sys.executable}",
+        f"- packages: {', '.join(versions)}; shmstat C fast path: {fast}",
+    ]
+
+
+# ============================================================================================ workers
+
+
+def worker_collector(job: str, args: argparse.Namespace) -> None:
+    """A collector in this process (the same step loop as ``shmstat collect``), driven over stdin.
+
+    Commands: ``go SECONDS`` measures CPU and latency for that long and reports; ``count N TIMEOUT`` waits
+    until N events were relayed and reports the time; EOF shuts the collector down and reports counters.
+    """
+    from collector import Collector, CollectorConfig
+    from elastic.metrics import MetricHandler, NullMetricHandler
+    from shmstat.layout import Geometry
+
+    lat: list[float] = []
+    measuring = [False]
+
+    class Probe(MetricHandler):
+        def emit(self, metric_data: Any) -> None:
+            if measuring[0] and getattr(metric_data, "rank", 0) is None and metric_data.name.endswith(".count"):
+                lat.append(time.time() - metric_data.window_end)
+
+    class Counting(MetricHandler):  # a consumer: every row is built and dispatched (the least a real one costs)
+        n = 0
+
+        def emit(self, metric_data: Any) -> None:
+            self.n += 1
+
+    geometry = Geometry(args.ranks, args.stats, 4) if args.stats else None
+    config = CollectorConfig(job=job, geometry=geometry, status_interval_s=0, grace_ms=args.grace_ms)
+    handlers = {"*": Counting() if args.consume else NullMetricHandler(), "zz_probe": Probe()}
+    col = Collector(config, handler_objects=handlers, out=open(os.devnull, "w"))  # noqa: SIM115
+    commands: list[str] = []
+    done = threading.Event()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            commands.append(line.strip())
+        done.set()
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    print("ready", col.segment.geometry.total_size if col.segment else 0, flush=True)
+    step = col.step
+    while not done.is_set() or commands:
+        if commands:
+            cmd = commands.pop(0).split()
+            if cmd[0] == "go":
+                seconds = float(cmd[1])
+                ru0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+                rows0, win0 = col.rows_emitted, col.windows_emitted
+                measuring[0] = True
+                while time.monotonic() - w0 < seconds:
+                    step(col._poll_timeout_ms())
+                measuring[0] = False
+                ru1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+                import psutil
+
+                cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+                print("result", json.dumps({
+                    "cpu_per_s": cpu / (w1 - w0), "wall": w1 - w0, "rows": col.rows_emitted - rows0,
+                    "windows": col.windows_emitted - win0, "rss": psutil.Process().memory_info().rss,
+                    "maxrss": ru1.ru_maxrss * 1024, "lat": lat, "overwritten": col.overwritten,
+                }), flush=True)
+            elif cmd[0] == "count":
+                want, timeout = int(cmd[1]), float(cmd[2])
+                deadline = time.monotonic() + timeout
+                c = col.relay_counters
+                while c.events < want and time.monotonic() < deadline:
+                    step(1)
+                print("result", json.dumps({"t_done": time.time(), "events": c.events, "gaps": c.gaps,
+                                            "rejected": c.rejected}), flush=True)
+            continue
+        step(col._poll_timeout_ms())
+    col.close()
+    c = col.relay_counters
+    print("final", json.dumps({"events": c.events, "metrics": c.metrics, "gaps": c.gaps, "rejected": c.rejected}),
+          flush=True)
+
+
+def worker_load_rank(job: str, args: argparse.Namespace) -> None:
+    """A rank with ``--stats`` stats of 1 s windows (group ``load``) plus one probe stat; every stat gets a
+    sample every 250 ms until stdin closes."""
+    import shmstat
+    from shmstat import Aggregation
+
+    aggs = [getattr(Aggregation, a) for a in AGGS_NAMES]
+    shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks, publish=False)
+    stats = [shmstat.Stat(f"load.s{i}", aggs, 1.0, group="load") for i in range(args.stats - 1)]
+    stats.append(shmstat.Stat("probe", aggs, 1.0, group="zz_probe"))
+    adds = [s.add for s in stats]
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    print("ready", flush=True)
+    v = 0.0
+    while not done.wait(0.25):
+        v += 1.0
+        for add in adds:
+            add(v)
+    shmstat.shutdown()
+
+
+def worker_event_rank(job: str, args: argparse.Namespace) -> None:
+    """A rank that logs ``--events`` events as fast as it can on ``go``, then flushes and reports."""
+    import shmstat
+    from shmstat import _state
+
+    shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks)
+    event = shmstat.Event("bench", dt.datetime.now(), EVENT_DATA)
+    log_event = shmstat.log_event
+    pub = _state.STATE.publisher
+    assert pub is not None
+    log_event(event)  # starts the publisher thread; wait for the collector's subscription
+    deadline = time.monotonic() + 20
+    while not pub.stats().subscribed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pub.flush(10)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    n = args.events
+    t0 = time.time()
+    for _ in itertools.repeat(None, n):
+        log_event(event)
+    t1 = time.time()
+    pub.flush(60)
+    t2 = time.time()
+    st = pub.stats()
+    print("result", json.dumps({"t0": t0, "t_called": t1, "t_flushed": t2, "queued": st.queued,
+                                "dropped": st.dropped, "sent": st.sent_items, "messages": st.sent_messages}),
+          flush=True)
+    sys.stdin.read()
+    shmstat.shutdown()
+
+
+def worker_calls(job: str, args: argparse.Namespace) -> None:
+    """Every per-call figure that runs in one process: ours, torch.monitor, torchelastic, the floor."""
+    number, repeat = args.number, args.repeat
+    res: dict[str, Any] = {}
+
+    class Floor:
+        def f(self, v: float) -> None:
+            pass
+
+    floor = Floor()
+    env: dict[str, Any] = {"floor": floor}
+    res["floor"] = median_ns("floor.f(1.5)", env, number, repeat)
+
+    import shmstat
+    from elastic import metrics as em
+    from shmstat import Aggregation as A
+
+    aggs = [getattr(A, a) for a in AGGS_NAMES]
+    window = dt.timedelta(seconds=3600)  # no roll-over inside a round
+    ours_event = shmstat.Event("bench", dt.datetime.now(), EVENT_DATA)
+    env.update(shmstat=shmstat, ev=ours_event, put_metric=em.put_metric, datetime=dt.datetime, data=EVENT_DATA)
+    env["local"] = shmstat.Stat("local", aggs, window)
+    res["ours.add.local"] = median_ns("local.add(1.5)", env, number, repeat)
+    res["ours.log_event.none"] = median_ns("shmstat.log_event(ev)", env, number, repeat)
+    res["ours.put_metric.null"] = median_ns("put_metric('bench.m', 1, 'bench')", env, number, repeat)
+
+    @em.prof(group="bench")
+    def ours_empty() -> None:
+        pass
+
+    env["ours_empty"] = ours_empty
+    res["ours.prof.null"] = median_ns("ours_empty()", env, number // 4, repeat)
+    h = shmstat.register_event_handler(lambda e: None)
+    res["ours.log_event.handler"] = median_ns("shmstat.log_event(ev)", env, number, repeat)
+    res["ours.log_event.fresh_handler"] = median_ns("shmstat.log_event(shmstat.Event('bench', datetime.now(), data))",
+                                                    env, number // 10, repeat)
+    shmstat.unregister_event_handler(h)
+
+    # attached: this process is rank 0 of the job whose collector the parent started
+    from shmstat import _state
+
+    shmstat.init(job, rank=0)
+    pub = _state.STATE.publisher
+    assert pub is not None
+    env["shared"] = shmstat.Stat("shared", aggs, window)
+    os.environ["SHMSTAT_PURE_PYTHON"] = "1"
+    env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
+    del os.environ["SHMSTAT_PURE_PYTHON"]
+    res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
+    res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
+    res["ours.add.c_path"] = env["shared"]._core.writer is not None
+    shmstat.log_event(ours_event)
+    deadline = time.monotonic() + 20
+    while not pub.stats().subscribed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    flush = pub.flush
+    pub_n = min(number, 50_000)  # stays within the publisher's backlog bound
+    res["ours.log_event.collector"], res["ours.log_event.collector_caller"] = median_ns_flushed(
+        "shmstat.log_event(ev)", env, flush, pub_n, repeat)
+    res["ours.log_event.fresh_collector"], _ = median_ns_flushed(
+        "shmstat.log_event(shmstat.Event('bench', datetime.now(), data))", env, flush, pub_n // 4, repeat)
+    res["ours.put_metric.collector"], res["ours.put_metric.collector_caller"] = median_ns_flushed(
+        "put_metric('bench.m', 1, 'bench')", env, flush, pub_n, repeat)
+    res["ours.prof.collector"], res["ours.prof.collector_caller"] = median_ns_flushed(
+        "ours_empty()", env, flush, pub_n // 2, repeat)
+    flush()
+    st = pub.stats()
+    res["ours.publisher"] = {"queued": st.queued, "dropped": st.dropped, "sent": st.sent_items}
+    shmstat.shutdown()
+
+    # anchors
+    try:
+        import torch.monitor as tm
+    except Exception as exc:  # not installed, or broken: reported as missing
+        res["torch"] = f"missing ({type(exc).__name__})"
+    else:
+        taggs = [getattr(tm.Aggregation, a) for a in AGGS_NAMES]
+        tstat = tm.Stat("anchor", taggs, window)
+        tev = tm.Event("bench", dt.datetime.now(), EVENT_DATA)
+        env.update(tstat=tstat, tm=tm, tev=tev)
+        res["torch.add"] = median_ns("tstat.add(1.5)", env, number, repeat)
+        res["torch.log_event.none"] = median_ns("tm.log_event(tev)", env, number, repeat)
+        th = tm.register_event_handler(lambda e: None)
+        res["torch.log_event.handler"] = median_ns("tm.log_event(tev)", env, number, repeat)
+        res["torch.log_event.fresh_handler"] = median_ns("tm.log_event(tm.Event('bench', datetime.now(), data))",
+                                                         env, number // 10, repeat)
+        tm.unregister_event_handler(th)
+        res["torch.event_build"] = median_ns("tm.Event('bench', datetime.now(), data)",
+                                             {"tm": tm, "datetime": dt.datetime, "data": EVENT_DATA},
+                                             number // 10, repeat)
+        del env["tstat"], tstat
+        res["torch"] = __import__("torch").__version__
+    try:
+        import torch.distributed.elastic.metrics as tem
+    except Exception as exc:
+        res["torchelastic"] = f"missing ({type(exc).__name__})"
+    else:
+        tem.configure(tem.NullMetricHandler())
+
+        @tem.prof(group="bench")
+        def their_empty() -> None:
+            pass
+
+        env.update(tem=tem, their_empty=their_empty)
+        res["te.put_metric"] = median_ns("tem.put_metric('bench.m', 1, 'bench')", env, number, repeat)
+        res["te.prof"] = median_ns("their_empty()", env, number // 4, repeat)
+        res["torchelastic"] = "ok"
+    print("result", json.dumps(res), flush=True)
+
+
+def worker_prometheus(args: argparse.Namespace) -> None:
+    """prometheus_client in multiprocess mode: the directory is set before the import, as its docs require."""
+    res: dict[str, Any] = {}
+    try:
+        import prometheus_client as pc
+        from prometheus_client import CollectorRegistry, multiprocess
+    except Exception as exc:
+        print("result", json.dumps({"prometheus": f"missing ({type(exc).__name__})"}), flush=True)
+        return
+    assert os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    counter = pc.Counter("bench_c", "a counter")
+    hist = pc.Histogram("bench_h", "a histogram")
+    env = {"counter": counter, "hist": hist}
+    res["prom.inc"] = median_ns("counter.inc()", env, args.number // 4, args.repeat)
+    res["prom.observe"] = median_ns("hist.observe(0.5)", env, args.number // 4, args.repeat)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    res["prom.scrape_ms"] = median_ns("pc.generate_latest(registry)", {"pc": pc, "registry": registry},
+                                      20, max(3, args.repeat // 2)) / 1e6
+    res["prometheus"] = pc.__version__ if hasattr(pc, "__version__") else "ok"
+    print("result", json.dumps(res), flush=True)
+
+
+def run_worker(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--job", default="")
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=1)
+    ap.add_argument("--stats", type=int, default=0)
+    ap.add_argument("--events", type=int, default=0)
+    ap.add_argument("--number", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--grace-ms", type=int, default=20)
+    ap.add_argument("--consume", action="store_true")
+    args = ap.parse_args(argv)
+    kind = args.worker
+    if kind == "collector":
+        worker_collector(args.job, args)
+    elif kind == "load-rank":
+        worker_load_rank(args.job, args)
+    elif kind == "event-rank":
+        worker_event_rank(args.job, args)
+    elif kind == "calls":
+        worker_calls(args.job, args)
+    elif kind == "prometheus":
+        worker_prometheus(args)
+    else:
+        raise SystemExit(f"unknown worker {kind}")
+
+
+# ============================================================================================ the runs
+
+
+def run_calls(quick: bool) -> dict[str, Any]:
+    number, repeat = (40_000, 5) if quick else (200_000, 9)
+    job = new_job("calls")
+    col = start_worker("collector", "--job", job)
+    try:
+        expect_line(col, "ready")
+        calls = start_worker("calls", "--job", job, "--number", str(number), "--repeat", str(repeat))
+        res = json.loads(expect_line(calls, "result", 300))
+        finish(calls)
+    finally:
+        finish(col)
+        unlink_job(job)
+    tmp = tempfile.mkdtemp(prefix="bench-prom-")
+    try:
+        prom = start_worker("prometheus", "--number", str(number), "--repeat", str(repeat),
+                            env=clean_env(PROMETHEUS_MULTIPROC_DIR=tmp))
+        res.update(json.loads(expect_line(prom, "result", 300)))
+        finish(prom)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    res["number"], res["repeat"] = number, repeat
+    return res
+
+
+def run_throughput(nranks: int, events: int) -> dict[str, Any]:
+    job = new_job(f"tput{nranks}")
+    col = start_worker("collector", "--job", job, "--ranks", str(max(nranks, 1)))
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        expect_line(col, "ready")
+        for r in range(nranks):
+            ranks.append(start_worker("event-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
+                                      "--events", str(events)))
+        for p in ranks:
+            expect_line(p, "ready")
+        total = nranks * (events + 1)
+        tell(col, f"count {total} 120")
+        for p in ranks:
+            tell(p, "go")
+        got = json.loads(expect_line(col, "result", 180))
+        per = [json.loads(expect_line(p, "result", 180)) for p in ranks]
+    finally:
+        for p in ranks:
+            finish(p)
+        finish(col)
+        unlink_job(job)
+    t0 = min(p["t0"] for p in per)
+    sent = sum(p["queued"] for p in per)
+    dropped = sum(p["dropped"] for p in per)
+    return {
+        "ranks": nranks, "events": events * nranks, "rate": events * nranks / (got["t_done"] - t0),
+        "caller_rate": events * nranks / max(p["t_called"] - p["t0"] for p in per),
+        "sent": sent, "received": got["events"], "dropped": dropped, "lost": sent - got["events"] - dropped,
+        "gaps": got["gaps"], "messages": sum(p["messages"] for p in per),
+    }
+
+
+def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, consume: bool = False) -> dict[str, Any]:
+    job = new_job(f"cost{nranks * stats}")
+    col = start_worker("collector", "--job", job, "--ranks", str(nranks), "--stats", str(stats),
+                       *(["--consume"] if consume else []))
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        seg_size = int(expect_line(col, "ready"))
+        for r in range(nranks):
+            ranks.append(start_worker("load-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
+                                      "--stats", str(stats)))
+        for p in ranks:
+            expect_line(p, "ready", 120)
+        # start measuring just after a window boundary plus warm-up whole windows
+        now = time.time()
+        time.sleep(warmup + (1.0 - now % 1.0) + 0.1)
+        tell(col, f"go {seconds}")
+        got = json.loads(expect_line(col, "result", seconds + 120))
+    finally:
+        for p in ranks:
+            finish(p)
+        finish(col)
+        unlink_job(job)
+    lat = sorted(got["lat"])
+    got.update(slots=nranks * stats, ranks=nranks, stats=stats, segment=seg_size, consume=consume,
+               lat_median=statistics.median(lat) if lat else None, lat_max=lat[-1] if lat else None)
+    return got
+
+
+# ============================================================================================ report
+
+
+def fmt_ns(v: Any) -> str:
+    if isinstance(v, (int, float)):
+        return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
+    return "missing"
+
+
+def ratio(anchor: Any, ours: Any) -> str:
+    if isinstance(anchor, (int, float)) and isinstance(ours, (int, float)) and ours > 0:
+        return f"{anchor / ours:.2f}x"
+    return "missing"
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[str, Any]], grace_ms: int,
+           quick: bool) -> list[str]:
+    out = ["# shmstat benchmarks", ""]
+    out += machine_lines()
+    out.append(f"- mode: {'--quick' if quick else 'full'}; per-call figures: median of {calls['repeat']} timeit "
+               f"rounds of up to {calls['number']:,} calls")
+    out.append("")
+    missing = {name: calls.get(key) for name, key in (("torch.monitor", "torch"), ("torchelastic", "torchelastic"),
+                                                       ("prometheus_client", "prometheus"))}
+    for name, state in missing.items():
+        if not isinstance(state, str) or state.startswith("missing"):
+            out.append(f"- anchor {name}: {state or 'missing'}")
+    floor = calls.get("floor")
+    out += ["## Per-call cost (ns per call; lower is better)", "",
+            "| call | ns/call | x empty call |", "|---|---:|---:|"]
+    rows = [
+        ("empty Python method call (the floor)", "floor"),
+        ("shmstat Stat.add, in-process", "ours.add.local"),
+        ("shmstat Stat.add, attached (C fast path)" if calls.get("ours.add.c_path")
+         else "shmstat Stat.add, attached (C path not built: Python)", "ours.add.attached"),
+        ("shmstat Stat.add, attached, SHMSTAT_PURE_PYTHON=1", "ours.add.attached_py"),
+        ("torch.monitor Stat.add", "torch.add"),
+        ("prometheus_client multiprocess Counter.inc", "prom.inc"),
+        ("prometheus_client multiprocess Histogram.observe", "prom.observe"),
+        ("shmstat log_event, no handler, not attached", "ours.log_event.none"),
+        ("torch.monitor log_event, no handler", "torch.log_event.none"),
+        ("shmstat log_event, one no-op handler, not attached", "ours.log_event.handler"),
+        ("torch.monitor log_event, one no-op handler", "torch.log_event.handler"),
+        ("shmstat log_event to a running collector (incl. publisher thread)", "ours.log_event.collector"),
+        ("shmstat log_event to a running collector (caller side only)", "ours.log_event.collector_caller"),
+        ("shmstat log_event(Event(..., datetime.now(), data)), one no-op handler", "ours.log_event.fresh_handler"),
+        ("shmstat log_event(Event(..., datetime.now(), data)) to a running collector",
+         "ours.log_event.fresh_collector"),
+        ("torch.monitor log_event(Event(..., datetime.now(), data)), one no-op handler",
+         "torch.log_event.fresh_handler"),
+        ("torch.monitor building an Event with datetime.now()", "torch.event_build"),
+        ("shmstat put_metric, not attached (null)", "ours.put_metric.null"),
+        ("shmstat put_metric routed to the collector (incl. publisher thread)", "ours.put_metric.collector"),
+        ("shmstat put_metric routed to the collector (caller side only)", "ours.put_metric.collector_caller"),
+        ("torchelastic put_metric, NullMetricHandler", "te.put_metric"),
+        ("shmstat @prof on an empty function, not attached (null)", "ours.prof.null"),
+        ("shmstat @prof on an empty function, routed to the collector (incl. publisher thread)",
+         "ours.prof.collector"),
+        ("shmstat @prof on an empty function, routed to the collector (caller side only)",
+         "ours.prof.collector_caller"),
+        ("torchelastic @prof on an empty function, NullMetricHandler", "te.prof"),
+    ]
+    for label, key in rows:
+        v = calls.get(key)
+        out.append(f"| {label} | {fmt_ns(v)} | {_xfloor(v, floor)} |")
+    scrape = calls.get("prom.scrape_ms")
+    out.append("")
+    out.append(f"prometheus_client multiprocess scrape of this one process's files: "
+               f"{f'{scrape:.2f} ms' if isinstance(scrape, float) else 'missing'}.")
+    pub = calls.get("ours.publisher", {})
+    out.append(f"Publisher during the collector rows: {pub.get('queued', 0):,} items queued, "
+               f"{pub.get('sent', 0):,} sent, {pub.get('dropped', 0):,} dropped.")
+    out += ["", "## Against the anchors (anchor time / shmstat time: above 1 means shmstat is faster)", "",
+            "| shmstat | anchor | shmstat ns | anchor ns | ratio | target | met |", "|---|---|---:|---:|---:|---|---|"]
+    comparisons = [
+        ("Stat.add attached", "ours.add.attached", "torch.monitor Stat.add", "torch.add", 1.0, "faster"),
+        ("Stat.add attached", "ours.add.attached", "prometheus Counter.inc", "prom.inc", 5.0, ">= 5x"),
+        ("Stat.add attached", "ours.add.attached", "prometheus Histogram.observe", "prom.observe", None, ""),
+        ("Stat.add attached, pure Python", "ours.add.attached_py", "torch.monitor Stat.add", "torch.add", 1.0,
+         "(faster)"),
+        ("Stat.add attached, pure Python", "ours.add.attached_py", "prometheus Counter.inc", "prom.inc", 5.0,
+         "(>= 5x)"),
+        ("Stat.add in-process", "ours.add.local", "torch.monitor Stat.add", "torch.add", None, ""),
+        ("log_event to the collector", "ours.log_event.collector", "torch.monitor log_event, one handler",
+         "torch.log_event.handler", 3.0, ">= 3x"),
+        ("log_event to the collector", "ours.log_event.collector", "torch.monitor log_event, no handler",
+         "torch.log_event.none", None, ""),
+        ("Event(now) built + logged to the collector", "ours.log_event.fresh_collector",
+         "torch.monitor Event(now) built + logged, one handler", "torch.log_event.fresh_handler", 3.0, ">= 3x"),
+        ("Event(now) built + logged, one handler", "ours.log_event.fresh_handler",
+         "torch.monitor Event(now) built + logged, one handler", "torch.log_event.fresh_handler", None, ""),
+        ("log_event, one handler", "ours.log_event.handler", "torch.monitor log_event, one handler",
+         "torch.log_event.handler", None, ""),
+        ("log_event, no handler", "ours.log_event.none", "torch.monitor log_event, no handler",
+         "torch.log_event.none", None, ""),
+        ("put_metric to the collector", "ours.put_metric.collector", "torchelastic put_metric (null)",
+         "te.put_metric", 1.0, "cheaper"),
+        ("put_metric, null", "ours.put_metric.null", "torchelastic put_metric (null)", "te.put_metric", 1.0,
+         "cheaper"),
+        ("@prof to the collector", "ours.prof.collector", "torchelastic @prof (null)", "te.prof", 1.0, "cheaper"),
+        ("@prof, null", "ours.prof.null", "torchelastic @prof (null)", "te.prof", 1.0, "cheaper"),
+    ]
+    for ours_label, ok, anchor_label, ak, need, target in comparisons:
+        o, a = calls.get(ok), calls.get(ak)
+        met = ""
+        if need is not None and isinstance(o, (int, float)) and isinstance(a, (int, float)):
+            met = "yes" if a / o >= need and (need > 1.0 or a > o) else "NO"
+        elif need is not None:
+            met = "missing"
+        out.append(f"| {ours_label} | {anchor_label} | {fmt_ns(o)} | {fmt_ns(a)} | {ratio(a, o)} | {target} "
+                   f"| {met} |")
+    o = calls.get("ours.add.attached")
+    if isinstance(o, float) and isinstance(floor, float):
+        out.append(f"| Stat.add attached | empty method call | {fmt_ns(o)} | {fmt_ns(floor)} | "
+                   f"{o / floor:.2f}x the floor | within 6x | {'yes' if o <= 6 * floor else 'NO'} |")
+    o = calls.get("ours.add.attached_py")
+    if isinstance(o, float) and isinstance(floor, float):
+        out.append(f"| Stat.add attached, pure Python | empty method call | {fmt_ns(o)} | {fmt_ns(floor)} | "
+                   f"{o / floor:.2f}x the floor | (within 6x) | {'yes' if o <= 6 * floor else 'NO'} |")
+
+    out += ["", "## Event throughput into the collector (log_event as fast as possible, prebuilt Event)", "",
+            "| ranks | events | events/s into the collector | caller loop events/s | messages | sent | "
+            "received | dropped (counted) | lost (sent - received - dropped) | seq gaps |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for t in tput:
+        out.append(f"| {t['ranks']} | {t['events']:,} | {t['rate']:,.0f} | {t['caller_rate']:,.0f} | "
+                   f"{t['messages']:,} | {t['sent']:,} | {t['received']:,} | {t['dropped']:,} | {t['lost']:,} | "
+                   f"{t['gaps']:,} |")
+    out.append("")
+    out.append("`sent` counts every item the ranks' publishers accepted (one warm-up event per rank included), "
+               "`received` the events the collector relayed; the events per rank stay within the publisher's "
+               "backlog bound (100,000).")
+    out += ["", f"## Collector cost (1 s windows, every stat gets a sample every 250 ms, grace {grace_ms} ms, "
+            "no subscriber)", "",
+            "| ranks x stats | handler | slots | segment | collector CPU s per wall s | windows/s (merged) | rows/s "
+            "| collector RSS | window end to handler, median | max |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in cost:
+        lm = f"{c['lat_median'] * 1000:.1f} ms" if c["lat_median"] is not None else "n/a"
+        lx = f"{c['lat_max'] * 1000:.1f} ms" if c["lat_max"] is not None else "n/a"
+        handler = "counting (every row built)" if c.get("consume") else "null"
+        out.append(f"| {c['ranks']} x {c['stats']:,} | {handler} | {c['slots']:,} | {mib(c['segment'])} | "
+                   f"{c['cpu_per_s']:.3f} | {c['windows'] / c['wall']:,.0f} | {c['rows'] / c['wall']:,.0f} | "
+                   f"{mib(c['rss'])} | {lm} | {lx} |")
+    out.append("")
+    out.append("Latency is measured by a handler on the probe stat's group, which sorts after every other group, "
+               "so it is the time from a window's end to the end of the pass that emits it. With the null handler "
+               "(and no subscriber) the collector reads, checks and counts every window but builds no row for "
+               "it; the counting handler shows what building and dispatching every row (one MetricData per "
+               "aggregation, merged and per rank) costs, the least any real handler adds.")
+    out += ["", "## Targets", ""]
+    best = tput[0] if tput else None
+    if best:
+        out.append(f"- >= 200,000 events/s from one rank with zero loss: {best['rate']:,.0f} events/s, lost "
+                   f"{best['lost']}, dropped {best['dropped']} -> "
+                   f"{'met' if best['rate'] >= 200_000 and best['lost'] == 0 and best['dropped'] == 0 else 'NOT met'}")
+    big = [c for c in cost if c["slots"] >= 64_000 and not c.get("consume")]
+    for c in big:
+        out.append(f"- collector at {c['slots']:,} slots under 10% of one core: {c['cpu_per_s'] * 100:.1f}% -> "
+                   f"{'met' if c['cpu_per_s'] < 0.10 else 'NOT met'}")
+    for c in cost:
+        if c["lat_max"] is not None:
+            out.append(f"- window-to-handler latency under grace + 50 ms ({grace_ms + 50} ms) at {c['slots']:,} "
+                       f"slots{' (counting handler)' if c.get('consume') else ''}: max {c['lat_max'] * 1000:.1f} ms -> "
+                       f"{'met' if c['lat_max'] * 1000 < grace_ms + 50 else 'NOT met'}")
+    return out
+
+
+def _xfloor(v: Any, floor: Any) -> str:
+    if isinstance(v, (int, float)) and isinstance(floor, (int, float)) and floor > 0:
+        return f"{v / floor:.1f}"
+    return "missing" if not isinstance(v, (int, float)) else ""
+
+
+def write_md(path: str, lines: list[str]) -> None:
+    """Replace the block between the bench markers in ``path`` (or append one) with ``lines``."""
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    body = ["## Latest run" if line == "# shmstat benchmarks" else "#" + line if line.startswith("## ") else line
+            for line in lines]
+    block = "\n".join([begin, *body, end])
+    text = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    if begin in text and end in text:
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        text = head + block + tail
+    else:
+        text = (text.rstrip() + "\n\n" if text else "") + block + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--worker"]:
+        run_worker(argv)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (under a minute)")
+    ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
+    ap.add_argument("--only", choices=("calls", "throughput", "collector"), action="append",
+                    help="run only these parts (repeatable; the default is everything)")
+    args = ap.parse_args(argv)
+    parts = set(args.only or ("calls", "throughput", "collector"))
+    quick = args.quick
+    started = time.monotonic()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print("measuring (the report is printed at the end)...", file=sys.stderr, flush=True)
+    calls = run_calls(quick) if "calls" in parts else {"repeat": 0, "number": 0}
+    print(f"  calls done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    tput: list[dict[str, Any]] = []
+    if "throughput" in parts:
+        events = 50_000 if quick else 100_000
+        for n in (1, 2, 4):
+            tput.append(run_throughput(n, events))
+            print(f"  throughput {n} done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    cost: list[dict[str, Any]] = []
+    if "collector" in parts:
+        seconds, warmup = (3.0, 1.0) if quick else (10.0, 2.0)
+        for stats, consume in ((125, False), (1000, False), (8000, False), (1000, True)):
+            cost.append(run_collector_cost(8, stats, seconds, warmup, consume))
+            print(f"  collector {8 * stats} slots done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
+                  flush=True)
+    lines = report(calls, tput, cost, 20, quick)
+    lines.append("")
+    lines.append(f"(whole run: {time.monotonic() - started:.0f} s)")
+    print("\n".join(lines))
+    if args.md:
+        write_md(args.md, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
