@@ -27,3 +27,17 @@ def _clean_state() -> Iterator[None]:
     yield
     _state.reset()
     _elastic_registry.reset()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _remove_leftover_segments() -> Iterator[None]:
+    """A safety net: segments of this test process's jobs (ids carry its pid) that a failed test left behind."""
+    yield
+    import os
+
+    from shmstat.segment import Segment
+
+    marker = f"-{os.getpid()}-"
+    for job in Segment.list_jobs():
+        if marker in job:
+            Segment.unlink(job)
