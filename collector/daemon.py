@@ -25,7 +25,7 @@ import zmq
 from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
 from shmstat.errors import CollectorError
-from shmstat.layout import Geometry
+from shmstat.layout import Geometry, RankState
 from shmstat.runtime import ingest_endpoint, runtime_dir, validate_job
 from shmstat.segment import Segment
 
@@ -187,24 +187,39 @@ class Collector:
         self.segment.set_collector(os.getpid(), now)
 
     def shutdown(self) -> None:
-        """Take the last messages, emit every window that holds data, flush handlers, release everything."""
+        """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
+        alive, every window that holds data), flush handlers, release everything."""
         if self.relay is None:
             return
         with contextlib.suppress(Exception):
-            for msg in self.relay.receive(limit=100_000):
-                if msg.kind == "metric":
-                    self._dispatch_put_metrics(msg)
+            self._drain_ingest()
             self._drain_submitted()
             now = self.clock()
             for change in self.liveness.poll(self.scanner.refresh()):
                 self._lifecycle(change)
-            self._emit_scan(now, final=True)
+            # A live rank still adds to its open windows: they stay in the ring for the next collector (emitting
+            # them now would commit their watermark and lose every sample added after this moment).
+            live = any(r.state == RankState.ACTIVE for r in self.scanner.refresh())
+            self._emit_scan(now, final=not live)
         with contextlib.suppress(Exception):
             self.dispatcher.close()
         if self.segment is not None:
             with contextlib.suppress(Exception):
                 self.segment.set_collector(0, self.clock())
         self._release()
+
+    def _drain_ingest(self, quiet_ms: int = 100, budget_s: float = 2.0) -> None:
+        """Unsubscribe from the ranks (their publishers then hold new items for the next collector) and take what
+        they sent before they noticed, until the ingest socket has been quiet for ``quiet_ms``."""
+        assert self.relay is not None
+        self.relay.unsubscribe()
+        deadline = time.monotonic() + budget_s
+        while True:
+            for msg in self.relay.receive(limit=100_000, max_items=1 << 62):
+                if msg.kind == "metric":
+                    self._dispatch_put_metrics(msg)
+            if time.monotonic() >= deadline or not self.poller.poll(quiet_ms):
+                return
 
     def close(self) -> None:
         """Same as :meth:`shutdown` (idempotent)."""

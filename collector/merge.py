@@ -8,7 +8,7 @@ result (a job-level collector merges node rows exactly as a node merges rank row
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shmstat.aggregation import Aggregation, aggregate, aggregation_key, from_mask
 
@@ -38,11 +38,11 @@ class Summary:
 
 
 def merge(a: Summary, b: Summary) -> Summary:
-    """Combine two summaries; empty ones are the identity."""
-    if a.count == 0 and not a.torn:
-        return b
-    if b.count == 0 and not b.torn:
-        return a
+    """Combine two summaries; empty ones are the identity (an empty torn one only passes its flag on)."""
+    if a.count == 0:
+        return b if not a.torn or b.torn else replace(b, torn=True)
+    if b.count == 0:
+        return a if not b.torn or a.torn else replace(a, torn=True)
     later = b if b.last_ts > a.last_ts else a
     return Summary(
         a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import zmq
@@ -21,6 +22,7 @@ from shmstat.errors import CollectorError, WireError
 __all__ = ["Relay", "RelayCounters"]
 
 _MAX_BATCH = 2048
+_MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
 
 
 @dataclass
@@ -75,12 +77,16 @@ class Relay:
         self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.xsub.send(b"\x01")  # subscribe to everything every rank sends
 
-    def receive(self, limit: int = _MAX_BATCH) -> list[wire.WireMessage]:
-        """Take up to ``limit`` waiting messages from the ranks: re-publish the valid ones, return them."""
-        out: list[wire.WireMessage] = []
+    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[wire.WireMessage]:
+        """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
+        valid ones and yield them one by one (a generator, so a round never holds more than one decoded message:
+        a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes)."""
         c = self.counters
         self._drain_subscriptions()
+        items = 0
         for _ in range(limit):
+            if items >= max_items:
+                break
             try:
                 frames = self.xsub.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
@@ -98,11 +104,11 @@ class Relay:
                 c.events += len(msg.items)
             elif msg.kind == "metric":
                 c.metrics += len(msg.items)
+            items += len(msg.items)
             self._track_seq(msg)
             self._send(frames)
-            out.append(msg)
+            yield msg
         self._drain_subscriptions()
-        return out
 
     def _track_seq(self, msg: wire.WireMessage) -> None:
         key = (msg.rank, msg.pid, msg.incarnation)
@@ -151,6 +157,12 @@ class Relay:
                 self.prefixes.add(frame[1:])
             elif frame[:1] == b"\x00":
                 self.prefixes.discard(frame[1:])
+
+    def unsubscribe(self) -> None:
+        """Tell every rank to stop sending: their publishers hold new items (bounded, counted) for the next
+        collector. Messages already on their way still arrive and can be taken with :meth:`receive`."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(b"\x00", zmq.NOBLOCK)
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""

@@ -134,7 +134,15 @@ now_ns(SlotWriter *self)
     return (int64_t)t;
 }
 
-/* Slow path, once per window: report the previous window to on_roll, then reset this window's bank. */
+/* Slow path, once per window: report the previous window to on_roll, then start the window of ``t``.
+ *
+ * The new window's bank is marked (odd seq, wid) before the clock is read again: if that second reading is
+ * still inside the window, no collector can have closed the window without seeing the mark (it closes a
+ * window only once its clock is past the window's end plus a grace, then reads the bank), so the sample is
+ * written into a window that is still to be emitted. Otherwise the window ended while this call was
+ * descheduled: the bank is left empty and the sample goes to the window of the later reading (a time
+ * inside this call as well). The full fence keeps the mark from waiting in the store buffer past the clock
+ * reading; it costs ~20 ns, once per window. */
 static PyObject *
 roll(SlotWriter *self, double v, int64_t t)
 {
@@ -161,18 +169,38 @@ roll(SlotWriter *self, double v, int64_t t)
         Py_DECREF(r);
         /* on_roll may have run arbitrary code (even this add): everything below uses only v, t and config. */
     }
-    int64_t wid = floor_div(t, self->window_ns);
-    int64_t wend;
-    if (__builtin_mul_overflow(wid + 1, self->window_ns, &wend)) {
-        wend = INT64_MAX;
+    char *b;
+    int64_t wid, wend;
+    for (;;) {
+        wid = floor_div(t, self->window_ns);
+        if (__builtin_mul_overflow(wid + 1, self->window_ns, &wend)) {
+            wend = INT64_MAX;
+        }
+        b = self->slot0 + floor_mod(wid, self->nbanks) * BANK_SIZE;
+        st_f64(b + B_SEQ, 1.0);
+        __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
+        st_i64(b + B_WID, wid);
+        st_i64(b + B_INC, self->incarnation);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the mark visible before the clock is read again */
+        int64_t t2 = now_ns(self);
+        if (t2 == -1 && self->clock != NULL && PyErr_Occurred()) {
+            PyErr_Clear(); /* an injected clock failed: keep the first reading */
+            break;
+        }
+        if (t2 < wend) {
+            break;
+        }
+        /* The window ended meanwhile: leave its bank empty (consistent) and start over from the later time. */
+        st_f64(b + B_SUM, 0.0);
+        st_f64(b + B_MIN, 0.0);
+        st_f64(b + B_MAX, 0.0);
+        st_f64(b + B_LAST, 0.0);
+        st_i64(b + B_TS, 0);
+        st_f64_release(b + B_SEQ, 0.0);
+        t = t2;
     }
-    char *b = self->slot0 + floor_mod(wid, self->nbanks) * BANK_SIZE;
     self->wend = wend;
     self->bank = b;
-    st_f64(b + B_SEQ, 1.0);
-    __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
-    st_i64(b + B_WID, wid);
-    st_i64(b + B_INC, self->incarnation);
     st_f64(b + B_SUM, v);
     st_f64(b + B_MIN, v);
     st_f64(b + B_MAX, v);
@@ -198,25 +226,42 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
             return NULL;
         }
     }
+    /* The open window's bank is marked (odd seq) before the clock is read: a collector that closes this
+     * window after the reading below reads the bank after that too, sees the mark and waits for the write,
+     * so a rank descheduled between the reading and the write (longer than the collector's grace) still
+     * lands its sample in a window that is emitted. No fence between the mark and the reading: the store
+     * buffer drains within nanoseconds (and on any preemption) against a grace of milliseconds. Before the
+     * first window (wend == 0) the bank is not ours yet and roll() does the marking. */
+    double seq = self->seq;
+    char *b = self->bank;
+    int marked = self->wend != 0;
+    if (marked) {
+        st_f64(b + B_SEQ, seq + 1.0);
+        __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
+    }
     int64_t t = now_ns(self);
     if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
+        if (marked) {
+            st_f64_release(b + B_SEQ, seq);
+        }
         return NULL;
     }
     if (t >= self->wend) {
+        if (marked) {
+            st_f64_release(b + B_SEQ, seq); /* the previous window is complete as it was */
+        }
         return roll(self, v, t);
     }
     if (isnan(v)) {
+        st_f64_release(b + B_SEQ, seq);
         bump_u64(self->nan_p);
         Py_RETURN_NONE;
     }
-    double seq = self->seq;
     if (seq >= self->max2) {
+        st_f64_release(b + B_SEQ, seq);
         bump_u64(self->disc_p);
         Py_RETURN_NONE;
     }
-    char *b = self->bank;
-    st_f64(b + B_SEQ, seq + 1.0);
-    __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
     self->sum += v;
     st_f64(b + B_SUM, self->sum);
     if (v < self->min) {

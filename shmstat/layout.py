@@ -335,7 +335,12 @@ def read_bank(buf: memoryview, offset: int, retries: int = 64) -> BankSnapshot:
             return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc)
         fields = unpack(buf, offset)
     seq, wid, total, lo, hi, last, ts, inc = fields
-    return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc, torn=True)
+    count = int(seq) >> 1 if seq == seq else 0
+    if count == 0:
+        # Caught in the reset for a new window: the data words may still be the previous window's (or hold
+        # the one sample being written); no complete sample is known, so no figure is reported.
+        return BankSnapshot(wid, 0, 0.0, 0.0, 0.0, 0.0, 0, inc, torn=True)
+    return BankSnapshot(wid, count, total, lo, hi, last, ts, inc, torn=True)
 
 
 def encode_name(text: str, limit: int, what: str) -> bytes:

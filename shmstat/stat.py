@@ -277,7 +277,9 @@ class _SharedCore:
         core = self
 
         def roll(v: float, t: int) -> None:
-            # Slow path, once per window: close the previous window locally, reset this window's bank.
+            # Slow path, once per window: close the previous window locally, start the window of ``t``. The
+            # new bank is marked before the clock is read again (the C roll() says why); if the window ended
+            # meanwhile, its bank stays empty and the sample goes to the window of the later reading.
             nonlocal seq, sm, mn, mx, lastv, wend, base
             v = float(v)  # raises on a non-number before the bank is touched
             if v != v:
@@ -290,38 +292,48 @@ class _SharedCore:
                     s._log_window(core.last, t)
             elif wend:
                 core.last = _Summary()
-            wid = t // wns
-            wend = (wid + 1) * wns
-            base = slot0 + (wid % nbanks) * L.BANK_WORDS
-            f[base] = 1.0
-            q[base + L.B_WID] = wid
-            q[base + L.B_INC] = inc
-            f[base + L.B_SUM] = f[base + L.B_MIN] = f[base + L.B_MAX] = f[base + L.B_LAST] = v
-            q[base + L.B_TS] = t
+            while True:
+                wid = t // wns
+                end = (wid + 1) * wns
+                b = slot0 + (wid % nbanks) * L.BANK_WORDS
+                f[b] = 1.0
+                q[b + L.B_WID] = wid
+                q[b + L.B_INC] = inc
+                t2 = clock()
+                if t2 < end:
+                    break
+                f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = 0.0
+                q[b + L.B_TS] = 0
+                f[b] = 0.0
+                t = t2
+            wend, base = end, b
+            f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = v
+            q[b + L.B_TS] = t
             sm = mn = mx = lastv = v
             seq = 2.0
-            f[base] = 2.0
+            f[b] = 2.0
             q[beat_word] = t
 
-        def slow(v: float) -> None:
-            if v != v:
-                q[nan_word] += 1
-            else:
-                q[disc_word] += 1
-
+        # add(): the open window's bank is marked (odd seq) before the clock is read, so that a collector
+        # closing the window after that reading sees the write in progress and waits for it (see _fastpath.c).
         if want_last:
 
             def add(v: float) -> None:
                 nonlocal seq, sm, mn, mx, lastv
-                t = clock()
-                if t >= wend:
-                    return roll(v, t)
-                if v != v or seq >= max2:
-                    return slow(v)
-                sm += v  # raises on a non-number before the bank is touched
+                total = sm + v  # raises on a non-number before the bank is touched
                 b = base
-                f[b] = seq + 1.0
-                f[b + 2] = sm
+                if wend:
+                    f[b] = seq + 1.0
+                t = clock()
+                if t >= wend or v != v or seq >= max2:
+                    if wend:
+                        f[b] = seq
+                    if t >= wend:
+                        return roll(v, t)
+                    q[nan_word if v != v else disc_word] += 1
+                    return
+                sm = total
+                f[b + 2] = total
                 if v < mn:
                     mn = v
                     f[b + 3] = v
@@ -337,15 +349,20 @@ class _SharedCore:
 
             def add(v: float) -> None:
                 nonlocal seq, sm, mn, mx
-                t = clock()
-                if t >= wend:
-                    return roll(v, t)
-                if v != v or seq >= max2:
-                    return slow(v)
-                sm += v  # raises on a non-number before the bank is touched
+                total = sm + v  # raises on a non-number before the bank is touched
                 b = base
-                f[b] = seq + 1.0
-                f[b + 2] = sm
+                if wend:
+                    f[b] = seq + 1.0
+                t = clock()
+                if t >= wend or v != v or seq >= max2:
+                    if wend:
+                        f[b] = seq
+                    if t >= wend:
+                        return roll(v, t)
+                    q[nan_word if v != v else disc_word] += 1
+                    return
+                sm = total
+                f[b + 2] = total
                 if v < mn:
                     mn = v
                     f[b + 3] = v

@@ -77,7 +77,7 @@ def test_platform_group_has_rank_usage_and_collector_counters(job):
         c.close()
 
 
-def test_shutdown_emits_the_open_window_and_flushes(job):
+def test_shutdown_emits_the_open_window_once_the_ranks_are_gone(job):
     clock = FakeClock()
     clock.to_window(1000)
     c, rec = _collector(job, clock)
@@ -86,8 +86,29 @@ def test_shutdown_emits_the_open_window_and_flushes(job):
     s.add(2.0)
     c.step()
     assert [m for m in rec.got if m.name == "lat.sum"] == []  # the window is still open
+    shutdown()  # the rank exits
     c.close()
     assert [m.value for m in rec.got if m.name == "lat.sum"] == [2.0, 2.0]  # merged and rank 0
+
+
+def test_shutdown_with_live_ranks_leaves_their_open_window_to_the_next_collector(job):
+    clock = FakeClock()
+    clock.to_window(1000)
+    c, rec = _collector(job, clock)
+    init(job, rank=0, publish=False)
+    s = Stat("lat", [A.SUM], 1.0, clock=clock, group="g")
+    s.add(2.0)
+    c.step()
+    c.close()  # the rank lives on and keeps adding to the same window
+    assert [m for m in rec.got if m.name == "lat.sum"] == []
+    s.add(3.0)
+    c2, rec2 = _collector(job, clock)
+    try:
+        clock.advance_ms(1000)
+        c2.step()
+        assert [m.value for m in rec2.got if m.name == "lat.sum"] == [5.0, 5.0]  # the whole window, once
+    finally:
+        c2.close()
 
 
 def test_ls_and_clean(job):
