@@ -24,6 +24,11 @@ def _add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
                    help="handler for a metric group: console, null, jsonl:PATH, pkg.module:Class; GROUP * = default")
     p.add_argument("--grace-ms", type=int, default=20, help="wait this long after a window ends (default 20)")
+    p.add_argument("--publish-hwm", type=int, default=1000,
+                   help="messages queued per subscriber before a slow one loses messages (default 1000)")
+    p.add_argument("--hold-ms", type=int, default=300,
+                   help="at start-up, hold the ranks' events up to this long for subscribers to reconnect "
+                        "(default 300)")
     p.add_argument("--status-interval", type=float, default=30.0,
                    help="seconds between progress lines on stderr (default 30, 0 = none)")
     p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
@@ -101,7 +106,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .handlers import parse_handler_args
 
         config = CollectorConfig(job=args.job, publish=args.publish, handlers=parse_handler_args(args.handler),
-                                 grace_ms=_non_negative(args.grace_ms, "--grace-ms"), geometry=geometry_from(args),
+                                 grace_ms=_non_negative(args.grace_ms, "--grace-ms"),
+                                 hold_ms=_non_negative(args.hold_ms, "--hold-ms"),
+                                 publish_hwm=_non_negative(args.publish_hwm, "--publish-hwm"),
+                                 geometry=geometry_from(args),
                                  status_interval_s=args.status_interval)
         return Collector(config).run()
     if cmd == "run":

@@ -27,7 +27,7 @@ from shmstat import wire
 from shmstat.errors import CollectorError
 from shmstat.layout import Geometry, RankState
 from shmstat.runtime import ingest_endpoint, runtime_dir, validate_job
-from shmstat.segment import Segment
+from shmstat.segment import Segment, pid_alive
 
 from .handlers import Dispatcher
 from .liveness import Lifecycle, Liveness
@@ -56,6 +56,12 @@ class CollectorConfig:
     usage_interval_s: float = 1.0
     status_interval_s: float = 30.0
     """Seconds between one-line progress reports on stderr (0: none)."""
+    publish_hwm: int = 1000
+    """Messages queued per subscriber (each up to ~1,000 items) before a subscriber that does not keep up loses
+    messages (it sees the gap in the per-rank sequence numbers); bounds the collector's memory."""
+    hold_ms: int = 300
+    """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
+    they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
     geometry: Geometry | None = None
     ingest: str | None = None
     clock: Callable[[], int] = time.time_ns
@@ -94,7 +100,8 @@ class Collector:
             self.liveness = Liveness(self.segment)
             from .relay import Relay
 
-            self.relay = Relay(config.ingest or ingest_endpoint(config.job), config.publish)
+            self.relay = Relay(config.ingest or ingest_endpoint(config.job), config.publish,
+                               sndhwm=config.publish_hwm)
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
         except BaseException:
             self._release()
@@ -110,6 +117,8 @@ class Collector:
         self.segment.set_collector(os.getpid(), self.clock())
         self.poller = zmq.Poller()
         self.poller.register(self.relay.xsub, zmq.POLLIN)
+        self._hold_until = time.monotonic() + config.hold_ms / 1000
+        self._release_hold()
 
     @property
     def publish_endpoint(self) -> str:
@@ -155,7 +164,16 @@ class Collector:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda _s, _f: self.stop_requested.set())
 
+    def _release_hold(self) -> None:
+        assert self.relay is not None
+        self.relay.update_subscriptions()
+        if self.relay.prefixes or time.monotonic() >= self._hold_until:
+            self.relay.subscribe_ranks()
+
     def _poll_timeout_ms(self) -> int:
+        assert self.relay is not None
+        if not self.relay.ranks_subscribed:  # watch for the first subscriber
+            return 10
         due = self.scanner.next_due_ns()
         if due is None:
             return 20
@@ -165,6 +183,8 @@ class Collector:
     def step(self, poll_timeout_ms: int = 0) -> None:
         """One round: wait up to ``poll_timeout_ms`` for messages, relay them, then scan and watch ranks."""
         assert self.relay is not None and self.segment is not None
+        if not self.relay.ranks_subscribed:
+            self._release_hold()
         if poll_timeout_ms > 0:
             self.poller.poll(poll_timeout_ms)
         for msg in self.relay.receive():
@@ -208,18 +228,31 @@ class Collector:
                 self.segment.set_collector(0, self.clock())
         self._release()
 
-    def _drain_ingest(self, quiet_ms: int = 100, budget_s: float = 2.0) -> None:
-        """Unsubscribe from the ranks (their publishers then hold new items for the next collector) and take what
-        they sent before they noticed, until the ingest socket has been quiet for ``quiet_ms``."""
+    def _drain_ingest(self, budget_s: float = 3.0, quiet_s: float = 0.1) -> None:
+        """Ask the ranks for the hand-over (their publishers then hold new items for the next collector) and
+        take what they sent before. Every sender answers with a hand-over marker behind its last message (a closed
+        publisher sent one already); wait for the markers of live ranks, and for a quiet socket if some other
+        sender has not sent one, at most ``budget_s``."""
         assert self.relay is not None
-        self.relay.unsubscribe()
+        relay = self.relay
+        relay.request_handover()
         deadline = time.monotonic() + budget_s
+        quiet_since = time.monotonic()
         while True:
-            for msg in self.relay.receive(limit=100_000, max_items=1 << 62):
+            got = False
+            for msg in relay.receive(limit=100_000, max_items=1 << 62):
+                got = True
                 if msg.kind == "metric":
                     self._dispatch_put_metrics(msg)
-            if time.monotonic() >= deadline or not self.poller.poll(quiet_ms):
+            now = time.monotonic()
+            if got:
+                quiet_since = now
+            unmarked = relay.senders() - relay.held
+            active = {(r.rank, r.pid, r.incarnation) for r in self.scanner.refresh() if r.state == RankState.ACTIVE}
+            live = any(pid_alive(k[1]) for k in unmarked & active)  # others: a quiet socket is enough
+            if (not unmarked or (not live and now - quiet_since >= quiet_s)) or now >= deadline:
                 return
+            self.poller.poll(5)
 
     def close(self) -> None:
         """Same as :meth:`shutdown` (idempotent)."""

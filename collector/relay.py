@@ -75,7 +75,17 @@ class Relay:
             raise CollectorError(f"cannot bind {ingest} / {publish}: {exc}") from None
         self.ingest_endpoint = ingest
         self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.xsub.send(b"\x01")  # subscribe to everything every rank sends
+        self.ranks_subscribed = False
+        """Whether the ranks were asked to send (see :meth:`subscribe_ranks`)."""
+        self.held: set[tuple[int, int, int]] = set()
+        """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
+        their publisher closed): everything they sent before it has arrived."""
+
+    def subscribe_ranks(self) -> None:
+        """Ask every rank to send everything (until then their publishers hold their items, bounded)."""
+        if not self.ranks_subscribed:
+            self.xsub.send(b"\x01")
+            self.ranks_subscribed = True
 
     def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[wire.WireMessage]:
         """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
@@ -98,6 +108,11 @@ class Relay:
                 msg = wire.decode(frames[0], frames[1])
             except WireError:
                 c.rejected += 1
+                continue
+            if frames[0] == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
+                self.held.add((msg.rank, msg.pid, msg.incarnation))
+                with contextlib.suppress(zmq.ZMQError):
+                    self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
                 continue
             c.messages += 1
             if msg.kind == "event":
@@ -158,11 +173,17 @@ class Relay:
             elif frame[:1] == b"\x00":
                 self.prefixes.discard(frame[1:])
 
-    def unsubscribe(self) -> None:
-        """Tell every rank to stop sending: their publishers hold new items (bounded, counted) for the next
-        collector. Messages already on their way still arrive and can be taken with :meth:`receive`."""
+    def request_handover(self) -> None:
+        """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
+        a marker behind their last message (recorded in :attr:`held`) and hold new items (bounded, counted)
+        for the next collector. Messages already on their way still arrive: take them with :meth:`receive`."""
         with contextlib.suppress(zmq.ZMQError):
-            self.xsub.send(b"\x00", zmq.NOBLOCK)
+            self.xsub.send(wire.HANDOVER_REQUEST, zmq.NOBLOCK)
+        self.ranks_subscribed = False
+
+    def senders(self) -> set[tuple[int, int, int]]:
+        """Every (rank, pid, incarnation) that sent this collector something."""
+        return set(self._next_seq)
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""

@@ -23,8 +23,13 @@ What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket
   that queue to it. (With ``ZMQ_IMMEDIATE=1`` the ``XPUB`` reports ``b"\\x00"`` on disconnect but silently
   discards everything sent to the dead pipe before that frame is read, and the whole pipe content: more loss,
   so it is not used.)
-- An explicit unsubscribe (``b"\\x00"`` sent by a collector that shuts down cleanly) does arrive; from then on
-  items are held here again until a new subscribe-all frame arrives.
+- A collector that shuts down cleanly sends the hand-over request (``wire.HANDOVER_REQUEST``, a user message
+  upstream; not an unsubscribe, which libzmq applies inside a later ``send()`` and so silently discards that
+  message although it was counted as sent). The thread answers with a hand-over marker on
+  ``wire.HELD_TOPIC``, behind everything it sent (the collector stops reading once it has every marker), and
+  from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
+  frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
+  (``b"\\x00"``) also makes the thread hold items.
 
 Guarantees:
 
@@ -219,6 +224,7 @@ class Publisher:
         self._dropped = 0
         self._prefixes: set[bytes] = set()
         self._subscribed = False
+        self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
         self._flush_waiting: list[_FlushRequest] = []
 
@@ -238,6 +244,7 @@ class Publisher:
         try:
             sock.setsockopt(zmq.SNDHWM, sndhwm)
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe frame, also a repeated one (see above)
             sock.setsockopt(zmq.LINGER, 0)  # set for real in close()
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -457,6 +464,9 @@ class Publisher:
                 elif self._wake.wait(wait_s):
                     self._wake.clear()
         finally:
+            if self._subscribed and not self._pending:
+                self._send_held(sock)  # all sent: the collector need not wait for more from us
+                self._await_ack(sock, self._close_linger_ms)
             with contextlib.suppress(zmq.ZMQError):
                 sock.close(linger=self._close_linger_ms)
 
@@ -491,9 +501,33 @@ class Publisher:
                 break
             if frame[:1] == b"\x01":
                 prefixes.add(frame[1:])
+                self._handed_over = False
             elif frame[:1] == b"\x00":
                 prefixes.discard(frame[1:])
-        self._subscribed = b"" in prefixes  # the collector subscribes to everything
+            elif frame == wire.HANDOVER_REQUEST and not self._handed_over:
+                if self._subscribed:
+                    self._send_held(sock)
+                self._handed_over = True
+            self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
+        self._subscribed = b"" in prefixes and not self._handed_over
+
+    def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
+        """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
+        has been received, so closing the socket now loses nothing."""
+        ack = wire.ACK_PREFIX + str(self.pid).encode()
+        deadline = time.monotonic() + budget_ms / 1000
+        with contextlib.suppress(zmq.ZMQError):
+            while (left := deadline - time.monotonic()) > 0:
+                if sock.poll(max(1, int(left * 1000)), zmq.POLLIN) and sock.recv(zmq.NOBLOCK) == ack:
+                    return
+
+    def _send_held(self, sock: zmq.Socket[Any]) -> None:
+        """Tell the collector that everything sent before has been sent: the marker travels behind it in the
+        same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
+        next one) and when this publisher closes with nothing left."""
+        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, self._wire_seq, [{"state": "held"}])
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
 
     def _take(self) -> bool:
         """Move queued items into pending batches (or drop them past the bound); True if any were taken.

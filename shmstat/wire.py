@@ -49,7 +49,10 @@ import msgpack
 from .errors import WireError
 
 __all__ = [
+    "ACK_PREFIX",
     "COLLECTOR_RANK",
+    "HANDOVER_REQUEST",
+    "HELD_TOPIC",
     "KINDS",
     "MAX_PAYLOAD",
     "MAX_TOPIC",
@@ -71,6 +74,20 @@ MAX_PAYLOAD: Final = 16 * 1024 * 1024
 
 MAX_TOPIC: Final = 4096
 """Largest topic frame in bytes."""
+
+HANDOVER_REQUEST: Final = b"\x02shmstat/handover"
+"""What a collector that shuts down sends upstream to every rank's publisher: "answer with a marker on
+HELD_TOPIC and hold your items for the next collector"."""
+
+ACK_PREFIX: Final = b"\x02shmstat/ack/"
+"""What a collector sends upstream when a hand-over marker arrived, followed by the sender's pid in ASCII: a
+closing publisher waits for it (bounded by its linger) before it closes its socket, because libzmq may drop
+what is still queued at close when the receiver's queue is full (libzmq issue 4660)."""
+
+HELD_TOPIC: Final = b"rank/held"
+"""Control topic of a rank publisher's hand-over marker: "all I sent before this has been sent" (the answer
+to HANDOVER_REQUEST, and the last message of a publisher that closes). It takes no sequence number and is
+not re-published."""
 
 KINDS: Final = ("event", "metric", "stat", "rank")
 """The message kinds, which are also the first segment of every topic."""

@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +46,7 @@ class Collector:
         self.sock.bind(endpoint)
         self.sock.send(b"\x01")
         self.messages: list[wire.WireMessage] = []
+        self.held: list[wire.WireMessage] = []  # hand-over markers (answers to an unsubscribe)
 
     def pump(self, timeout_ms: int = 10) -> None:
         """Receive whatever is there (waiting up to ``timeout_ms`` for the first message)."""
@@ -54,7 +56,12 @@ class Collector:
                     topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     return
-                self.messages.append(wire.decode(topic, payload))
+                msg = wire.decode(topic, payload)
+                if topic == wire.HELD_TOPIC:  # answered as the real collector does
+                    self.held.append(msg)
+                    self.sock.send(wire.ACK_PREFIX + str(msg.pid).encode())
+                else:
+                    self.messages.append(msg)
 
     def receive_until(self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
         """Keep receiving until ``predicate()`` holds; fail at the deadline."""
@@ -341,6 +348,30 @@ def test_explicit_unsubscribe_holds_items_until_resubscribed(
     assert pub.flush(5) and pub.stats().subscribed
 
 
+def test_handover_request_is_answered_behind_the_last_item_then_items_are_held(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=1)
+    publishers.append(pub)
+    for i in range(300):
+        pub.publish_event("e", i, {})
+    c.receive_until(lambda: c.count() > 0)  # connected (a request reaches only the publishers connected)
+    c.sock.send(wire.HANDOVER_REQUEST)  # a collector shutting down cleanly
+    c.receive_until(lambda: len(c.held) == 1, what="the hand-over marker")
+    assert (c.held[0].rank, c.held[0].pid, c.held[0].items) == (1, os.getpid(), [{"state": "held"}])
+    sent = pub.stats().sent_items
+    c.pump(50)
+    assert c.count() == sent  # everything sent before the marker had arrived with it
+    for i in range(300, 320):
+        pub.publish_event("e", i, {})
+    wait_for(lambda: settled(pub))
+    assert pub.stats().backlog == 320 - sent and not pub.stats().subscribed
+    c.sock.send(b"\x01")  # the next collector subscribes (a repeated frame on the same pipe)
+    c.receive_until(lambda: c.count() == 320)
+    assert [s for s, _i, _m in c.items()] == list(range(320))
+
+
 def test_collector_restart(
     publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
 ) -> None:
@@ -526,3 +557,45 @@ def test_an_idle_thread_does_not_spin(
     wait_for(lambda: settled(pub) and pub.stats().backlog == 0)
     cpu = cpu_over_half_a_second()
     assert cpu < 0.1, f"{cpu:.3f} s of CPU in 0.5 s while subscribed and idle"
+
+
+def test_close_waits_for_the_collectors_acknowledgement_so_nothing_queued_is_lost(
+    publishers: list[Publisher], endpoint: str
+) -> None:
+    """libzmq may drop what is still queued when a socket closes while the receiver's queue is full (libzmq
+    issue 4660): close() sends the hand-over marker and waits for the collector's acknowledgement."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.setsockopt(zmq.RCVHWM, 1)  # a collector busy elsewhere: its queue is full at once
+    xsub.bind(endpoint)
+    xsub.send(b"\x01")
+    pub = Publisher(endpoint, rank=3, batch_max=4)
+    publishers.append(pub)
+    try:
+        pub.publish_event("e", 0, {})
+        wait_for(lambda: xsub.poll(0), what="the first message")
+        for i in range(1, 2000):
+            pub.publish_event("e", i, {})
+        closer = threading.Thread(target=pub.close, kwargs={"linger_ms": 20_000})
+        closer.start()
+        got, acked = 0, False
+        deadline = time.monotonic() + 30
+        quiet_after_close = 0
+        while time.monotonic() < deadline and quiet_after_close < 100:  # until 0.5 s quiet after close()
+            if not xsub.poll(5):
+                quiet_after_close += not closer.is_alive()
+                continue
+            time.sleep(0.0005)  # a slow reader
+            topic, payload = xsub.recv_multipart()
+            msg = wire.decode(topic, payload)
+            if topic == wire.HELD_TOPIC:
+                xsub.send(wire.ACK_PREFIX + str(msg.pid).encode())
+                acked = True
+            else:
+                got += len(msg.items)
+        closer.join(1)
+        assert got == 2000 and pub.stats().dropped == 0
+        assert acked and not closer.is_alive()
+    finally:
+        xsub.close(0)
+        ctx.term()
