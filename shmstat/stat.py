@@ -316,61 +316,34 @@ class _SharedCore:
 
         # add(): the open window's bank is marked (odd seq) before the clock is read, so that a collector
         # closing the window after that reading sees the write in progress and waits for it (see _fastpath.c).
-        if want_last:
-
-            def add(v: float) -> None:
-                nonlocal seq, sm, mn, mx, lastv
-                total = sm + v  # raises on a non-number before the bank is touched
-                b = base
+        def add(v: float) -> None:
+            nonlocal seq, sm, mn, mx, lastv
+            total = sm + v  # raises on a non-number before the bank is touched
+            b = base
+            if wend:
+                f[b] = seq + 1.0
+            t = clock()
+            if t >= wend or v != v or seq >= max2:
                 if wend:
-                    f[b] = seq + 1.0
-                t = clock()
-                if t >= wend or v != v or seq >= max2:
-                    if wend:
-                        f[b] = seq
-                    if t >= wend:
-                        return roll(v, t)
-                    q[nan_word if v != v else disc_word] += 1
-                    return
-                sm = total
-                f[b + 2] = total
-                if v < mn:
-                    mn = v
-                    f[b + 3] = v
-                elif v > mx:
-                    mx = v
-                    f[b + 4] = v
+                    f[b] = seq
+                if t >= wend:
+                    return roll(v, t)
+                q[nan_word if v != v else disc_word] += 1
+                return
+            sm = total
+            f[b + 2] = total
+            if v < mn:
+                mn = v
+                f[b + 3] = v
+            elif v > mx:
+                mx = v
+                f[b + 4] = v
+            if want_last:
                 lastv = v
                 f[b + 5] = v
                 q[b + 6] = t
-                seq += 2.0
-                f[b] = seq
-        else:
-
-            def add(v: float) -> None:
-                nonlocal seq, sm, mn, mx
-                total = sm + v  # raises on a non-number before the bank is touched
-                b = base
-                if wend:
-                    f[b] = seq + 1.0
-                t = clock()
-                if t >= wend or v != v or seq >= max2:
-                    if wend:
-                        f[b] = seq
-                    if t >= wend:
-                        return roll(v, t)
-                    q[nan_word if v != v else disc_word] += 1
-                    return
-                sm = total
-                f[b + 2] = total
-                if v < mn:
-                    mn = v
-                    f[b + 3] = v
-                elif v > mx:
-                    mx = v
-                    f[b + 4] = v
-                seq += 2.0
-                f[b] = seq
+            seq += 2.0
+            f[b] = seq
 
         def count() -> int:
             return int(seq) >> 1 if clock() < wend else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -32,6 +33,13 @@ class CollectorProc:
         finally:
             if self.proc.stdout:
                 self.proc.stdout.close()
+
+
+def spawn(target, *args) -> mp.process.BaseProcess:
+    """Start ``target(*args)`` in a fresh interpreter (spawn: nothing inherited from the test process)."""
+    p = mp.get_context("spawn").Process(target=target, args=args)
+    p.start()
+    return p
 
 
 def start_collector(job: str, *args: str) -> CollectorProc:

@@ -41,3 +41,17 @@ def _remove_leftover_segments() -> Iterator[None]:
     for job in Segment.list_jobs():
         if marker in job:
             Segment.unlink(job)
+
+
+@pytest.fixture
+def job() -> Iterator[str]:
+    """A job id no other test uses; afterwards this process is detached and the job's segment removed."""
+    from _support import unique_job
+
+    from shmstat.attach import shutdown
+    from shmstat.segment import Segment
+
+    name = unique_job()
+    yield name
+    shutdown()
+    Segment.unlink(name)

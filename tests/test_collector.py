@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -18,27 +17,15 @@ from _procs import (
     load_counts,
     rank_worker,
     read_jsonl,
+    spawn,
     start_collector,
     window_counts,
 )
-from _support import unique_job, wait_for
+from _support import wait_for
 
 from shmstat.segment import Segment
 
 WINDOW_MS = 40
-
-
-@pytest.fixture
-def job():
-    name = unique_job("c")
-    yield name
-    Segment.unlink(name)
-
-
-def _spawn(target, *args):
-    p = mp.get_context("spawn").Process(target=target, args=args)
-    p.start()
-    return p
 
 
 def _check_reconciles(rows, counts_by_rank):
@@ -58,7 +45,7 @@ def _check_reconciles(rows, counts_by_rank):
 def test_four_ranks_reconcile_exactly_in_jsonl(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
-    procs = [_spawn(rank_worker, job, r, 4, 0.4, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(4)]
+    procs = [spawn(rank_worker, job, r, 4, 0.4, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(4)]
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
@@ -85,7 +72,7 @@ def test_subscriber_before_ranks_sees_events_windows_and_lifecycle_with_filterin
     only_rank.setsockopt(zmq.SUBSCRIBE, b"rank/")
     # a subscription takes effect asynchronously: wait until the stream flows (usage stats every second)
     wait_for(lambda: everything.poll(100), 10, what="first message from the collector")
-    p = _spawn(rank_worker, job, 0, 1, 0.2, WINDOW_MS, str(tmp_path / "r0.json"), None, 5)
+    p = spawn(rank_worker, job, 0, 1, 0.2, WINDOW_MS, str(tmp_path / "r0.json"), None, 5)
     p.join(60)
     assert p.exitcode == 0
     seen: dict[str, list] = {}
@@ -124,8 +111,8 @@ def test_rank_killed_with_sigkill_is_reported_died_others_still_aggregated(job, 
     sub = ctx.socket(zmq.SUB)
     sub.connect(coll.publish)
     sub.setsockopt(zmq.SUBSCRIBE, b"rank/")
-    victim = _spawn(rank_worker, job, 0, 2, 30.0, WINDOW_MS, str(tmp_path / "r0.json"))
-    survivor = _spawn(rank_worker, job, 1, 2, 1.0, WINDOW_MS, str(tmp_path / "r1.json"))
+    victim = spawn(rank_worker, job, 0, 2, 30.0, WINDOW_MS, str(tmp_path / "r0.json"))
+    survivor = spawn(rank_worker, job, 1, 2, 1.0, WINDOW_MS, str(tmp_path / "r1.json"))
     wait_for(lambda: len([r for r in read_jsonl(out) if r["rank"] == 0]) > 0, 20, what="rank 0 windows")
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)
@@ -158,7 +145,7 @@ def test_collector_killed_and_restarted_loses_no_window_and_repeats_none(job, tm
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "32",
                            "--max-ranks", "4", "--max-stats", "8")
-    procs = [_spawn(rank_worker, job, r, 2, 1.2, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
+    procs = [spawn(rank_worker, job, r, 2, 1.2, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
     wait_for(lambda: len(read_jsonl(out)) > 0, 20, what="first windows")
     coll.stop(signal.SIGKILL)
     first = len(read_jsonl(out))
@@ -177,7 +164,7 @@ def test_collector_started_after_the_ranks_picks_up_their_data(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     seg = Segment.open(job)  # ranks come first and create the segment
     ready = str(tmp_path / "ready")
-    p = _spawn(rank_worker, job, 0, 1, 0.1, WINDOW_MS, str(tmp_path / "r0.json"), None, 3, ready)
+    p = spawn(rank_worker, job, 0, 1, 0.1, WINDOW_MS, str(tmp_path / "r0.json"), None, 3, ready)
     p.join(60)
     assert p.exitcode == 0
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 from _procs import REPO
-from _support import MS, FakeClock, unique_job
+from _support import MS, FakeClock
 from tests_user_handler import Recording
 
 from collector import PLATFORM_GROUP, Collector, CollectorConfig
@@ -16,14 +15,6 @@ from shmstat.aggregation import Aggregation as A
 from shmstat.attach import init, shutdown
 from shmstat.segment import Segment
 from shmstat.stat import Stat
-
-
-@pytest.fixture
-def job():
-    name = unique_job("u")
-    yield name
-    shutdown()
-    Segment.unlink(name)
 
 
 def _collector(job, clock, **handlers):
@@ -77,7 +68,8 @@ def test_platform_group_has_rank_usage_and_collector_counters(job):
         c.close()
 
 
-def test_shutdown_emits_the_open_window_once_the_ranks_are_gone(job):
+def _sample_in_an_open_window(job):
+    """A collector, and rank 0 (this process) with one sample of 2.0 in a window still open."""
     clock = FakeClock()
     clock.to_window(1000)
     c, rec = _collector(job, clock)
@@ -86,19 +78,18 @@ def test_shutdown_emits_the_open_window_once_the_ranks_are_gone(job):
     s.add(2.0)
     c.step()
     assert [m for m in rec.got if m.name == "lat.sum"] == []  # the window is still open
+    return clock, c, rec, s
+
+
+def test_shutdown_emits_the_open_window_once_the_ranks_are_gone(job):
+    _clock, c, rec, _s = _sample_in_an_open_window(job)
     shutdown()  # the rank exits
     c.close()
     assert [m.value for m in rec.got if m.name == "lat.sum"] == [2.0, 2.0]  # merged and rank 0
 
 
 def test_shutdown_with_live_ranks_leaves_their_open_window_to_the_next_collector(job):
-    clock = FakeClock()
-    clock.to_window(1000)
-    c, rec = _collector(job, clock)
-    init(job, rank=0, publish=False)
-    s = Stat("lat", [A.SUM], 1.0, clock=clock, group="g")
-    s.add(2.0)
-    c.step()
+    clock, c, rec, s = _sample_in_an_open_window(job)
     c.close()  # the rank lives on and keeps adding to the same window
     assert [m for m in rec.got if m.name == "lat.sum"] == []
     s.add(3.0)

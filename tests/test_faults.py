@@ -8,7 +8,6 @@ A ``time.sleep`` here is only ever the fault itself (an outage, a stall); everyt
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -30,8 +29,8 @@ from _faultkit import (
     rows_by_rank_window,
     sigkill_victim,
 )
-from _procs import REPO, read_jsonl, start_collector
-from _support import unique_job, wait_for
+from _procs import REPO, read_jsonl, spawn, start_collector
+from _support import wait_for
 
 from collector.daemon import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
@@ -44,19 +43,6 @@ from shmstat.segment import RankAttachment, Segment
 
 MS = 1_000_000
 WINDOW_MS = 40
-
-
-@pytest.fixture
-def job():
-    name = unique_job("f")
-    yield name
-    Segment.unlink(name)
-
-
-def _spawn(target, *args):
-    p = mp.get_context("spawn").Process(target=target, args=args)
-    p.start()
-    return p
 
 
 class Recorder(MetricHandler):
@@ -229,14 +215,14 @@ def _sigkill_rounds(job: str, tmp_path, rounds: int) -> None:
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
     stop = str(tmp_path / "stop")
-    survivor = _spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
+    survivor = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
     rng = random.Random(os.getpid())
     try:
         for i in range(rounds):
             victims = []
             for rank in (1, 2):
                 ready = str(tmp_path / f"ready-{i}-{rank}")
-                victims.append((_spawn(sigkill_victim, job, rank, WINDOW_MS, ready, rank == 2), ready))
+                victims.append((spawn(sigkill_victim, job, rank, WINDOW_MS, ready, rank == 2), ready))
             for _p, ready in victims:
                 wait_for(lambda ready=ready: os.path.exists(ready), 30, what="victim adding")
             time.sleep(rng.uniform(0.0, 0.05))  # the fault: the kill lands at a random point of the add loop
@@ -284,8 +270,8 @@ def test_rank_sigstopped_across_several_windows_loses_nothing(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
     stop = str(tmp_path / "stop")
-    victim = _spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
-    other = _spawn(idle_adder, job, 1, WINDOW_MS, str(tmp_path / "r1.json"), stop)
+    victim = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
+    other = spawn(idle_adder, job, 1, WINDOW_MS, str(tmp_path / "r1.json"), stop)
     wns = WINDOW_MS * MS
 
     def emitted_after(rank: int, t_ns: int) -> int:
@@ -328,7 +314,7 @@ def test_rank_stalled_between_clock_and_write_loses_nothing(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
     stop, trigger = str(tmp_path / "stop"), str(tmp_path / "trigger")
-    p = _spawn(late_writer, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop, trigger, 5 * WINDOW_MS / 1000)
+    p = spawn(late_writer, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop, trigger, 5 * WINDOW_MS / 1000)
     try:
         wait_for(lambda: len(read_jsonl(out)) > 0, 30, 0.02, what="first windows")
         open(trigger, "w").close()
@@ -367,7 +353,7 @@ def test_collector_killed_and_restarted(job, tmp_path, sig):
     args = ("--grace-ms", "10", "--banks", "64", "--max-ranks", "8", "--max-stats", "8", "--status-interval", "0")
     coll = start_collector(job, "--handler", f"*=jsonl:{out1}", *args)
     stop = str(tmp_path / "stop")
-    ranks = [_spawn(idle_adder, job, r, WINDOW_MS, str(tmp_path / f"r{r}.json"), stop, None, False, True)
+    ranks = [spawn(idle_adder, job, r, WINDOW_MS, str(tmp_path / f"r{r}.json"), stop, None, False, True)
              for r in range(2)]
     try:
         wait_for(lambda: all(len(v) > 20 for v in _metric_values(read_jsonl(out1)).values())
@@ -438,7 +424,7 @@ def test_subscriber_that_stops_reading_bounds_collector_memory_and_never_blocks_
         baseline = max(rss.samples[-5:])
         start = str(tmp_path / "start")
         seconds = 2.0
-        procs = [_spawn(load_worker, job, r, 4, seconds, WINDOW_MS, str(tmp_path / f"r{r}.json"), 2, start)
+        procs = [spawn(load_worker, job, r, 4, seconds, WINDOW_MS, str(tmp_path / f"r{r}.json"), 2, start)
                  for r in range(4)]
         t0 = time.monotonic()
         open(start, "w").close()
@@ -475,13 +461,13 @@ def test_rank_restarted_under_the_same_rank_number(job, tmp_path):
     try:
         sub.wait_flowing()
         stop1, stop2 = str(tmp_path / "stop1"), str(tmp_path / "stop2")
-        first = _spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "a.json"), stop1, None, True, True)
+        first = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "a.json"), stop1, None, True, True)
         wait_for(lambda: len(read_jsonl(out)) > 5, 30, 0.02, what="first incarnation's windows")
         open(stop1, "w").close()
         wait_for(lambda: os.path.exists(str(tmp_path / "a.json")), 30, what="first incarnation's report")
         os.kill(first.pid, signal.SIGKILL)
         first.join(10)
-        second = _spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "b.json"), stop2, None, False, True)
+        second = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "b.json"), stop2, None, False, True)
         wait_for(lambda: any(x["state"] == "joined" and x["incarnation"] == 2 for x in sub.lifecycle), 30,
                  what="second incarnation joined")
         time.sleep(0.2)  # let it add across a few windows
@@ -582,7 +568,7 @@ def test_subscriber_of_a_restarted_collector_misses_no_event(job, tmp_path):
     coll = start_collector(job, *args)
     sub = Subscriber(pub, (b"event/",), reconnect_ivl_ms=10)
     stop = str(tmp_path / "stop")
-    ranks = [_spawn(load_worker, job, r, 2, 120.0, WINDOW_MS, str(tmp_path / f"r{r}.json"), 4, None, None, stop, 16)
+    ranks = [spawn(load_worker, job, r, 2, 120.0, WINDOW_MS, str(tmp_path / f"r{r}.json"), 4, None, None, stop, 16)
              for r in range(2)]
     try:
         wait_for(lambda: sub.received("event") > 2000, 30, 0.01, what="events before the restart")

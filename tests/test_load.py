@@ -11,19 +11,10 @@ import os
 import pytest
 from _faultkit import RssSampler, Subscriber, counts_from, load_worker, read_json, rows_by_rank_window
 from _procs import read_jsonl, start_collector
-from _support import unique_job, wait_for
-
-from shmstat.segment import Segment
+from _support import wait_for
 
 RANKS = 8
 WINDOW_MS = 100
-
-
-@pytest.fixture
-def job():
-    name = unique_job("load")
-    yield name
-    Segment.unlink(name)
 
 
 def _run_load(job: str, tmp_path, seconds: float) -> None:

@@ -8,18 +8,10 @@ import stat
 import psutil
 import pytest
 from _procs import start_collector
-from _support import unique_job
 
 from collector import Collector, CollectorConfig
 from shmstat.runtime import runtime_dir
 from shmstat.segment import Segment
-
-
-@pytest.fixture
-def job():
-    name = unique_job("sec")
-    yield name
-    Segment.unlink(name)
 
 
 def _mode(path: str) -> int:

@@ -7,19 +7,11 @@ import stat as st
 import struct
 
 import pytest
-from _support import unique_job
 
 from shmstat import layout as L
 from shmstat.errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
 from shmstat.runtime import segment_name, validate_job
 from shmstat.segment import RankAttachment, Segment
-
-
-@pytest.fixture
-def job():
-    name = unique_job()
-    yield name
-    Segment.unlink(name)
 
 
 def test_created_owner_only_with_header(job):

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import random
 
 import pytest
-from _support import MS, FakeClock, unique_job
+from _support import MS, FakeClock
 
 from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
@@ -18,14 +18,6 @@ from shmstat.stat import Stat
 
 ALL = [A.VALUE, A.MEAN, A.COUNT, A.SUM, A.MAX, A.MIN]
 FAR_FUTURE = 1 << 62
-
-
-@pytest.fixture
-def job():
-    name = unique_job()
-    yield name
-    shutdown()
-    Segment.unlink(name)
 
 
 def expected_windows(samples, window_ms):
