@@ -181,6 +181,12 @@ class Relay:
             self.xsub.send(wire.HANDOVER_REQUEST, zmq.NOBLOCK)
         self.ranks_subscribed = False
 
+    def unsubscribe(self) -> None:
+        """Withdraw the subscription: a rank that connects from now on is not asked to send."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(b"\x00", zmq.NOBLOCK)
+        self.ranks_subscribed = False
+
     def senders(self) -> set[tuple[int, int, int]]:
         """Every (rank, pid, incarnation) that sent this collector something."""
         return set(self._next_seq)
@@ -191,9 +197,10 @@ class Relay:
         if xsub is not None:
             with contextlib.suppress(Exception):
                 xsub.send(b"\x00", zmq.NOBLOCK)
-        for sock in (getattr(self, "xsub", None), getattr(self, "xpub", None)):
+        # what subscribers were sent last (the final windows) gets a second to leave; a stuck one costs that
+        for sock, linger_ms in ((getattr(self, "xsub", None), 200), (getattr(self, "xpub", None), 1000)):
             if sock is not None:
                 with contextlib.suppress(Exception):
-                    sock.close(linger=200)
+                    sock.close(linger=linger_ms)
         with contextlib.suppress(Exception):
             self.ctx.term()
