@@ -228,45 +228,17 @@ class Collector:
                 self.segment.set_collector(0, self.clock())
         self._release()
 
-    def _drain_ingest(self, budget_s: float = 3.0, quiet_s: float = 0.1) -> None:
-        """Ask the ranks for the hand-over (their publishers then hold new items for the next collector) and
-        take what they sent before. Every sender answers with a hand-over marker behind its last message (a
-        closed publisher sent one already); wait for the markers of live ranks (asking again, for a rank that
-        connected meanwhile), and for a quiet socket if some other sender has not sent one, at most
-        ``budget_s``. Then unsubscribe (a rank connecting now is not asked to send) and take the stragglers."""
+    def _drain_ingest(self) -> None:
+        """The hand-over (:meth:`Relay.hand_over`): the ranks' last messages, put metrics dispatched."""
         assert self.relay is not None
-        relay = self.relay
-        relay.request_handover()
-        start = asked = time.monotonic()
-        deadline = start + budget_s
-        quiet_since = start
-        while True:
-            got = self._take_ingest()
-            now = time.monotonic()
-            if got:
-                quiet_since = now
-            unmarked = relay.senders() - relay.held
-            active = {(r.rank, r.pid, r.incarnation) for r in self.scanner.refresh() if r.state == RankState.ACTIVE}
-            live = any(pid_alive(k[1]) for k in unmarked & active)  # others: a quiet socket is enough
-            if (not unmarked or (not live and now - quiet_since >= quiet_s)) or now >= deadline:
-                break
-            if live and now - asked >= 0.05:
-                relay.request_handover()  # idempotent for ranks that answered already
-                asked = now
-            self.poller.poll(5)
-        relay.unsubscribe()
-        while self.poller.poll(20) and time.monotonic() < deadline + 1.0:
-            self._take_ingest()
 
-    def _take_ingest(self) -> bool:
-        """Take every waiting message (dispatching put metrics); whether there was any."""
-        assert self.relay is not None
-        got = False
-        for msg in self.relay.receive(limit=100_000, max_items=1 << 62):
-            got = True
+        def live_ranks() -> set[tuple[int, int, int]]:
+            return {(r.rank, r.pid, r.incarnation) for r in self.scanner.refresh()
+                    if r.state == RankState.ACTIVE and pid_alive(r.pid)}
+
+        for msg in self.relay.hand_over(live_ranks):
             if msg.kind == "metric":
                 self._dispatch_put_metrics(msg)
-        return got
 
     def close(self) -> None:
         """Same as :meth:`shutdown` (idempotent)."""

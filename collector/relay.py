@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import zmq
@@ -180,6 +181,41 @@ class Relay:
         with contextlib.suppress(zmq.ZMQError):
             self.xsub.send(wire.HANDOVER_REQUEST, zmq.NOBLOCK)
         self.ranks_subscribed = False
+
+    def hand_over(self, live_ranks: Callable[[], set[tuple[int, int, int]]], budget_s: float = 3.0,
+                  quiet_s: float = 0.1) -> Iterator[wire.WireMessage]:
+        """Before closing: ask the ranks for the hand-over and yield what they sent before answering.
+
+        Every publisher answers with a marker behind its last message (a closed one sent it already). Waits for
+        the markers of ``live_ranks()`` (``(rank, pid, incarnation)`` of ranks alive and registered), asking
+        again every 50 ms for one that connected meanwhile, and for ``quiet_s`` of silence if some other sender
+        has not answered; at most ``budget_s``. Then unsubscribes (a rank connecting now is not asked to send)
+        and yields the stragglers.
+        """
+        self.request_handover()
+        start = asked = time.monotonic()
+        deadline, quiet_since = start + budget_s, start
+        poller = zmq.Poller()
+        poller.register(self.xsub, zmq.POLLIN)
+        while True:
+            got = False
+            for msg in self.receive(limit=100_000, max_items=1 << 62):
+                got = True
+                yield msg
+            now = time.monotonic()
+            if got:
+                quiet_since = now
+            unmarked = self.senders() - self.held
+            waiting = bool(unmarked & live_ranks())
+            if not unmarked or (not waiting and now - quiet_since >= quiet_s) or now >= deadline:
+                break
+            if waiting and now - asked >= 0.05:
+                self.request_handover()  # idempotent for ranks that answered already
+                asked = now
+            poller.poll(5)
+        self.unsubscribe()
+        while poller.poll(20) and time.monotonic() < deadline + 1.0:
+            yield from self.receive(limit=100_000, max_items=1 << 62)
 
     def unsubscribe(self) -> None:
         """Withdraw the subscription: a rank that connects from now on is not asked to send."""
