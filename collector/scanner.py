@@ -233,10 +233,18 @@ class Scanner:
                 fs, fdata, fcount = fs[wanted], fdata[wanted], fcount[wanted]
             if len(fs):
                 self._collect(t, idx[fs], fdata, fcount, collected)
+        held: dict[int, int] = {}  # key id -> first window a live writer's torn bank holds back
         for pos in np.flatnonzero(slow).tolist():
-            self._read_python(t, int(idx[pos]), now_ns, final, result, collected, skipped, pend_idx, pend_wid,
-                              wanted_group)
-        self._pending = (np.concatenate(pend_idx), np.concatenate(pend_wid))
+            i = int(idx[pos])
+            safe_wid = self._read_python(t, i, now_ns, final, result, collected, skipped, pend_idx, pend_wid,
+                                         wanted_group)
+            if safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
+                kid = int(t.key_id[i])
+                held[kid] = min(held.get(kid, safe_wid + 1), safe_wid + 1)
+        pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)
+        if held:
+            pend_w = self._hold_back(t, held, collected, skipped, pend_i, pend_w, result)
+        self._pending = (pend_i, pend_w)
         if skipped:
             ks = np.concatenate([k for k, _ in skipped])
             ws = np.concatenate([w for _, w in skipped])
@@ -251,6 +259,33 @@ class Scanner:
             merged = merge_all(s for _, _, s in parts)
             result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(parts)))
             result.rows.extend(WindowRow(group, name, w, window_ms, mask, rank, s) for rank, _, s in parts)
+
+    @staticmethod
+    def _hold_back(t: _Table, held: dict[int, int],
+                   collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
+                   skipped: list[tuple[np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
+                   result: ScanResult) -> np.ndarray:
+        """A live writer stalled mid-add (torn bank) holds back, for every rank, the windows of its stat from the
+        one it is writing on, so that each merged window is still emitted once and whole; stalls of K-2 windows
+        or more are not waited for (the others' windows must not be overwritten meanwhile). Drops those windows
+        from this pass and returns the watermarks clamped below them (never below where they were)."""
+        key_ids: dict[StatKey, int] = {}
+        for slot_i, slot in enumerate(t.slots):
+            d = slot.desc
+            key_ids.setdefault((d.group, d.name, d.window_ms, d.agg_mask), int(t.key_id[slot_i]))
+        for key, w in list(collected):
+            first = held.get(key_ids[key])
+            if first is not None and w >= first:
+                parts = collected.pop((key, w))
+                result.windows_read -= len(parts)  # read again, and counted then
+                result.torn -= sum(p[2].torn for p in parts)
+        for n, (ks, ws) in enumerate(skipped):
+            keep = np.array([w < held.get(int(k), w + 1) for k, w in zip(ks.tolist(), ws.tolist(), strict=True)],
+                            bool)
+            result.windows_read -= int((~keep).sum())
+            skipped[n] = (ks[keep], ws[keep])
+        limit = np.array([held.get(int(k), 1 << 62) - 1 for k in t.key_id[pend_i].tolist()], np.int64)
+        return np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
 
     def _read_banks(self, grow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
@@ -303,8 +338,9 @@ class Scanner:
     def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
                      collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
                      skipped: list[tuple[np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
-                     pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> None:
-        """One slot the slow way (a bank stayed torn): :meth:`SegmentReader.read_slot` decides."""
+                     pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> int:
+        """One slot the slow way (a bank stayed torn): :meth:`SegmentReader.read_slot` decides. Returns the
+        newest window of the slot that is settled (emitted now or before)."""
         slot = t.slots[i]
         desc, after = slot.desc, int(t.after[i])
         wns = desc.window_ns
@@ -325,6 +361,7 @@ class Scanner:
         if read.safe_wid > after:
             pend_idx.append(np.array([i], np.int64))
             pend_wid.append(np.array([read.safe_wid], np.int64))
+        return read.safe_wid
 
     def commit(self) -> None:
         """Record in the segment that the last scan's windows were emitted."""

@@ -181,6 +181,39 @@ def test_torn_bank_of_a_stopped_live_writer_is_held_then_flagged_once_it_dies(jo
         sleeper.wait()
 
 
+def test_a_stalled_writer_holds_back_the_merged_window_so_it_is_emitted_once_and_whole(job):
+    wms = 500  # long windows: the test's rounds stay well inside the K-2 windows a stall is waited for
+    aggs = to_mask([A.COUNT, A.SUM, A.MIN, A.MAX])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    seg = Segment.open(job, geometry=L.Geometry(4, 4, 8))
+    try:
+        stalled = RankAttachment.register(seg, rank=3, local_rank=0, pid=sleeper.pid)
+        healthy = RankAttachment.register(seg, rank=4, local_rank=1)
+        w = time.time_ns() // (wms * MS) - 1
+        for att, seq, total in ((stalled, 7.0, 3.0), (healthy, 10.0, 5.0)):  # stalled mid-add: 3 complete samples
+            i = att.allocate_stat("torn", "faults", wms, 2**63 - 1, aggs)
+            off = seg.geometry.slot_offset(att.local_rank, i) + (w % seg.geometry.banks) * L.BANK_SIZE
+            struct.pack_into("<dqddddqQ", seg.buf, off, seq, w, total, 1.0, 1.0, 1.0, w * wms * MS, att.incarnation)
+        coll, rec = _in_process_collector(job)
+        try:
+            wait_for(lambda: time.time_ns() >= (w + 1) * wms * MS + 20 * MS, 5, what="the window's end")
+            for _ in range(3):
+                _step_until(coll, lambda: True)
+            assert rec.windows("torn", wms) == {}  # the healthy rank's window waits with the stalled one
+            sleeper.kill()
+            sleeper.wait()
+            _step_until(coll, lambda: (None, w) in rec.windows("torn", wms), what="the merged window")
+            merged = [md.value for md in rec.rows if md.name == "torn.count" and md.rank is None]
+            assert merged == [8.0]  # once, both ranks
+            assert rec.windows("torn", wms)[(None, w)]["torn"]
+        finally:
+            coll.shutdown()
+    finally:
+        seg.close()
+        sleeper.kill()
+        sleeper.wait()
+
+
 # ----------------------------------------------------------------------------------- SIGKILL while adding
 
 

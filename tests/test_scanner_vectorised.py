@@ -61,25 +61,37 @@ def _populate(seg: Segment, rng: random.Random, now_ns: int) -> None:
 
 
 def _reference(seg: Segment, now_ns: int, grace_ns: int, final: bool):
-    """The slot-by-slot pass (the scanner's rules before it was vectorised)."""
+    """The slot-by-slot pass (the scanner's rules before it was vectorised), plus the hold-back of a stat's
+    windows behind a live writer's torn bank."""
     reader = SegmentReader(seg)
     by_key: dict = {}
-    windows = overwritten = torn = 0
+    overwritten = 0
     safe: dict[tuple[int, int], int] = {}
+    held: dict = {}  # key -> first window a live writer's torn bank holds back (a stall under K-2 windows)
+    slots = []
     for info in reader.ranks():
         for desc in reader.descriptors(info.local_rank):
             wns = desc.window_ns
             at = now_ns if not final else (now_ns // wns + 2) * wns + grace_ns
             alive = False if info.state == L.RankState.DIED else None
             read = reader.read_slot(info, desc, at, grace_ns, desc.emitted_wid, writer_alive=alive)
+            key = (desc.group, desc.name, desc.window_ms, desc.agg_mask)
             overwritten += read.overwritten
-            for w in read.windows:
-                key = (desc.group, desc.name, desc.window_ms, desc.agg_mask)
-                by_key.setdefault((key, w.wid), []).append(w)
-                windows += 1
-                torn += w.torn
-            if read.safe_wid > desc.emitted_wid:
-                safe[(info.local_rank, desc.index)] = read.safe_wid
+            newest = (at - grace_ns) // wns - 1
+            if read.safe_wid < newest and newest - read.safe_wid < seg.geometry.banks - 2:
+                held[key] = min(held.get(key, read.safe_wid + 1), read.safe_wid + 1)
+            slots.append((info, desc, key, read))
+    windows = torn = 0
+    for info, desc, key, read in slots:
+        limit = held.get(key, 1 << 62)
+        for w in read.windows:
+            if w.wid >= limit:
+                continue
+            by_key.setdefault((key, w.wid), []).append(w)
+            windows += 1
+            torn += w.torn
+        if min(read.safe_wid, limit - 1) > desc.emitted_wid:
+            safe[(info.local_rank, desc.index)] = min(read.safe_wid, limit - 1)
     rows = []
     for (key, wid) in sorted(by_key, key=lambda k: (k[1], k[0])):
         group, name, window_ms, mask = key
