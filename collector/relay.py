@@ -229,10 +229,8 @@ class Relay:
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""
-        xsub = getattr(self, "xsub", None)
-        if xsub is not None:
-            with contextlib.suppress(Exception):
-                xsub.send(b"\x00", zmq.NOBLOCK)
+        if getattr(self, "xsub", None) is not None:
+            self.unsubscribe()
         # what subscribers were sent last (the final windows) gets a second to leave; a stuck one costs that
         for sock, linger_ms in ((getattr(self, "xsub", None), 200), (getattr(self, "xpub", None), 1000)):
             if sock is not None:

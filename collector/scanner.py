@@ -79,6 +79,8 @@ class _Table:
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
         keys: dict[StatKey, int] = {}
+        self.keys = keys
+        """Stat key -> its id in :attr:`key_id`."""
         groups: dict[str, int] = {}
         self.key_id = np.fromiter(
             (keys.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), len(keys)) for s in slots),
@@ -269,12 +271,8 @@ class Scanner:
         one it is writing on, so that each merged window is still emitted once and whole; stalls of K-2 windows
         or more are not waited for (the others' windows must not be overwritten meanwhile). Drops those windows
         from this pass and returns the watermarks clamped below them (never below where they were)."""
-        key_ids: dict[StatKey, int] = {}
-        for slot_i, slot in enumerate(t.slots):
-            d = slot.desc
-            key_ids.setdefault((d.group, d.name, d.window_ms, d.agg_mask), int(t.key_id[slot_i]))
         for key, w in list(collected):
-            first = held.get(key_ids[key])
+            first = held.get(t.keys[key])
             if first is not None and w >= first:
                 parts = collected.pop((key, w))
                 result.windows_read -= len(parts)  # read again, and counted then

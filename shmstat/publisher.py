@@ -509,7 +509,6 @@ class Publisher:
                     self._send_held(sock)
                 self._handed_over = True
             self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
-        self._subscribed = b"" in prefixes and not self._handed_over
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
