@@ -315,7 +315,9 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     flushed = pub.flush(20.0) if pub is not None else True
     _write_json(out_path, {"counts": {str(k): v for k, v in counts.items()}, "adds": n, "events": events,
                            "pub": _publisher_stats(), "flushed": flushed, "pid": os.getpid()})
-    shmstat.shutdown()
+    # flushed means handed to zmq: up to SNDHWM messages may still wait in its pipe for a collector that is
+    # busy with the other ranks' floods; give the close the time to have them acknowledged (default 2 s)
+    shmstat.shutdown(flush_timeout_s=30.0)
 
 
 def idle_adder(job: str, rank: int, window_ms: int, out_path: str, stop_path: str, report_path: str | None = None,
