@@ -16,6 +16,8 @@ from .errors import ConfigError, SegmentError
 __all__ = [
     "MAX_JOB_LEN",
     "ingest_endpoint",
+    "lock_path",
+    "publish_endpoint",
     "runtime_dir",
     "segment_name",
     "semaphore_name",
@@ -71,3 +73,14 @@ def runtime_dir() -> str:
 def ingest_endpoint(job: str) -> str:
     """The ``ipc://`` endpoint where the job's collector receives events and metrics from the ranks."""
     return f"ipc://{os.path.join(runtime_dir(), validate_job(job))}.ingest"
+
+
+def publish_endpoint(job: str) -> str:
+    """The collector's default ``ipc://`` endpoint for subscribers (owner-only: it lives in the 0700 runtime dir)."""
+    return f"ipc://{os.path.join(runtime_dir(), validate_job(job))}.publish"
+
+
+def lock_path(job: str) -> str:
+    """The file whose ``flock`` serialises creation and registration in the job's segment (next to it in
+    ``/dev/shm``; the kernel drops the lock of a process that dies)."""
+    return f"/dev/shm/shmstat.{validate_job(job)}.lock"

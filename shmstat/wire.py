@@ -54,6 +54,7 @@ __all__ = [
     "HANDOVER_REQUEST",
     "HELD_TOPIC",
     "KINDS",
+    "MAX_EVENT_BYTES",
     "MAX_PAYLOAD",
     "MAX_TOPIC",
     "WIRE_VERSION",
@@ -71,6 +72,10 @@ WIRE_VERSION: Final = 1
 
 MAX_PAYLOAD: Final = 16 * 1024 * 1024
 """Largest payload frame in bytes; :func:`decode` refuses larger ones unread, :func:`encode` refuses to build them."""
+
+MAX_EVENT_BYTES: Final = 1024 * 1024
+"""Largest single event or metric item a rank accepts (its encoded size, name and data included); larger ones
+are refused at ``log_event`` with a clear error. Bounds what one item can cost every buffer on its way."""
 
 MAX_TOPIC: Final = 4096
 """Largest topic frame in bytes."""
