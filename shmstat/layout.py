@@ -86,15 +86,19 @@ __all__ = [
     "HEADER_SIZE",
     "LAYOUT_VERSION",
     "MAGIC",
+    "MAX_GRACE_MS",
     "MAX_GROUP_BYTES",
     "MAX_NAME_BYTES",
+    "MAX_WINDOW_MS",
     "RANK_ENTRY_SIZE",
+    "RING_BUDGET_MS",
     "BankSnapshot",
     "Geometry",
     "Header",
     "RankInfo",
     "RankState",
     "StatDescriptor",
+    "min_window_ms",
 ]
 
 MAGIC = b"SHMSTAT\x00"
@@ -110,6 +114,22 @@ MAX_GROUP_BYTES = 48
 DEFAULT_MAX_RANKS = 64
 DEFAULT_MAX_STATS = 512
 DEFAULT_BANKS = 4
+
+# Window lengths a shared-memory stat may have. Bank ``w % K`` of window ``w`` is reused by window ``w + K``,
+# which starts ``(K - 1)`` windows after ``w`` ended; the collector reads ``w`` once it ended plus its grace.
+# So a window must satisfy ``(K - 2) * window >= RING_BUDGET_MS`` with the grace at most ``MAX_GRACE_MS``: the
+# collector then has at least ``RING_BUDGET_MS - MAX_GRACE_MS`` (50 ms) plus a whole window to read it, and a
+# writer stalled mid-add can be waited for up to K-2 windows. The upper bound keeps every window id and end in
+# int64 nanoseconds with room to spare and a window short enough to watch (one hour).
+RING_BUDGET_MS = 100
+MAX_GRACE_MS = 50
+MAX_WINDOW_MS = 3600 * 1000
+
+
+def min_window_ms(banks: int) -> int:
+    """The shortest window (ms) a stat in a segment of ``banks`` banks per slot may have (see above)."""
+    return max(1, -(-RING_BUDGET_MS // max(1, banks - 2)))
+
 
 # Header fields (byte offsets).
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
