@@ -3,15 +3,17 @@ the collector is restarted; at the end every sample and event is accounted for.
 
     python scripts/soak.py --minutes 10 [--ranks 4] [--seed 1]
 
-Each rank adds 1.0 to Stat ``soak`` in a training-like loop and logs an event every few adds. It keeps, in a
-small file it maps, how many samples it added per window and what its publisher did (logged, sent, dropped):
-the file outlives a SIGKILL, so the tally of a killed rank is known. The collector writes every window to a
+Each rank adds 1.0 to Stat ``soak`` in a training-like loop from two threads sharing the Stat, logs an event
+every few adds, and keeps a DataLoader-style worker running (spawned, inheriting the rank's environment,
+re-created every few seconds) that adds through Stats it re-creates on every step, keeping only the bound
+``add``. Every adder keeps, in a small file it maps, how many samples it added per window (and the rank what its
+publisher did: logged, sent, dropped): the file outlives a SIGKILL, so the tally of a killed rank is known. The collector writes every window to a
 jsonl file (one per collector run); the subscriber (a thread here) tracks every event by its per-rank wire
 sequence number. At the end:
 
 - samples: per (rank, window), emitted counts equal the added counts. ``lost`` counts samples added but never
-  emitted; ``extra`` counts samples emitted but not tallied (at most the one add in flight when a rank was
-  killed, so extra <= kills);
+  emitted; ``extra`` counts samples emitted but not tallied (at most the add in flight in each of a killed
+  rank's two threads, so extra <= 2 * kills);
 - events: per rank incarnation, every sequence number below the highest one received arrived, except the
   drops the rank's publisher counted. Events still queued inside a rank when it was killed die with it
   (counted as ``died with a rank``, not lost).
@@ -46,7 +48,7 @@ import zmq  # noqa: E402
 from shmstat import wire  # noqa: E402
 
 WINDOW_MS = 100
-GRACE_MS = 250  # generous: up to 1 + 2 * ranks busy processes share the cores
+GRACE_MS = 50  # the most a collector allows (shmstat.layout.MAX_GRACE_MS)
 ADDS_PER_EVENT = 32
 # tally file: int64 words
 T_ADDS, T_LOGGED, T_SENT, T_DROPPED, T_PID, T_DONE = range(6)
@@ -56,42 +58,112 @@ T_HEADER = 8
 # ------------------------------------------------------------------------------------------------ rank worker
 
 
+def _tally(path: str, slots: int) -> memoryview:
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), (T_HEADER + 2 * slots) * 8)
+    return memoryview(mm).cast("q")
+
+
+def _count(words: memoryview, wid: int, slots: int) -> None:
+    i = T_HEADER + 2 * (wid % slots)
+    if words[i] != wid:
+        words[i + 1] = 0
+        words[i] = wid
+    words[i + 1] += 1
+    words[T_ADDS] += 1
+
+
+def _new_stat(clock: object) -> object:
+    """What a training helper does: build the Stat again on every call (same name, same slot)."""
+    import shmstat
+
+    return shmstat.Stat("soak", [shmstat.Aggregation.COUNT, shmstat.Aggregation.SUM], WINDOW_MS / 1000,
+                        group="soak", clock=clock)
+
+
+def worker_main(tally_path: str, slots: int, stop_path: str, parent: int, seconds: float) -> None:
+    """A DataLoader-style worker (spawned, inheriting the rank's environment): adds through Stats it re-creates,
+    as a writer of its rank, for ``seconds`` or until its rank is gone (SIGKILLed) or the soak stops."""
+    words = _tally(tally_path, slots)
+    words[T_PID] = os.getpid()
+    now = [0]
+    wns = WINDOW_MS * 1_000_000
+    rng = random.Random(os.getpid())
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and os.getppid() == parent and not os.path.exists(stop_path):
+        add = _new_stat(lambda: now[0]).add  # only the bound method is kept
+        for _ in range(rng.randint(20, 200)):
+            t = time.time_ns()
+            now[0] = t
+            add(1.0)
+            _count(words, t // wns, slots)
+        time.sleep(rng.uniform(0.001, 0.005))
+    words[T_DONE] = 1
+
+
 def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop_path: str) -> None:
-    """One rank: add and log events until ``stop_path`` appears, keeping the tally file current."""
+    """One rank: the main thread and a second thread add to one Stat and log events, a DataLoader-style worker
+    is (re)started every few seconds, until ``stop_path`` appears; every adder keeps its own tally file
+    (``<tally>.t<n>`` for threads, ``<tally>.w<n>`` for workers) current."""
     import datetime
 
     import shmstat
+    os.environ.update(SHMSTAT_JOB=job, SHMSTAT_RANK=str(rank), SHMSTAT_LOCAL_RANK=str(rank),
+                      SHMSTAT_WORLD_SIZE=str(world))
     shmstat.init(job, rank=rank, local_rank=rank, world_size=world)
-    with open(tally_path, "r+b") as f:
-        mm = mmap.mmap(f.fileno(), (T_HEADER + 2 * slots) * 8)
-    words = memoryview(mm).cast("q")
+    words = _tally(tally_path, slots)
     words[T_PID] = os.getpid()
-    cur = [0]
-    stat = shmstat.Stat("soak", [shmstat.Aggregation.COUNT, shmstat.Aggregation.SUM], WINDOW_MS / 1000,
-                        group="soak", clock=lambda: cur[0])
+    local = threading.local()
+    stat = _new_stat(lambda: local.t)
     event = shmstat.Event("soak.step", datetime.datetime.now(datetime.timezone.utc), {"rank": rank})
     wns = WINDOW_MS * 1_000_000
+    stopping = threading.Event()
+
+    def second_thread() -> None:
+        tw = _tally(_new_tally(f"{tally_path}.t1", slots), slots)
+        tw[T_PID] = os.getpid()
+        rng = random.Random(os.getpid() + 1)
+        while not stopping.is_set():
+            for _ in range(rng.randint(20, 200)):
+                t = time.time_ns()
+                local.t = t
+                stat.add(1.0)
+                _count(tw, t // wns, slots)
+            time.sleep(rng.uniform(0.0005, 0.003))
+        tw[T_DONE] = 1
+
+    helper = threading.Thread(target=second_thread, daemon=True)
+    helper.start()
+    ctx = mp.get_context("spawn")
+    workers = 0
+    worker: mp.process.BaseProcess | None = None
     rng = random.Random(os.getpid())
     n = 0
     while not os.path.exists(stop_path):
+        if worker is None or not worker.is_alive():
+            if worker is not None:
+                worker.join()
+            workers += 1
+            path = _new_tally(f"{tally_path}.w{workers}", slots)
+            worker = ctx.Process(target=worker_main, args=(path, slots, stop_path, os.getpid(),
+                                                           rng.uniform(1.0, 4.0)))
+            worker.start()
         for _ in range(rng.randint(50, 400)):  # a step's worth of adds, then "compute"
             t = time.time_ns()
-            cur[0] = t
+            local.t = t
             stat.add(1.0)
-            wid = t // wns
-            i = T_HEADER + 2 * (wid % slots)
-            if words[i] != wid:
-                words[i + 1] = 0
-                words[i] = wid
-            words[i + 1] += 1
+            _count(words, t // wns, slots)
             n += 1
-            words[T_ADDS] = n
             if n % ADDS_PER_EVENT == 0:
                 shmstat.log_event(event)
                 words[T_LOGGED] += 1
         st = shmstat.stats()
         words[T_SENT], words[T_DROPPED] = st.events_sent, st.events_dropped
         time.sleep(rng.uniform(0.0005, 0.003))
+    stopping.set()
+    helper.join()
+    if worker is not None:
+        worker.join(60)
     from shmstat import _state
 
     if _state.STATE.publisher is not None:
@@ -100,7 +172,12 @@ def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop
     words[T_SENT], words[T_DROPPED] = st.events_sent, st.events_dropped
     words[T_DONE] = 1
     shmstat.shutdown()
-    shmstat.shutdown()
+
+
+def _new_tally(path: str, slots: int) -> str:
+    with open(path, "wb") as f:
+        f.truncate((T_HEADER + 2 * slots) * 8)
+    return path
 
 
 @dataclass
@@ -110,6 +187,12 @@ class Incarnation:
     tally_path: str
     proc: mp.process.BaseProcess
     killed: bool = False
+
+
+def adder_tallies(path: str) -> list[str]:
+    """The tally files of a rank incarnation's other adders (its second thread and its workers)."""
+    d, base = os.path.split(path)
+    return sorted(os.path.join(d, n) for n in os.listdir(d) if n.startswith(base + ".t") or n.startswith(base + ".w"))
 
 
 def read_tally(path: str, slots: int) -> tuple[list[int], dict[int, int]]:
@@ -208,7 +291,7 @@ class CollectorRuns:
         self.outputs.append(out)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "collect", "--job", self.job, "--publish", self.publish,
-             "--handler", f"*=jsonl:{out}", "--grace-ms", str(GRACE_MS), "--banks", "64", "--max-ranks", "16",
+             "--handler", f"*=jsonl:{out}", "--grace-ms", str(GRACE_MS), "--banks", "64", "--max-ranks", "32",
              "--max-stats", "16", "--status-interval",
              "0"],
             cwd=REPO, stdout=subprocess.PIPE, text=True,
@@ -319,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                 restarts += 1
                 next_restart = now + rng.expovariate(1 / args.restart_every)
             if now >= next_report:
-                adds = sum(read_tally(i.tally_path, slots)[0][T_ADDS] for i in incarnations)
+                adds = sum(read_tally(p, slots)[0][T_ADDS] for i in incarnations
+                           for p in [i.tally_path, *adder_tallies(i.tally_path)])
                 print(f"soak: {now - t0:6.0f} s  adds {adds:>11,}  events received {tracker.received:>9,}  "
                       f"rank kills {kills}  collector restarts {restarts}  collector peak RSS "
                       f"{coll.peak_rss / 2**20:.0f} MiB", flush=True)
@@ -356,11 +440,15 @@ def report(incarnations: list[Incarnation], coll: CollectorRuns, tracker: EventT
     # samples
     added: dict[tuple[int, int], int] = defaultdict(int)
     logged = sent = dropped = died_with_rank = ev_lost = ev_received = duplicates = 0
-    unfinished = 0
+    unfinished = adders = 0
     for inc in incarnations:
         header, counts = read_tally(inc.tally_path, slots)
         for wid, n in counts.items():
             added[(inc.rank, wid)] += n
+        for extra_path in adder_tallies(inc.tally_path):
+            adders += 1
+            for wid, n in read_tally(extra_path, slots)[1].items():
+                added[(inc.rank, wid)] += n
         logged += header[T_LOGGED]
         dropped += header[T_DROPPED]
         distinct, dups, top = tracker.stream(header[T_PID])
@@ -398,14 +486,15 @@ def report(incarnations: list[Incarnation], coll: CollectorRuns, tracker: EventT
     lost = sum(max(0, n - emitted.get(k, 0)) for k, n in added.items())
     extra = sum(max(0, n - added.get(k, 0)) for k, n in emitted.items())
     total_added = sum(added.values())
-    print(f"\nsoak done after {seconds / 60:.1f} min: {len(incarnations)} rank incarnations, {kills} rank kills, "
+    print(f"\nsoak done after {seconds / 60:.1f} min: {len(incarnations)} rank incarnations ({adders} more "
+          f"adders: second threads and DataLoader-style workers), {kills} rank kills, "
           f"{restarts} collector restarts, collector exit {collector_exit}")
     print(f"  samples: added {total_added:,}  emitted {sum(emitted.values()):,}  lost {lost}  extra {extra} "
-          f"(in flight at a kill, allowed <= {kills})  windows emitted twice {repeats}  torn windows {torn}")
+          f"(in flight at a kill, allowed <= {2 * kills})  windows emitted twice {repeats}  torn windows {torn}")
     print(f"  events:  logged {logged:,}  sent {sent:,}  received {ev_received:,}  dropped (counted) {dropped:,}  "
           f"died with a rank {died_with_rank:,}  lost {ev_lost}  duplicates {duplicates}")
     print(f"  collector peak RSS {coll.peak_rss / 2**20:.0f} MiB over {len(coll.outputs)} runs")
-    ok = lost == 0 and ev_lost == 0 and extra <= kills and repeats == 0 and collector_exit == 0 and not unfinished
+    ok = lost == 0 and ev_lost == 0 and extra <= 2 * kills and repeats == 0 and collector_exit == 0 and not unfinished
     print("soak: OK, nothing lost" if ok else "soak: FAILED")
     return 0 if ok else 1
 
