@@ -32,11 +32,11 @@ _LOCK_TIMEOUT_S = 3.0
 
 def pid_alive(pid: int) -> bool:
     """True if a process with this pid exists (zombies count as alive until reaped)."""
-    if pid <= 0:
+    if not 0 < pid < 1 << 31:  # a pid beyond what the kernel hands out (garbage in a segment)
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True

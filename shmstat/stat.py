@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import math
 import os
 import time
 import weakref
@@ -40,18 +41,24 @@ Clock = Callable[[], int]
 
 
 def _window_ns(window_size: Any) -> int:
+    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one outside 1 ms..1 h."""
     if isinstance(window_size, _dt.timedelta):
         ms = window_size // _dt.timedelta(milliseconds=1)
     elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
-        if window_size != window_size:
-            raise ConfigError("window_size is NaN; give a timedelta or seconds of at least 0.001")
-        ms = int(window_size * 1000) if window_size < 1e15 else 0
+        if not math.isfinite(window_size):
+            raise ConfigError(f"window_size {window_size!r} is not a finite number of seconds")
+        ms = int(window_size * 1000) if abs(window_size) < 1e15 else int(math.copysign(1e18, window_size))
     else:
         raise TypeError(
             f"window_size must be a datetime.timedelta or seconds as a float, not {type(window_size).__name__}"
         )
     if ms < 1:
         raise ConfigError(f"window_size {window_size!r} is under 1 ms; use a window of at least 1 ms")
+    if ms > L.MAX_WINDOW_MS:
+        raise ConfigError(
+            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS // 1000} s; "
+            "use a shorter window (log rarer values as events)"
+        )
     return ms * 1_000_000
 
 
@@ -261,6 +268,13 @@ class _SharedCore:
         seg, geo = att.segment, att.segment.geometry
         mask = to_mask(stat._aggs)
         window_ms = stat._window_ns // 1_000_000
+        shortest = L.min_window_ms(geo.banks)
+        if window_ms < shortest:
+            raise ConfigError(
+                f"window_size of {window_ms} ms is too short for job {att.segment.job!r}: with {geo.banks} banks "
+                f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
+                "use a longer window or a segment with more banks"
+            )
         self.index = att.allocate_stat(stat._name, stat._group, window_ms, stat._max_samples, mask)
         self.last = _Summary()
         self.attachment = att

@@ -42,7 +42,7 @@ from shmstat.runtime import segment_name
 from shmstat.segment import RankAttachment, Segment
 
 MS = 1_000_000
-WINDOW_MS = 40
+WINDOW_MS = 50
 
 
 class Recorder(MetricHandler):
