@@ -350,7 +350,7 @@ class Collector:
 
     def _print_status(self, ranks: list) -> None:
         c = self.counters()
-        active = sum(1 for r in ranks if r.state_name == "active")
+        active = sum(1 for r in ranks if r.state_name == "active" and not r.is_writer)
         print(
             f"shmstat collector: {active} ranks active, {c['windows_emitted']} windows, {c['events_relayed']} events, "
             f"{c['metrics_relayed']} metrics relayed, {c['frames_rejected']} frames rejected, "

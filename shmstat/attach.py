@@ -5,14 +5,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
 
 from . import _state
 from .errors import ConfigError
 from .identity import Identity, identity_from_env
 from .layout import Geometry
 from .publisher import Publisher
+from .rank import RankAttachment
 from .runtime import ingest_endpoint, validate_job
-from .segment import RankAttachment, Segment
+from .segment import Segment
 
 __all__ = ["ensure_init", "init", "shutdown"]
 
@@ -75,10 +77,22 @@ def init(
 
 
 def ensure_init() -> RankAttachment | None:
-    """The current attachment, attaching from the environment the first time it is asked."""
+    """The current attachment, attaching from the environment the first time it is asked.
+
+    In a process forked from an attached rank, the first call registers the child as a writer of that rank
+    (its own slots; the collector counts its samples in the rank's rows).
+    """
     st = _state.STATE
     if st.attachment is not None and st.attachment.pid == os.getpid():
         return st.attachment
+    if st.fork_owner is not None:
+        with st.lock:
+            if st.attachment is not None and st.attachment.pid == os.getpid():
+                return st.attachment
+            segment, owner = st.fork_owner
+            st.attachment = RankAttachment.register_writer(segment, owner_local_rank=owner)
+            st.fork_owner = None
+            return st.attachment
     if st.auto_init_done:
         return None
     with st.lock:
@@ -107,9 +121,13 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The child is not the registered rank: it must not write the parent's slots or use its socket.
-    # It keeps publishing events as the same rank under its own pid, on a socket of its own.
+    # The child is not the registered rank: it must not write the parent's slots or use its socket. It writes
+    # samples as a writer of the same rank (registered on first use) and publishes events as the same rank
+    # under its own pid, on a socket of its own.
     st = _state.STATE
+    parent = st.attachment
+    st.fork_owner = (parent.segment, parent.owner_local_rank) if parent is not None else None
+    st.lock = threading.RLock()  # a parent thread may have held it at the fork
     st.attachment = None
     st.publisher = None
     st.auto_init_done = True

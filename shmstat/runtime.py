@@ -30,9 +30,10 @@ _JOB_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 def validate_job(job: str) -> str:
     """Return ``job`` if it is a valid job id, else raise :class:`ConfigError` saying what is allowed."""
-    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", ".."):
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", "..") or job.endswith(".lock"):
         raise ConfigError(
-            f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.'"
+            f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.', "
+            "not ending in '.lock'"
         )
     return job
 
@@ -43,7 +44,7 @@ def segment_name(job: str) -> str:
 
 
 def semaphore_name(job: str) -> str:
-    """The POSIX named semaphore that serialises creation and registration in the job's segment."""
+    """The POSIX named semaphore earlier versions locked the job with (only removed now: see :func:`lock_path`)."""
     return f"/shmstat.{validate_job(job)}.lock"
 
 
