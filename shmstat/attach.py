@@ -30,13 +30,15 @@ def init(
     banks: int | None = None,
     endpoint: str | None = None,
     publish: bool = True,
+    backlog_mb: float | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
     Arguments left out come from the environment (see :mod:`shmstat.identity`); with no job anywhere the
     process stays in-process (torch.monitor behaviour) and None is returned. Capacities given explicitly
     must match an existing segment. Stats created afterwards write to shared memory; events and metrics
-    are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``.
+    are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
+    ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     Calling ``init`` again for another job detaches from the first.
     """
     env = identity_from_env()
@@ -71,7 +73,10 @@ def init(
         if publish:
             target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
             _state.STATE.publish_target = target
-            _state.STATE.publisher = Publisher(target[0], rank=rank, incarnation=att.incarnation)
+            _state.STATE.publisher = Publisher(
+                target[0], rank=rank, incarnation=att.incarnation,
+                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024),
+            )
         _state.STATE.auto_init_done = True
     return att
 
