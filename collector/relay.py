@@ -62,7 +62,7 @@ class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
-                 rcvhwm: int = 100) -> None:
+                 rcvhwm: int = 8) -> None:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
         self.pid = os.getpid() if pid is None else pid
@@ -75,7 +75,8 @@ class Relay:
         self.xpub = self.ctx.socket(zmq.XPUB)
         for sock in (self.xsub, self.xpub):
             sock.setsockopt(zmq.LINGER, 500)
-        # Both queues are bounded (in messages: a rank's message batches up to 1024 items), so the collector's
+        # Both queues are bounded (in messages of at most MAX_MESSAGE_BYTES: a rank's message batches up to 1024
+        # items, sealed at 256 KiB; per rank connection RCVHWM messages, per subscriber SNDHWM), so the collector's
         # memory stays bounded when it falls behind the ranks or a subscriber stops reading: past RCVHWM a
         # rank's pipe pushes back (its publisher holds, then drops and counts), past SNDHWM a slow subscriber
         # loses messages (it sees the gap in the per-rank seqs).

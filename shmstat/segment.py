@@ -61,19 +61,34 @@ class Segment:
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None) -> Segment:
+    def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None,
+             wait: bool = True) -> Segment:
         """Attach to the job's segment, creating it with ``geometry`` (or the defaults) if it does not exist.
 
         ``geometry`` given explicitly must match an existing segment; ``None`` accepts what is there.
         Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe or unusable, and
-        :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity.
+        :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity. ``wait=False``
+        (with ``create=False``: a look, as ``shmstat ls`` takes) does not wait for the job lock, so another job's
+        stalled process never stalls it; a segment still being created may then read as not ours.
         """
         validate_job(job)
         if geometry is not None:
             _check_geometry(geometry)
+        path = "/dev/shm" + segment_name(job)
+        if not create and not os.path.exists(path):  # checked before the lock file is made: nothing left behind
+            raise SegmentError(f"no shared memory segment exists for job {job!r}; start its collector or a rank first")
+        if not wait and not create:
+            return cls._open_locked(job, create, geometry)
         lock = JobLock(job)
-        with lock.held():
-            seg = cls._open_locked(job, create, geometry)
+        try:
+            with lock.held():
+                seg = cls._open_locked(job, create, geometry)
+        except BaseException:
+            lock.close()
+            if not os.path.exists(path):  # no segment (e.g. no room to create it): no lock file either
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock.path)
+            raise
         seg._lock = lock
         return seg
 
@@ -219,6 +234,20 @@ class Segment:
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_semaphore(semaphore_name(job))  # what versions before the flock lock used
         return existed
+
+    @staticmethod
+    def leftover_jobs() -> list[str]:
+        """Jobs with a lock file, or a semaphore of an older version, in /dev/shm but no segment."""
+        try:
+            names = os.listdir("/dev/shm")
+        except OSError:
+            return []
+        jobs = set()
+        for n in names:
+            for prefix in ("shmstat.", "sem.shmstat."):
+                if n.startswith(prefix) and n.endswith(".lock"):
+                    jobs.add(n[len(prefix) : -len(".lock")])
+        return sorted(j for j in jobs if j and not os.path.exists(f"/dev/shm/shmstat.{j}"))
 
     @staticmethod
     def list_jobs() -> list[str]:
