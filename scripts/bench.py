@@ -355,7 +355,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     del os.environ["SHMSTAT_PURE_PYTHON"]
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
-    res["ours.add.c_path"] = env["shared"]._core.writer is not None
+    res["ours.add.c_path"] = env["shared"]._core.binding._c is not None
     shmstat.log_event(ours_event)
     deadline = time.monotonic() + 20
     while not pub.stats().subscribed and time.monotonic() < deadline:
