@@ -28,8 +28,8 @@ from datetime import datetime
 from typing import Any
 
 from ._state import STATE
+from .backlog import item_bytes
 from .errors import ConfigError, EventTooLargeError
-from .publisher import item_bytes
 from .wire import MAX_EVENT_BYTES
 
 __all__ = [

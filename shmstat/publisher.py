@@ -81,7 +81,17 @@ from typing import Any
 import zmq
 
 from . import _state, wire
-from .errors import ConfigError, WireError
+from .backlog import (
+    DEFAULT_BACKLOG_BYTES,
+    MAX_BATCH_BYTES,
+    METRIC_BYTES,
+    _Backlog,
+    _Batch,
+    backlog_bytes_from_env,
+    item_bytes,
+)
+from .errors import ConfigError
+from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",
@@ -95,24 +105,6 @@ __all__ = [
 
 _log = logging.getLogger("shmstat")
 
-DEFAULT_SNDHWM = 64
-"""zmq's send high-water mark, in messages (each message batches up to ``batch_max`` items and, except for one
-large event, at most :data:`MAX_BATCH_BYTES`): what waits inside zmq stays within ~16 MiB, the rest is in the
-publisher's own byte-bounded backlog, where a drop is counted and numbered."""
-
-DEFAULT_BACKLOG_BYTES = 64 * 1024 * 1024
-"""Bytes (estimated, see :func:`item_bytes`) of items a publisher holds at most, waiting and pending each;
-``SHMSTAT_BACKLOG_MB`` or ``Publisher(backlog_bytes=...)`` change it."""
-
-MAX_BATCH_BYTES = 256 * 1024
-"""A batch of several items is sealed before it passes this many (estimated) bytes."""
-
-METRIC_BYTES = 160
-"""The estimated size of one metric item (Python objects and wire bytes)."""
-
-_ITEM_OVERHEAD = 128
-
-_MAX_IDLE_SLEEP_S = 0.02
 _EXIT_BUDGET_S = 2.0
 
 _LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
@@ -138,66 +130,6 @@ class PublisherStats:
     backlog: int
 
 
-class _Batch:
-    """Items of one topic, in publish order; ``first_seq`` and ``frames`` once sealed for sending.
-
-    ``taken`` is the take index (position in publish order) of the first item: batches are created, and
-    stay in the pending queue, in that order, which is what :meth:`Publisher.flush` measures progress by.
-    """
-
-    __slots__ = ("first_seq", "frames", "items", "kind", "nbytes", "skip", "taken", "topic")
-
-    def __init__(self, topic: str, kind: str, taken: int, items: list[Any], first_seq: int = -1) -> None:
-        self.topic = topic
-        self.kind = kind
-        self.taken = taken
-        self.first_seq = first_seq
-        self.items = items
-        self.frames: tuple[bytes, ...] | None = None
-        self.nbytes = 0  # estimated bytes of the items (see item_bytes)
-        self.skip = 0  # > 0: not a message but a gap of that many dropped items, at its place in the order
-
-    @classmethod
-    def start(cls, tag: Any, entry: tuple[Any, ...], taken: int, item: Any) -> _Batch:
-        """A new batch holding ``item`` (the queue ``entry`` it came from decides topic and kind)."""
-        if tag == "event":
-            return cls(f"event/{entry[1]}", "event", taken, [item])
-        if tag == "metric":
-            return cls(f"metric/{entry[1]}/{entry[2]}", "metric", taken, [item])
-        return cls(entry[1], entry[2], taken, [item])
-
-
-def item_bytes(name: str, data: dict[str, Any]) -> int:
-    """The estimated size of an event: what its Python objects and its wire encoding take, within a small
-    constant (strings count in UTF-8 bytes once they are long enough to matter)."""
-    n = _ITEM_OVERHEAD + len(name) + 16 * len(data) + sum(map(len, data))
-    for value in data.values():
-        if type(value) is str:
-            n += len(value)
-    if n > 4096:  # long text: count UTF-8 bytes, not characters
-        n = _ITEM_OVERHEAD + len(name.encode("utf-8", "replace")) + sum(
-            16 + len(k.encode("utf-8", "replace")) + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
-            for k, v in data.items() if type(k) is str
-        )
-    return n
-
-
-def _backlog_bytes_from_env() -> int:
-    raw = os.environ.get("SHMSTAT_BACKLOG_MB")
-    if not raw:
-        return DEFAULT_BACKLOG_BYTES
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 1 <= mb <= 1 << 20:
-        raise ConfigError(f"SHMSTAT_BACKLOG_MB={raw!r} is not a number of MiB between 1 and 1048576")
-    return int(mb * 1024 * 1024)
-
-
-_GONE: tuple[bytes, ...] = ()  # the frames of a batch that was split or given up (no item may join it)
-
-
 class _FlushRequest:
     __slots__ = ("cancelled", "done", "target")
 
@@ -207,7 +139,7 @@ class _FlushRequest:
         self.done = threading.Event()
 
 
-class Publisher:
+class Publisher(_SocketProtocol, _Backlog):
     """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
 
     ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
@@ -241,7 +173,7 @@ class Publisher:
             ("backlog_limit", backlog_limit, 1),
             ("batch_max", batch_max, 1),
             ("sndhwm", sndhwm, 0),
-            ("backlog_bytes", _backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes, 1024),
+            ("backlog_bytes", backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes, 1024),
         ):
             if type(value) is not int or value < low:
                 raise ConfigError(f"Publisher {label} must be an int >= {low}, got {value!r}")
@@ -256,7 +188,7 @@ class Publisher:
         self.pid = pid
         self._owner_pid = os.getpid()
         self._backlog_limit = backlog_limit
-        self._backlog_bytes = _backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
+        self._backlog_bytes = backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
         self._batch_max = batch_max
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
@@ -510,295 +442,6 @@ class Publisher:
         self._subscribed = False
 
     # ------------------------------------------------------------------------------------- thread side
-
-    def _run(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        sleep_s = self._idle_sleep_s
-        failures = 0
-        try:
-            while True:
-                try:
-                    progressed = self._step(sock)
-                except zmq.ContextTerminated:
-                    return
-                except Exception:  # the thread must survive anything
-                    failures += 1
-                    if failures == 1:
-                        _log.exception("shmstat: unexpected error in the publisher thread (continuing)")
-                    progressed = False
-                if self._stop:
-                    return
-                if progressed:
-                    sleep_s = self._idle_sleep_s
-                    if self._q:
-                        continue  # more work right now
-                    wait_s = sleep_s  # items are flowing: let the next ones gather into a batch
-                else:
-                    wait_s = sleep_s  # idle: back off up to _max_sleep_s
-                    sleep_s = min(sleep_s * 2, self._max_sleep_s)
-                if self._pending and not self._subscribed:
-                    # only a subscription frame can unblock the backlog: wait on the socket
-                    sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
-                elif self._wake.wait(wait_s):
-                    self._wake.clear()
-        finally:
-            if self._subscribed and not self._pending:
-                self._send_held(sock)  # all sent: the collector need not wait for more from us
-                self._await_ack(sock, self._close_linger_ms)
-            elif self._subscribed:
-                # closing with items left: they are dropped, and the marker carries the sequence number after
-                # them, so the collector counts them as a gap (sealed batches are numbered already)
-                self._send_held(sock, self._wire_seq + len(self._q) + (self._overflow - self._overflow_numbered)
-                                + sum(b.skip or len(b.items) for b in self._pending if b.frames is None))
-            with contextlib.suppress(zmq.ZMQError):
-                sock.close(linger=self._close_linger_ms)
-
-    def _step(self, sock: zmq.Socket[Any]) -> bool:
-        """One round: subscriptions, flush requests, take queued items, send. True if anything moved."""
-        waiting = len(self._q)
-        bounded = self._append == self._append_bounded
-        if (not bounded and waiting > self._backlog_limit // 2) or (bounded and waiting < self._backlog_limit // 4):
-            with self._lock:  # close() swaps in _drop_late under the same lock
-                if not self._closed and not self._dead:
-                    self._append = self._q.append if bounded else self._append_bounded
-        if sock.get(zmq.EVENTS) & zmq.POLLIN:
-            self._read_subscriptions(sock)
-        requests = self._flush_requests
-        while requests:
-            req = requests.popleft()
-            req.target = self._next_seq + len(self._q)
-            self._flush_waiting.append(req)
-        progressed = self._take()
-        if self._subscribed and self._pending and self._send(sock):
-            progressed = True
-        if self._flush_waiting:
-            self._resolve_flushes()
-        return progressed
-
-    def _read_subscriptions(self, sock: zmq.Socket[Any]) -> None:
-        prefixes = self._prefixes
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if frame[:1] == b"\x01":
-                prefixes.add(frame[1:])
-                self._handed_over = False
-            elif frame[:1] == b"\x00":
-                prefixes.discard(frame[1:])
-            elif frame == wire.HANDOVER_REQUEST and not self._handed_over:
-                if self._subscribed:
-                    self._send_held(sock)
-                self._handed_over = True
-            self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
-
-    def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
-        """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
-        has been received, so closing the socket now loses nothing."""
-        ack = wire.ACK_PREFIX + str(self.pid).encode()
-        deadline = time.monotonic() + budget_ms / 1000
-        with contextlib.suppress(zmq.ZMQError):
-            while (left := deadline - time.monotonic()) > 0:
-                if sock.poll(max(1, int(left * 1000)), zmq.POLLIN) and sock.recv(zmq.NOBLOCK) == ack:
-                    return
-
-    def _send_held(self, sock: zmq.Socket[Any], next_seq: int | None = None) -> None:
-        """Tell the collector that everything sent before has been sent: the marker travels behind it in the
-        same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
-        next one) and when this publisher closes with nothing left."""
-        seq = self._wire_seq if next_seq is None else next_seq
-        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, seq, [{"state": "held"}])
-        with contextlib.suppress(zmq.ZMQError):
-            sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
-
-    def _take(self) -> bool:
-        """Move queued items into pending batches (or drop them past the bound); True if any were taken.
-
-        An item joins the batch of its topic still open (not sealed, not full), else starts one at the end
-        of the pending queue. Open batches are forgotten whenever a batch of another kind is started or an
-        item is dropped, so topics of one kind published interleaved (``@prof``'s success and duration, a
-        loop's several metrics) share large messages, while the order between kinds and the place of every
-        gap stay those of publishing.
-        """
-        popleft = self._q.popleft
-        pending = self._pending
-        seq = self._next_seq
-        held = self._held
-        cap = self._backlog_limit
-        batch_max = self._batch_max
-        open_events, open_metrics, open_other = self._open
-        last = pending[-1] if pending else None
-        open_kind = last.kind if last is not None and last.frames is None and not last.skip else None
-        if open_kind is None:
-            open_events.clear()
-            open_metrics.clear()
-            open_other.clear()
-        dropped = 0
-        refused = self._overflow - self._overflow_numbered  # refused by publish*: numbered here, at this place
-        if refused > 0:
-            self._overflow_numbered += refused
-            self._skip(refused)
-            open_kind = None
-        held_bytes, byte_cap, out_bytes = self._held_bytes, self._backlog_bytes, 0
-        limit = seq + max(8 * batch_max, 8192)
-        while seq < limit:
-            try:
-                entry = popleft()
-            except IndexError:
-                break
-            seq += 1
-            size = entry[-1]
-            out_bytes += size
-            if held < cap and held_bytes + size <= byte_cap:
-                tag = entry[0]
-                try:
-                    if tag == "event":
-                        key = entry[1]
-                        item = entry[1:4]
-                        opened = open_events
-                    elif tag == "metric":
-                        key = entry[2]  # the name; the group is checked below (no key tuple per item)
-                        item = entry[1:5]
-                        opened = open_metrics.get(entry[1])
-                        if opened is None:
-                            opened = open_metrics[entry[1]] = {}
-                    else:
-                        key = entry[1]
-                        item = entry[3]
-                        opened = open_other
-                    batch = opened.get(key)
-                    if (batch is not None and batch.frames is None and len(batch.items) < batch_max
-                            and batch.nbytes + size <= MAX_BATCH_BYTES):
-                        batch.items.append(item)
-                        batch.nbytes += size
-                    else:
-                        batch = _Batch.start(tag, entry, seq - 1, item)
-                        if batch.kind != open_kind:  # a new kind: nothing before it may be joined again
-                            open_events.clear()
-                            open_metrics.clear()
-                            open_other.clear()
-                            open_kind = batch.kind
-                        batch.nbytes = size
-                        pending.append(batch)
-                        opened[key] = batch
-                    held += 1
-                    held_bytes += size
-                    continue
-                except Exception:  # a name whose hash, == or format raises: never let it stop the thread
-                    pass
-            # dropped: it takes a sequence number at its place, so the receiver sees the gap
-            dropped += 1
-            self._skip(1, seq - 1)
-            open_kind = None
-        taken = seq - self._next_seq
-        self._next_seq = seq
-        self._held = held
-        self._held_bytes = held_bytes
-        self._out_bytes += out_bytes
-        self._dropped += dropped
-        return taken > 0 or refused > 0
-
-    def _skip(self, n: int, taken: int | None = None) -> None:
-        """Put a gap of ``n`` dropped items at the end of the pending queue (their sequence numbers are
-        skipped when it is reached); no batch before it may be joined any more."""
-        pending = self._pending
-        last = pending[-1] if pending else None
-        if last is not None and last.skip:
-            last.skip += n
-        else:
-            gap = _Batch("", "", self._next_seq if taken is None else taken, [])
-            gap.skip = n
-            pending.append(gap)
-        for opened in self._open:
-            opened.clear()
-
-    def _send(self, sock: zmq.Socket[Any]) -> bool:
-        """Send pending batches in order until zmq says EAGAIN; True if at least one message left."""
-        pending = self._pending
-        sent = False
-        while pending:
-            batch = pending[0]
-            if batch.skip:  # dropped items: their sequence numbers are skipped here
-                self._wire_seq += batch.skip
-                pending.popleft()
-                continue
-            if batch.frames is None:
-                batch.first_seq = self._wire_seq  # sealed now: numbered in send order
-                self._wire_seq += len(batch.items)
-                good = self._encode(batch)
-                if good is not None:
-                    batch.frames = _GONE
-                    pending.popleft()
-                    pending.extendleft(reversed(good))
-                    self._held_bytes -= batch.nbytes - sum(part.nbytes for part in good)
-                if not pending:
-                    break
-                batch = pending[0]
-                if batch.frames is None:  # pragma: no cover - _encode always seals what it returns
-                    continue
-            try:
-                sock.send_multipart(batch.frames, zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            pending.popleft()
-            n = len(batch.items)
-            self._held -= n
-            self._held_bytes -= batch.nbytes
-            self._sent_items += n
-            self._sent_messages += 1
-            sent = True
-        return sent
-
-    def _encode(self, batch: _Batch) -> list[_Batch] | None:
-        """Seal ``batch`` with its frames; None if it encoded as is, else the encodable parts (in order)."""
-        try:
-            topic_b = batch.topic.encode("utf-8")
-        except (UnicodeEncodeError, AttributeError):
-            topic_b = b""
-        if not topic_b or len(topic_b) > wire.MAX_TOPIC:
-            self._give_up(len(batch.items), f"topic {batch.topic!r} is not sendable")
-            return []
-        try:
-            payload = wire.encode(batch.kind, self.rank, self.pid, self.incarnation, batch.first_seq, batch.items)
-        except WireError as exc:
-            if len(batch.items) == 1:
-                self._give_up(1, str(exc))
-                return []
-            half = len(batch.items) // 2
-            out: list[_Batch] = []
-            for first_seq, items in (
-                (batch.first_seq, batch.items[:half]),
-                (batch.first_seq + half, batch.items[half:]),
-            ):
-                part = _Batch(batch.topic, batch.kind, batch.taken, items, first_seq)
-                part.nbytes = batch.nbytes * len(items) // len(batch.items)
-                sub = self._encode(part)
-                out.extend([part] if sub is None else sub)
-            return out
-        batch.frames = (topic_b, payload)
-        return None
-
-    def _give_up(self, n: int, reason: str) -> None:
-        self._held -= n
-        self._dropped += n
-        if not self._warned_invalid:
-            self._warned_invalid = True
-            _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted", reason)
-
-    def _resolve_flushes(self) -> None:
-        frontier = self._pending[0].taken if self._pending else self._next_seq
-        still: list[_FlushRequest] = []
-        for req in self._flush_waiting:
-            if req.cancelled:
-                continue
-            if frontier >= req.target:
-                req.done.set()
-            else:
-                still.append(req)
-        self._flush_waiting = still
-
 
 # ----------------------------------------------------------------------------------------- process hooks
 

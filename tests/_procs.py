@@ -65,7 +65,9 @@ def read_jsonl(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        text = f.read()
+    # a collector still running may be in the middle of writing its last line: only whole lines count
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
 
 
 def window_counts(rows: list[dict], stat: str) -> tuple[dict[float, float], dict[tuple[int, float], float]]:
