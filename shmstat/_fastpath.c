@@ -352,6 +352,23 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* Point the writer at a slot of its buffer (offsets checked by the caller), starting from an empty window. */
+static void
+bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t nan_off, Py_ssize_t disc_off,
+          Py_ssize_t beat_off)
+{
+    char *base = (char *)self->view.buf;
+    self->slot0 = self->bank = base + slot0;
+    self->nan_p = base + nan_off;
+    self->disc_p = base + disc_off;
+    self->beat_p = base + beat_off;
+    self->incarnation = incarnation;
+    self->wend = 0;
+    self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    self->busy = 0;
+    self->generation = fork_generation;
+}
+
 /* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot of the same buffer
  * from now on (a forked child's own), starting from an empty window. */
 static PyObject *
@@ -367,16 +384,7 @@ SlotWriter_rebind(SlotWriter *self, PyObject *args)
         || check_word("discarded_off", disc_off, len, 8) < 0 || check_word("heartbeat_off", beat_off, len, 8) < 0) {
         return NULL;
     }
-    char *base = (char *)self->view.buf;
-    self->slot0 = self->bank = base + slot0;
-    self->nan_p = base + nan_off;
-    self->disc_p = base + disc_off;
-    self->beat_p = base + beat_off;
-    self->incarnation = incarnation;
-    self->wend = 0;
-    self->seq = self->sum = self->min = self->max = self->last = 0.0;
-    self->busy = 0;
-    self->generation = fork_generation;
+    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off);
     Py_RETURN_NONE;
 }
 
@@ -470,17 +478,10 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return NULL;
     }
-    char *base = (char *)self->view.buf;
-    self->slot0 = self->bank = base + slot0;
-    self->nan_p = base + nan_off;
-    self->disc_p = base + disc_off;
-    self->beat_p = base + beat_off;
     self->nbanks = nbanks;
     self->window_ns = window_ns;
-    self->incarnation = incarnation;
-    self->wend = 0;
     self->max2 = 2.0 * (double)max_samples;
-    self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off);
     self->want_last = want_last;
     if (on_roll != Py_None) {
         self->on_roll = Py_NewRef(on_roll);
@@ -491,8 +492,6 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (on_fork != Py_None) {
         self->on_fork = Py_NewRef(on_fork);
     }
-    self->generation = fork_generation;
-    self->busy = 0;
     return (PyObject *)self;
 }
 

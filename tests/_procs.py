@@ -135,3 +135,14 @@ def sleep_until_next_window(window_ms: int) -> None:
     """Not used for assertions: only to start a phase near a window boundary."""
     w = window_ms / 1000
     time.sleep(w - (time.time() % w))
+
+
+def assert_rank_workers_reconcile(rows: list[dict], tmp_path, ranks: int, stat: str = "steps") -> None:
+    """The ``rank_worker`` tallies ``r<rank>.json`` in ``tmp_path`` match the jsonl rows exactly: every
+    (rank, window) count, and the merged total (a window missing or emitted twice fails)."""
+    merged, per_rank = window_counts(rows, stat)
+    counts = {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(ranks)}
+    for rank, c in counts.items():
+        for start, n in c.items():
+            assert per_rank.get((rank, start)) == n, f"rank {rank} window {start}: a window missing or emitted twice"
+    assert sum(merged.values()) == sum(sum(c.values()) for c in counts.values())

@@ -10,7 +10,7 @@ import random
 import struct
 
 import pytest
-from _procs import load_counts, rank_worker, read_jsonl, spawn, start_collector, window_counts
+from _procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
 
 import shmstat
 from shmstat import Aggregation as A
@@ -94,9 +94,9 @@ def _scribble(seg: Segment, rng: random.Random) -> None:
 
 def test_collector_survives_garbage_in_the_segment_and_good_ranks_reconcile(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
-    seg = Segment.open(job)
+    seg = Segment.open(job, geometry=L.Geometry(banks=16))
     _scribble(seg, random.Random(1234))
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
     try:
         procs = [spawn(rank_worker, job, r, 2, 0.5, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
         for rng_seed in range(5):  # keep scribbling while the good ranks write
@@ -110,12 +110,7 @@ def test_collector_survives_garbage_in_the_segment_and_good_ranks_reconcile(job,
         assert coll.stop() == 0
         seg.close()
     rows = read_jsonl(out)
-    merged, per_rank = window_counts(rows, "steps")
-    counts = {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(2)}
-    for rank, c in counts.items():
-        for start, n in c.items():
-            assert per_rank.get((rank, start)) == n
-    assert sum(merged.values()) == sum(sum(c.values()) for c in counts.values())
+    assert_rank_workers_reconcile(rows, tmp_path, 2)
     assert not [r for r in rows if r["name"].startswith("evil")]
     refused = [r["value"] for r in rows if r["name"] == "collector.descriptors_refused"]
     assert refused and max(refused) >= 6

@@ -10,7 +10,7 @@ import sys
 
 import psutil
 import zmq
-from _procs import REPO, load_counts, rank_worker, read_jsonl, spawn, start_collector, window_counts
+from _procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
 from _support import wait_for
 
 WINDOW_MS = 50
@@ -18,15 +18,6 @@ WINDOW_MS = 50
 
 def _collect_cmd(job: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "collector", "collect", "--job", job, "--handler", "*=null", *args]
-
-
-def _reconciles(rows, tmp_path, ranks: int) -> None:
-    merged, per_rank = window_counts(rows, "steps")
-    counts = {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(ranks)}
-    for rank, c in counts.items():
-        for start, n in c.items():
-            assert per_rank.get((rank, start)) == n, "a window missing or emitted twice"
-    assert sum(merged.values()) == sum(sum(c.values()) for c in counts.values())
 
 
 def test_a_second_collector_with_another_runtime_dir_is_refused_naming_the_first(job, tmp_path):
@@ -45,7 +36,7 @@ def test_a_second_collector_with_another_runtime_dir_is_refused_naming_the_first
         assert p.exitcode == 0
     finally:
         assert first.stop() == 0
-    _reconciles(read_jsonl(out), tmp_path, 1)
+    assert_rank_workers_reconcile(read_jsonl(out), tmp_path, 1)
 
 
 def test_a_killed_collectors_successor_starts_at_once(job):
@@ -93,5 +84,5 @@ def test_a_subscription_flood_keeps_memory_bounded_and_loses_no_window(job, tmp_
         ctx.term()
         assert coll.stop() == 0
     rows = read_jsonl(out)
-    _reconciles(rows, tmp_path, 1)
+    assert_rank_workers_reconcile(rows, tmp_path, 1)
     assert max(r["value"] for r in rows if r["name"] == "collector.subscription_resets") >= 1

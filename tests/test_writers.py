@@ -25,7 +25,8 @@ PATHS = [pytest.param(False, id="c"), pytest.param(True, id="pure-python")]
 
 def _collect(job, tmp_path, target, *args):
     out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
+    # a ring of 16 windows: these ranks keep both cores busy, and a starved collector must not lose windows
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
     tally = str(tmp_path / "tally.json")
     try:
         p = spawn(target, job, *args, tally)
