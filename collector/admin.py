@@ -36,9 +36,10 @@ class SegmentInfo:
 
 
 def segment_info(job: str) -> SegmentInfo:
-    """Inspect a job's segment without changing it (an unreadable one is reported with its error)."""
+    """Inspect a job's segment without changing it or waiting for its lock (an unreadable one is reported with
+    its error)."""
     try:
-        seg = Segment.open(job, create=False)
+        seg = Segment.open(job, create=False, wait=False)
     except ShmstatError as exc:
         size = 0
         with contextlib.suppress(OSError):
@@ -69,9 +70,16 @@ def list_segments() -> int:
 
 
 def clean(job: str | None) -> int:
-    """Remove segments (one job or all) whose processes are all gone; refuse a live one."""
+    """Remove segments (one job or all) whose processes are all gone, refusing a live one, and the lock files and
+    legacy semaphores left without a segment."""
     jobs = [job] if job else Segment.list_jobs()
+    leftovers = [j for j in Segment.leftover_jobs() if job in (None, j)]
+    for j in leftovers:
+        if Segment.remove_leftovers(j):
+            print(f"removed the lock of {j}")
     if job and job not in Segment.list_jobs():
+        if leftovers:
+            return 0
         raise ConfigError(f"no segment for job {job!r} on this node (see 'shmstat ls')")
     removed = 0
     for j in jobs:

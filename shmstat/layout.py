@@ -67,7 +67,8 @@ Concurrency guarantees:
 - A reader copies ``seq, wid``, the data, then ``wid, seq`` again and accepts the copy only when both pairs
   match and ``seq`` is even; otherwise it retries. Re-checking ``wid`` catches a bank reset whose new count
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
-- Rank entries and descriptors are allocated under the job's named semaphore; a descriptor's ``state`` is
+- Rank entries and descriptors are allocated under the job lock (``flock`` on ``runtime.lock_path(job)``,
+  released by the kernel if its holder dies); a descriptor's ``state`` is
   written last, so a reader that sees ``state == 1`` sees the whole descriptor.
 - ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank.
 """

@@ -1,7 +1,7 @@
 """Job ids, names and the owner-only runtime directory where a job's sockets live.
 
 A job id names the node's segment (``/shmstat.<job>``) and the collector's ``ipc://`` ingest socket, so it is
-validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters.
+validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters; not ending in ``.lock``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def validate_job(job: str) -> str:
         raise ConfigError(
             f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.'"
         )
+    if job.endswith(".lock"):
+        raise ConfigError(f"job id {job!r} is invalid: it must not end in '.lock' (the job lock files do)")
     return job
 
 
@@ -43,7 +45,8 @@ def segment_name(job: str) -> str:
 
 
 def semaphore_name(job: str) -> str:
-    """The POSIX named semaphore that serialises creation and registration in the job's segment."""
+    """The POSIX named semaphore that older shmstat versions used as the job lock (now :func:`lock_path`);
+    only removed, by ``Segment.unlink`` and ``shmstat clean``."""
     return f"/shmstat.{validate_job(job)}.lock"
 
 

@@ -1,15 +1,17 @@
 """Creating, attaching and registering in a job's shared-memory segment.
 
-Whoever comes first (collector or rank) creates and initialises the segment under the job's named POSIX
-semaphore; everyone else attaches and validates magic, layout version and capacities. Segments are created
-with mode 0600 and fully allocated up front (``posix_fallocate``), so a full ``/dev/shm`` is a clear error at
-creation instead of a SIGBUS in the middle of a training step. ``posix_ipc`` is used rather than
-``multiprocessing.shared_memory``, whose resource tracker unlinks segments when their creator exits.
+Whoever comes first (collector or rank) creates and initialises the segment under the job lock (``flock``
+on ``/dev/shm/shmstat.<job>.lock``, see :mod:`shmstat._joblock`); everyone else attaches and validates magic,
+layout version and capacities. Segments are created with mode 0600 and fully allocated up front
+(``posix_fallocate``), so a full ``/dev/shm`` is a clear error at creation instead of a SIGBUS in the middle
+of a training step. ``posix_ipc`` is used rather than ``multiprocessing.shared_memory``, whose resource
+tracker unlinks segments when their creator exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
@@ -21,26 +23,41 @@ from dataclasses import dataclass, field
 import posix_ipc
 
 from . import layout as L
+from ._joblock import JobLock, job_lock
 from .errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
-from .runtime import segment_name, semaphore_name, validate_job
+from .runtime import lock_path, segment_name, semaphore_name, validate_job
 
 __all__ = ["RankAttachment", "Segment", "pid_alive"]
 
 _log = logging.getLogger("shmstat")
-_LOCK_TIMEOUT_S = 3.0
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (zombies count as alive until reaped)."""
-    if pid <= 0:
+    """True if a process with this pid exists (zombies count as alive until reaped); False for any value that
+    cannot be a pid (not positive, beyond ``pid_max``)."""
+    if not 0 < pid <= _pid_max():
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
     return True
+
+
+def _pid_max() -> int:
+    global _PID_MAX
+    if _PID_MAX is None:
+        try:
+            with open("/proc/sys/kernel/pid_max", encoding="ascii") as f:
+                _PID_MAX = int(f.read().strip())
+        except (OSError, ValueError):
+            _PID_MAX = 4194304  # the kernel's upper limit for pid_max on 64-bit
+    return _PID_MAX
+
+
+_PID_MAX: int | None = None
 
 
 class Segment:
@@ -57,25 +74,37 @@ class Segment:
         self.buf = memoryview(mm)
         self.f64 = self.buf.cast("d")
         self.i64 = self.buf.cast("q")
-        self._sem: posix_ipc.Semaphore | None = None
+        self._lock: JobLock = job_lock(job)
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None) -> Segment:
+    def open(
+        cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None, wait: bool = True
+    ) -> Segment:
         """Attach to the job's segment, creating it with ``geometry`` (or the defaults) if it does not exist.
 
         ``geometry`` given explicitly must match an existing segment; ``None`` accepts what is there.
-        Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe or unusable, and
-        :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity.
+        ``wait=False`` (only with ``create=False``) attaches without the job lock, for onlookers such as
+        ``shmstat ls``: a segment still being created is then reported as unusable instead of waited for.
+        Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe, unusable or cannot be
+        created (no room), and :class:`LayoutMismatchError` if it is not ours or of another layout version or
+        capacity. A failed creation leaves neither segment nor lock file behind.
         """
         validate_job(job)
         if geometry is not None:
             _check_geometry(geometry)
-        sem = _open_semaphore(job)
-        with _held(sem, job):
-            seg = cls._open_locked(job, create, geometry)
-        seg._sem = sem
-        return seg
+        if not wait:
+            if create:
+                raise ConfigError("Segment.open(wait=False) only attaches; pass create=False")
+            return cls._open_locked(job, False, geometry)
+        lock = job_lock(job)
+        with lock.held():
+            try:
+                return cls._open_locked(job, create, geometry)
+            except BaseException:
+                if not os.path.exists("/dev/shm" + segment_name(job)):
+                    lock.remove_file()  # nothing of this job exists: leave nothing behind
+                raise
 
     @classmethod
     def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None) -> Segment:
@@ -140,10 +169,8 @@ class Segment:
     # -- locking ---------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the job's named semaphore (for allocation of rank entries and descriptors)."""
-        sem = self._sem or _open_semaphore(self.job)
-        self._sem = sem
-        with _held(sem, self.job):
+        """Hold the job lock (for allocation of rank entries and descriptors); re-entrant, waits for any holder."""
+        with self._lock.held():
             yield
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -199,22 +226,75 @@ class Segment:
                 view.release()
         with contextlib.suppress(Exception):
             self._mm.close()
-        if self._sem is not None:
-            with contextlib.suppress(Exception):
-                self._sem.close()
-            self._sem = None
 
     @staticmethod
     def unlink(job: str) -> bool:
-        """Remove the job's segment and semaphore names; True if a segment existed."""
+        """Remove the job's segment, lock file and legacy semaphore; True if a segment existed.
+
+        Safe while someone waits for the lock: a waiter that gets the removed file's lock notices and retries.
+        """
         existed = True
-        try:
-            posix_ipc.unlink_shared_memory(segment_name(job))
-        except posix_ipc.ExistentialError:
-            existed = False
+        lock = job_lock(job)
+        with lock.held():  # holding it, no one else holds the file removed: waiters move to a new one
+            try:
+                posix_ipc.unlink_shared_memory(segment_name(job))
+            except posix_ipc.ExistentialError:
+                existed = False
+            lock.remove_file()
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_semaphore(semaphore_name(job))
         return existed
+
+    @staticmethod
+    def leftover_jobs() -> list[str]:
+        """Jobs with a lock file or a legacy semaphore in /dev/shm but no segment (left by dead processes)."""
+        try:
+            names = set(os.listdir("/dev/shm"))
+        except OSError:
+            return []
+        jobs = set()
+        for n in names:
+            for prefix in ("shmstat.", "sem.shmstat."):
+                if n.startswith(prefix) and n.endswith(".lock"):
+                    job = n[len(prefix) : -len(".lock")]
+                    if f"shmstat.{job}" not in names and _valid_job(job):
+                        jobs.add(job)
+        return sorted(jobs)
+
+    @staticmethod
+    def remove_leftovers(job: str) -> bool:
+        """Remove the lock file and legacy semaphore of a job that has no segment, unless a process holds the
+        lock right now; True if nothing of the job is left."""
+        validate_job(job)
+        if os.path.exists("/dev/shm" + segment_name(job)):
+            return False
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_semaphore(semaphore_name(job))
+        path = lock_path(job)
+        if os.path.exists("/dev/shm" + segment_name(job)):
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # someone is creating or registering right now
+        try:
+            if os.path.exists("/dev/shm" + segment_name(job)):
+                return False  # created before we took the lock: not a leftover
+            st = os.fstat(fd)
+            with contextlib.suppress(FileNotFoundError):
+                now = os.stat(path, follow_symlinks=False)
+                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                    os.unlink(path)
+        finally:
+            os.close(fd)
+        return True
 
     @staticmethod
     def list_jobs() -> list[str]:
@@ -377,21 +457,9 @@ def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | 
         )
 
 
-def _open_semaphore(job: str) -> posix_ipc.Semaphore:
+def _valid_job(job: str) -> bool:
     try:
-        return posix_ipc.Semaphore(semaphore_name(job), posix_ipc.O_CREAT, mode=0o600, initial_value=1)
-    except posix_ipc.PermissionsError:
-        raise SegmentError(f"the lock of job {job!r} belongs to another user; pick another job id") from None
-
-
-@contextlib.contextmanager
-def _held(sem: posix_ipc.Semaphore, job: str) -> Iterator[None]:
-    try:
-        sem.acquire(_LOCK_TIMEOUT_S)
-    except posix_ipc.BusyError:
-        # A process died while holding the lock (the critical sections are microseconds long).
-        _log.warning("lock of job %r was held for %.0f s; assuming its holder died", job, _LOCK_TIMEOUT_S)
-    try:
-        yield
-    finally:
-        sem.release()
+        validate_job(job)
+    except ConfigError:
+        return False
+    return True
