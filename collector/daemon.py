@@ -338,16 +338,9 @@ class Collector:
             rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank))
         cpu_s, rss = Liveness.self_usage()
         assert self.relay is not None
-        c = self.relay.counters
-        for name, value in (
-            ("collector.windows_emitted", self.windows_emitted), ("collector.rows_emitted", self.rows_emitted),
-            ("collector.events_relayed", c.events), ("collector.metrics_relayed", c.metrics),
-            ("collector.frames_rejected", c.rejected), ("collector.seq_gaps", c.gaps),
-            ("collector.handler_errors", self.dispatcher.errors),
-            ("collector.windows_overwritten", self.overwritten), ("collector.windows_torn", self.torn),
-            ("collector.cpu_seconds", cpu_s), ("collector.rss_bytes", rss),
-        ):
-            rows.append(_point(ts, PLATFORM_GROUP, name, value, None))
+        figures = {**self.counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
+        for name, value in figures.items():
+            rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None))
         items = []
         for md in rows:
             self.dispatcher.emit(md)
@@ -357,7 +350,7 @@ class Collector:
 
     def _print_status(self, ranks: list) -> None:
         c = self.counters()
-        active = sum(1 for r in ranks if r.state_name == "active")
+        active = sum(1 for r in ranks if r.state_name == "active" and not r.is_writer)
         print(
             f"shmstat collector: {active} ranks active, {c['windows_emitted']} windows, {c['events_relayed']} events, "
             f"{c['metrics_relayed']} metrics relayed, {c['frames_rejected']} frames rejected, "
@@ -374,6 +367,8 @@ class Collector:
             "frames_rejected": c.rejected, "seq_gaps": c.gaps,
             "handler_errors": self.dispatcher.errors, "windows_overwritten": self.overwritten,
             "windows_torn": self.torn,
+            "ranks_refused": self.scanner.reader.bad_ranks,
+            "descriptors_refused": self.scanner.reader.bad_descriptors,
         }
 
 

@@ -49,6 +49,9 @@ class Liveness:
     def poll(self, ranks: list[RankInfo]) -> list[Lifecycle]:
         """Compare the rank table with the last poll; dead pids of active entries are marked ``died``."""
         out: list[Lifecycle] = []
+        live_keys = {(info.pid, info.start_ns) for info in ranks}
+        for key in [k for k in self._procs if k not in live_keys]:  # bounded by the table, whatever churns
+            del self._procs[key]
         for info in ranks:
             inc, reported = self._seen.get(info.local_rank, (-1, ""))
             if info.incarnation != inc:
@@ -70,7 +73,10 @@ class Liveness:
                 reported = "died"
                 out.append(self._event("died", info))
             self._seen[info.local_rank] = (info.incarnation, reported)
-        return out
+        # a writer entry (a rank's forked child or worker) is tracked like a rank, but it is not a rank: its
+        # joining and ending are not rank lifecycle events
+        writers = {info.local_rank for info in ranks if info.is_writer}
+        return [change for change in out if change.local_rank not in writers]
 
     def _event(self, state: str, info: RankInfo) -> Lifecycle:
         return Lifecycle(state, info.local_rank, info.rank, info.pid, info.incarnation)
@@ -99,7 +105,7 @@ class Liveness:
         """CPU and RSS of every active rank (processes that vanished meanwhile are skipped)."""
         out = []
         for info in ranks:
-            if info.state != RankState.ACTIVE:
+            if info.state != RankState.ACTIVE or info.is_writer:
                 continue
             proc = self._process(info)
             if proc is None:

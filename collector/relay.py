@@ -26,6 +26,9 @@ _MAX_BATCH = 2048
 _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
 
 
+_MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
+
+
 @dataclass
 class RelayCounters:
     """What went through the relay."""
@@ -111,7 +114,12 @@ class Relay:
                 c.rejected += 1
                 continue
             if frames[0] == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
-                self.held.add((msg.rank, msg.pid, msg.incarnation))
+                key = (msg.rank, msg.pid, msg.incarnation)
+                self.held.add(key)
+                expected = self._next_seq.get(key)
+                if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
+                    c.gaps += msg.seq - expected
+                    self._next_seq[key] = msg.seq
                 with contextlib.suppress(zmq.ZMQError):
                     self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
                 continue
@@ -131,6 +139,8 @@ class Relay:
         expected = self._next_seq.get(key)
         if expected is not None and msg.seq > expected:
             self.counters.gaps += msg.seq - expected
+        if expected is None and len(self._next_seq) >= _MAX_TRACKED:
+            self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
         self._next_seq[key] = msg.seq + len(msg.items)
 
     def update_subscriptions(self) -> None:

@@ -74,6 +74,7 @@ class _Table:
         banks = geometry.banks
         lr = np.fromiter((s.desc.local_rank for s in slots), np.int64, n)
         si = np.fromiter((s.desc.index for s in slots), np.int64, n)
+        self.lr = lr
         self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
         self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
@@ -225,13 +226,16 @@ class Scanner:
         pend_idx, pend_wid = [idx[adv]], [safe[adv]]
         result.windows_read += len(fs)
         collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]] = {}
-        skipped: list[tuple[np.ndarray, np.ndarray]] = []
+        skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         wanted_group = np.array([want is None or bool(want(g)) for g in t.groups], bool)
         if len(fs):
             wanted = wanted_group[t.group_id[idx[fs]]]
             if not wanted.all():
                 skip = ~wanted
-                skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID]))
+                rank_of = np.zeros(self.segment.geometry.max_ranks, np.int64)  # local rank -> global rank
+                for lr, info in self._infos.items():
+                    rank_of[lr] = info.rank
+                skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID], rank_of[t.lr[idx[fs[skip]]]]))
                 fs, fdata, fcount = fs[wanted], fdata[wanted], fcount[wanted]
             if len(fs):
                 self._collect(t, idx[fs], fdata, fcount, collected)
@@ -248,24 +252,26 @@ class Scanner:
             pend_w = self._hold_back(t, held, collected, skipped, pend_i, pend_w, result)
         self._pending = (pend_i, pend_w)
         if skipped:
-            ks = np.concatenate([k for k, _ in skipped])
-            ws = np.concatenate([w for _, w in skipped])
-            order = np.lexsort((ws, ks))
-            ks, ws = ks[order], ws[order]
-            distinct = 1 + int(((ks[1:] != ks[:-1]) | (ws[1:] != ws[:-1])).sum()) if len(ks) else 0
-            result.skipped_windows += distinct
-            result.skipped_rows += distinct + len(ks)
+            ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
+            result.skipped_windows += _distinct(ks, ws)
+            result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
         for key, w in sorted(collected, key=lambda k: (k[1], k[0])):
             group, name, window_ms, mask = key
             parts = sorted(collected[(key, w)], key=lambda p: (p[0], p[1]))  # by rank, then slot order
+            by_rank: dict[int, list[Summary]] = {}  # a rank's own slot and its writers' (forked children, workers)
+            for rank, _, s in parts:
+                by_rank.setdefault(rank, []).append(s)
             merged = merge_all(s for _, _, s in parts)
-            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(parts)))
-            result.rows.extend(WindowRow(group, name, w, window_ms, mask, rank, s) for rank, _, s in parts)
+            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(by_rank)))
+            result.rows.extend(
+                WindowRow(group, name, w, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss))
+                for rank, ss in by_rank.items()
+            )
 
     @staticmethod
     def _hold_back(t: _Table, held: dict[int, int],
                    collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
-                   skipped: list[tuple[np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
+                   skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
                    result: ScanResult) -> np.ndarray:
         """A live writer stalled mid-add (torn bank) holds back, for every rank, the windows of its stat from the
         one it is writing on, so that each merged window is still emitted once and whole; stalls of K-2 windows
@@ -277,11 +283,11 @@ class Scanner:
                 parts = collected.pop((key, w))
                 result.windows_read -= len(parts)  # read again, and counted then
                 result.torn -= sum(p[2].torn for p in parts)
-        for n, (ks, ws) in enumerate(skipped):
+        for n, (ks, ws, rs) in enumerate(skipped):
             keep = np.array([w < held.get(int(k), w + 1) for k, w in zip(ks.tolist(), ws.tolist(), strict=True)],
                             bool)
             result.windows_read -= int((~keep).sum())
-            skipped[n] = (ks[keep], ws[keep])
+            skipped[n] = (ks[keep], ws[keep], rs[keep])
         limit = np.array([held.get(int(k), 1 << 62) - 1 for k in t.key_id[pend_i].tolist()], np.int64)
         return np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
 
@@ -335,7 +341,7 @@ class Scanner:
 
     def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
                      collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
-                     skipped: list[tuple[np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
+                     skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
                      pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> int:
         """One slot the slow way (a bank stayed torn): :meth:`SegmentReader.read_slot` decides. Returns the
         newest window of the slot that is settled (emitted now or before)."""
@@ -355,7 +361,8 @@ class Scanner:
             if wanted:
                 collected.setdefault((key, w.wid), []).append((w.rank, i, _summary(w)))
             else:
-                skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64)))
+                skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64),
+                                np.array([w.rank], np.int64)))
         if read.safe_wid > after:
             pend_idx.append(np.array([i], np.int64))
             pend_wid.append(np.array([read.safe_wid], np.int64))
@@ -381,6 +388,18 @@ class Scanner:
     def forget_rank(self, local_rank: int) -> None:
         """Drop cached descriptors of a rank entry (after it was re-registered)."""
         self._known_nstats.pop(local_rank, None)
+
+
+def _distinct(*columns: np.ndarray) -> int:
+    """Number of distinct rows of equally long integer columns."""
+    if not len(columns[0]):
+        return 0
+    order = np.lexsort(columns[::-1])
+    change = np.zeros(len(order) - 1, bool)
+    for col in columns:
+        c = col[order]
+        change |= c[1:] != c[:-1]
+    return 1 + int(change.sum())
 
 
 def _summary(w: WindowRead) -> Summary:

@@ -7,9 +7,9 @@ Each rank adds 1.0 to Stat ``soak`` in a training-like loop from two threads sha
 every few adds, and keeps a DataLoader-style worker running (spawned, inheriting the rank's environment,
 re-created every few seconds) that adds through Stats it re-creates on every step, keeping only the bound
 ``add``. Every adder keeps, in a small file it maps, how many samples it added per window (and the rank what its
-publisher did: logged, sent, dropped): the file outlives a SIGKILL, so the tally of a killed rank is known. The collector writes every window to a
-jsonl file (one per collector run); the subscriber (a thread here) tracks every event by its per-rank wire
-sequence number. At the end:
+publisher did: logged, sent, dropped): the file outlives a SIGKILL, so the tally of a killed rank is known. The
+collector writes every window to a jsonl file (one per collector run); the subscriber (a thread here) tracks
+every event by its per-rank wire sequence number. At the end:
 
 - samples: per (rank, window), emitted counts equal the added counts. ``lost`` counts samples added but never
   emitted; ``extra`` counts samples emitted but not tallied (at most the add in flight in each of a killed

@@ -25,6 +25,8 @@
 #include <Python.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -101,9 +103,32 @@ typedef struct {
     double max2;         /* 2.0 * max_samples, the seq at which the window is full */
     double seq, sum, min, max, last;  /* this process's copy of the open window (never read back) */
     int want_last;
-    PyObject *on_roll;   /* NULL or callable(count, sum, min, max, last, t) */
+    PyObject *on_roll;   /* NULL or callable(count, sum, min, max, last, t), called after the roll is done */
     PyObject *clock;     /* NULL (clock_gettime(CLOCK_REALTIME)) or callable() -> int ns */
+    PyObject *on_fork;   /* NULL or callable() that rebind()s this writer in a forked child */
+    uint64_t generation; /* fork_generation when this writer was bound to its slot */
+    int busy;            /* an add with an injected clock is in progress (the clock call may switch threads) */
 } SlotWriter;
+
+/* Bumped in the child of every fork: a writer bound before the fork must not write its parent's slot. */
+static volatile uint64_t fork_generation = 0;
+
+static void
+bump_fork_generation(void)
+{
+    fork_generation++;
+}
+
+/* What a roll leaves for on_roll, called once the bank is consistent (and, with an injected clock, once this
+ * writer is free again): Python code may switch threads, and another thread may then add to this writer. */
+typedef struct {
+    int pending;
+    long long count;
+    double sum, min, max, last;
+    long long t;
+} Rolled;
+
+static int check_word(const char *what, Py_ssize_t off, Py_ssize_t len, Py_ssize_t size);
 
 /* Convert anything but an exact float like PyFloat_AsDouble (int, bool, float subclasses, __float__,
  * __index__); -1.0 with an error set (TypeError for a non-number) on failure. */
@@ -143,31 +168,23 @@ now_ns(SlotWriter *self)
  * descheduled: the bank is left empty and the sample goes to the window of the later reading (a time
  * inside this call as well). The full fence keeps the mark from waiting in the store buffer past the clock
  * reading; it costs ~20 ns, once per window. */
-static PyObject *
-roll(SlotWriter *self, double v, int64_t t)
+static int
+roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
 {
     if (isnan(v)) {
         bump_u64(self->nan_p);
-        Py_RETURN_NONE;
+        return 0;
     }
     if (self->on_roll != NULL && (self->seq != 0.0 || self->wend != 0)) {
-        /* Python: ``if seq: core.last = _Summary(...)`` / ``elif wend: core.last = _Summary()``. An empty
-         * previous window is reported as count 0 with zeros. The bank is not touched yet, so if on_roll
-         * raises, the bank is still the previous window's, consistent (seq even), exactly as when the
-         * Python roll raises; the next add rolls again. */
-        PyObject *r;
-        if (self->seq != 0.0) {
-            r = PyObject_CallFunction(self->on_roll, "LddddL", (long long)self->seq >> 1, self->sum, self->min,
-                                      self->max, self->last, (long long)t);
-        }
-        else {
-            r = PyObject_CallFunction(self->on_roll, "LddddL", 0LL, 0.0, 0.0, 0.0, 0.0, (long long)t);
-        }
-        if (r == NULL) {
-            return NULL;
-        }
-        Py_DECREF(r);
-        /* on_roll may have run arbitrary code (even this add): everything below uses only v, t and config. */
+        /* Python: ``if seq: core.last = _Summary(...)`` / ``elif wend: core.last = _Summary()``: an empty
+         * previous window is reported as count 0 with zeros. Reported by the caller after the roll. */
+        rolled->pending = 1;
+        rolled->count = self->seq != 0.0 ? (long long)self->seq >> 1 : 0;
+        rolled->sum = self->seq != 0.0 ? self->sum : 0.0;
+        rolled->min = self->seq != 0.0 ? self->min : 0.0;
+        rolled->max = self->seq != 0.0 ? self->max : 0.0;
+        rolled->last = self->seq != 0.0 ? self->last : 0.0;
+        rolled->t = (long long)t;
     }
     char *b;
     int64_t wid, wend;
@@ -210,22 +227,14 @@ roll(SlotWriter *self, double v, int64_t t)
     self->seq = 2.0;
     st_f64_release(b + B_SEQ, 2.0); /* the data before the even seq */
     st_i64(self->beat_p, t);
-    Py_RETURN_NONE;
+    return 0;
 }
 
-static PyObject *
-SlotWriter_add(SlotWriter *self, PyObject *arg)
+/* The add itself: 0, or -1 with an error set (only an injected clock can fail). Runs no Python code unless
+ * the clock is injected, so with the real clock it is atomic with respect to the other threads (GIL). */
+static int
+add_locked(SlotWriter *self, double v, Rolled *rolled)
 {
-    double v;
-    if (PyFloat_CheckExact(arg)) {
-        v = PyFloat_AS_DOUBLE(arg);
-    }
-    else {
-        v = as_double_slow(arg); /* raises TypeError on a non-number before anything is touched */
-        if (v == -1.0 && PyErr_Occurred()) {
-            return NULL;
-        }
-    }
     /* The open window's bank is marked (odd seq) before the clock is read: a collector that closes this
      * window after the reading below reads the bank after that too, sees the mark and waits for the write,
      * so a rank descheduled between the reading and the write (longer than the collector's grace) still
@@ -244,23 +253,23 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
         if (marked) {
             st_f64_release(b + B_SEQ, seq);
         }
-        return NULL;
+        return -1;
     }
     if (t >= self->wend) {
         if (marked) {
             st_f64_release(b + B_SEQ, seq); /* the previous window is complete as it was */
         }
-        return roll(self, v, t);
+        return roll(self, v, t, rolled);
     }
     if (isnan(v)) {
         st_f64_release(b + B_SEQ, seq);
         bump_u64(self->nan_p);
-        Py_RETURN_NONE;
+        return 0;
     }
     if (seq >= self->max2) {
         st_f64_release(b + B_SEQ, seq);
         bump_u64(self->disc_p);
-        Py_RETURN_NONE;
+        return 0;
     }
     self->sum += v;
     st_f64(b + B_SUM, self->sum);
@@ -280,8 +289,97 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
     seq += 2.0;
     self->seq = seq;
     st_f64_release(b + B_SEQ, seq); /* the data before the even seq */
+    return 0;
+}
+
+static PyObject *
+SlotWriter_add(SlotWriter *self, PyObject *arg)
+{
+    double v;
+    if (PyFloat_CheckExact(arg)) {
+        v = PyFloat_AS_DOUBLE(arg);
+    }
+    else {
+        v = as_double_slow(arg); /* raises TypeError on a non-number before anything is touched */
+        if (v == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    if (self->generation != fork_generation) {
+        /* a forked child: bind to a slot of its own before writing anything */
+        if (self->on_fork == NULL) {
+            self->generation = fork_generation;
+        }
+        else {
+            PyObject *r = PyObject_CallNoArgs(self->on_fork);
+            if (r == NULL) {
+                return NULL;
+            }
+            Py_DECREF(r);
+            if (self->generation != fork_generation) {
+                PyErr_SetString(PyExc_RuntimeError, "on_fork did not rebind the writer");
+                return NULL;
+            }
+        }
+    }
+    Rolled rolled = {0};
+    int rc;
+    if (self->clock == NULL) {
+        rc = add_locked(self, v, &rolled);
+    }
+    else {
+        /* The injected clock is Python code: another thread may run inside it and add to this writer. */
+        while (self->busy) {
+            Py_BEGIN_ALLOW_THREADS
+            sched_yield();
+            Py_END_ALLOW_THREADS
+        }
+        self->busy = 1;
+        rc = add_locked(self, v, &rolled);
+        self->busy = 0;
+    }
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rolled.pending && self->on_roll != NULL) {
+        PyObject *r = PyObject_CallFunction(self->on_roll, "LddddL", rolled.count, rolled.sum, rolled.min,
+                                            rolled.max, rolled.last, rolled.t);
+        if (r == NULL) {
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
     Py_RETURN_NONE;
 }
+
+/* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot of the same buffer
+ * from now on (a forked child's own), starting from an empty window. */
+static PyObject *
+SlotWriter_rebind(SlotWriter *self, PyObject *args)
+{
+    Py_ssize_t slot0, nan_off, disc_off, beat_off;
+    long long incarnation;
+    if (!PyArg_ParseTuple(args, "nLnnn:rebind", &slot0, &incarnation, &nan_off, &disc_off, &beat_off)) {
+        return NULL;
+    }
+    Py_ssize_t len = self->view.len;
+    if (check_word("slot0", slot0, len, self->nbanks * BANK_SIZE) < 0 || check_word("nan_off", nan_off, len, 8) < 0
+        || check_word("discarded_off", disc_off, len, 8) < 0 || check_word("heartbeat_off", beat_off, len, 8) < 0) {
+        return NULL;
+    }
+    char *base = (char *)self->view.buf;
+    self->slot0 = self->bank = base + slot0;
+    self->nan_p = base + nan_off;
+    self->disc_p = base + disc_off;
+    self->beat_p = base + beat_off;
+    self->incarnation = incarnation;
+    self->wend = 0;
+    self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    self->busy = 0;
+    self->generation = fork_generation;
+    Py_RETURN_NONE;
+}
+
 
 static PyObject *
 SlotWriter_state(SlotWriter *self, PyObject *Py_UNUSED(ignored))
@@ -320,15 +418,15 @@ static PyObject *
 SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buf", "slot0", "nbanks", "window_ns", "incarnation", "max_samples", "want_last",
-                             "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", NULL};
-    PyObject *buf, *on_roll = Py_None, *clock = Py_None;
+                             "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", "on_fork", NULL};
+    PyObject *buf, *on_roll = Py_None, *clock = Py_None, *on_fork = Py_None;
     Py_ssize_t slot0, nbanks, nan_off, disc_off, beat_off;
     long long window_ns, incarnation, max_samples;
     int want_last;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OO:SlotWriter", kwlist, &buf, &slot0, &nbanks,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OOO:SlotWriter", kwlist, &buf, &slot0, &nbanks,
                                      &window_ns, &incarnation, &max_samples, &want_last, &nan_off, &disc_off,
-                                     &beat_off, &on_roll, &clock)) {
+                                     &beat_off, &on_roll, &clock, &on_fork)) {
         return NULL;
     }
     if (on_roll != Py_None && !PyCallable_Check(on_roll)) {
@@ -337,6 +435,10 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (clock != Py_None && !PyCallable_Check(clock)) {
         PyErr_SetString(PyExc_TypeError, "clock must be callable or None");
+        return NULL;
+    }
+    if (on_fork != Py_None && !PyCallable_Check(on_fork)) {
+        PyErr_SetString(PyExc_TypeError, "on_fork must be callable or None");
         return NULL;
     }
     if (nbanks < 1 || window_ns < 1 || max_samples < 1) {
@@ -386,6 +488,11 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (clock != Py_None) {
         self->clock = Py_NewRef(clock);
     }
+    if (on_fork != Py_None) {
+        self->on_fork = Py_NewRef(on_fork);
+    }
+    self->generation = fork_generation;
+    self->busy = 0;
     return (PyObject *)self;
 }
 
@@ -397,6 +504,7 @@ SlotWriter_traverse(SlotWriter *self, visitproc visit, void *arg)
      * mapping, even while exports exist) before this object is gone and has released its export. */
     Py_VISIT(self->on_roll);
     Py_VISIT(self->clock);
+    Py_VISIT(self->on_fork);
     return 0;
 }
 
@@ -406,6 +514,7 @@ SlotWriter_clear(SlotWriter *self)
     /* The buffer is kept until dealloc: add stays memory-safe even on a cleared object. */
     Py_CLEAR(self->on_roll);
     Py_CLEAR(self->clock);
+    Py_CLEAR(self->on_fork);
     return 0;
 }
 
@@ -423,6 +532,8 @@ SlotWriter_dealloc(SlotWriter *self)
 
 static PyMethodDef SlotWriter_methods[] = {
     {"add", (PyCFunction)SlotWriter_add, METH_O, "add(v): add a sample to the open window (see Stat.add)."},
+    {"rebind", (PyCFunction)SlotWriter_rebind, METH_VARARGS,
+     "rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot from now on."},
     {"state", (PyCFunction)SlotWriter_state, METH_NOARGS,
      "state() -> (seq, sum, min, max, last): this writer's copy of the open window (for tests)."},
     {NULL, NULL, 0, NULL},
@@ -440,7 +551,7 @@ static PyTypeObject SlotWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmstat._fastpath.SlotWriter",
     .tp_doc = PyDoc_STR("SlotWriter(buf, slot0, nbanks, window_ns, incarnation, max_samples, want_last, nan_off, "
-                        "discarded_off, heartbeat_off, on_roll=None, clock=None)\n\n"
+                        "discarded_off, heartbeat_off, on_roll=None, clock=None, on_fork=None)\n\n"
                         "Writes one stat's samples into its slot of a shmstat segment (offsets in bytes)."),
     .tp_basicsize = sizeof(SlotWriter),
     .tp_itemsize = 0,
@@ -464,6 +575,10 @@ PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
     if (PyType_Ready(&SlotWriterType) < 0) {
+        return NULL;
+    }
+    if (pthread_atfork(NULL, NULL, bump_fork_generation) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
         return NULL;
     }
     PyObject *m = PyModule_Create(&fastpath_module);

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .publisher import Publisher
-    from .segment import RankAttachment
+    from .rank import RankAttachment
 
 
 @dataclass
@@ -31,6 +31,8 @@ class GlobalState:
     publisher: Publisher | None = None
     publish_target: tuple[str, int, int] | None = None
     """(endpoint, rank, incarnation) of the publisher, so a forked child can open its own."""
+    fork_owner: tuple[Any, int] | None = None
+    """In a child forked from an attached rank: (segment, owner local rank) to register a writer entry under."""
     auto_init_done: bool = False
     """Whether the environment was consulted for a job (done lazily, once)."""
     lock: threading.RLock = field(default_factory=threading.RLock)

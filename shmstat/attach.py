@@ -5,14 +5,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
 
 from . import _state
 from .errors import ConfigError
 from .identity import Identity, identity_from_env
 from .layout import Geometry
 from .publisher import Publisher
+from .rank import RankAttachment
 from .runtime import ingest_endpoint, validate_job
-from .segment import RankAttachment, Segment
+from .segment import Segment
 
 __all__ = ["ensure_init", "init", "shutdown"]
 
@@ -28,13 +30,15 @@ def init(
     banks: int | None = None,
     endpoint: str | None = None,
     publish: bool = True,
+    backlog_mb: float | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
     Arguments left out come from the environment (see :mod:`shmstat.identity`); with no job anywhere the
     process stays in-process (torch.monitor behaviour) and None is returned. Capacities given explicitly
     must match an existing segment. Stats created afterwards write to shared memory; events and metrics
-    are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``.
+    are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
+    ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     Calling ``init`` again for another job detaches from the first.
     """
     env = identity_from_env()
@@ -69,16 +73,31 @@ def init(
         if publish:
             target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
             _state.STATE.publish_target = target
-            _state.STATE.publisher = Publisher(target[0], rank=rank, incarnation=att.incarnation)
+            _state.STATE.publisher = Publisher(
+                target[0], rank=rank, incarnation=att.incarnation,
+                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024),
+            )
         _state.STATE.auto_init_done = True
     return att
 
 
 def ensure_init() -> RankAttachment | None:
-    """The current attachment, attaching from the environment the first time it is asked."""
+    """The current attachment, attaching from the environment the first time it is asked.
+
+    In a process forked from an attached rank, the first call registers the child as a writer of that rank
+    (its own slots; the collector counts its samples in the rank's rows).
+    """
     st = _state.STATE
     if st.attachment is not None and st.attachment.pid == os.getpid():
         return st.attachment
+    if st.fork_owner is not None:
+        with st.lock:
+            if st.attachment is not None and st.attachment.pid == os.getpid():
+                return st.attachment
+            segment, owner = st.fork_owner
+            st.attachment = RankAttachment.register_writer(segment, owner_local_rank=owner)
+            st.fork_owner = None
+            return st.attachment
     if st.auto_init_done:
         return None
     with st.lock:
@@ -107,9 +126,13 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The child is not the registered rank: it must not write the parent's slots or use its socket.
-    # It keeps publishing events as the same rank under its own pid, on a socket of its own.
+    # The child is not the registered rank: it must not write the parent's slots or use its socket. It writes
+    # samples as a writer of the same rank (registered on first use) and publishes events as the same rank
+    # under its own pid, on a socket of its own.
     st = _state.STATE
+    parent = st.attachment
+    st.fork_owner = (parent.segment, parent.owner_local_rank) if parent is not None else None
+    st.lock = threading.RLock()  # a parent thread may have held it at the fork
     st.attachment = None
     st.publisher = None
     st.auto_init_done = True

@@ -4,6 +4,7 @@
 
     ShmstatError                      root of every error shmstat raises on purpose
      ├── ConfigError (ValueError)     a bad argument or environment value: job id, name, window, handler spec
+     │    └── EventTooLargeError      an event to publish is over the wire's maximum size
      ├── CapacityError                the segment has no room left for another rank or stat
      ├── SegmentError                 the shared-memory segment cannot be created, attached or trusted
      │    └── LayoutMismatchError     the segment was made by another layout version or is not ours
@@ -19,6 +20,7 @@ __all__ = [
     "CapacityError",
     "CollectorError",
     "ConfigError",
+    "EventTooLargeError",
     "LayoutMismatchError",
     "SegmentError",
     "ShmstatError",
@@ -32,6 +34,10 @@ class ShmstatError(Exception):
 
 class ConfigError(ShmstatError, ValueError):
     """A bad argument or environment value (job id, stat name, window size, handler spec)."""
+
+
+class EventTooLargeError(ConfigError):
+    """An event to be published is larger than :data:`shmstat.wire.MAX_EVENT_BYTES`; nothing was queued."""
 
 
 class CapacityError(ShmstatError):

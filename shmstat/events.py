@@ -28,7 +28,9 @@ from datetime import datetime
 from typing import Any
 
 from ._state import STATE
-from .errors import ConfigError
+from .errors import ConfigError, EventTooLargeError
+from .publisher import item_bytes
+from .wire import MAX_EVENT_BYTES
 
 __all__ = [
     "STAT_EVENT",
@@ -310,9 +312,11 @@ def _handler_failed(callback: Callable[[Event], None], exc: Exception) -> None:
 def log_event(event: Event) -> None:
     """Pass ``event`` (the same object) to every registered handler, in order, then to the job's collector.
 
-    With no handlers and no job attached this is a no-op. A handler's exception is logged and counted, never
-    raised, and the remaining handlers still run; a handler may itself call ``log_event``. Raises
-    :class:`TypeError` if ``event`` is not an :class:`Event`.
+    With no handlers and no job attached this is a no-op; a job configured by the environment is attached on
+    the first call, as by a :class:`Stat`. A handler's exception is logged and counted, never raised, and the
+    remaining handlers still run; a handler may itself call ``log_event``. Raises :class:`TypeError` if
+    ``event`` is not an :class:`Event` and :class:`~shmstat.errors.EventTooLargeError` if it is to be published
+    and is over :data:`shmstat.wire.MAX_EVENT_BYTES` (after the local handlers saw it).
     """
     if not isinstance(event, Event):
         raise TypeError(f"log_event expects an Event, not {type(event).__name__}")
@@ -322,8 +326,24 @@ def log_event(event: Event) -> None:
         except Exception as exc:
             _handler_failed(callback, exc)
     pub = STATE.publisher
+    if pub is None and not STATE.auto_init_done:
+        pub = _attach_from_env()
     if pub is not None:
-        pub.publish_event(event._name, event._timestamp_ns(), event._data)
+        size = item_bytes(event._name, event._data)
+        if size > MAX_EVENT_BYTES:
+            raise EventTooLargeError(
+                f"event {event._name!r} is about {size} bytes, over the {MAX_EVENT_BYTES}-byte maximum an event "
+                "may have on the wire; log smaller events (large artefacts belong in files)"
+            )
+        pub.publish_event(event._name, event._timestamp_ns(), event._data, size)
+
+
+def _attach_from_env() -> Any:
+    """Attach as :class:`Stat` does, the first time anything is logged (a rank configured by the environment)."""
+    from .attach import ensure_init  # late: attach imports the publisher
+
+    ensure_init()
+    return STATE.publisher
 
 
 def _dispatch_local(event: Event) -> None:

@@ -35,7 +35,10 @@ aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``
      64  nstats           u64  descriptors handed out so far (high-water mark)
      72  nan_count        u64  NaN samples ignored by this rank
      80  discarded        u64  samples discarded because a window reached max_samples
-     88  reserved ... 128
+     88  writer_of        u64  0 for a rank; 1 + the local rank whose samples this entry also writes, for a
+                               writer entry (a forked child or a spawned worker of that rank: its own slots,
+                               summed into its rank's rows by the collector)
+     96  reserved ... 128
 
     stat descriptor (192 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
@@ -67,9 +70,8 @@ Concurrency guarantees:
 - A reader copies ``seq, wid``, the data, then ``wid, seq`` again and accepts the copy only when both pairs
   match and ``seq`` is even; otherwise it retries. Re-checking ``wid`` catches a bank reset whose new count
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
-- Rank entries and descriptors are allocated under the job lock (``flock`` on ``runtime.lock_path(job)``,
-  released by the kernel if its holder dies); a descriptor's ``state`` is
-  written last, so a reader that sees ``state == 1`` sees the whole descriptor.
+- Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat._joblock``); a
+  descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
 - ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank.
 """
 
@@ -99,7 +101,9 @@ __all__ = [
     "RankInfo",
     "RankState",
     "StatDescriptor",
+    "descriptor_problem",
     "min_window_ms",
+    "rank_problem",
 ]
 
 MAGIC = b"SHMSTAT\x00"
@@ -132,6 +136,10 @@ def min_window_ms(banks: int) -> int:
     return max(1, -(-RING_BUDGET_MS // max(1, banks - 2)))
 
 
+# Bits of a descriptor's aggregation mask (``1 << Aggregation value``: VALUE 0, MEAN 2, COUNT 3, SUM 4, MAX 5,
+# MIN 6, as torch.monitor numbers them).
+VALID_AGG_MASK = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6)
+
 # Header fields (byte offsets).
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
 H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT = 48, 56, 64
@@ -139,8 +147,8 @@ _HEADER = struct.Struct("<8sQQQQQqqq")
 
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
-R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED = 48, 56, 64, 72, 80
-_RANK = struct.Struct("<QqQqqqqqQQQ")
+R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF = 48, 56, 64, 72, 80, 88
+_RANK = struct.Struct("<QqQqqqqqQQQQ")
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
@@ -246,6 +254,13 @@ class RankInfo:
     nstats: int
     nan_count: int
     discarded: int
+    writer_of: int = 0
+    """0 for a rank; ``1 + local rank`` of the rank this writer entry writes for."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this entry is an extra writer (forked child, spawned worker) of another rank's samples."""
+        return self.writer_of != 0
 
     @property
     def state_name(self) -> str:
@@ -304,10 +319,39 @@ def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
 
 def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
     """Decode rank entry ``local_rank``."""
-    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc) = _RANK.unpack_from(
+    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc, writer_of) = _RANK.unpack_from(
         buf, geometry.rank_offset(local_rank)
     )
-    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc)
+    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of)
+
+
+def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:
+    """Why a rank entry cannot be used by a reader (garbage written into the segment), or None if it can."""
+    if info.state not in RankState.NAMES:
+        return f"unknown state {info.state}"
+    if not 0 < info.pid < 1 << 31:
+        return f"pid {info.pid} out of range"
+    if info.rank < 0 or info.world_size < 0:
+        return "negative rank or world size"
+    if info.writer_of > geometry.max_ranks or info.writer_of == info.local_rank + 1:
+        return f"writer_of {info.writer_of} out of range"
+    return None
+
+
+def descriptor_problem(desc: StatDescriptor) -> str | None:
+    """Why a published descriptor cannot be used by a reader (garbage in the segment), or None if it can.
+
+    Ranks never publish such a descriptor (``Stat`` refuses the parameters first); a reader skips one.
+    """
+    if not 1 <= desc.window_ms <= MAX_WINDOW_MS:
+        return f"window of {desc.window_ms} ms outside 1..{MAX_WINDOW_MS}"
+    if desc.max_samples < 1:
+        return f"max_samples {desc.max_samples} under 1"
+    if desc.agg_mask & ~VALID_AGG_MASK:
+        return f"aggregation mask {desc.agg_mask:#x} names no known aggregation"
+    if not desc.name or "\ufffd" in desc.name or "\ufffd" in desc.group:
+        return "empty or invalid UTF-8 name"
+    return None
 
 
 def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: int) -> StatDescriptor | None:

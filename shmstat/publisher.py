@@ -79,12 +79,34 @@ import zmq
 from . import _state, wire
 from .errors import ConfigError, WireError
 
-__all__ = ["DEFAULT_SNDHWM", "Publisher", "PublisherStats", "after_fork_in_child"]
+__all__ = [
+    "DEFAULT_BACKLOG_BYTES",
+    "DEFAULT_SNDHWM",
+    "MAX_BATCH_BYTES",
+    "Publisher",
+    "PublisherStats",
+    "after_fork_in_child",
+    "item_bytes",
+]
 
 _log = logging.getLogger("shmstat")
 
-DEFAULT_SNDHWM = 1000
-"""zmq's send high-water mark, in messages (each message batches up to ``batch_max`` items)."""
+DEFAULT_SNDHWM = 64
+"""zmq's send high-water mark, in messages (each message batches up to ``batch_max`` items and, except for one
+large event, at most :data:`MAX_BATCH_BYTES`): what waits inside zmq stays within ~16 MiB, the rest is in the
+publisher's own byte-bounded backlog, where a drop is counted and numbered."""
+
+DEFAULT_BACKLOG_BYTES = 64 * 1024 * 1024
+"""Bytes (estimated, see :func:`item_bytes`) of items a publisher holds at most, waiting and pending each;
+``SHMSTAT_BACKLOG_MB`` or ``Publisher(backlog_bytes=...)`` change it."""
+
+MAX_BATCH_BYTES = 256 * 1024
+"""A batch of several items is sealed before it passes this many (estimated) bytes."""
+
+METRIC_BYTES = 160
+"""The estimated size of one metric item (Python objects and wire bytes)."""
+
+_ITEM_OVERHEAD = 128
 
 _MAX_IDLE_SLEEP_S = 0.02
 _EXIT_BUDGET_S = 2.0
@@ -119,7 +141,7 @@ class _Batch:
     stay in the pending queue, in that order, which is what :meth:`Publisher.flush` measures progress by.
     """
 
-    __slots__ = ("first_seq", "frames", "items", "kind", "skip", "taken", "topic")
+    __slots__ = ("first_seq", "frames", "items", "kind", "nbytes", "skip", "taken", "topic")
 
     def __init__(self, topic: str, kind: str, taken: int, items: list[Any], first_seq: int = -1) -> None:
         self.topic = topic
@@ -128,6 +150,7 @@ class _Batch:
         self.first_seq = first_seq
         self.items = items
         self.frames: tuple[bytes, ...] | None = None
+        self.nbytes = 0  # estimated bytes of the items (see item_bytes)
         self.skip = 0  # > 0: not a message but a gap of that many dropped items, at its place in the order
 
     @classmethod
@@ -138,6 +161,35 @@ class _Batch:
         if tag == "metric":
             return cls(f"metric/{entry[1]}/{entry[2]}", "metric", taken, [item])
         return cls(entry[1], entry[2], taken, [item])
+
+
+def item_bytes(name: str, data: dict[str, Any]) -> int:
+    """The estimated size of an event: what its Python objects and its wire encoding take, within a small
+    constant (strings count in UTF-8 bytes once they are long enough to matter)."""
+    n = _ITEM_OVERHEAD + len(name)
+    for key, value in data.items():
+        n += 16 + len(key)
+        if type(value) is str:
+            n += len(value)
+    if n > 4096:  # long text: count UTF-8 bytes, not characters
+        n = _ITEM_OVERHEAD + len(name.encode("utf-8", "replace")) + sum(
+            16 + len(k.encode("utf-8", "replace")) + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
+            for k, v in data.items() if type(k) is str
+        )
+    return n
+
+
+def _backlog_bytes_from_env() -> int:
+    raw = os.environ.get("SHMSTAT_BACKLOG_MB")
+    if not raw:
+        return DEFAULT_BACKLOG_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not 1 <= mb <= 1 << 20:
+        raise ConfigError(f"SHMSTAT_BACKLOG_MB={raw!r} is not a number of MiB between 1 and 1048576")
+    return int(mb * 1024 * 1024)
 
 
 _GONE: tuple[bytes, ...] = ()  # the frames of a batch that was split or given up (no item may join it)
@@ -175,6 +227,7 @@ class Publisher:
         idle_sleep_s: float = 0.002,
         context: zmq.Context[Any] | None = None,
         sndhwm: int = DEFAULT_SNDHWM,
+        backlog_bytes: int | None = None,
     ) -> None:
         if pid is None:
             pid = os.getpid()
@@ -185,6 +238,7 @@ class Publisher:
             ("backlog_limit", backlog_limit, 1),
             ("batch_max", batch_max, 1),
             ("sndhwm", sndhwm, 0),
+            ("backlog_bytes", _backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes, 1024),
         ):
             if type(value) is not int or value < low:
                 raise ConfigError(f"Publisher {label} must be an int >= {low}, got {value!r}")
@@ -199,6 +253,7 @@ class Publisher:
         self.pid = pid
         self._owner_pid = os.getpid()
         self._backlog_limit = backlog_limit
+        self._backlog_bytes = _backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
         self._batch_max = batch_max
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
@@ -210,6 +265,8 @@ class Publisher:
         self._started = False
         self._late_drops = 0  # publishes after close() or in a forked child
         self._overflow = 0  # publishes refused because the caller-side queue was full
+        self._in_bytes = 0  # estimated bytes ever queued by callers (callers write it)
+        self._out_bytes = 0  # estimated bytes ever taken off the queue (the thread writes it)
 
         # thread side (written only by the background thread while it runs)
         self._next_seq = 0  # == items taken from self._q (the take index)
@@ -219,6 +276,8 @@ class Publisher:
         # {group: {name: batch}} for metrics, topic of publish()
         self._open: tuple[dict[Any, _Batch], dict[Any, dict[Any, _Batch]], dict[Any, _Batch]] = ({}, {}, {})
         self._held = 0
+        self._held_bytes = 0
+        self._overflow_numbered = 0  # how many of the caller-side refusals took their sequence numbers so far
         self._sent_items = 0
         self._sent_messages = 0
         self._dropped = 0
@@ -257,19 +316,30 @@ class Publisher:
 
     # ------------------------------------------------------------------------------------- caller side
 
-    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any]) -> None:
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any], size: int = 0) -> None:
         """Queue the event ``name`` at ``ts_ns`` (Unix ns) with a copy of ``data``; never blocks.
 
         ``data`` values must be ``str``/``int``/``float``/``bool`` (not checked here: an item that cannot
-        be encoded is dropped, counted and logged once by the background thread).
+        be encoded is dropped, counted and logged once by the background thread). ``size`` is the event's
+        :func:`item_bytes` if the caller has it. Past the byte bound the event is dropped and counted.
         """
-        self._append(("event", name, ts_ns, dict(data)))
+        if not size:
+            size = item_bytes(name, data)
+        if self._in_bytes - self._out_bytes + size > self._backlog_bytes:
+            self._overflow += 1
+            return
+        self._in_bytes += size
+        self._append(("event", name, ts_ns, dict(data), size))
         if not self._started:
             self._start()
 
     def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
         """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
-        self._append(("metric", group, name, value, ts))
+        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
+            self._overflow += 1
+            return
+        self._in_bytes += METRIC_BYTES
+        self._append(("metric", group, name, value, ts, METRIC_BYTES))
         if not self._started:
             self._start()
 
@@ -293,7 +363,11 @@ class Publisher:
             raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
         if expected != topic:
             raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
-        self._append((None, topic, kind, item))
+        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
+            self._overflow += 1
+            return
+        self._in_bytes += METRIC_BYTES
+        self._append((None, topic, kind, item, METRIC_BYTES))
         if not self._started:
             self._start()
 
@@ -306,6 +380,7 @@ class Publisher:
         if len(self._q) < self._backlog_limit:
             self._q.append(entry)
         else:
+            self._in_bytes -= entry[-1]
             self._overflow += 1
 
     def _drop_late(self, entry: tuple[Any, ...]) -> None:
@@ -384,6 +459,7 @@ class Publisher:
         self._next_seq += leftover
         self._dropped += leftover + self._held
         self._held = 0
+        self._held_bytes = 0
         self._pending.clear()
         for opened in self._open:
             opened.clear()
@@ -467,6 +543,11 @@ class Publisher:
             if self._subscribed and not self._pending:
                 self._send_held(sock)  # all sent: the collector need not wait for more from us
                 self._await_ack(sock, self._close_linger_ms)
+            elif self._subscribed:
+                # closing with items left: they are dropped, and the marker carries the sequence number after
+                # them, so the collector counts them as a gap (sealed batches are numbered already)
+                self._send_held(sock, self._wire_seq + len(self._q) + (self._overflow - self._overflow_numbered)
+                                + sum(b.skip or len(b.items) for b in self._pending if b.frames is None))
             with contextlib.suppress(zmq.ZMQError):
                 sock.close(linger=self._close_linger_ms)
 
@@ -520,11 +601,12 @@ class Publisher:
                 if sock.poll(max(1, int(left * 1000)), zmq.POLLIN) and sock.recv(zmq.NOBLOCK) == ack:
                     return
 
-    def _send_held(self, sock: zmq.Socket[Any]) -> None:
+    def _send_held(self, sock: zmq.Socket[Any], next_seq: int | None = None) -> None:
         """Tell the collector that everything sent before has been sent: the marker travels behind it in the
         same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
         next one) and when this publisher closes with nothing left."""
-        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, self._wire_seq, [{"state": "held"}])
+        seq = self._wire_seq if next_seq is None else next_seq
+        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, seq, [{"state": "held"}])
         with contextlib.suppress(zmq.ZMQError):
             sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
 
@@ -551,6 +633,12 @@ class Publisher:
             open_metrics.clear()
             open_other.clear()
         dropped = 0
+        refused = self._overflow - self._overflow_numbered  # refused by publish*: numbered here, at this place
+        if refused > 0:
+            self._overflow_numbered += refused
+            self._skip(refused)
+            open_kind = None
+        held_bytes, byte_cap, out_bytes = self._held_bytes, self._backlog_bytes, 0
         limit = seq + max(8 * batch_max, 8192)
         while seq < limit:
             try:
@@ -558,16 +646,18 @@ class Publisher:
             except IndexError:
                 break
             seq += 1
-            if held < cap:
+            size = entry[-1]
+            out_bytes += size
+            if held < cap and held_bytes + size <= byte_cap:
                 tag = entry[0]
                 try:
                     if tag == "event":
                         key = entry[1]
-                        item = entry[1:]
+                        item = entry[1:4]
                         opened = open_events
                     elif tag == "metric":
                         key = entry[2]  # the name; the group is checked below (no key tuple per item)
-                        item = entry[1:]
+                        item = entry[1:5]
                         opened = open_metrics.get(entry[1])
                         if opened is None:
                             opened = open_metrics[entry[1]] = {}
@@ -576,8 +666,10 @@ class Publisher:
                         item = entry[3]
                         opened = open_other
                     batch = opened.get(key)
-                    if batch is not None and batch.frames is None and len(batch.items) < batch_max:
+                    if (batch is not None and batch.frames is None and len(batch.items) < batch_max
+                            and batch.nbytes + size <= MAX_BATCH_BYTES):
                         batch.items.append(item)
+                        batch.nbytes += size
                     else:
                         batch = _Batch.start(tag, entry, seq - 1, item)
                         if batch.kind != open_kind:  # a new kind: nothing before it may be joined again
@@ -585,30 +677,39 @@ class Publisher:
                             open_metrics.clear()
                             open_other.clear()
                             open_kind = batch.kind
+                        batch.nbytes = size
                         pending.append(batch)
                         opened[key] = batch
                     held += 1
+                    held_bytes += size
                     continue
                 except Exception:  # a name whose hash, == or format raises: never let it stop the thread
                     pass
             # dropped: it takes a sequence number at its place, so the receiver sees the gap
             dropped += 1
-            last = pending[-1] if pending else None
-            if last is not None and last.skip:
-                last.skip += 1
-            else:
-                gap = _Batch("", "", seq - 1, [])
-                gap.skip = 1
-                pending.append(gap)
-            open_events.clear()
-            open_metrics.clear()
-            open_other.clear()
+            self._skip(1, seq - 1)
             open_kind = None
         taken = seq - self._next_seq
         self._next_seq = seq
         self._held = held
+        self._held_bytes = held_bytes
+        self._out_bytes += out_bytes
         self._dropped += dropped
-        return taken > 0
+        return taken > 0 or refused > 0
+
+    def _skip(self, n: int, taken: int | None = None) -> None:
+        """Put a gap of ``n`` dropped items at the end of the pending queue (their sequence numbers are
+        skipped when it is reached); no batch before it may be joined any more."""
+        pending = self._pending
+        last = pending[-1] if pending else None
+        if last is not None and last.skip:
+            last.skip += n
+        else:
+            gap = _Batch("", "", self._next_seq if taken is None else taken, [])
+            gap.skip = n
+            pending.append(gap)
+        for opened in self._open:
+            opened.clear()
 
     def _send(self, sock: zmq.Socket[Any]) -> bool:
         """Send pending batches in order until zmq says EAGAIN; True if at least one message left."""
@@ -628,6 +729,7 @@ class Publisher:
                     batch.frames = _GONE
                     pending.popleft()
                     pending.extendleft(reversed(good))
+                    self._held_bytes -= batch.nbytes - sum(part.nbytes for part in good)
                 if not pending:
                     break
                 batch = pending[0]
@@ -640,6 +742,7 @@ class Publisher:
             pending.popleft()
             n = len(batch.items)
             self._held -= n
+            self._held_bytes -= batch.nbytes
             self._sent_items += n
             self._sent_messages += 1
             sent = True
@@ -667,6 +770,7 @@ class Publisher:
                 (batch.first_seq + half, batch.items[half:]),
             ):
                 part = _Batch(batch.topic, batch.kind, batch.taken, items, first_seq)
+                part.nbytes = batch.nbytes * len(items) // len(batch.items)
                 sub = self._encode(part)
                 out.extend([part] if sub is None else sub)
             return out

@@ -7,12 +7,16 @@ watermark the caller keeps (the collector keeps it in the descriptor's ``emitted
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from . import layout as L
 from .segment import Segment, pid_alive
 
 __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
+
+_log = logging.getLogger("shmstat")
+_MAX_WARNED = 10_000  # entries remembered for count-once and warn-once
 
 
 @dataclass(frozen=True)
@@ -62,14 +66,46 @@ class SegmentReader:
     def __init__(self, segment: Segment) -> None:
         self.segment = segment
         self.geometry = segment.geometry
+        self.bad_ranks = 0
+        """Rank entries skipped because their content is unusable (counted once per entry and incarnation)."""
+        self.bad_descriptors = 0
+        """Descriptors skipped because their content is unusable (counted once per descriptor)."""
+        self._warned: set[tuple[object, ...]] = set()
 
     def ranks(self) -> list[L.RankInfo]:
-        """Every rank entry that was ever used."""
-        return self.segment.ranks()
+        """Every rank entry that was ever used and can be trusted; unusable ones are skipped and counted."""
+        out = []
+        for info in self.segment.ranks():
+            problem = L.rank_problem(info, self.geometry)
+            if problem is None:
+                out.append(info)
+            elif self._first(("rank", info.local_rank, info.incarnation, info.pid)):
+                self.bad_ranks += 1
+                _log.warning("job %s: rank entry %d skipped: %s", self.segment.job, info.local_rank, problem)
+        return out
 
     def descriptors(self, local_rank: int) -> list[L.StatDescriptor]:
-        """Published stat descriptors of a rank."""
-        return self.segment.descriptors(local_rank)
+        """Published stat descriptors of a rank that can be used; unusable ones are skipped and counted."""
+        out = []
+        for desc in self.segment.descriptors(local_rank):
+            problem = L.descriptor_problem(desc)
+            if problem is None:
+                out.append(desc)
+            elif self._first(("desc", local_rank, desc.index, desc.incarnation, desc.window_ms, desc.agg_mask)):
+                self.bad_descriptors += 1
+                _log.warning("job %s: stat descriptor %d of rank entry %d skipped: %s", self.segment.job,
+                             desc.index, local_rank, problem)
+        return out
+
+    def _first(self, key: tuple[object, ...]) -> bool:
+        """Whether ``key`` is seen for the first time (memory stays bounded: past the cap the set starts over,
+        so a flood of garbage may be counted again, never grows the collector)."""
+        if key in self._warned:
+            return False
+        if len(self._warned) >= _MAX_WARNED:
+            self._warned.clear()
+        self._warned.add(key)
+        return True
 
     def read_slot(
         self, info: L.RankInfo, desc: L.StatDescriptor, now_ns: int, grace_ns: int, after_wid: int,

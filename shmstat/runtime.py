@@ -1,7 +1,7 @@
 """Job ids, names and the owner-only runtime directory where a job's sockets live.
 
 A job id names the node's segment (``/shmstat.<job>``) and the collector's ``ipc://`` ingest socket, so it is
-validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters; not ending in ``.lock``.
+validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ _JOB_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 def validate_job(job: str) -> str:
     """Return ``job`` if it is a valid job id, else raise :class:`ConfigError` saying what is allowed."""
-    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", ".."):
+    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", "..") or job.endswith(".lock"):
         raise ConfigError(
-            f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.'"
+            f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.', "
+            "not ending in '.lock'"
         )
-    if job.endswith(".lock"):
-        raise ConfigError(f"job id {job!r} is invalid: it must not end in '.lock' (the job lock files do)")
     return job
 
 
@@ -45,8 +44,7 @@ def segment_name(job: str) -> str:
 
 
 def semaphore_name(job: str) -> str:
-    """The POSIX named semaphore that older shmstat versions used as the job lock (now :func:`lock_path`);
-    only removed, by ``Segment.unlink`` and ``shmstat clean``."""
+    """The POSIX named semaphore earlier versions locked the job with (only removed now: see :func:`lock_path`)."""
     return f"/shmstat.{validate_job(job)}.lock"
 
 

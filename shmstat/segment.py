@@ -1,11 +1,11 @@
-"""Creating, attaching and registering in a job's shared-memory segment.
+"""Creating, attaching and listing a job's shared-memory segment.
 
-Whoever comes first (collector or rank) creates and initialises the segment under the job lock (``flock``
-on ``/dev/shm/shmstat.<job>.lock``, see :mod:`shmstat._joblock`); everyone else attaches and validates magic,
-layout version and capacities. Segments are created with mode 0600 and fully allocated up front
+Whoever comes first (collector or rank) creates and initialises the segment under the job lock (``flock`` on
+a file beside the segment, :mod:`shmstat._joblock`); everyone else attaches and validates magic, layout
+version and capacities. Segments are created with mode 0600 and fully allocated up front
 (``posix_fallocate``), so a full ``/dev/shm`` is a clear error at creation instead of a SIGBUS in the middle
 of a training step. ``posix_ipc`` is used rather than ``multiprocessing.shared_memory``, whose resource
-tracker unlinks segments when their creator exits.
+tracker unlinks segments when their creator exits. Registering as a rank is :mod:`shmstat.rank`.
 """
 
 from __future__ import annotations
@@ -18,23 +18,22 @@ import os
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import posix_ipc
 
 from . import layout as L
 from ._joblock import JobLock, job_lock
-from .errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
+from .errors import ConfigError, LayoutMismatchError, SegmentError
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
 
-__all__ = ["RankAttachment", "Segment", "pid_alive"]
+__all__ = ["Segment", "pid_alive"]
 
 _log = logging.getLogger("shmstat")
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (zombies count as alive until reaped); False for any value that
-    cannot be a pid (not positive, beyond ``pid_max``)."""
+    """True if a process with this pid exists (zombies count as alive until reaped); False for any value the
+    kernel cannot hand out (not positive, beyond ``/proc/sys/kernel/pid_max``: garbage in a segment)."""
     if not 0 < pid <= _pid_max():
         return False
     try:
@@ -53,7 +52,7 @@ def _pid_max() -> int:
             with open("/proc/sys/kernel/pid_max", encoding="ascii") as f:
                 _PID_MAX = int(f.read().strip())
         except (OSError, ValueError):
-            _PID_MAX = 4194304  # the kernel's upper limit for pid_max on 64-bit
+            _PID_MAX = 4194304  # the kernel's limit for pid_max on 64-bit
     return _PID_MAX
 
 
@@ -88,7 +87,7 @@ class Segment:
         ``shmstat ls``: a segment still being created is then reported as unusable instead of waited for.
         Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe, unusable or cannot be
         created (no room), and :class:`LayoutMismatchError` if it is not ours or of another layout version or
-        capacity. A failed creation leaves neither segment nor lock file behind.
+        capacity. A failed open leaves neither segment nor lock file behind when no segment exists.
         """
         validate_job(job)
         if geometry is not None:
@@ -229,20 +228,20 @@ class Segment:
 
     @staticmethod
     def unlink(job: str) -> bool:
-        """Remove the job's segment, lock file and legacy semaphore; True if a segment existed.
+        """Remove the job's segment, its lock file and any semaphore of older versions; True if a segment existed.
 
-        Safe while someone waits for the lock: a waiter that gets the removed file's lock notices and retries.
+        Taken under the lock, so no one holds the removed file; a waiter then finds it gone and takes a new one.
         """
         existed = True
         lock = job_lock(job)
-        with lock.held():  # holding it, no one else holds the file removed: waiters move to a new one
+        with lock.held():
             try:
                 posix_ipc.unlink_shared_memory(segment_name(job))
             except posix_ipc.ExistentialError:
                 existed = False
             lock.remove_file()
         with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_semaphore(semaphore_name(job))
+            posix_ipc.unlink_semaphore(semaphore_name(job))  # what versions before the flock lock used
         return existed
 
     @staticmethod
@@ -271,8 +270,6 @@ class Segment:
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_semaphore(semaphore_name(job))
         path = lock_path(job)
-        if os.path.exists("/dev/shm" + segment_name(job)):
-            return False
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -291,7 +288,7 @@ class Segment:
             with contextlib.suppress(FileNotFoundError):
                 now = os.stat(path, follow_symlinks=False)
                 if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                    os.unlink(path)
+                    os.unlink(path)  # we hold it, so no one else holds the file removed
         finally:
             os.close(fd)
         return True
@@ -308,119 +305,6 @@ class Segment:
             if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
                 jobs.append(n[len("shmstat.") :])
         return jobs
-
-
-@dataclass
-class RankAttachment:
-    """This process's registration as one rank of a job: its entry, incarnation and stat descriptors."""
-
-    segment: Segment
-    local_rank: int
-    rank: int
-    world_size: int
-    pid: int
-    incarnation: int
-    taken: set[int] = field(default_factory=set)
-    """Descriptor indices held by live Stats of this process (a duplicate name gets its own slot)."""
-
-    @classmethod
-    def register(
-        cls, segment: Segment, *, rank: int, local_rank: int, world_size: int = 1, pid: int | None = None,
-        clock_ns: int | None = None,
-    ) -> RankAttachment:
-        """Take rank entry ``local_rank`` for this process, bumping its incarnation; pre-fault the rank's slots.
-
-        Raises :class:`CapacityError` if ``local_rank`` is beyond the segment's rank capacity and
-        :class:`ConfigError` if a live process already holds the entry.
-        """
-        geo = segment.geometry
-        if not 0 <= local_rank < geo.max_ranks:
-            raise CapacityError(
-                f"local rank {local_rank} does not fit the segment of job {segment.job!r} (max {geo.max_ranks} "
-                "ranks per node); start the job with a larger --max-ranks"
-            )
-        pid = os.getpid() if pid is None else pid
-        now = time.time_ns() if clock_ns is None else clock_ns
-        off = geo.rank_offset(local_rank)
-        with segment.locked():
-            info = segment.rank(local_rank)
-            if info.state == L.RankState.ACTIVE and info.pid not in (pid, 0) and pid_alive(info.pid):
-                raise ConfigError(
-                    f"local rank {local_rank} of job {segment.job!r} is held by live pid {info.pid}; "
-                    "give each process its own LOCAL_RANK"
-                )
-            incarnation = info.incarnation + 1
-            struct.pack_into(
-                "<qQqqqqq", segment.buf, off + L.R_PID, pid, incarnation, rank, local_rank, world_size, now, now
-            )
-            struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
-        att = cls(segment, local_rank, rank, world_size, pid, incarnation)
-        att.prefault()
-        return att
-
-    def prefault(self) -> None:
-        """Touch every page of this rank's slots once, so no ``Stat.add`` pays a page fault."""
-        start, end = self.segment.geometry.rank_slots_span(self.local_rank)
-        bytes(self.segment.buf[start:end:mmap.PAGESIZE])
-        d0 = self.segment.geometry.desc_offset(self.local_rank, 0)
-        bytes(self.segment.buf[d0 : d0 + self.segment.geometry.max_stats * L.DESC_SIZE : mmap.PAGESIZE])
-
-    def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int) -> int:
-        """Take a descriptor index for this stat: reuse an identical one no live Stat holds, else publish one.
-
-        Reuse keeps a restarted rank (new incarnation) from exhausting the table. Raises
-        :class:`CapacityError` when the rank's stat table is full; nothing is written then.
-        """
-        name_b = L.encode_name(name, L.MAX_NAME_BYTES, "stat name")
-        group_b = L.encode_name(group, L.MAX_GROUP_BYTES, "stat group")
-        seg, geo = self.segment, self.segment.geometry
-        with seg.locked():
-            nstats = min(seg.rank(self.local_rank).nstats, geo.max_stats)
-            for j in range(nstats):
-                if j in self.taken:
-                    continue
-                d = L.read_descriptor(seg.buf, geo, self.local_rank, j)
-                if (
-                    d is not None and d.name == name and d.group == group and d.window_ms == window_ms
-                    and d.max_samples == max_samples and d.agg_mask == agg_mask
-                ):
-                    self.taken.add(j)
-                    return j
-            if nstats >= geo.max_stats:
-                raise CapacityError(
-                    f"rank {self.rank} has used all {geo.max_stats} stat slots of job {seg.job!r}; "
-                    "create fewer distinct stats or start the job with a larger --max-stats"
-                )
-            L.write_descriptor(
-                seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
-                max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation,
-            )
-            struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
-            self.taken.add(nstats)
-            return nstats
-
-    def release_stat(self, index: int) -> None:
-        """Give a descriptor index back when its Stat is closed (its windows stay for the collector)."""
-        self.taken.discard(index)
-
-    def word(self, field_offset: int) -> int:
-        """Index into ``segment.i64`` of one 8-byte field of this rank's entry."""
-        return (self.segment.geometry.rank_offset(self.local_rank) + field_offset) // 8
-
-    def heartbeat(self, now_ns: int) -> None:
-        """Record that this rank is alive (done on window roll-over, never per sample)."""
-        self.segment.i64[self.word(L.R_HEARTBEAT)] = now_ns
-
-    def mark_exited(self) -> None:
-        """Mark this rank's entry as cleanly exited (its windows stay readable)."""
-        if self.segment.rank(self.local_rank).pid == self.pid:
-            self.segment.set_rank_state(self.local_rank, L.RankState.EXITED)
-
-    def detach(self) -> None:
-        """Mark exited and unmap."""
-        with contextlib.suppress(Exception):
-            self.mark_exited()
-        self.segment.close()
 
 
 def _check_geometry(geo: L.Geometry) -> None:

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import os
+import math
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import _state
 from . import layout as L
-from .aggregation import Aggregation, aggregate, aggregation_key, from_mask, to_mask
+from ._writer import Summary, binding_for, coerce_value
+from .aggregation import Aggregation, aggregation_key, from_mask, to_mask
 from .errors import ConfigError
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
@@ -34,37 +35,30 @@ STAT_EVENT_NAME = "torch.monitor.Stat"
 _UNLIMITED = 9223372036854775807
 _KEY_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN,
               Aggregation.VALUE)
-_live_attached: weakref.WeakSet[Stat] = weakref.WeakSet()
 
 Clock = Callable[[], int]
 
 
 def _window_ns(window_size: Any) -> int:
+    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one outside 1 ms..1 h."""
     if isinstance(window_size, _dt.timedelta):
         ms = window_size // _dt.timedelta(milliseconds=1)
     elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
-        if window_size != window_size:
-            raise ConfigError("window_size is NaN; give a timedelta or seconds of at least 0.001")
-        ms = int(window_size * 1000) if window_size < 1e15 else 0
+        if not math.isfinite(window_size):
+            raise ConfigError(f"window_size {window_size!r} is not a finite number of seconds")
+        ms = int(window_size * 1000) if abs(window_size) < 1e15 else int(math.copysign(1e18, window_size))
     else:
         raise TypeError(
             f"window_size must be a datetime.timedelta or seconds as a float, not {type(window_size).__name__}"
         )
     if ms < 1:
         raise ConfigError(f"window_size {window_size!r} is under 1 ms; use a window of at least 1 ms")
+    if ms > L.MAX_WINDOW_MS:
+        raise ConfigError(
+            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS // 1000} s; "
+            "use a shorter window (log rarer values as events)"
+        )
     return ms * 1_000_000
-
-
-class _Summary:
-    """Values of one closed window, as torch.monitor reports them (zeros for an empty window)."""
-
-    __slots__ = ("count", "last", "max", "min", "sum")
-
-    def __init__(self, count: int = 0, total: float = 0.0, lo: float = 0.0, hi: float = 0.0, last: float = 0.0):
-        self.count, self.sum, self.min, self.max, self.last = count, total, lo, hi, last
-
-    def value(self, agg: Aggregation) -> float:
-        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last)
 
 
 class Stat:
@@ -113,7 +107,6 @@ class Stat:
         self._attached = attachment is not None
         if attachment is not None:
             self._core: _LocalCore | _SharedCore = _SharedCore(self, attachment, clock)
-            _live_attached.add(self)
         else:
             self._core = _LocalCore(self, clock)
         self.add: Callable[[float], None] = self._core.add
@@ -155,7 +148,7 @@ class Stat:
         return f"Stat(name={self._name!r}, window_ms={self._window_ns // 1_000_000}, group={self._group!r})"
 
     # -- shared by both cores ----------------------------------------------------------------------------
-    def _log_window(self, summary: _Summary, now_ns: int) -> None:
+    def _log_window(self, summary: Summary, now_ns: int) -> None:
         from .events import Event, _dispatch_local
 
         data: dict[str, float] = {}
@@ -164,13 +157,6 @@ class Stat:
                 data[f"{self._name}.{aggregation_key(agg)}"] = summary.value(agg)
         _dispatch_local(Event._from_ns(STAT_EVENT_NAME, now_ns, data))
 
-    def _detach_after_fork(self) -> None:
-        """In a forked child: stop writing to the parent's slot; continue in-process."""
-        core = _LocalCore(self, time.time_ns)
-        self._core = core
-        self._attached = False
-        self.add = core.add
-
 
 def _closed_add(v: float) -> None:
     """``add`` on a closed Stat: ignored, as on a destroyed torch.monitor Stat."""
@@ -178,7 +164,7 @@ def _closed_add(v: float) -> None:
 
 class _ClosedCore:
     def __init__(self) -> None:
-        self.last = _Summary()
+        self.last = Summary()
 
     def add(self, v: float) -> None:
         pass
@@ -191,10 +177,10 @@ class _ClosedCore:
 
 
 class _LocalCore:
-    """In-process windows with torch.monitor's lazy closing."""
+    """In-process windows with torch.monitor's lazy closing; adds from several threads are serialised."""
 
     def __init__(self, stat: Stat, clock: Clock) -> None:
-        self.last = _Summary()
+        self.last = Summary()
         self.nan_count = 0
         stat_ref = weakref.ref(stat)
         wns, max_samples = stat._window_ns, stat._max_samples
@@ -203,30 +189,30 @@ class _LocalCore:
         wend = 0
         full = False
         core = self
+        lock = threading.Lock()
 
-        def log(now: int) -> None:
-            nonlocal n, full
-            core.last = _Summary(n, total, lo, hi, last)
+        def close_window() -> Summary:
+            nonlocal n
+            core.last = Summary(n, total, lo, hi, last)
             n = 0
-            s = stat_ref()
-            if s is not None:
-                s._log_window(core.last, now)
+            return core.last
 
-        def add(v: float) -> None:
+        def add_locked(v: float) -> list[tuple[Summary, int]]:
             nonlocal n, total, lo, hi, last, wend, full
+            logged = []
             t = clock()
             if t >= wend:
                 wend = (t // wns + 1) * wns
                 if n:
-                    log(t)
+                    logged.append((close_window(), t))
                 elif wend:
-                    core.last = _Summary()
+                    core.last = Summary()
                 full = False
             if full:
-                return
+                return logged
             if v != v:
                 core.nan_count += 1
-                return
+                return logged
             if n:
                 total += v
                 if v < lo:
@@ -234,156 +220,67 @@ class _LocalCore:
                 if v > hi:
                     hi = v
             else:
-                total = lo = hi = v + 0.0  # raises on a non-number
+                total = lo = hi = v
             last = v
             n += 1
             if n >= max_samples:
-                full = True
-                log(t)
+                full = True  # torch.monitor logs the window the moment it is full
+                logged.append((close_window(), t))
+            return logged
+
+        def _log(summary: Summary, t: int) -> None:
+            s = stat_ref()
+            if s is not None:
+                s._log_window(summary, t)
+
+        def add(v: float) -> None:
+            if type(v) is not float:
+                v = coerce_value(v)
+            with lock:
+                logged = add_locked(v)
+            for summary, t in logged:
+                _log(summary, t)
 
         def count() -> int:
             return n
 
         def close() -> None:
-            if n:
-                log(clock())
+            with lock:
+                logged = (close_window(), clock()) if n else None
+            if logged is not None:
+                _log(*logged)
 
         self.add, self.count, self.close = add, count, close
 
 
 class _SharedCore:
-    """Writes samples into this rank's slot of the job segment; the seqlock protocol is in ``layout``."""
+    """Writes through this process's one writer of the stat's slot (:class:`shmstat._writer.SlotBinding`)."""
 
     def __init__(self, stat: Stat, attachment: Any, clock: Clock) -> None:
-        from .segment import RankAttachment
+        from .rank import RankAttachment
 
         att: RankAttachment = attachment
-        seg, geo = att.segment, att.segment.geometry
-        mask = to_mask(stat._aggs)
+        geo = att.segment.geometry
         window_ms = stat._window_ns // 1_000_000
-        self.index = att.allocate_stat(stat._name, stat._group, window_ms, stat._max_samples, mask)
-        self.last = _Summary()
-        self.attachment = att
-        stat_ref = weakref.ref(stat)
-        f, q = seg.f64, seg.i64
-        wns, nbanks, inc = stat._window_ns, geo.banks, att.incarnation
-        slot0 = geo.slot_offset(att.local_rank, self.index) // 8
-        nan_word, disc_word, beat_word = att.word(L.R_NAN), att.word(L.R_DISCARDED), att.word(L.R_HEARTBEAT)
-        max2 = 2.0 * stat._max_samples
-        want_last = Aggregation.VALUE in stat._aggs
-        seq = sm = mn = mx = lastv = 0.0
-        wend = 0
-        base = slot0
-        core = self
+        shortest = L.min_window_ms(geo.banks)
+        if window_ms < shortest:
+            raise ConfigError(
+                f"window_size of {window_ms} ms is too short for job {att.segment.job!r}: with {geo.banks} banks "
+                f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
+                "use a longer window or a segment with more banks"
+            )
+        key = (stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
+        binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock)
+        binding.stats.add(stat)
+        self.binding = binding
+        self.index = binding.index
+        self.add = binding.add
+        self.count = binding.count
 
-        def roll(v: float, t: int) -> None:
-            # Slow path, once per window: close the previous window locally, start the window of ``t``. The
-            # new bank is marked before the clock is read again (the C roll() says why); if the window ended
-            # meanwhile, its bank stays empty and the sample goes to the window of the later reading.
-            nonlocal seq, sm, mn, mx, lastv, wend, base
-            v = float(v)  # raises on a non-number before the bank is touched
-            if v != v:
-                q[nan_word] += 1
-                return
-            if seq:
-                core.last = _Summary(int(seq) >> 1, sm, mn, mx, lastv)
-                s = stat_ref()
-                if s is not None and _state.STATE.handler_tuple:
-                    s._log_window(core.last, t)
-            elif wend:
-                core.last = _Summary()
-            while True:
-                wid = t // wns
-                end = (wid + 1) * wns
-                b = slot0 + (wid % nbanks) * L.BANK_WORDS
-                f[b] = 1.0
-                q[b + L.B_WID] = wid
-                q[b + L.B_INC] = inc
-                t2 = clock()
-                if t2 < end:
-                    break
-                f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = 0.0
-                q[b + L.B_TS] = 0
-                f[b] = 0.0
-                t = t2
-            wend, base = end, b
-            f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = v
-            q[b + L.B_TS] = t
-            sm = mn = mx = lastv = v
-            seq = 2.0
-            f[b] = 2.0
-            q[beat_word] = t
+    @property
+    def last(self) -> Summary:
+        """The last window this process closed on the slot (whichever Stat of the key added to it)."""
+        return self.binding.last
 
-        # add(): the open window's bank is marked (odd seq) before the clock is read, so that a collector
-        # closing the window after that reading sees the write in progress and waits for it (see _fastpath.c).
-        def add(v: float) -> None:
-            nonlocal seq, sm, mn, mx, lastv
-            total = sm + v  # raises on a non-number before the bank is touched
-            b = base
-            if wend:
-                f[b] = seq + 1.0
-            t = clock()
-            if t >= wend or v != v or seq >= max2:
-                if wend:
-                    f[b] = seq
-                if t >= wend:
-                    return roll(v, t)
-                q[nan_word if v != v else disc_word] += 1
-                return
-            sm = total
-            f[b + 2] = total
-            if v < mn:
-                mn = v
-                f[b + 3] = v
-            elif v > mx:
-                mx = v
-                f[b + 4] = v
-            if want_last:
-                lastv = v
-                f[b + 5] = v
-                q[b + 6] = t
-            seq += 2.0
-            f[b] = seq
-
-        def count() -> int:
-            return int(seq) >> 1 if clock() < wend else 0
-
-        def close() -> None:
-            att.release_stat(core.index)
-
-        self.add, self.count, self.close = add, count, close
-        self.writer = None
-        try:
-            from . import _fastpath  # optional C hot path, built at install time
-        except ImportError:
-            return
-        if os.environ.get("SHMSTAT_PURE_PYTHON") == "1":
-            return
-
-        def on_roll(n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
-            # What roll() does before resetting the bank; n == 0 is its ``elif wend`` case.
-            if n:
-                core.last = _Summary(n, total, lo, hi, lastv)
-                s = stat_ref()
-                if s is not None and _state.STATE.handler_tuple:
-                    s._log_window(core.last, t)
-            else:
-                core.last = _Summary()
-
-        writer = _fastpath.SlotWriter(
-            seg.buf, slot0 * 8, nbanks, wns, inc, stat._max_samples, want_last, nan_word * 8, disc_word * 8,
-            beat_word * 8, on_roll, None if clock is time.time_ns else clock,
-        )
-        self.writer = writer
-        self.add = writer.add
-        self.count = lambda: writer.count
-
-
-def _after_fork_in_child() -> None:
-    for stat in list(_live_attached):
-        with contextlib.suppress(Exception):
-            stat._detach_after_fork()
-    _live_attached.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    def close(self) -> None:
+        """Nothing to release: the slot stays this process's (a kept bound ``add`` may still write it)."""

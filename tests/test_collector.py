@@ -25,7 +25,7 @@ from _support import wait_for
 
 from shmstat.segment import Segment
 
-WINDOW_MS = 40
+WINDOW_MS = 50
 
 
 def _check_reconciles(rows, counts_by_rank):

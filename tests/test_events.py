@@ -40,7 +40,7 @@ class FakePublisher:
     def __init__(self) -> None:
         self.published: list[tuple[str, int, dict[str, Any]]] = []
 
-    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any]) -> None:
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any], size: int = 0) -> None:
         self.published.append((name, ts_ns, data))
 
     def close(self, linger_ms: int = 0) -> None:

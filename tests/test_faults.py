@@ -38,11 +38,12 @@ from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
 from shmstat.errors import LayoutMismatchError, SegmentError
+from shmstat.rank import RankAttachment
 from shmstat.runtime import segment_name
-from shmstat.segment import RankAttachment, Segment
+from shmstat.segment import Segment
 
 MS = 1_000_000
-WINDOW_MS = 40
+WINDOW_MS = 50
 
 
 class Recorder(MetricHandler):

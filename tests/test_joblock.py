@@ -182,7 +182,7 @@ def test_unlink_removes_lock_file_and_legacy_semaphore(job):
 
 
 def test_job_ids_ending_in_lock_are_refused():
-    with pytest.raises(ConfigError, match=r"must not end in '\.lock'"):
+    with pytest.raises(ConfigError, match=r"not ending in '\.lock'"):
         validate_job("train.lock")
     assert validate_job("train.locks") == "train.locks"
 

@@ -96,11 +96,13 @@ def _reference(seg: Segment, now_ns: int, grace_ns: int, final: bool):
     for (key, wid) in sorted(by_key, key=lambda k: (k[1], k[0])):
         group, name, window_ms, mask = key
         parts = by_key[(key, wid)]
-        per_rank = [WindowRow(group, name, wid, window_ms, mask, w.rank,
-                              Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn))
-                    for w in sorted(parts, key=lambda w: w.rank)]
-        rows.append(WindowRow(group, name, wid, window_ms, mask, None, merge_all(r.summary for r in per_rank),
-                              ranks=len(parts)))
+        by_rank: dict[int, list[Summary]] = {}  # slots of one rank (its writers) are summed into its row
+        for w in sorted(parts, key=lambda w: w.rank):
+            by_rank.setdefault(w.rank, []).append(Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn))
+        per_rank = [WindowRow(group, name, wid, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss))
+                    for rank, ss in by_rank.items()]
+        rows.append(WindowRow(group, name, wid, window_ms, mask, None,
+                              merge_all(s for ss in by_rank.values() for s in ss), ranks=len(by_rank)))
         rows.extend(per_rank)
     return rows, windows, overwritten, torn, safe
 

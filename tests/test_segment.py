@@ -10,8 +10,9 @@ import pytest
 
 from shmstat import layout as L
 from shmstat.errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
+from shmstat.rank import RankAttachment
 from shmstat.runtime import segment_name, validate_job
-from shmstat.segment import RankAttachment, Segment
+from shmstat.segment import Segment
 
 
 def test_created_owner_only_with_header(job):
@@ -86,18 +87,19 @@ def test_descriptor_capacity_and_names(job):
     try:
         att = RankAttachment.register(seg, rank=0, local_rank=0)
         i = att.allocate_stat("a", "g", 100, 10, 0b11)
-        j = att.allocate_stat("a", "g", 100, 10, 0b11)  # a live duplicate gets its own slot
-        assert (i, j) == (0, 1)
+        j = att.allocate_stat("a", "g", 100, 10, 0b11)  # the same key in one process: the same slot
+        assert (i, j) == (0, 0)
+        assert att.allocate_stat("a", "g", 200, 10, 0b11) == 1  # another window: another stat
         with pytest.raises(CapacityError, match="max-stats"):
             att.allocate_stat("b", "g", 100, 10, 0b11)
-        att.release_stat(i)
-        assert att.allocate_stat("a", "g", 100, 10, 0b11) == 0  # reused, not a new slot
         with pytest.raises(ConfigError, match="shorten"):
             att.allocate_stat("n" * (L.MAX_NAME_BYTES + 1), "g", 100, 10, 1)
         descs = seg.descriptors(0)
         assert [(d.name, d.group, d.window_ms, d.max_samples, d.agg_mask, d.emitted_wid) for d in descs] == [
-            ("a", "g", 100, 10, 3, -1), ("a", "g", 100, 10, 3, -1)
+            ("a", "g", 100, 10, 3, -1), ("a", "g", 200, 10, 3, -1)
         ]
+        again = RankAttachment.register(seg, rank=0, local_rank=0)  # a restarted rank reuses its stats
+        assert again.allocate_stat("a", "g", 200, 10, 0b11) == 1
     finally:
         seg.close()
 

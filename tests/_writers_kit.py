@@ -1,0 +1,142 @@
+"""Rank processes for the writer tests (spawn-safe functions): threads sharing a Stat, re-created Stats and kept
+bound adds, forked children and spawn/forkserver workers that inherit the rank's environment. Each writes the
+number and the sum of the samples it added to a JSON file, for exact reconciliation with the collector's rows."""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing as mp
+import os
+import threading
+
+WINDOW_S = 0.05
+
+
+def _env(job: str, pure: bool) -> None:
+    os.environ["SHMSTAT_JOB"] = job
+    os.environ["SHMSTAT_RANK"] = "0"
+    os.environ["SHMSTAT_PURE_PYTHON"] = "1" if pure else "0"
+
+
+def _done(out: str, count: int, total: float) -> None:
+    import shmstat
+
+    with open(out + ".tmp", "w") as f:
+        json.dump({"count": count, "sum": total}, f)
+    os.replace(out + ".tmp", out)
+    shmstat.shutdown()
+
+
+def threads_on_one_stat(job: str, pure: bool, threads: int, per_thread: int, out: str) -> None:
+    """``threads`` threads add to one Stat (thread i adds i + 1.0, per_thread times)."""
+    _env(job, pure)
+    import shmstat
+    from shmstat import Aggregation as A
+
+    stat = shmstat.Stat("shared", [A.COUNT, A.SUM], WINDOW_S, group="w")
+    start = threading.Barrier(threads)
+
+    def run(i: int) -> None:
+        start.wait()
+        add = stat.add
+        for _ in range(per_thread):
+            add(i + 1.0)
+
+    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    _done(out, threads * per_thread, per_thread * sum(i + 1.0 for i in range(threads)))
+
+
+def recreated_stats(job: str, pure: bool, n: int, out: str) -> None:
+    """Stats re-created per call, closed and re-created, and bound adds kept after their Stat is gone."""
+    _env(job, pure)
+    import shmstat
+    from shmstat import Aggregation as A
+
+    def stat() -> shmstat.Stat:
+        return shmstat.Stat("loss", [A.COUNT, A.SUM], WINDOW_S, group="w")
+
+    for _ in range(n):  # a helper that builds the Stat on every call
+        stat().add(1.0)
+    for _ in range(n):  # add, close, re-create
+        s = stat()
+        s.add(2.0)
+        s.close()
+    kept = [stat().add for _ in range(3)]  # only the bound method is kept; the Stats are collected
+    gc.collect()
+    other = stat()
+    for _ in range(n):
+        for add in kept:
+            add(3.0)
+        other.add(4.0)
+    _done(out, 2 * n + 4 * n, n * 1.0 + n * 2.0 + 3 * n * 3.0 + n * 4.0)
+
+
+def fork_with_bound_add(job: str, pure: bool, n: int, out: str) -> None:
+    """The rank binds ``add`` then forks; parent adds 1.0, child 1000.0 through the same bound add (and the child
+    a Stat of its own too); the child must write slots of its own, never the parent's."""
+    _env(job, pure)
+    import shmstat
+    from shmstat import Aggregation as A
+
+    add = shmstat.Stat("forked", [A.COUNT, A.SUM], WINDOW_S, group="w").add
+    for _ in range(n):
+        add(1.0)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for _ in range(n):
+                add(1000.0)
+            own = shmstat.Stat("forked", [A.COUNT, A.SUM], WINDOW_S, group="w")
+            for _ in range(n):
+                own.add(1000.0)
+            shmstat.shutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    for _ in range(n):
+        add(1.0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _done(out, 4 * n, 2 * n * 1.0 + 2 * n * 1000.0)
+
+
+def _worker(n: int, value: float) -> None:
+    """A DataLoader-style worker: inherits SHMSTAT_* from its rank and creates its own Stat."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    stat = shmstat.Stat("loader", [A.COUNT, A.SUM], WINDOW_S, group="w")
+    for _ in range(n):
+        stat.add(value)
+    shmstat.shutdown()
+
+
+def rank_with_workers(job: str, pure: bool, n: int, rounds: int, out: str) -> None:
+    """The rank adds; in each round a spawn, a forkserver and a fork worker add too (re-created every round)."""
+    _env(job, pure)
+    import shmstat
+    from shmstat import Aggregation as A
+
+    stat = shmstat.Stat("loader", [A.COUNT, A.SUM], WINDOW_S, group="w")
+    count, total = 0, 0.0
+    for r in range(rounds):
+        workers = [
+            mp.get_context(method).Process(target=_worker, args=(n, 10.0 ** (r % 3)))
+            for method in ("spawn", "forkserver", "fork")
+        ]
+        for w in workers:
+            w.start()
+        for _ in range(n):
+            stat.add(0.5)
+        for w in workers:
+            w.join(60)
+            assert w.exitcode == 0, f"worker exit code {w.exitcode}"
+        count += n + 3 * n
+        total += n * 0.5 + 3 * n * 10.0 ** (r % 3)
+    _done(out, count, total)

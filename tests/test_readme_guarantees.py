@@ -1,0 +1,39 @@
+"""Every test README.md names as the proof of a guarantee exists: a renamed or deleted test fails here."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+_REF = re.compile(r"`(test_[A-Za-z0-9_]+\.py)(?:::(test_[A-Za-z0-9_]+))?`")
+
+
+def _named_tests() -> list[tuple[str, str | None]]:
+    text = (_ROOT / "README.md").read_text(encoding="utf-8")
+    return [(m.group(1), m.group(2)) for m in _REF.finditer(text)]
+
+
+def _test_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
+    }
+
+
+def test_readme_names_tests() -> None:
+    assert len(_named_tests()) >= 10, "README's Guarantees should name the tests that show them"
+
+
+def test_every_test_readme_names_exists() -> None:
+    missing = []
+    for file_name, test_name in _named_tests():
+        path = _ROOT / "tests" / file_name
+        if not path.is_file():
+            missing.append(file_name)
+        elif test_name is not None and test_name not in _test_functions(path):
+            missing.append(f"{file_name}::{test_name}")
+    assert not missing, f"README names tests that do not exist: {missing}"
