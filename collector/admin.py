@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from shmstat.errors import ConfigError, SegmentError, ShmstatError
 from shmstat.layout import RankState
 from shmstat.reader import SegmentReader
-from shmstat.runtime import runtime_dir
+from shmstat.runtime import runtime_dir, validate_job
 from shmstat.segment import Segment, pid_alive
 
 __all__ = ["SegmentInfo", "clean", "list_segments", "segment_info", "top"]
@@ -36,10 +36,9 @@ class SegmentInfo:
 
 
 def segment_info(job: str) -> SegmentInfo:
-    """Inspect a job's segment without changing it or waiting for its lock (an unreadable one is reported with
-    its error)."""
+    """Inspect a job's segment without changing it (an unreadable one is reported with its error)."""
     try:
-        seg = Segment.open(job, create=False, wait=False)
+        seg = Segment.open(job, create=False, wait=False)  # a look: never waits for another job's lock
     except ShmstatError as exc:
         size = 0
         with contextlib.suppress(OSError):
@@ -69,20 +68,22 @@ def list_segments() -> int:
     return 0
 
 
+_RUNTIME_SUFFIXES = (".ingest", ".publish", ".collector.lock")
+
+
 def clean(job: str | None) -> int:
-    """Remove segments (one job or all) whose processes are all gone, refusing a live one, and the lock files and
-    legacy semaphores left without a segment."""
-    jobs = [job] if job else Segment.list_jobs()
-    leftovers = [j for j in Segment.leftover_jobs() if job in (None, j)]
-    for j in leftovers:
-        if Segment.remove_leftovers(j):
-            print(f"removed the lock of {j}")
-    if job and job not in Segment.list_jobs():
-        if leftovers:
-            return 0
-        raise ConfigError(f"no segment for job {job!r} on this node (see 'shmstat ls')")
+    """Remove segments (one job or all) whose processes are all gone, refusing a live one, and what jobs with
+    no segment left behind: lock files, semaphores of older versions, the runtime directory's socket files."""
+    segments = Segment.list_jobs()
+    leftovers = sorted(j for j in set(Segment.leftover_jobs()) | _runtime_leftovers(segments) if _valid(j))
+    if job is not None:
+        validate_job(job)
+        if job not in segments and job not in leftovers:
+            raise ConfigError(f"no segment for job {job!r} on this node (see 'shmstat ls')")
+        segments = [j for j in segments if j == job]
+        leftovers = [j for j in leftovers if j == job]
     removed = 0
-    for j in jobs:
+    for j in segments:
         info = segment_info(j)
         if info.live:
             if job:
@@ -90,14 +91,44 @@ def clean(job: str | None) -> int:
             print(f"kept {j} (live)")
             continue
         Segment.unlink(j)
-        for suffix in (".ingest", ".collector.lock"):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(runtime_dir(), j + suffix))
+        _remove_runtime_files(j)
         print(f"removed {j}")
         removed += 1
-    if not job:
-        print(f"{removed} stale segment(s) removed")
+    for j in leftovers:  # no segment: no collector or rank can be using these
+        Segment.unlink(j)
+        _remove_runtime_files(j)
+        print(f"removed leftovers of {j}")
+    if job is None:
+        print(f"{removed} stale segment(s) removed, leftovers of {len(leftovers)} job(s) removed")
     return 0
+
+
+def _valid(job: str) -> bool:
+    try:
+        validate_job(job)
+    except ConfigError:
+        return False
+    return True
+
+
+def _runtime_leftovers(segments: list[str]) -> set[str]:
+    """Jobs with files in the runtime directory but no segment."""
+    try:
+        names = os.listdir(runtime_dir())
+    except OSError:
+        return set()
+    out = set()
+    for n in names:
+        for suffix in _RUNTIME_SUFFIXES:
+            if n.endswith(suffix) and n[: -len(suffix)] not in segments:
+                out.add(n[: -len(suffix)])
+    return out
+
+
+def _remove_runtime_files(job: str) -> None:
+    for suffix in _RUNTIME_SUFFIXES:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(runtime_dir(), job + suffix))
 
 
 def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> int:

@@ -11,37 +11,12 @@ import sys
 from collections.abc import Sequence
 
 from shmstat.errors import ShmstatError
-from shmstat.layout import DEFAULT_BANKS, DEFAULT_MAX_RANKS, DEFAULT_MAX_STATS, Geometry
+
+from .options import add_collector_options, collector_config
 
 __all__ = ["COMMANDS", "main"]
 
 COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo")
-
-
-def _add_collector_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--publish", default="tcp://127.0.0.1:0",
-                   help="XPUB endpoint for subscribers (default: tcp://127.0.0.1:0, a free port, printed)")
-    p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
-                   help="handler for a metric group: console, null, jsonl:PATH, pkg.module:Class; GROUP * = default")
-    p.add_argument("--grace-ms", type=int, default=20, help="wait this long after a window ends (default 20)")
-    p.add_argument("--publish-hwm", type=int, default=1000,
-                   help="messages queued per subscriber before a slow one loses messages (default 1000)")
-    p.add_argument("--hold-ms", type=int, default=300,
-                   help="at start-up, hold the ranks' events up to this long for subscribers to reconnect "
-                        "(default 300)")
-    p.add_argument("--status-interval", type=float, default=30.0,
-                   help="seconds between progress lines on stderr (default 30, 0 = none)")
-    p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
-    p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
-    p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
-
-
-def geometry_from(args: argparse.Namespace) -> Geometry | None:
-    """The capacities asked for on the command line, or None to accept an existing segment's."""
-    if args.max_ranks is None and args.max_stats is None and args.banks is None:
-        return None
-    return Geometry(args.max_ranks or DEFAULT_MAX_RANKS, args.max_stats or DEFAULT_MAX_STATS,
-                    args.banks or DEFAULT_BANKS)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     c = sub.add_parser("collect", help="run the per-node collector for a job")
-    c.add_argument("--job", required=True)
-    _add_collector_options(c)
+    c.add_argument("--job", required=True, help="the job id whose segment and events to collect")
+    add_collector_options(c)
 
     r = sub.add_parser("run", help="start a collector and N ranks of a script, like torchrun")
     r.add_argument("--job", default=None, help="job id (default: a fresh one)")
@@ -59,12 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-restarts", type=int, default=0)
     r.add_argument("--monitor-interval", type=float, default=0.1, help="seconds between checks of the ranks")
     r.add_argument("--role", default="default")
-    _add_collector_options(r)
+    add_collector_options(r)
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
 
     s = sub.add_parser("subscribe", help="print every message of one or more collectors as JSON lines")
-    s.add_argument("endpoints", nargs="+", metavar="ENDPOINT")
+    s.add_argument("endpoints", nargs="*", metavar="ENDPOINT")
+    s.add_argument("--job", action="append", default=[], help="subscribe to this job's collector on this node")
     s.add_argument("--topic", action="append", default=[], metavar="PREFIX", help="only topics with this prefix")
     s.add_argument("--count", type=int, default=None, help="exit after N messages")
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
@@ -102,24 +78,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "collect":
-        from .daemon import Collector, CollectorConfig
-        from .handlers import parse_handler_args
+        from .daemon import Collector
 
-        config = CollectorConfig(job=args.job, publish=args.publish, handlers=parse_handler_args(args.handler),
-                                 grace_ms=_non_negative(args.grace_ms, "--grace-ms"),
-                                 hold_ms=_non_negative(args.hold_ms, "--hold-ms"),
-                                 publish_hwm=_non_negative(args.publish_hwm, "--publish-hwm"),
-                                 geometry=geometry_from(args),
-                                 status_interval_s=args.status_interval)
-        return Collector(config).run()
+        return Collector(collector_config(args, args.job)).run()
     if cmd == "run":
         from .launcher import run_job
 
         return run_job(args)
     if cmd == "subscribe":
+        from shmstat.errors import ConfigError
+        from shmstat.runtime import publish_endpoint
+
         from .subscribe import subscribe
 
-        return subscribe(args.endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
+        endpoints = [*args.endpoints, *(publish_endpoint(job) for job in args.job)]
+        if not endpoints:
+            raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
+        return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
     if cmd == "top":
         from .admin import top
 
@@ -137,14 +112,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return demo(ranks=args.ranks, seconds=args.seconds, window_ms=args.window_ms)
     raise AssertionError(cmd)
-
-
-def _non_negative(value: int, flag: str) -> int:
-    from shmstat.errors import ConfigError
-
-    if value < 0:
-        raise ConfigError(f"{flag} must not be negative, got {value}")
-    return value
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,8 +1,9 @@
 """The per-node collector: one loop that scans windows, relays messages, watches ranks and dispatches.
 
 Arbiter-style: signal handlers only set a flag; :meth:`Collector.step` does one round of work and is what
-tests drive with an injected clock. Only one collector serves a job on a node: it holds an exclusive
-``flock`` on ``<runtime dir>/<job>.collector.lock`` for its whole life (released by the kernel if it dies).
+tests drive with an injected clock. Only one collector serves a job on a node, whoever's runtime directory it
+uses: it holds an exclusive ``flock`` on the job's segment file itself for its whole life (released by the
+kernel if it dies), and a second one exits naming the first's pid.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
 from shmstat.errors import CollectorError
 from shmstat.layout import Geometry, RankState
-from shmstat.runtime import ingest_endpoint, runtime_dir, validate_job
+from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.segment import Segment, pid_alive
 
+from .dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
 from .handlers import Dispatcher
 from .liveness import Lifecycle, Liveness
 from .merge import WindowRow
@@ -49,19 +51,23 @@ class CollectorConfig:
     """Everything a collector needs; defaults are what ``shmstat collect --job JOB`` uses."""
 
     job: str
-    publish: str = "tcp://127.0.0.1:0"
+    publish: str | None = None
+    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
     handlers: dict[str, str] = field(default_factory=dict)
     """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
     grace_ms: int = 20
     usage_interval_s: float = 1.0
     status_interval_s: float = 30.0
     """Seconds between one-line progress reports on stderr (0: none)."""
-    publish_hwm: int = 1000
-    """Messages queued per subscriber (each up to ~1,000 items) before a subscriber that does not keep up loses
-    messages (it sees the gap in the per-rank sequence numbers); bounds the collector's memory."""
+    publish_buffer_bytes: int = 256 * 1024 * 1024
+    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
+    gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``
+    messages, each of at most :data:`collector.relay.MAX_MESSAGE_BYTES`."""
     hold_ms: int = 300
     """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
     they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
+    handler_queue: int = DEFAULT_HANDLER_QUEUE
+    """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
     geometry: Geometry | None = None
     ingest: str | None = None
     clock: Callable[[], int] = time.time_ns
@@ -80,28 +86,31 @@ class Collector:
         self.clock = config.clock
         self.out = out if out is not None else sys.stdout
         self.stop_requested = threading.Event()
-        self._lock_fd = _take_lock(config.job)
+        self._lock_fd: int | None = None
         self.segment: Segment | None = None
         self.relay = None
         try:
-            self.dispatcher = Dispatcher.from_specs(config.handlers)
+            inner = Dispatcher.from_specs(config.handlers)
             if handler_objects:
                 for group, handler in handler_objects.items():
                     if group == "*":
-                        self.dispatcher.default = handler
+                        inner.default = handler
                     else:
-                        self.dispatcher.handlers[group] = handler
-            if PLATFORM_GROUP not in self.dispatcher.handlers and "*" not in config.handlers:
+                        inner.handlers[group] = handler
+            if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
                 from elastic.metrics import NullMetricHandler
 
-                self.dispatcher.handlers[PLATFORM_GROUP] = NullMetricHandler()
+                inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+            self.dispatcher = ThreadedDispatcher(inner, handler_queue=config.handler_queue)
             self.segment = Segment.open(config.job, geometry=config.geometry)
+            self._lock_fd = _take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
             self.liveness = Liveness(self.segment)
-            from .relay import Relay
+            from .relay import MAX_MESSAGE_BYTES, Relay
 
-            self.relay = Relay(config.ingest or ingest_endpoint(config.job), config.publish,
-                               sndhwm=config.publish_hwm)
+            self.relay = Relay(config.ingest or ingest_endpoint(config.job),
+                               config.publish or publish_endpoint(config.job),
+                               sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES))
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
         except BaseException:
             self._release()
@@ -244,6 +253,11 @@ class Collector:
         """Same as :meth:`shutdown` (idempotent)."""
         self.shutdown()
 
+    def wait_handlers(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every handler has taken the rows dispatched so far (handlers run in threads of their own);
+        False on timeout (a stuck handler)."""
+        return self.dispatcher.wait(timeout_s)
+
     def _release(self) -> None:
         if self.relay is not None:
             self.relay.close()
@@ -339,6 +353,7 @@ class Collector:
         cpu_s, rss = Liveness.self_usage()
         assert self.relay is not None
         figures = {**self.counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
+        figures.update({f"handler_dropped.{g}": n for g, n in self.dispatcher.dropped_by_group.items()})
         for name, value in figures.items():
             rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None))
         items = []
@@ -364,8 +379,9 @@ class Collector:
         return {
             "windows_emitted": self.windows_emitted, "rows_emitted": self.rows_emitted,
             "events_relayed": c.events, "metrics_relayed": c.metrics,
-            "frames_rejected": c.rejected, "seq_gaps": c.gaps,
-            "handler_errors": self.dispatcher.errors, "windows_overwritten": self.overwritten,
+            "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+            "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
+            "windows_overwritten": self.overwritten,
             "windows_torn": self.torn,
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
@@ -377,15 +393,17 @@ def _point(ts: float, group: str, name: str, value: float, rank: int | None) -> 
     return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None)  # type: ignore[arg-type]
 
 
-def _take_lock(job: str) -> int:
-    path = os.path.join(runtime_dir(), f"{job}.collector.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+def _take_instance_lock(segment: Segment) -> int:
+    """An exclusive ``flock`` on the segment file itself, held for the collector's life: the check that one
+    collector serves the job does not depend on anyone's runtime directory."""
+    path = "/dev/shm" + segment_name(segment.job)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise CollectorError(f"a collector for job {job!r} is already running on this node (pid {holder})") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+        holder = segment.header().collector_pid or "?"
+        raise CollectorError(
+            f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
+        ) from None
     return fd

@@ -25,8 +25,7 @@ from elastic import metrics
 from shmstat.errors import ConfigError
 from shmstat.runtime import validate_job
 
-from .daemon import Collector, CollectorConfig
-from .handlers import parse_handler_args
+from .daemon import Collector
 
 __all__ = ["Agent", "AgentResult", "run_job"]
 
@@ -222,15 +221,12 @@ def _free_port() -> int:
 
 def run_job(args: argparse.Namespace) -> int:
     """``shmstat run``: collector in a thread, agent in the main thread; returns the workers' exit status."""
-    from .cli import geometry_from
+    from .options import collector_config  # options imports the daemon: late, as cli does
 
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
     if not os.path.exists(args.script):
         raise ConfigError(f"script {args.script!r} does not exist")
-    collector = Collector(CollectorConfig(
-        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), grace_ms=args.grace_ms,
-        geometry=geometry_from(args), status_interval_s=args.status_interval,
-    ))
+    collector = Collector(collector_config(args, job))
     cmd = [sys.executable, "-u", args.script, *args.script_args]
     agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
                   monitor_interval_s=args.monitor_interval, role=args.role)

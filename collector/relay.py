@@ -3,8 +3,13 @@
 The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
 everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
 validated with :func:`shmstat.wire.decode`; valid messages are re-published unchanged, invalid ones are
-counted and dropped. The XPUB socket binds ``tcp://127.0.0.1:<port>`` by default. A slow subscriber only
-loses its own messages past its high-water mark; the collector's memory stays bounded.
+counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
+by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
+rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), a subscriber's queue
+at most ``sndhwm`` such messages (a slow subscriber loses its own messages past it); a subscription topic is
+at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics the publish socket is
+bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood
+of subscriptions from a local client neither grows the collector nor starves its loop.
 """
 
 from __future__ import annotations
@@ -27,6 +32,15 @@ _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and
 
 
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
+_MAX_SUBSCRIPTION_FRAMES = 5000  # (un)subscribe frames taken per round: a flood cannot starve the loop
+
+MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
+"""The largest message a rank may send (its publisher seals batches far below; one event is at most
+:data:`shmstat.wire.MAX_EVENT_BYTES`)."""
+MAX_SUBSCRIPTION_BYTES = 512
+"""The longest subscription frame a subscriber may send (a longer one disconnects it)."""
+MAX_PREFIXES = 1024
+"""Distinct subscription topics at most, over all subscribers; past it the publish socket is bound anew."""
 
 
 @dataclass
@@ -40,13 +54,15 @@ class RelayCounters:
     published: int = 0
     gaps: int = 0
     """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
+    subscription_resets: int = 0
+    """Times the publish socket was bound anew because subscribers asked for too many topics."""
 
 
 class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
-                 rcvhwm: int = 100) -> None:
+                 rcvhwm: int = 8) -> None:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
         self.pid = os.getpid() if pid is None else pid
@@ -59,25 +75,27 @@ class Relay:
         self.xpub = self.ctx.socket(zmq.XPUB)
         for sock in (self.xsub, self.xpub):
             sock.setsockopt(zmq.LINGER, 500)
-        # Both queues are bounded (in messages: a rank's message batches up to 1024 items), so the collector's
+        # Both queues are bounded (in messages of at most MAX_MESSAGE_BYTES: a rank's message batches up to 1024
+        # items, sealed at 256 KiB; per rank connection RCVHWM messages, per subscriber SNDHWM), so the collector's
         # memory stays bounded when it falls behind the ranks or a subscriber stops reading: past RCVHWM a
         # rank's pipe pushes back (its publisher holds, then drops and counts), past SNDHWM a slow subscriber
         # loses messages (it sees the gap in the per-rank seqs).
         self.xsub.setsockopt(zmq.RCVHWM, rcvhwm)
         self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
-        self.xsub.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
-        self.xpub.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
+        self.xsub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sndhwm = sndhwm
+        self._configure_xpub(self.xpub)
         try:
-            old_umask = os.umask(0o077)  # the ipc socket file is created owner-only
-            try:
-                self.xsub.bind(ingest)
-            finally:
-                os.umask(old_umask)
-            self.xpub.bind(publish)
+            _bind_owner_only(self.xsub, ingest)
         except zmq.ZMQError as exc:
             self.close()
-            raise CollectorError(f"cannot bind {ingest} / {publish}: {exc}") from None
+            raise CollectorError(f"cannot bind the ingest endpoint {ingest}: {exc}") from None
         self.ingest_endpoint = ingest
+        try:
+            _bind_owner_only(self.xpub, publish)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise CollectorError(f"cannot bind the publish endpoint {publish}: {exc}") from None
         self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.ranks_subscribed = False
         """Whether the ranks were asked to send (see :meth:`subscribe_ranks`)."""
@@ -172,17 +190,39 @@ class Relay:
         except zmq.Again:  # no subscriber is reading fast enough: PUB semantics, drop
             pass
 
+    def _configure_xpub(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
+
     def _drain_subscriptions(self) -> None:
         # Subscribers' (un)subscribe frames queue on XPUB: keep the set of prefixes someone listens to.
-        for _ in range(1000):
+        for _ in range(_MAX_SUBSCRIPTION_FRAMES):
             try:
                 frame = self.xpub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             if frame[:1] == b"\x01":
                 self.prefixes.add(frame[1:])
+                if len(self.prefixes) > MAX_PREFIXES:
+                    self._reset_publish()
+                    return
             elif frame[:1] == b"\x00":
                 self.prefixes.discard(frame[1:])
+
+    def _reset_publish(self) -> None:
+        """Too many subscription topics: drop every subscriber (and libzmq's subscription state with them) by
+        binding a fresh publish socket at the same endpoint; well-behaved subscribers reconnect and subscribe
+        again."""
+        self.counters.subscription_resets += 1
+        endpoint = self.publish_endpoint
+        with contextlib.suppress(Exception):
+            self.xpub.close(linger=0)
+        _remove_ipc_file(endpoint)
+        self.prefixes.clear()
+        self.xpub = self.ctx.socket(zmq.XPUB)
+        self._configure_xpub(self.xpub)
+        _bind_owner_only(self.xpub, endpoint)
 
     def request_handover(self) -> None:
         """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
@@ -248,3 +288,21 @@ class Relay:
                     sock.close(linger=linger_ms)
         with contextlib.suppress(Exception):
             self.ctx.term()
+        for endpoint in (getattr(self, "ingest_endpoint", None), getattr(self, "publish_endpoint", None)):
+            if endpoint:
+                _remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
+
+
+def _bind_owner_only(sock: zmq.Socket, endpoint: str) -> None:
+    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory)."""
+    old_umask = os.umask(0o077)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old_umask)
+
+
+def _remove_ipc_file(endpoint: str) -> None:
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        with contextlib.suppress(OSError):
+            os.unlink(endpoint[len("ipc://"):])

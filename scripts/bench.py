@@ -355,7 +355,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     del os.environ["SHMSTAT_PURE_PYTHON"]
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
-    res["ours.add.c_path"] = env["shared"]._core.writer is not None
+    res["ours.add.c_path"] = env["shared"]._core.binding._c is not None
     shmstat.log_event(ours_event)
     deadline = time.monotonic() + 20
     while not pub.stats().subscribed and time.monotonic() < deadline:
@@ -438,6 +438,27 @@ def worker_prometheus(args: argparse.Namespace) -> None:
     print("result", json.dumps(res), flush=True)
 
 
+def worker_create_rank(job: str, args: argparse.Namespace) -> None:
+    """Create ``--stats`` distinct Stats, then create them all again (what a helper building Stats per call
+    does), timing both; the segment holds ``--ranks`` x 8192 stats."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks, max_ranks=args.ranks,
+                 max_stats=8192, publish=False)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    aggs = [A.COUNT, A.SUM, A.MEAN]
+    t0 = time.perf_counter()
+    kept = [shmstat.Stat(f"stat.{i}", aggs, 1.0, group="bench") for i in range(args.stats)]
+    t1 = time.perf_counter()
+    for i in range(args.stats):
+        shmstat.Stat(f"stat.{i}", aggs, 1.0, group="bench").add(1.0)
+    t2 = time.perf_counter()
+    print("result " + json.dumps({"create_s": t1 - t0, "recreate_s": t2 - t1, "stats": len(kept)}), flush=True)
+    shmstat.shutdown()
+
+
 def run_worker(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
@@ -462,6 +483,8 @@ def run_worker(argv: list[str]) -> None:
         worker_calls(args.job, args)
     elif kind == "prometheus":
         worker_prometheus(args)
+    elif kind == "create-rank":
+        worker_create_rank(args.job, args)
     else:
         raise SystemExit(f"unknown worker {kind}")
 
@@ -552,6 +575,46 @@ def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, c
     got.update(slots=nranks * stats, ranks=nranks, stats=stats, segment=seg_size, consume=consume,
                lat_median=statistics.median(lat) if lat else None, lat_max=lat[-1] if lat else None)
     return got
+
+
+def run_create(nranks: int, stats: int) -> dict[str, Any]:
+    """``nranks`` processes each create ``stats`` Stats at once (wall time until the last is done)."""
+    job = new_job("create")
+    ranks: list[subprocess.Popen[str]] = []
+    try:
+        for r in range(nranks):
+            ranks.append(start_worker("create-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
+                                      "--stats", str(stats)))
+        for p in ranks:
+            expect_line(p, "ready", 120)
+        start = time.perf_counter()
+        for p in ranks:
+            tell(p, "go")
+        per = [json.loads(expect_line(p, "result", 600)) for p in ranks]
+        wall = time.perf_counter() - start
+    finally:
+        for p in ranks:
+            finish(p)
+        unlink_job(job)
+    return {"ranks": nranks, "stats": stats, "wall_s": wall, "create_max_s": max(p["create_s"] for p in per),
+            "recreate_max_s": max(p["recreate_s"] for p in per)}
+
+
+def create_lines(res: dict[str, Any]) -> list[str]:
+    """The report's table for :func:`run_create`."""
+    return [
+        "",
+        "### Creating stats (seconds; lower is better)",
+        "",
+        f"{res['ranks']} rank processes at once, each creating {res['stats']:,} distinct Stats, then creating "
+        "every one of them again (a helper that builds its Stat on every call).",
+        "",
+        "| what | seconds |",
+        "|---|---:|",
+        f"| all {res['ranks']} x {res['stats']:,} created (wall, slowest rank) | {res['create_max_s']:.2f} |",
+        f"| all re-created (slowest rank) | {res['recreate_max_s']:.2f} |",
+        f"| whole phase, wall clock | {res['wall_s']:.2f} |",
+    ]
 
 
 # ============================================================================================ report
@@ -759,10 +822,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (under a minute)")
     ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
-    ap.add_argument("--only", choices=("calls", "throughput", "collector"), action="append",
+    ap.add_argument("--only", choices=("calls", "throughput", "collector", "create"), action="append",
                     help="run only these parts (repeatable; the default is everything)")
     args = ap.parse_args(argv)
-    parts = set(args.only or ("calls", "throughput", "collector"))
+    parts = set(args.only or ("calls", "throughput", "collector", "create"))
     quick = args.quick
     started = time.monotonic()
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -782,7 +845,13 @@ def main(argv: list[str]) -> int:
             cost.append(run_collector_cost(8, stats, seconds, warmup, consume))
             print(f"  collector {8 * stats} slots done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
                   flush=True)
+    created = None
+    if "create" in parts:
+        created = run_create(8, 2000 if quick else 8000)
+        print(f"  create done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     lines = report(calls, tput, cost, 20, quick)
+    if created is not None:
+        lines.extend(create_lines(created))
     lines.append("")
     lines.append(f"(whole run: {time.monotonic() - started:.0f} s)")
     print("\n".join(lines))

@@ -1,140 +1,103 @@
-"""The job lock: ``flock`` on ``/dev/shm/shmstat.<job>.lock``, serialising creation and registration.
+"""The job lock: ``flock`` on a file beside the segment, serialising creation and registration in it.
 
-The kernel drops a ``flock`` when its holder dies, so a stalled holder is waited for (never presumed dead) and a
-dead one costs nothing. A ``flock`` belongs to an open file description, which ``fork`` shares: the file is
-opened per acquisition (depth 0 -> 1) and closed on the last release, and a child forked while its parent held
-the lock closes the inherited descriptor without unlocking. Within a process one re-entrant lock per job keeps
-threads (and nested calls) from opening a second description, which would conflict with the first.
-
-The lock file may be unlinked (``Segment.unlink``, a failed creation) while someone waits on it; a taker therefore
-checks, once it holds the lock, that the path still names the inode it locked, and starts over if not.
+The kernel drops a ``flock`` when its holder dies, so a dead holder is recovered at once and a stalled one is
+waited for: nothing is presumed from a timeout. Locks belong to open file descriptions, which a forked child
+shares with its parent, so every process opens the file itself (checked by pid); threads of one process are
+serialised by a re-entrant thread lock around the file lock. A lock file unlinked and re-created while a
+process waited is detected (inode changed) and taken again, so two holders never hold two different files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import stat as _stat
 import threading
+import weakref
 from collections.abc import Iterator
 
 from .errors import SegmentError
 from .runtime import lock_path
 
-__all__ = ["JobLock", "job_lock"]
+__all__ = ["JobLock"]
 
-_registry: dict[str, JobLock] = {}
-_registry_guard = threading.Lock()
+_live: weakref.WeakSet[JobLock] = weakref.WeakSet()
 
 
 class JobLock:
-    """The job's lock as seen by this process (get it with :func:`job_lock`; one per job per process)."""
+    """The lock of one job, usable as ``with lock.held(): ...`` from any thread of any process."""
 
     def __init__(self, job: str) -> None:
         self.job = job
         self.path = lock_path(job)
-        self._thread_lock = threading.RLock()
-        self._depth = 0
         self._fd = -1
+        self._pid = 0
+        self._depth = 0
+        self._thread_lock = threading.RLock()
+        _live.add(self)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Hold the job lock (re-entrant); waits as long as another process holds it."""
+        """Hold the job lock (re-entrant within a thread); waits as long as another live process holds it."""
         with self._thread_lock:
             if self._depth == 0:
-                self._fd = self._take()
+                self._acquire()
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
                 if self._depth == 0:
-                    fd, self._fd = self._fd, -1
-                    with contextlib.suppress(OSError):
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-                    os.close(fd)
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def remove_file(self) -> None:
-        """Unlink the lock file (waiters notice and retry on the next file); absent is fine."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
-    def _take(self) -> int:
+    def _acquire(self) -> None:
         while True:
-            fd = _open_lock_file(self.path, self.job)
+            fd = self._file()
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                _flock_retrying(fd)
-                st = os.fstat(fd)
-                try:
-                    now = os.stat(self.path, follow_symlinks=False)
-                except FileNotFoundError:
-                    now = None
-            except BaseException:
-                os.close(fd)
-                raise
-            if now is not None and (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                return fd
-            os.close(fd)  # the file was removed while we waited: lock the one the path names now
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return
+            # the file was removed (``shmstat clean``) while we waited: lock the one that is there now
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            self._close()
 
-    def _after_fork_in_child(self) -> None:
+    def _file(self) -> int:
+        if self._fd >= 0 and self._pid == os.getpid():
+            return self._fd
+        self._close()
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise SegmentError(f"cannot open the lock file of job {self.job!r} ({self.path}): {exc.strerror}") from exc
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise SegmentError(f"the lock file {self.path} belongs to another user or is open to them; "
+                               "pick another job id")
+        self._fd, self._pid = fd, os.getpid()
+        return fd
+
+    def _close(self) -> None:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
-                os.close(self._fd)  # close only: LOCK_UN would release the parent's lock too
-        self._fd = -1
-        self._depth = 0
-        self._thread_lock = threading.RLock()
+                os.close(self._fd)  # in a forked child this copy never held the lock: the parent's stays
+        self._fd, self._pid = -1, 0
+
+    def close(self) -> None:
+        """Close this process's descriptor of the lock file (the lock must not be held)."""
+        with self._thread_lock:
+            if self._depth == 0 and self._pid == os.getpid():
+                self._close()
 
 
-def job_lock(job: str) -> JobLock:
-    """This process's lock object for ``job``."""
-    with _registry_guard:
-        lock = _registry.get(job)
-        if lock is None:
-            lock = _registry[job] = JobLock(job)
-        return lock
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held a thread lock at the fork; the child has only this thread.
+    for lock in list(_live):
+        lock._thread_lock = threading.RLock()
+        lock._depth = 0
 
 
-def _open_lock_file(path: str, job: str) -> int:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise SegmentError(f"lock file {path} is a symbolic link; remove it") from None
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise SegmentError(
-                f"lock file {path} of job {job!r} belongs to another user; pick another job id"
-            ) from None
-        raise SegmentError(f"cannot open the lock file {path} ({exc.strerror}); check /dev/shm") from None
-    st = os.fstat(fd)
-    problem = None
-    if not _stat.S_ISREG(st.st_mode):
-        problem = f"lock file {path} is not a regular file; remove it"
-    elif st.st_uid != os.getuid():
-        problem = f"lock file {path} belongs to uid {st.st_uid}, not you; pick another job id"
-    elif st.st_mode & 0o077:
-        problem = f"lock file {path} is accessible to other users (mode {st.st_mode & 0o777:o}); remove it"
-    if problem:
-        os.close(fd)
-        raise SegmentError(problem)
-    return fd
-
-
-def _flock_retrying(fd: int) -> None:
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return
-        except InterruptedError:  # pragma: no cover - PEP 475 retries already; kept for old kernels' EINTR
-            continue
-
-
-def _reset_after_fork() -> None:
-    global _registry_guard
-    _registry_guard = threading.Lock()
-    for lock in _registry.values():
-        lock._after_fork_in_child()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+os.register_at_fork(after_in_child=_after_fork_in_child)

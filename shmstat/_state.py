@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .publisher import Publisher
     from .rank import RankAttachment
 
 
@@ -28,7 +27,9 @@ class GlobalState:
     handler_errors: int = 0
     """Exceptions raised by event handlers (logged and counted, never propagated)."""
     attachment: RankAttachment | None = None
-    publisher: Publisher | None = None
+    publisher: Any = None
+    """The rank's :class:`shmstat.publisher.Publisher`, or None (typed loosely: the publisher imports this
+    module, not the other way round)."""
     publish_target: tuple[str, int, int] | None = None
     """(endpoint, rank, incarnation) of the publisher, so a forked child can open its own."""
     fork_owner: tuple[Any, int] | None = None

@@ -200,44 +200,42 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
         q[beat_word] = t
         return report
 
-    def add_locked(v: float) -> tuple[int, float, float, float, float, int] | None:
+    def add(v: float) -> None:
         # The open window's bank is marked (odd seq) before the clock is read, so that a collector closing the
         # window after that reading sees the write in progress and waits for it (see _fastpath.c).
         nonlocal seq, sm, mn, mx, lastv
-        b = base
-        if wend:
-            f[b] = seq + 1.0
-        t = clock()
-        if t >= wend or v != v or seq >= max2:
-            if wend:
-                f[b] = seq
-            if t >= wend:
-                return roll(v, t)
-            q[nan_word if v != v else disc_word] += 1
-            return None
-        sm += v
-        f[b + 2] = sm
-        if v < mn:
-            mn = v
-            f[b + 3] = v
-        elif v > mx:
-            mx = v
-            f[b + 4] = v
-        if want_last:
-            lastv = v
-            f[b + 5] = v
-            q[b + 6] = t
-        seq += 2.0
-        f[b] = seq
-        return None
-
-    def add(v: float) -> None:
         if gen[0] != _generation[0]:
             binding.rebind()
         if type(v) is not float:
             v = coerce_value(v)
         with lock:
-            report = add_locked(v)
+            b = base
+            if wend:
+                f[b] = seq + 1.0
+            t = clock()
+            if t < wend and v == v and seq < max2:
+                sm += v
+                f[b + 2] = sm
+                if v < mn:
+                    mn = v
+                    f[b + 3] = v
+                elif v > mx:
+                    mx = v
+                    f[b + 4] = v
+                if want_last:
+                    lastv = v
+                    f[b + 5] = v
+                    q[b + 6] = t
+                seq += 2.0
+                f[b] = seq
+                return
+            if wend:
+                f[b] = seq
+            if t >= wend:
+                report = roll(v, t)
+            else:
+                q[nan_word if v != v else disc_word] += 1
+                return
         if report is not None:
             binding.on_roll(*report)
 

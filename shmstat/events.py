@@ -141,7 +141,7 @@ class Event:
     constructor's arguments. ``data`` returns the event's own dict: change it by assigning a new one.
     """
 
-    __slots__ = ("_data", "_name", "_ts", "_ts_ns")
+    __slots__ = ("_data", "_name", "_nbytes", "_ts", "_ts_ns")
 
     _name: str
     _ts: datetime | None
@@ -158,6 +158,7 @@ class Event:
         self._ts = timestamp if type(timestamp) is datetime else _check_timestamp(timestamp)
         self._ts_ns = None
         self._data = _check_data(data)
+        self._nbytes = 0  # its estimated size on the wire, computed when it is first published
 
     @classmethod
     def _from_ns(cls, name: str, ts_ns: int, data: dict[str, data_value_t]) -> Event:
@@ -171,6 +172,7 @@ class Event:
         event._ts = None
         event._ts_ns = ts_ns
         event._data = data
+        event._nbytes = 0
         return event
 
     @property
@@ -181,6 +183,7 @@ class Event:
     @name.setter
     def name(self, value: str) -> None:
         self._name = _check_name(value)
+        self._nbytes = 0
 
     @property
     def timestamp(self) -> datetime:
@@ -203,6 +206,7 @@ class Event:
     @data.setter
     def data(self, value: Mapping[str, data_value_t]) -> None:
         self._data = _check_data(value)
+        self._nbytes = 0
 
     def _timestamp_ns(self) -> int:
         """The timestamp as integer Unix nanoseconds (computed once from the datetime, then cached).
@@ -329,7 +333,9 @@ def log_event(event: Event) -> None:
     if pub is None and not STATE.auto_init_done:
         pub = _attach_from_env()
     if pub is not None:
-        size = item_bytes(event._name, event._data)
+        size = event._nbytes
+        if not size:
+            size = event._nbytes = item_bytes(event._name, event._data)
         if size > MAX_EVENT_BYTES:
             raise EventTooLargeError(
                 f"event {event._name!r} is about {size} bytes, over the {MAX_EVENT_BYTES}-byte maximum an event "

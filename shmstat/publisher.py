@@ -2,8 +2,9 @@
 
 A :class:`Publisher` owns one ZeroMQ ``XPUB`` socket *connected* to the collector's ``XSUB`` (which binds the
 job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The caller's side of every
-``publish*`` method is one tuple and one ``deque.append``: ``("event", name, ts_ns, data_copy)``,
-``("metric", group, name, value, ts)`` or ``(None, topic, kind, item)`` (the topic string of events and metrics
+``publish*`` method is one tuple and one ``deque.append``: ``("event", name, ts_ns, data_copy, size)``,
+``("metric", group, name, value, ts, size)`` or ``(None, topic, kind, item, size)``, ``size`` being the item's
+estimated bytes (:func:`item_bytes`) (the topic string of events and metrics
 is built by the thread, once per batch: measured here, ~170 ns per ``publish_event`` instead of ~200 ns, and
 fewer objects for the GC while a backlog is held). A daemon thread, started on
 the first publish, owns the socket and does everything else: it takes entries from the deque, batches the items
@@ -41,10 +42,13 @@ Guarantees:
   together are regrouped per topic, so between them the wire order can differ from the publish order (each
   item carries its timestamp). Sequence numbers start at 0 and run on in send order; every item that is
   dropped takes one too, at its place in the publish order: a receiver's gap of ``n`` is ``n`` lost items.
-- At most ``backlog_limit`` items are held in this process (waiting for a subscriber or for room in zmq's
-  pipe); past that, new items are dropped and counted in :attr:`PublisherStats.dropped`. Items that cannot be
-  encoded (bad types, too big) are dropped, counted and logged once. Nothing within the bound is lost while
-  the collector is up or before it first starts.
+- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes wait for the thread, and as many are
+  pending in it (waiting for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of
+  at most :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
+  :attr:`PublisherStats.dropped` and numbered. Items that cannot be encoded (bad types, too big) are dropped,
+  counted and logged once. Nothing within the bound is lost while the collector is up or before it first
+  starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
+  after them, so the collector counts them as a gap.
 - ``stats().queued == sent_items + dropped + backlog`` once the thread is idle (see :meth:`Publisher.flush`).
 - Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
   and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
@@ -166,9 +170,8 @@ class _Batch:
 def item_bytes(name: str, data: dict[str, Any]) -> int:
     """The estimated size of an event: what its Python objects and its wire encoding take, within a small
     constant (strings count in UTF-8 bytes once they are long enough to matter)."""
-    n = _ITEM_OVERHEAD + len(name)
-    for key, value in data.items():
-        n += 16 + len(key)
+    n = _ITEM_OVERHEAD + len(name) + 16 * len(data) + sum(map(len, data))
+    for value in data.values():
         if type(value) is str:
             n += len(value)
     if n > 4096:  # long text: count UTF-8 bytes, not characters

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import posix_ipc
 
 from . import layout as L
-from ._joblock import JobLock, job_lock
+from ._joblock import JobLock
 from .errors import ConfigError, LayoutMismatchError, SegmentError
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
 
@@ -32,9 +32,8 @@ _log = logging.getLogger("shmstat")
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists (zombies count as alive until reaped); False for any value the
-    kernel cannot hand out (not positive, beyond ``/proc/sys/kernel/pid_max``: garbage in a segment)."""
-    if not 0 < pid <= _pid_max():
+    """True if a process with this pid exists (zombies count as alive until reaped)."""
+    if not 0 < pid < 1 << 31:  # a pid beyond what the kernel hands out (garbage in a segment)
         return False
     try:
         os.kill(pid, 0)
@@ -43,20 +42,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _pid_max() -> int:
-    global _PID_MAX
-    if _PID_MAX is None:
-        try:
-            with open("/proc/sys/kernel/pid_max", encoding="ascii") as f:
-                _PID_MAX = int(f.read().strip())
-        except (OSError, ValueError):
-            _PID_MAX = 4194304  # the kernel's limit for pid_max on 64-bit
-    return _PID_MAX
-
-
-_PID_MAX: int | None = None
 
 
 class Segment:
@@ -73,37 +58,39 @@ class Segment:
         self.buf = memoryview(mm)
         self.f64 = self.buf.cast("d")
         self.i64 = self.buf.cast("q")
-        self._lock: JobLock = job_lock(job)
+        self._lock: JobLock | None = None
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
-    def open(
-        cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None, wait: bool = True
-    ) -> Segment:
+    def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None,
+             wait: bool = True) -> Segment:
         """Attach to the job's segment, creating it with ``geometry`` (or the defaults) if it does not exist.
 
         ``geometry`` given explicitly must match an existing segment; ``None`` accepts what is there.
-        ``wait=False`` (only with ``create=False``) attaches without the job lock, for onlookers such as
-        ``shmstat ls``: a segment still being created is then reported as unusable instead of waited for.
-        Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe, unusable or cannot be
-        created (no room), and :class:`LayoutMismatchError` if it is not ours or of another layout version or
-        capacity. A failed open leaves neither segment nor lock file behind when no segment exists.
+        Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe or unusable, and
+        :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity. ``wait=False``
+        (with ``create=False``: a look, as ``shmstat ls`` takes) does not wait for the job lock, so another job's
+        stalled process never stalls it; a segment still being created may then read as not ours.
         """
         validate_job(job)
         if geometry is not None:
             _check_geometry(geometry)
-        if not wait:
-            if create:
-                raise ConfigError("Segment.open(wait=False) only attaches; pass create=False")
-            return cls._open_locked(job, False, geometry)
-        lock = job_lock(job)
-        with lock.held():
-            try:
-                return cls._open_locked(job, create, geometry)
-            except BaseException:
-                if not os.path.exists("/dev/shm" + segment_name(job)):
-                    lock.remove_file()  # nothing of this job exists: leave nothing behind
-                raise
+        path = "/dev/shm" + segment_name(job)
+        if not create and not os.path.exists(path):  # checked before the lock file is made: nothing left behind
+            raise SegmentError(f"no shared memory segment exists for job {job!r}; start its collector or a rank first")
+        if not wait and not create:
+            return cls._open_locked(job, create, geometry)
+        lock = JobLock(job)
+        try:
+            with lock.held():
+                seg = cls._open_locked(job, create, geometry)
+        except BaseException:
+            lock.close()
+            if not os.path.exists(path):  # no segment (e.g. no room to create it): no lock file either,
+                _remove_lock_file_if_free(lock.path)  # unless another process took the lock meanwhile
+            raise
+        seg._lock = lock
+        return seg
 
     @classmethod
     def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None) -> Segment:
@@ -168,7 +155,9 @@ class Segment:
     # -- locking ---------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the job lock (for allocation of rank entries and descriptors); re-entrant, waits for any holder."""
+        """Hold the job lock (for allocation of rank entries and descriptors)."""
+        if self._lock is None:
+            self._lock = JobLock(self.job)
         with self._lock.held():
             yield
 
@@ -225,73 +214,41 @@ class Segment:
                 view.release()
         with contextlib.suppress(Exception):
             self._mm.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     @staticmethod
     def unlink(job: str) -> bool:
         """Remove the job's segment, its lock file and any semaphore of older versions; True if a segment existed.
 
-        Taken under the lock, so no one holds the removed file; a waiter then finds it gone and takes a new one.
+        The lock file is removed only while no process holds it (taken without waiting): removing a held one
+        would let a newcomer lock a new file beside the holder, two holders at once. A waiter that then finds
+        the file gone takes the new one.
         """
         existed = True
-        lock = job_lock(job)
-        with lock.held():
-            try:
-                posix_ipc.unlink_shared_memory(segment_name(job))
-            except posix_ipc.ExistentialError:
-                existed = False
-            lock.remove_file()
+        try:
+            posix_ipc.unlink_shared_memory(segment_name(job))
+        except posix_ipc.ExistentialError:
+            existed = False
+        _remove_lock_file_if_free(lock_path(job))
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_semaphore(semaphore_name(job))  # what versions before the flock lock used
         return existed
 
     @staticmethod
     def leftover_jobs() -> list[str]:
-        """Jobs with a lock file or a legacy semaphore in /dev/shm but no segment (left by dead processes)."""
+        """Jobs with a lock file, or a semaphore of an older version, in /dev/shm but no segment."""
         try:
-            names = set(os.listdir("/dev/shm"))
+            names = os.listdir("/dev/shm")
         except OSError:
             return []
         jobs = set()
         for n in names:
             for prefix in ("shmstat.", "sem.shmstat."):
                 if n.startswith(prefix) and n.endswith(".lock"):
-                    job = n[len(prefix) : -len(".lock")]
-                    if f"shmstat.{job}" not in names and _valid_job(job):
-                        jobs.add(job)
-        return sorted(jobs)
-
-    @staticmethod
-    def remove_leftovers(job: str) -> bool:
-        """Remove the lock file and legacy semaphore of a job that has no segment, unless a process holds the
-        lock right now; True if nothing of the job is left."""
-        validate_job(job)
-        if os.path.exists("/dev/shm" + segment_name(job)):
-            return False
-        with contextlib.suppress(posix_ipc.ExistentialError):
-            posix_ipc.unlink_semaphore(semaphore_name(job))
-        path = lock_path(job)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False  # someone is creating or registering right now
-        try:
-            if os.path.exists("/dev/shm" + segment_name(job)):
-                return False  # created before we took the lock: not a leftover
-            st = os.fstat(fd)
-            with contextlib.suppress(FileNotFoundError):
-                now = os.stat(path, follow_symlinks=False)
-                if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
-                    os.unlink(path)  # we hold it, so no one else holds the file removed
-        finally:
-            os.close(fd)
-        return True
+                    jobs.add(n[len(prefix) : -len(".lock")])
+        return sorted(j for j in jobs if j and not os.path.exists(f"/dev/shm/shmstat.{j}"))
 
     @staticmethod
     def list_jobs() -> list[str]:
@@ -305,6 +262,28 @@ class Segment:
             if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
                 jobs.append(n[len("shmstat.") :])
         return jobs
+
+
+def _remove_lock_file_if_free(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        with contextlib.suppress(OSError):
+            if os.path.islink(path):
+                os.unlink(path)  # a symlink is never ours to lock
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # held right now by a live process: leave it (``shmstat clean`` takes it later)
+        st = os.fstat(fd)
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path, follow_symlinks=False)
+            if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                os.unlink(path)  # we hold it, so no one holds the file removed
+    finally:
+        os.close(fd)
 
 
 def _check_geometry(geo: L.Geometry) -> None:
@@ -339,11 +318,3 @@ def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | 
             f"segment {name} holds {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks but "
             f"{want.max_ranks} x {want.max_stats} x {want.banks} was asked for; use the same capacities everywhere"
         )
-
-
-def _valid_job(job: str) -> bool:
-    try:
-        validate_job(job)
-    except ConfigError:
-        return False
-    return True

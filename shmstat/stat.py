@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import math
+import mmap
+import os
 import threading
 import time
 import weakref
@@ -106,9 +108,9 @@ class Stat:
         attachment = ensure_init()
         self._attached = attachment is not None
         if attachment is not None:
-            self._core: _LocalCore | _SharedCore = _SharedCore(self, attachment, clock)
+            self._core: _LocalCore | _CLocalCore | _SharedCore = _SharedCore(self, attachment, clock)
         else:
-            self._core = _LocalCore(self, clock)
+            self._core = _CLocalCore.make(self, clock) or _LocalCore(self, clock)
         self.add: Callable[[float], None] = self._core.add
 
     @property
@@ -197,10 +199,10 @@ class _LocalCore:
             n = 0
             return core.last
 
-        def add_locked(v: float) -> list[tuple[Summary, int]]:
+        def roll_or_skip(v: float, t: int) -> list[tuple[Summary, int]]:
+            # the slow cases, under the lock: a new window, a full window, a NaN
             nonlocal n, total, lo, hi, last, wend, full
             logged = []
-            t = clock()
             if t >= wend:
                 wend = (t // wns + 1) * wns
                 if n:
@@ -234,12 +236,23 @@ class _LocalCore:
                 s._log_window(summary, t)
 
         def add(v: float) -> None:
+            nonlocal n, total, lo, hi, last, full
             if type(v) is not float:
                 v = coerce_value(v)
             with lock:
-                logged = add_locked(v)
-            for summary, t in logged:
-                _log(summary, t)
+                t = clock()
+                if t < wend and n and not full and v == v and n + 1 < max_samples:
+                    total += v
+                    if v < lo:
+                        lo = v
+                    elif v > hi:
+                        hi = v
+                    last = v
+                    n += 1
+                    return
+                logged = roll_or_skip(v, t)
+            for summary, at in logged:  # local handlers run outside the lock (they may add to this Stat)
+                _log(summary, at)
 
         def count() -> int:
             return n
@@ -251,6 +264,58 @@ class _LocalCore:
                 _log(*logged)
 
         self.add, self.count, self.close = add, count, close
+
+
+class _CLocalCore:
+    """In-process windows written by the C writer into a private buffer (one bank): torch.monitor's lazy
+    closing, and thread-safe at C speed (the C add runs without giving up the GIL). Used when the C path is
+    built and ``max_samples`` is unlimited (torch logs a full window at once, which the Python core does)."""
+
+    _BUF_BYTES = L.BANK_SIZE + 3 * 8  # the bank, then nan_count, discarded, heartbeat
+
+    @classmethod
+    def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
+        """The C-backed core, or None when the C path is not available or does not apply."""
+        if stat._max_samples != _UNLIMITED or os.environ.get("SHMSTAT_PURE_PYTHON") == "1":
+            return None
+        try:
+            from . import _fastpath
+        except ImportError:
+            return None
+        return cls(stat, clock, _fastpath)
+
+    def __init__(self, stat: Stat, clock: Clock, fastpath: Any) -> None:
+        self.last = Summary()
+        self._stat_ref = weakref.ref(stat)
+        self._clock = clock
+        self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
+        bank = L.BANK_SIZE
+        self._writer = fastpath.SlotWriter(
+            self._buf, 0, 1, stat._window_ns, 0, _UNLIMITED, Aggregation.VALUE in stat._aggs, bank, bank + 8,
+            bank + 16, self._on_roll, None if clock is time.time_ns else clock,
+        )
+        self.add = self._writer.add
+
+    def _on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
+        self.last = Summary(n, total, lo, hi, lastv) if n else Summary()
+        stat = self._stat_ref()
+        if n and stat is not None:
+            stat._log_window(self.last, t)
+
+    @property
+    def nan_count(self) -> int:
+        """NaN samples ignored so far."""
+        return int.from_bytes(self._buf[L.BANK_SIZE : L.BANK_SIZE + 8], "little")
+
+    def count(self) -> int:
+        """Samples in the open window (torch's lazy count: until the next add, the window that ended)."""
+        return int(self._writer.state()[0]) >> 1
+
+    def close(self) -> None:
+        """Log what the open window holds."""
+        seq, total, lo, hi, lastv = self._writer.state()
+        if seq:
+            self._on_roll(int(seq) >> 1, total, lo, hi, lastv, self._clock())
 
 
 class _SharedCore:

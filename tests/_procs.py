@@ -44,7 +44,9 @@ def spawn(target, *args) -> mp.process.BaseProcess:
 
 def start_collector(job: str, *args: str) -> CollectorProc:
     """Start a collector for ``job`` and wait for its start-up line."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # tests/ too: user handler classes given as pkg.module:Class live there
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests"),
+                                                       os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "collector", "collect", "--job", job, *args],
         stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=REPO,

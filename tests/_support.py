@@ -46,3 +46,15 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
         time.sleep(interval_s)
+
+
+def step_and_wait(collector) -> None:
+    """Make ``collector.step()`` return only once its handlers (threads of their own) took what the step
+    dispatched, so a test can look at a recording handler right after a step."""
+    step = collector.step
+
+    def stepped(*args, **kwargs) -> None:
+        step(*args, **kwargs)
+        assert collector.wait_handlers(10), "a handler did not take its rows within 10 s"
+
+    collector.step = stepped

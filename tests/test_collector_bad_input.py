@@ -12,13 +12,13 @@ import pickle
 import msgpack
 import pytest
 import zmq
-from _support import FakeClock, unique_job, wait_for
+from _support import FakeClock, step_and_wait, unique_job, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests_user_handler import Recording
 
 from collector import Collector, CollectorConfig
-from shmstat import wire
+from collector.relay import MAX_MESSAGE_BYTES
 from shmstat.aggregation import Aggregation as A
 from shmstat.attach import init, shutdown
 from shmstat.segment import Segment
@@ -34,6 +34,7 @@ class _Rig:
         self.rec = Recording()
         self.collector = Collector(CollectorConfig(job=self.job, grace_ms=0, clock=self.clock),
                                    handler_objects={"*": self.rec})
+        step_and_wait(self.collector)
         self.ctx = zmq.Context()
         self.sender = self.ctx.socket(zmq.XPUB)
         self.sender.setsockopt(zmq.LINGER, 0)
@@ -93,13 +94,29 @@ CRAFTED = [
                                 "items": [["e", 1, {b"bin": 1}]]}, use_bin_type=True)],
     [b"event/e", msgpack.packb(msgpack.ExtType(1, b"x"))],
     [b"metric/g/n", _valid("metric", items=[["g", "n", "not a number", 1.0]])],
-    [b"event/e", b"\x00" * (wire.MAX_PAYLOAD + 1)],  # over the payload bound (zmq still lets it through)
+    [b"event/e", b"\x00" * (MAX_MESSAGE_BYTES - 100)],  # under zmq's bound, not msgpack
 ]
 
 
 def test_crafted_bad_frames_are_each_rejected_once(rig):
     for frames in CRAFTED:
         assert rig.send_and_count(frames) == 1, frames[:1]
+
+
+def test_a_message_over_the_size_bound_never_reaches_the_collector_and_it_goes_on(rig):
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.XPUB)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(rig.collector.ingest_endpoint)
+    try:
+        wait_for(lambda: rig.collector.step(5) or rogue.poll(0), 10, what="the collector's subscription")
+        before = rig.collector.relay_counters.messages + rig.collector.relay_counters.rejected
+        rogue.send_multipart([b"event/e", b"\x00" * (MAX_MESSAGE_BYTES + 1)])  # zmq drops it and the connection
+        assert rig.send_and_count(CRAFTED[0]) == 1  # the collector still takes the next sender's message
+        assert rig.collector.relay_counters.messages + rig.collector.relay_counters.rejected == before + 1
+    finally:
+        rogue.close(0)
+        ctx.term()
 
 
 def test_a_pickle_payload_is_rejected_never_unpickled(rig, tmp_path):

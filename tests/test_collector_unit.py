@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from _procs import REPO
-from _support import MS, FakeClock
+from _support import MS, FakeClock, step_and_wait
 from tests_user_handler import Recording
 
 from collector import PLATFORM_GROUP, Collector, CollectorConfig
@@ -21,6 +21,7 @@ def _collector(job, clock, **handlers):
     rec = Recording()
     objs = {"*": rec, **handlers}
     c = Collector(CollectorConfig(job=job, grace_ms=0, clock=clock, usage_interval_s=0.0), handler_objects=objs)
+    step_and_wait(c)
     return c, rec
 
 

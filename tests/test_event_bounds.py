@@ -130,3 +130,42 @@ def test_backlog_size_from_the_environment_is_checked(monkeypatch, job):
     monkeypatch.setenv("SHMSTAT_BACKLOG_MB", "lots")
     with pytest.raises(shmstat.ConfigError, match="SHMSTAT_BACKLOG_MB"):
         Publisher(f"ipc:///tmp/shmstat-nobody-{job}", rank=0)
+
+
+def _big_events(job: str, n: int) -> None:
+    import datetime
+
+    import shmstat
+
+    shmstat.init(job, rank=0)
+    blob = "b" * 900_000
+    for i in range(n):
+        shmstat.log_event(shmstat.Event("big", datetime.datetime.now(), {"blob": blob, "i": i}))
+    shmstat.shutdown(flush_timeout_s=30)
+
+
+def test_a_stopped_subscriber_and_large_events_keep_the_collector_bounded_in_bytes(job):
+    import zmq
+
+    coll = start_collector(job, "--handler", "*=null", "--publish-buffer-mb", "32")
+    proc = psutil.Process(coll.proc.pid)
+    ctx = zmq.Context()
+    stopped = ctx.socket(zmq.SUB)  # subscribes to everything, then never reads
+    stopped.setsockopt(zmq.RCVHWM, 1)
+    stopped.setsockopt(zmq.SUBSCRIBE, b"")
+    stopped.connect(coll.publish)
+    try:
+        before = proc.memory_info().rss
+        p = spawn(_big_events, job, 400)  # 360 MB of events through the collector
+        peak = before
+        while p.is_alive():
+            peak = max(peak, proc.memory_info().rss)
+            p.join(0.05)
+        assert p.exitcode == 0
+        peak = max(peak, proc.memory_info().rss)
+        assert peak - before < 150 * 1024 * 1024, f"collector grew by {(peak - before) / 2**20:.0f} MiB"
+        assert coll.proc.poll() is None
+    finally:
+        stopped.close(0)
+        ctx.term()
+        assert coll.stop() == 0

@@ -30,7 +30,7 @@ from _faultkit import (
     sigkill_victim,
 )
 from _procs import REPO, read_jsonl, spawn, start_collector
-from _support import wait_for
+from _support import step_and_wait, wait_for
 
 from collector.daemon import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
@@ -72,6 +72,7 @@ def _in_process_collector(job: str) -> tuple[Collector, Recorder]:
     rec = Recorder()
     coll = Collector(CollectorConfig(job=job, handlers={"*": "null"}, grace_ms=10, status_interval_s=0),
                      handler_objects={"faults": rec}, out=io.StringIO())
+    step_and_wait(coll)
     return coll, rec
 
 

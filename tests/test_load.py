@@ -19,12 +19,12 @@ WINDOW_MS = 100
 
 def _run_load(job: str, tmp_path, seconds: float) -> None:
     out = str(tmp_path / "m.jsonl")
-    # Grace: a rank preempted between reading the clock and writing its sample must not find its window
-    # already emitted (2 cores, 10 busy processes): see GUARANTEES.md.
-    # --publish-hwm: the test's subscriber, a thread starved of CPU by 8 busy ranks, must not fall past the
+    # Grace: the longest the collector takes (2 cores, 10 busy processes; a writer preempted inside add is seen
+    # mid-write and waited for whatever the grace).
+    # --publish-buffer-mb: the test's subscriber, a thread starved of CPU by 8 busy ranks, must not fall past the
     # collector's queue for it (a slow subscriber losing messages is test_faults.py's stuck subscriber)
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "300", "--banks", "16",
-                           "--publish-hwm", "1000000", "--status-interval", "0")
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "50", "--banks", "16",
+                           "--publish-buffer-mb", "100000", "--status-interval", "0")
     rss = RssSampler(coll.proc.pid)
     sub = Subscriber(coll.publish, (b"event/", b"stat/shmstat/usage"))
     try:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 
 import psutil
 import pytest
-from _procs import start_collector
+from _procs import REPO, start_collector
 
 from collector import Collector, CollectorConfig
-from shmstat.runtime import runtime_dir
+from shmstat.runtime import publish_endpoint, runtime_dir
 from shmstat.segment import Segment
 
 
@@ -40,8 +43,44 @@ def test_a_group_or_world_readable_segment_is_refused(job):
         seg.close()
 
 
-def test_the_collector_listens_on_loopback_only_by_default(job):
+_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+_CONNECT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("refused")
+else:
+    print("connected")
+"""
+
+
+def _as_nobody_connect(path: str) -> str:
+    if os.getuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another local user")
+    return subprocess.run([*_NOBODY, _CONNECT, path], capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def test_the_default_publish_endpoint_is_owner_only_ipc_and_nothing_listens_on_the_network(job):
     coll = start_collector(job, "--handler", "*=null")
+    try:
+        assert coll.publish == publish_endpoint(job) and coll.publish.startswith("ipc://")
+        listening = [c for c in psutil.Process(coll.proc.pid).net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening == []
+        for endpoint in (coll.publish, coll.ingest):
+            path = endpoint[len("ipc://"):]
+            assert _mode(path) & 0o077 == 0 and _mode(os.path.dirname(path)) == 0o700
+            assert _as_nobody_connect(path) == "refused"
+    finally:
+        assert coll.stop() == 0
+    assert not os.path.exists(coll.publish[len("ipc://"):]), "a clean exit leaves no socket file"
+    assert not os.path.exists(coll.ingest[len("ipc://"):])
+
+
+def test_tcp_only_when_asked_with_a_warning_and_loopback_unless_remote_is_allowed(job):
+    coll = start_collector(job, "--handler", "*=null", "--publish", "tcp://127.0.0.1:0")
     try:
         assert coll.publish.startswith("tcp://127.0.0.1:")
         port = int(coll.publish.rsplit(":", 1)[1])
@@ -50,3 +89,26 @@ def test_the_collector_listens_on_loopback_only_by_default(job):
         assert [(c.laddr.ip, c.laddr.port) for c in listening] == [("127.0.0.1", port)]
     finally:
         assert coll.stop() == 0
+    env = dict(os.environ, PYTHONPATH=REPO)
+    warned = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
+                             "tcp://127.0.0.1:0", "--handler", "*=null", "--grace-ms", "51"],
+                            capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert warned.returncode == 2 and "--grace-ms" in warned.stderr and "Traceback" not in warned.stderr
+    refused = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
+                              "tcp://0.0.0.0:0", "--handler", "*=null"],
+                             capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert refused.returncode == 2
+    assert "--allow-remote-publish" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_tcp_warning_is_printed(job):
+    coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
+                             "tcp://127.0.0.1:0", "--handler", "*=null"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
+    try:
+        assert coll.stdout is not None and coll.stdout.readline().startswith("shmstat collector:")
+    finally:
+        coll.terminate()
+        _, err = coll.communicate(timeout=30)
+    assert "any local user can subscribe" in err

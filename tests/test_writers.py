@@ -27,10 +27,12 @@ def _collect(job, tmp_path, target, *args):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
     tally = str(tmp_path / "tally.json")
-    p = spawn(target, job, *args, tally)
-    p.join(180)
-    assert p.exitcode == 0
-    assert coll.stop() == 0
+    try:
+        p = spawn(target, job, *args, tally)
+        p.join(180)
+        assert p.exitcode == 0
+    finally:
+        assert coll.stop() == 0
     with open(tally) as f:
         return read_jsonl(out), json.load(f)
 

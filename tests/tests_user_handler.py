@@ -13,3 +13,12 @@ class Recording(MetricHandler):
 
     def emit(self, metric_data) -> None:
         self.got.append(metric_data)
+
+
+class Stuck(MetricHandler):
+    """Blocks forever in its first ``emit`` (a handler waiting on a dead network peer), ignoring signals."""
+
+    def emit(self, metric_data) -> None:
+        import threading
+
+        threading.Event().wait()

@@ -28,7 +28,7 @@ from shmstat.errors import ShmstatError
 if TYPE_CHECKING:  # pragma: no cover
     from shmstat.publisher import Publisher
 
-    from .api import MetricHandler
+    from ._handlers import MetricHandler
 
 __all__ = ["REGISTRY", "MetricsRegistry", "publisher", "reset"]
 

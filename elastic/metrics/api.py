@@ -26,7 +26,6 @@ Differences from torchelastic, all deliberate:
 
 from __future__ import annotations
 
-import abc
 import functools
 import time
 import warnings
@@ -36,6 +35,7 @@ from typing import Any, TypeVar, overload
 from shmstat._state import STATE
 
 from ._data import MetricData, StatMetricData
+from ._handlers import ConsoleMetricHandler, MetricHandler, NullMetricHandler
 from ._registry import REGISTRY
 from ._registry import publisher as _publisher
 from ._routing import INT_MIN as _INT_MIN
@@ -75,29 +75,6 @@ class MetricsConfig:
     def __init__(self, params: dict[str, str] | None = None) -> None:
         """Keep ``params`` (a new empty dict when None)."""
         self.params: dict[str, str] = {} if params is None else params
-
-
-class MetricHandler(abc.ABC):
-    """Where metric data points go. Subclass it and implement :meth:`emit`."""
-
-    @abc.abstractmethod
-    def emit(self, metric_data: MetricData) -> None:
-        """Handle one data point (called synchronously by ``put_metric`` / ``MetricStream.add_value``)."""
-
-
-class ConsoleMetricHandler(MetricHandler):
-    """Prints each data point to stdout as ``[<timestamp>][<group>]: <name>=<value>`` (torchelastic's format)."""
-
-    def emit(self, metric_data: MetricData) -> None:
-        """Print ``metric_data`` in torchelastic's console format."""
-        print(f"[{metric_data.timestamp}][{metric_data.group_name}]: {metric_data.name}={metric_data.value}")
-
-
-class NullMetricHandler(MetricHandler):
-    """Discards every data point."""
-
-    def emit(self, metric_data: MetricData) -> None:
-        """Do nothing."""
 
 
 class _DefaultHandler(NullMetricHandler):

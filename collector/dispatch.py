@@ -1,0 +1,205 @@
+"""Handlers off the scanning loop: each handler runs in a thread of its own, fed through a bounded queue.
+
+A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. When a
+handler's queue is full (``handler_queue`` rows, default 100,000, about 30 MB of rows), new rows for it are
+dropped, counted (``dropped``, and per group) and warned about once. Closing gives every handler a bounded
+time to finish (``close_budget_s`` in all); a handler still stuck then is left behind (its thread is a daemon),
+so SIGTERM always ends the collector within a few seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from elastic.metrics import MetricData, MetricHandler
+
+from .handlers import Dispatcher
+
+__all__ = ["DEFAULT_HANDLER_QUEUE", "ThreadedDispatcher"]
+
+_log = logging.getLogger("shmstat.collector")
+
+DEFAULT_HANDLER_QUEUE = 100_000
+"""Rows queued per handler at most before new ones are dropped (and counted)."""
+
+_FLUSH, _BARRIER, _STOP = object(), object(), object()
+
+
+class _Worker:
+    """One handler's thread and queue."""
+
+    def __init__(self, handler: MetricHandler, limit: int, owner: ThreadedDispatcher) -> None:
+        self.handler = handler
+        self.limit = limit
+        self.owner = owner
+        self.queue: collections.deque[Any] = collections.deque()
+        self.rows = 0  # rows in the queue
+        self.cond = threading.Condition()
+        self.emitted = 0
+        self.errors = 0
+        self.busy_since = 0.0  # monotonic time the current emit started (0: idle)
+        self._warned: set[type] = set()
+        self.thread = threading.Thread(target=self._run, name=f"shmstat-handler-{type(handler).__name__}",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, group: str, rows: list[MetricData]) -> int:
+        """Queue ``rows`` of ``group``; returns how many did not fit (dropped)."""
+        with self.cond:
+            room = self.limit - self.rows
+            take = rows if len(rows) <= room else rows[: max(0, room)]
+            if take:
+                self.queue.append((group, take))
+                self.rows += len(take)
+                self.cond.notify()
+        return len(rows) - len(take)
+
+    def control(self, marker: Any) -> threading.Event:
+        """Queue a control marker (flush, barrier, stop); the event is set once the worker reached it."""
+        done = threading.Event()
+        with self.cond:
+            self.queue.append((marker, done))
+            self.cond.notify()
+        return done
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                first, second = self.queue.popleft()
+                if isinstance(second, list):
+                    self.rows -= len(second)
+            if first is _FLUSH or first is _BARRIER or first is _STOP:
+                if first is _FLUSH:
+                    flush = getattr(self.handler, "flush", None)
+                    if callable(flush):
+                        self._call(flush, "flush")
+                second.set()
+                if first is _STOP:
+                    return
+                continue
+            emit = self.handler.emit
+            self.busy_since = time.monotonic()
+            for metric in second:
+                if self._call(emit, first, metric):
+                    self.emitted += 1
+            self.busy_since = 0.0
+
+    def _call(self, fn: Any, group: str, *args: Any) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # a user's handler may raise anything; the others must still run
+            self.errors += 1
+            if type(exc) not in self._warned:
+                self._warned.add(type(exc))
+                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                           self.handler, group, exc)
+            return False
+
+
+class ThreadedDispatcher:
+    """Routes metrics to their group's handler (as :class:`Dispatcher`), each handler in a thread of its own."""
+
+    def __init__(self, inner: Dispatcher, *, handler_queue: int = DEFAULT_HANDLER_QUEUE,
+                 close_budget_s: float = 2.0) -> None:
+        self.inner = inner
+        self.handler_queue = handler_queue
+        self.close_budget_s = close_budget_s
+        self.dropped = 0
+        self.dropped_by_group: dict[str, int] = collections.defaultdict(int)
+        self._workers: dict[int, _Worker] = {}
+        self._warned_full: set[int] = set()
+        self._closed = False
+
+    def _worker(self, handler: MetricHandler) -> _Worker:
+        worker = self._workers.get(id(handler))
+        if worker is None:
+            worker = self._workers[id(handler)] = _Worker(handler, self.handler_queue, self)
+        return worker
+
+    @property
+    def errors(self) -> int:
+        """Exceptions raised by handlers (counted, logged once per handler and type)."""
+        return sum(w.errors for w in self._workers.values())
+
+    @property
+    def emitted(self) -> int:
+        """Metrics handlers took without raising."""
+        return sum(w.emitted for w in self._workers.values())
+
+    def discards(self, group: str) -> bool:
+        """Whether ``group``'s handler is a plain null handler (see :meth:`Dispatcher.discards`)."""
+        return self.inner.discards(group)
+
+    def handler_for(self, group: str) -> MetricHandler:
+        """The handler that receives metrics of ``group``."""
+        return self.inner.handler_for(group)
+
+    def emit(self, metric: MetricData) -> None:
+        """Queue one metric for its group's handler (never blocks)."""
+        self.emit_all(metric.group_name, [metric])
+
+    def emit_all(self, group: str, metrics: Iterable[MetricData]) -> None:
+        """Queue metrics of one ``group`` for its handler (never blocks; past the bound they are dropped)."""
+        if self._closed:
+            return
+        rows = metrics if isinstance(metrics, list) else list(metrics)
+        if not rows:
+            return
+        handler = self.inner.handler_for(group)
+        lost = self._worker(handler).put(group, rows)
+        if lost:
+            self.dropped += lost
+            self.dropped_by_group[group] += lost
+            if id(handler) not in self._warned_full:
+                self._warned_full.add(id(handler))
+                _log.warning("handler %r (group %r) does not keep up: its queue of %d rows is full; rows for it "
+                             "are dropped and counted in collector.handler_dropped", handler, group,
+                             self.handler_queue)
+
+    def flush(self) -> None:
+        """Ask every handler to flush once it has taken what was queued before (does not wait)."""
+        for worker in list(self._workers.values()):
+            worker.control(_FLUSH)
+
+    def wait(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every handler has taken what was queued before this call; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        events = [w.control(_BARRIER) for w in list(self._workers.values())]
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in events)
+
+    def stuck(self, after_s: float) -> list[MetricHandler]:
+        """Handlers busy in one call for longer than ``after_s`` seconds."""
+        now = time.monotonic()
+        return [w.handler for w in self._workers.values() if w.busy_since and now - w.busy_since > after_s]
+
+    def close(self) -> None:
+        """Flush, let every handler finish what is queued within the close budget, then close the handlers
+        that finished; a handler still busy after the budget is left behind (counted as stuck, logged)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self.close_budget_s
+        stops = [(w, w.control(_FLUSH), w.control(_STOP)) for w in list(self._workers.values())]
+        for worker, _flushed, stopped in stops:
+            if not stopped.wait(max(0.0, deadline - time.monotonic())):
+                _log.warning("handler %r did not finish within %.1f s of shutdown; leaving it behind",
+                             worker.handler, self.close_budget_s)
+                continue
+            close = getattr(worker.handler, "close", None)
+            if callable(close):
+                worker._call(close, "close")
+        for handler in self.inner.all_handlers():  # handlers that never got a row: close them too
+            if id(handler) not in self._workers:
+                close = getattr(handler, "close", None)
+                if callable(close):
+                    with contextlib.suppress(Exception):  # same policy as emit
+                        close()

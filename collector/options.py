@@ -1,0 +1,95 @@
+"""The collector's command-line options, shared by ``shmstat collect`` and ``shmstat run``, and the
+:class:`CollectorConfig` they make (checked here: a bad option is one sentence, exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from urllib.parse import urlsplit
+
+from shmstat.errors import ConfigError
+from shmstat.layout import DEFAULT_BANKS, DEFAULT_MAX_RANKS, DEFAULT_MAX_STATS, MAX_GRACE_MS, Geometry
+
+from .daemon import CollectorConfig
+from .dispatch import DEFAULT_HANDLER_QUEUE
+from .handlers import parse_handler_args
+
+__all__ = ["add_collector_options", "collector_config", "geometry_from"]
+
+
+def add_collector_options(p: argparse.ArgumentParser) -> None:
+    """Add the options every command that runs a collector takes."""
+    p.add_argument("--publish", default=None, metavar="ENDPOINT",
+                   help="XPUB endpoint for subscribers (default: an ipc:// socket in your owner-only runtime "
+                        "directory; a tcp:// endpoint is readable by every local user)")
+    p.add_argument("--allow-remote-publish", action="store_true",
+                   help="allow --publish on an address other than loopback (anyone who reaches it reads every "
+                        "stream)")
+    p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
+                   help="handler for a metric group: console, null, jsonl:PATH, pkg.module:Class; GROUP * = default")
+    p.add_argument("--grace-ms", type=int, default=20,
+                   help=f"wait this long after a window ends before reading it (default 20, at most {MAX_GRACE_MS})")
+    p.add_argument("--publish-buffer-mb", type=float, default=256.0,
+                   help="MiB queued per subscriber before a slow one loses messages (default 256)")
+    p.add_argument("--handler-queue", type=int, default=DEFAULT_HANDLER_QUEUE,
+                   help=f"rows queued per handler before a slow one loses rows, counted (default "
+                        f"{DEFAULT_HANDLER_QUEUE})")
+    p.add_argument("--hold-ms", type=int, default=300,
+                   help="at start-up, hold the ranks' events up to this long for subscribers to reconnect "
+                        "(default 300)")
+    p.add_argument("--status-interval", type=float, default=30.0,
+                   help="seconds between progress lines on stderr (default 30, 0 = none)")
+    p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
+    p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
+    p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
+
+
+def geometry_from(args: argparse.Namespace) -> Geometry | None:
+    """The capacities asked for on the command line, or None to accept an existing segment's."""
+    if args.max_ranks is None and args.max_stats is None and args.banks is None:
+        return None
+    return Geometry(args.max_ranks or DEFAULT_MAX_RANKS, args.max_stats or DEFAULT_MAX_STATS,
+                    args.banks or DEFAULT_BANKS)
+
+
+def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
+    """The :class:`CollectorConfig` of the parsed options; raises :class:`ConfigError` for a bad one."""
+    if not 0 <= args.grace_ms <= MAX_GRACE_MS:
+        raise ConfigError(f"--grace-ms must be between 0 and {MAX_GRACE_MS}, got {args.grace_ms}")
+    for flag, value in (("--hold-ms", args.hold_ms), ("--status-interval", args.status_interval)):
+        if value < 0:
+            raise ConfigError(f"{flag} must not be negative, got {value}")
+    if not 1 <= args.publish_buffer_mb <= 1 << 20:
+        raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
+    if not 1 <= args.handler_queue <= 100_000_000:
+        raise ConfigError(f"--handler-queue must be between 1 and 100000000, got {args.handler_queue}")
+    if args.publish is not None:
+        _check_publish(args.publish, args.allow_remote_publish)
+    return CollectorConfig(
+        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), grace_ms=args.grace_ms,
+        hold_ms=args.hold_ms, publish_buffer_bytes=int(args.publish_buffer_mb * 1024 * 1024),
+        handler_queue=args.handler_queue, geometry=geometry_from(args), status_interval_s=args.status_interval,
+    )
+
+
+def _check_publish(endpoint: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback TCP endpoint unless asked for; warn that TCP is readable by every local user."""
+    scheme = endpoint.partition("://")[0]
+    if scheme == "ipc":
+        return
+    if scheme != "tcp":
+        raise ConfigError(f"--publish {endpoint!r} is not an ipc:// or tcp:// endpoint")
+    host = urlsplit(endpoint).hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"--publish {endpoint!r} is not on loopback; add --allow-remote-publish if every host that reaches it "
+            "may read every stream"
+        )
+    print(f"shmstat: warning: --publish {endpoint} is a TCP endpoint: any local user"
+          f"{'' if loopback else ' and any host that reaches it'} can subscribe and read every event and stat "
+          "(the default ipc:// endpoint is owner-only)", file=sys.stderr, flush=True)
