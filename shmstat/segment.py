@@ -11,6 +11,7 @@ tracker unlinks segments when their creator exits. Registering as a rank is :mod
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
@@ -85,9 +86,8 @@ class Segment:
                 seg = cls._open_locked(job, create, geometry)
         except BaseException:
             lock.close()
-            if not os.path.exists(path):  # no segment (e.g. no room to create it): no lock file either
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(lock.path)
+            if not os.path.exists(path):  # no segment (e.g. no room to create it): no lock file either,
+                _remove_lock_file_if_free(lock.path)  # unless another process took the lock meanwhile
             raise
         seg._lock = lock
         return seg
@@ -222,15 +222,16 @@ class Segment:
     def unlink(job: str) -> bool:
         """Remove the job's segment, its lock file and any semaphore of older versions; True if a segment existed.
 
-        Safe while other processes wait for the lock: a waiter that then finds the file gone takes the new one.
+        The lock file is removed only while no process holds it (taken without waiting): removing a held one
+        would let a newcomer lock a new file beside the holder, two holders at once. A waiter that then finds
+        the file gone takes the new one.
         """
         existed = True
         try:
             posix_ipc.unlink_shared_memory(segment_name(job))
         except posix_ipc.ExistentialError:
             existed = False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path(job))
+        _remove_lock_file_if_free(lock_path(job))
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_semaphore(semaphore_name(job))  # what versions before the flock lock used
         return existed
@@ -261,6 +262,28 @@ class Segment:
             if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
                 jobs.append(n[len("shmstat.") :])
         return jobs
+
+
+def _remove_lock_file_if_free(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        with contextlib.suppress(OSError):
+            if os.path.islink(path):
+                os.unlink(path)  # a symlink is never ours to lock
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # held right now by a live process: leave it (``shmstat clean`` takes it later)
+        st = os.fstat(fd)
+        with contextlib.suppress(FileNotFoundError):
+            now = os.stat(path, follow_symlinks=False)
+            if (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                os.unlink(path)  # we hold it, so no one holds the file removed
+    finally:
+        os.close(fd)
 
 
 def _check_geometry(geo: L.Geometry) -> None:
