@@ -19,9 +19,21 @@ from collections.abc import Iterator
 from .errors import SegmentError
 from .runtime import lock_path
 
-__all__ = ["JobLock"]
+__all__ = ["JobLock", "job_lock"]
 
 _live: weakref.WeakSet[JobLock] = weakref.WeakSet()
+_by_job: dict[str, JobLock] = {}
+_registry = threading.Lock()
+
+
+def job_lock(job: str) -> JobLock:
+    """This process's one lock of ``job``: every Segment of the job shares it, so a thread that holds the lock
+    through one Segment and locks again through another re-enters instead of waiting for itself."""
+    with _registry:
+        lock = _by_job.get(job)
+        if lock is None:
+            lock = _by_job[job] = JobLock(job)
+        return lock
 
 
 class JobLock:
@@ -95,6 +107,8 @@ class JobLock:
 
 def _after_fork_in_child() -> None:
     # A thread of the parent may have held a thread lock at the fork; the child has only this thread.
+    global _registry
+    _registry = threading.Lock()
     for lock in list(_live):
         lock._thread_lock = threading.RLock()
         lock._depth = 0

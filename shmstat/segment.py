@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import posix_ipc
 
 from . import layout as L
-from ._joblock import JobLock
+from ._joblock import JobLock, job_lock
 from .errors import ConfigError, LayoutMismatchError, SegmentError
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
 
@@ -80,7 +80,7 @@ class Segment:
             raise SegmentError(f"no shared memory segment exists for job {job!r}; start its collector or a rank first")
         if not wait and not create:
             return cls._open_locked(job, create, geometry)
-        lock = JobLock(job)
+        lock = job_lock(job)
         try:
             with lock.held():
                 seg = cls._open_locked(job, create, geometry)
@@ -157,7 +157,7 @@ class Segment:
     def locked(self) -> Iterator[None]:
         """Hold the job lock (for allocation of rank entries and descriptors)."""
         if self._lock is None:
-            self._lock = JobLock(self.job)
+            self._lock = job_lock(self.job)
         with self._lock.held():
             yield
 

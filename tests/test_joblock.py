@@ -258,3 +258,15 @@ def test_clean_removes_orphaned_lock_files_and_semaphores_but_not_held_ones(job)
         holder.join(20)
         Segment.unlink(busy)
     assert not os.path.exists(lock_path(busy))
+
+
+def test_one_thread_locking_through_two_segments_of_a_job_does_not_wait_for_itself(job):
+    first = Segment.open(job)
+    try:
+        with first.locked():
+            second = Segment.open(job)  # takes the job lock again, from the same thread
+            with second.locked():
+                pass
+            second.close()
+    finally:
+        first.close()
