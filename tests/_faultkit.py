@@ -274,8 +274,9 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     """Add 1.0 to Stat ``load`` as fast as possible, logging an event every ``event_every`` adds.
 
     Writes ``{"counts": {wid: n}, "adds": n, "events": k, "pub": publisher stats}`` to ``out_path`` when done
-    (after flushing its publisher). The clock the Stat uses is read here first, so the worker knows the window
-    of every sample it adds. ``start_path``: wait for that file first (so all ranks start together).
+    (after flushing its publisher). The Stat's clock remembers its last reading (inside add, as the real clock
+    is read), so the worker knows the window of every sample it adds. ``start_path``: wait for that file first
+    (so all ranks start together).
     ``stop_path``: stop early when that file appears. ``pause_every``: sleep 0.5 ms every that many adds
     (a rank that is mostly idle).
     """
@@ -285,8 +286,12 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=world, endpoint=endpoint)
     cur = [0]
-    stat = shmstat.Stat("load", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="load",
-                        clock=lambda: cur[0])
+
+    def clock() -> int:  # the real clock, read inside add (after the bank is marked), remembered for the tally
+        cur[0] = time.time_ns()
+        return cur[0]
+
+    stat = shmstat.Stat("load", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="load", clock=clock)
     import datetime
 
     ev = shmstat.Event("load.tick", datetime.datetime.now(datetime.timezone.utc), {"rank": rank, "payload": "x" * 32})
@@ -297,12 +302,10 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     counts: dict[int, int] = defaultdict(int)
     n = events = 0
     end = time.monotonic() + seconds
-    log_event, add, time_ns = shmstat.log_event, stat.add, time.time_ns
+    log_event, add = shmstat.log_event, stat.add
     while True:
-        t = time_ns()
-        cur[0] = t
         add(1.0)
-        counts[t // wns] += 1
+        counts[cur[0] // wns] += 1
         n += 1
         if event_every and n % event_every == 0:
             log_event(ev)
