@@ -22,7 +22,17 @@ COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo")
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
     p.add_argument("-v", "--verbose", action="store_true", help="log what the collector does")
+    p.add_argument("--version", action="version", version=f"shmstat {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbose = argparse.ArgumentParser(add_help=False)  # -v after the command too
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log what the collector does")
+    _add_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: object) -> argparse.ArgumentParser:
+        return _add_parser(name, parents=[verbose], **kwargs)  # type: ignore[arg-type]
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     c = sub.add_parser("collect", help="run the per-node collector for a job")
     c.add_argument("--job", required=True, help="the job id whose segment and events to collect")
@@ -46,8 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
 
     t = sub.add_parser("top", help="live per-rank view of a job's segment")
-    t.add_argument("--job", required=True)
-    t.add_argument("--interval", type=float, default=1.0)
+    t.add_argument("--job", required=True, help="the job id whose segment to show")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
 
     sub.add_parser("ls", help="list the shmstat segments of this node")
@@ -59,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seconds", type=float, default=3.0)
     d.add_argument("--window-ms", type=int, default=500)
     return p
+
+
+def _version() -> str:
+    from shmstat import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

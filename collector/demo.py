@@ -86,7 +86,18 @@ def _rank_main(job: str, rank: int, world: int, seconds: float, window_ms: int, 
 
 
 def demo(*, ranks: int = 3, seconds: float = 3.0, window_ms: int = 500, out: IO[str] | None = None) -> int:
-    """Run the demo job and print its aggregated windows; returns 0."""
+    """Run the demo job and print its aggregated windows; returns 0. Raises :class:`ConfigError` for a bad
+    option before anything starts."""
+    from shmstat.errors import ConfigError
+    from shmstat.layout import DEFAULT_BANKS, MAX_WINDOW_MS, min_window_ms
+
+    if not 1 <= ranks <= 64:
+        raise ConfigError(f"--ranks must be between 1 and 64, got {ranks}")
+    if not 0 < seconds <= 24 * 3600:
+        raise ConfigError(f"--seconds must be more than 0 and at most a day, got {seconds}")
+    if not min_window_ms(DEFAULT_BANKS) <= window_ms <= MAX_WINDOW_MS:
+        raise ConfigError(f"--window-ms must be between {min_window_ms(DEFAULT_BANKS)} and {MAX_WINDOW_MS}, "
+                          f"got {window_ms}")
     out = out if out is not None else sys.stdout
     job = f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     table = DemoTableHandler(out)
@@ -94,7 +105,7 @@ def demo(*, ranks: int = 3, seconds: float = 3.0, window_ms: int = 500, out: IO[
         CollectorConfig(job=job, handlers={"*": "null"}), handler_objects={_GROUP: table}, out=out
     )
     print(f"demo job {job}: {ranks} ranks for {seconds:.0f} s, {window_ms} ms windows; "
-          f"subscribe with: shmstat subscribe {collector.publish_endpoint}", file=out, flush=True)
+          f"subscribe with: shmstat subscribe --job {job}", file=out, flush=True)
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(target=_rank_main, args=(job, r, ranks, seconds, window_ms, collector.ingest_endpoint))

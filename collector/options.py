@@ -49,8 +49,13 @@ def geometry_from(args: argparse.Namespace) -> Geometry | None:
     """The capacities asked for on the command line, or None to accept an existing segment's."""
     if args.max_ranks is None and args.max_stats is None and args.banks is None:
         return None
-    return Geometry(args.max_ranks or DEFAULT_MAX_RANKS, args.max_stats or DEFAULT_MAX_STATS,
-                    args.banks or DEFAULT_BANKS)
+    for flag, value, low, high in (("--max-ranks", args.max_ranks, 1, 4096), ("--max-stats", args.max_stats, 1, 65536),
+                                   ("--banks", args.banks, 3, 64)):
+        if value is not None and not low <= value <= high:
+            raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
+    return Geometry(DEFAULT_MAX_RANKS if args.max_ranks is None else args.max_ranks,
+                    DEFAULT_MAX_STATS if args.max_stats is None else args.max_stats,
+                    DEFAULT_BANKS if args.banks is None else args.banks)
 
 
 def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
@@ -80,7 +85,14 @@ def _check_publish(endpoint: str, allow_remote: bool) -> None:
         return
     if scheme != "tcp":
         raise ConfigError(f"--publish {endpoint!r} is not an ipc:// or tcp:// endpoint")
-    host = urlsplit(endpoint).hostname or ""
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is None or port < 0:
+        raise ConfigError(f"--publish {endpoint!r} needs a port from 0 (any free one) to 65535")
+    host = parts.hostname or ""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:

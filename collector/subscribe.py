@@ -89,6 +89,12 @@ def subscribe(
                 out.flush()
         if bad:
             print(f"shmstat subscribe: {bad} malformed messages skipped", file=sys.stderr)
+        if seen == 0:
+            print(f"shmstat subscribe: nothing received from {', '.join(endpoints)} (is a collector running there?)",
+                  file=sys.stderr)
+        if count is not None and seen < count:
+            print(f"shmstat subscribe: {seen} of {count} messages received before the timeout", file=sys.stderr)
+            return 1
         return 0
     finally:
         for sock in socks:
