@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -127,8 +128,22 @@ def _runtime_leftovers(segments: list[str]) -> set[str]:
 
 def _remove_runtime_files(job: str) -> None:
     for suffix in _RUNTIME_SUFFIXES:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(runtime_dir(), job + suffix))
+        path = os.path.join(runtime_dir(), job + suffix)
+        if not _socket_in_use(path):  # a live collector's socket (e.g. under a hashed name) stays
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _socket_in_use(path: str) -> bool:
+    """Whether a process listens on the Unix socket at ``path``."""
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> int:

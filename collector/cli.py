@@ -35,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser = add_parser  # type: ignore[method-assign]
 
     c = sub.add_parser("collect", help="run the per-node collector for a job")
-    c.add_argument("--job", required=True, help="the job id whose segment and events to collect")
+    c.add_argument("--job", action="append", default=[],
+                   help="collect only this job (repeatable); without --job, every job of this user on this node")
     add_collector_options(c)
 
     r = sub.add_parser("run", help="start a collector and N ranks of a script, like torchrun")
@@ -94,9 +95,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     cmd = args.command
     if cmd == "collect":
+        from shmstat.errors import ConfigError
+
         from .daemon import Collector
 
-        return Collector(collector_config(args, args.job)).run()
+        if len(args.job) == 1:
+            return Collector(collector_config(args, args.job[0])).run()
+        from shmstat.runtime import validate_job
+
+        from .node import NodeCollector
+
+        jobs = [validate_job(j) for j in args.job] or None
+        if args.publish is not None:
+            raise ConfigError("--publish names one endpoint, but each job of a node collector has its own "
+                              "(subscribe with: shmstat subscribe --job JOB)")
+        return NodeCollector(collector_config(args, ""), jobs=jobs).run()
     if cmd == "run":
         from .launcher import run_job
 

@@ -36,7 +36,7 @@ from .liveness import Lifecycle, Liveness
 from .merge import WindowRow
 from .scanner import Scanner
 
-__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig"]
+__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
 
 PLATFORM_GROUP = "shmstat"
 """The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
@@ -79,7 +79,7 @@ class Collector:
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
-        out: IO[str] | None = None,
+        out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
     ) -> None:
         validate_job(config.job)
         self.config = config
@@ -90,18 +90,8 @@ class Collector:
         self.segment: Segment | None = None
         self.relay = None
         try:
-            inner = Dispatcher.from_specs(config.handlers)
-            if handler_objects:
-                for group, handler in handler_objects.items():
-                    if group == "*":
-                        inner.default = handler
-                    else:
-                        inner.handlers[group] = handler
-            if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
-                from elastic.metrics import NullMetricHandler
-
-                inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
-            self.dispatcher = ThreadedDispatcher(inner, handler_queue=config.handler_queue)
+            self._owns_dispatcher = dispatcher is None
+            self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
             self.segment = Segment.open(config.job, geometry=config.geometry)
             self._lock_fd = _take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
@@ -230,8 +220,9 @@ class Collector:
             # them now would commit their watermark and lose every sample added after this moment).
             live = any(r.state == RankState.ACTIVE for r in self.scanner.refresh())
             self._emit_scan(now, final=not live)
-        with contextlib.suppress(Exception):
-            self.dispatcher.close()
+        if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
+            with contextlib.suppress(Exception):
+                self.dispatcher.close()
         if self.segment is not None:
             with contextlib.suppress(Exception):
                 self.segment.set_collector(0, self.clock())
@@ -325,9 +316,10 @@ class Collector:
 
     def _dispatch_row(self, row: WindowRow) -> None:
         start, end = row.start_ns / 1e9, row.end_ns / 1e9
-        torn, group, rank = row.summary.torn, row.group, row.rank
+        torn, group, rank, job = row.summary.torn, row.group, row.rank, self.config.job
         self.dispatcher.emit_all(group, [
-            StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn)
+            StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn,
+                           job=job)
             for key, value in row.values().items()
         ])
 
@@ -336,7 +328,7 @@ class Collector:
         for group, name, value, ts in msg.items:
             if discards(group):
                 continue
-            self.dispatcher.emit(_point(float(ts), group, name, value, msg.rank))
+            self.dispatcher.emit(_point(float(ts), group, name, value, msg.rank, self.config.job))
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
@@ -348,14 +340,14 @@ class Collector:
         ts = now / 1e9
         rows: list[MetricData] = []
         for u in self.liveness.usage(ranks):
-            rows.append(_point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank))
-            rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank))
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank, self.config.job))
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank, self.config.job))
         cpu_s, rss = Liveness.self_usage()
         assert self.relay is not None
         figures = {**self.counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
         figures.update({f"handler_dropped.{g}": n for g, n in self.dispatcher.dropped_by_group.items()})
         for name, value in figures.items():
-            rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None))
+            rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, self.config.job))
         items = []
         for md in rows:
             self.dispatcher.emit(md)
@@ -388,9 +380,27 @@ class Collector:
         }
 
 
-def _point(ts: float, group: str, name: str, value: float, rank: int | None) -> StatMetricData:
-    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank."""
-    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None)  # type: ignore[arg-type]
+def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
+                     ) -> ThreadedDispatcher:
+    """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
+    nowhere unless asked for."""
+    inner = Dispatcher.from_specs(config.handlers)
+    for group, handler in (handler_objects or {}).items():
+        if group == "*":
+            inner.default = handler
+        else:
+            inner.handlers[group] = handler
+    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
+        from elastic.metrics import NullMetricHandler
+
+        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+    return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
+
+
+def _point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:
+    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank and job."""
+    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None,  # type: ignore[arg-type]
+                          job=job)
 
 
 def _take_instance_lock(segment: Segment) -> int:

@@ -24,7 +24,7 @@ _log = logging.getLogger("shmstat.collector")
 
 
 class JsonlMetricHandler(MetricHandler):
-    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end.
+    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job.
 
     ``rank`` is null for rows merged across ranks and for metrics put by ranks; ``window_start`` and
     ``window_end`` (unix seconds) are null for put metrics. Non-finite floats are written as the strings
@@ -53,6 +53,9 @@ class JsonlMetricHandler(MetricHandler):
         }
         if getattr(metric_data, "torn", False):
             row["torn"] = True
+        job = getattr(metric_data, "job", None)
+        if job is not None:
+            row["job"] = job
         source_rank = getattr(metric_data, "source_rank", None)
         if source_rank is not None:
             row["source_rank"] = source_rank

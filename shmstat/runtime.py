@@ -6,6 +6,7 @@ validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat as _stat
@@ -71,14 +72,31 @@ def runtime_dir() -> str:
     return base
 
 
+_MAX_SOCKET_PATH = 107  # a Unix socket path's limit (sun_path is 108 bytes with its NUL)
+
+
+def _socket_path(job: str, suffix: str) -> str:
+    """``<runtime dir>/<job><suffix>``, or, when that is too long for a Unix socket, ``<runtime dir>/<hash of the
+    job><suffix>`` (every process computes the same name); a runtime directory too long even then is an error."""
+    base = runtime_dir()
+    path = os.path.join(base, validate_job(job) + suffix)
+    if len(path.encode()) <= _MAX_SOCKET_PATH:
+        return path
+    short = os.path.join(base, "j" + hashlib.sha256(job.encode()).hexdigest()[:16] + suffix)
+    if len(short.encode()) > _MAX_SOCKET_PATH:
+        raise SegmentError(f"the runtime directory {base} is too long a path for Unix sockets; set "
+                           "SHMSTAT_RUNTIME_DIR (or XDG_RUNTIME_DIR) to a shorter one")
+    return short
+
+
 def ingest_endpoint(job: str) -> str:
     """The ``ipc://`` endpoint where the job's collector receives events and metrics from the ranks."""
-    return f"ipc://{os.path.join(runtime_dir(), validate_job(job))}.ingest"
+    return f"ipc://{_socket_path(job, '.ingest')}"
 
 
 def publish_endpoint(job: str) -> str:
     """The collector's default ``ipc://`` endpoint for subscribers (owner-only: it lives in the 0700 runtime dir)."""
-    return f"ipc://{os.path.join(runtime_dir(), validate_job(job))}.publish"
+    return f"ipc://{_socket_path(job, '.publish')}"
 
 
 def lock_path(job: str) -> str:

@@ -137,7 +137,9 @@ def test_stat_metric_data_is_a_metric_data_with_extras() -> None:
         "window_start": 9.0,
         "window_end": 10.0,
         "torn": False,
+        "job": None,
     }
+    assert metrics.StatMetricData(1.0, "g", "n", 1, rank=0, window_start=0.0, window_end=1.0, job="j").job == "j"
     assert "rank=3" in repr(row) and repr(row).startswith("StatMetricData(timestamp=10.0")
 
 

@@ -4,12 +4,14 @@ runtime directory) and refuses a live job, which ``shmstat ls`` lists (no room: 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
 import posix_ipc
 from _procs import REPO, start_collector
 
+from shmstat.errors import SegmentError
 from shmstat.runtime import lock_path, runtime_dir
 
 
@@ -42,3 +44,24 @@ def test_clean_keeps_a_live_job_and_ls_lists_it(job):
     finally:
         assert coll.stop() == 0
     assert os.path.exists(f"/dev/shm/shmstat.{job}")
+
+
+def test_socket_paths_too_long_for_unix_sockets_get_short_names(monkeypatch):
+    import tempfile
+
+    import pytest
+
+    from shmstat.runtime import ingest_endpoint, publish_endpoint
+
+    short = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    deep = os.path.join(short, "d" * 50)
+    os.mkdir(deep, 0o700)
+    monkeypatch.setenv("SHMSTAT_RUNTIME_DIR", str(deep))
+    job = "j" * 64
+    for endpoint in (ingest_endpoint(job), publish_endpoint(job)):
+        assert len(endpoint[len("ipc://"):].encode()) <= 107 and job not in endpoint
+    assert ingest_endpoint(job) == ingest_endpoint(job) != ingest_endpoint(job[:-1] + "k")
+    monkeypatch.setenv("SHMSTAT_RUNTIME_DIR", os.path.join(deep, "e" * 100))
+    with pytest.raises(SegmentError, match="too long"):
+        ingest_endpoint(job)
+    shutil.rmtree(short)

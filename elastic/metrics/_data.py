@@ -15,7 +15,7 @@ Exactly torchelastic's namedtuple: ``timestamp`` is Unix time in seconds (a floa
 ``group_name`` and ``name`` identify the metric, ``value`` is what was passed to ``put_metric``.
 """
 
-_EXTRAS = ("rank", "window_start", "window_end", "torn")
+_EXTRAS = ("rank", "window_start", "window_end", "torn", "job")
 
 
 class StatMetricData(MetricData):
@@ -27,7 +27,8 @@ class StatMetricData(MetricData):
 
     - ``rank``: the rank the window belongs to, or ``None`` for a row merged across ranks;
     - ``window_start`` / ``window_end``: the window's bounds in Unix seconds;
-    - ``torn``: True when the window may be incomplete (its writer died in the middle of an ``add``).
+    - ``torn``: True when the window may be incomplete (its writer died in the middle of an ``add``);
+    - ``job``: the job the row belongs to (a node collector serves several), or ``None``.
 
     Two StatMetricData are equal when both the tuple and the extras are equal; compared with a plain
     MetricData only the tuple counts. :meth:`_asdict` includes the extras; pickling and :mod:`copy` keep them.
@@ -37,6 +38,7 @@ class StatMetricData(MetricData):
     window_start: float
     window_end: float
     torn: bool
+    job: str | None
 
     def __new__(
         cls,
@@ -49,6 +51,7 @@ class StatMetricData(MetricData):
         window_start: float,
         window_end: float,
         torn: bool = False,
+        job: str | None = None,
     ) -> StatMetricData:
         """Build the row; the four MetricData fields positionally or by name, the extras by keyword."""
         self = tuple.__new__(cls, (timestamp, group_name, name, value))
@@ -56,6 +59,7 @@ class StatMetricData(MetricData):
         self.window_start = window_start
         self.window_end = window_end
         self.torn = torn
+        self.job = job
         return self
 
     @classmethod
@@ -67,12 +71,13 @@ class StatMetricData(MetricData):
         window_start: float,
         window_end: float,
         torn: bool = False,
+        job: str | None = None,
     ) -> StatMetricData:
         """Build a row from a 4-item iterable plus the extras (by keyword)."""
         values = tuple(iterable)
         if len(values) != 4:
             raise TypeError(f"Expected 4 arguments, got {len(values)}")
-        return cls(*values, rank=rank, window_start=window_start, window_end=window_end, torn=torn)
+        return cls(*values, rank=rank, window_start=window_start, window_end=window_end, torn=torn, job=job)
 
     def _replace(self, **changes: Any) -> StatMetricData:  # type: ignore[override]
         """A copy with some fields or extras replaced; unknown names raise :class:`ValueError` (as namedtuple)."""
@@ -90,7 +95,7 @@ class StatMetricData(MetricData):
         return out
 
     def _extras(self) -> tuple[Any, ...]:
-        return (self.rank, self.window_start, self.window_end, self.torn)
+        return (self.rank, self.window_start, self.window_end, self.torn, self.job)
 
     def __getnewargs_ex__(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Pickle and copy support: rebuild through ``__new__`` with the extras as keywords."""

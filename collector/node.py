@@ -1,0 +1,156 @@
+"""The node collector: one process that serves every job of this user on this node (``shmstat collect`` with
+no ``--job``), as the node's agent.
+
+Every ``discover_interval_s`` it looks at the segments in ``/dev/shm``: a job with a live rank and no collector
+is picked up (a :class:`~collector.daemon.Collector` for it, binding the job's ingest and publish endpoints in
+the owner-only runtime directory), within a second of its first rank attaching, whatever its id (torchrun's
+random run ids included). A job another collector serves (it holds the flock on the segment) is left alone,
+said once. A job whose ranks have all exited is let go once its windows are emitted. Every job's rows go to
+one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
+streams are on its own publish endpoint (``shmstat subscribe --job JOB``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO
+
+import zmq
+
+from shmstat.errors import CollectorError, ShmstatError
+from shmstat.layout import RankState
+from shmstat.segment import Segment, pid_alive
+
+from .daemon import Collector, CollectorConfig, build_dispatcher
+
+__all__ = ["NodeCollector"]
+
+_RETRY_S = 5.0  # a job another collector serves is looked at again this often (quietly)
+
+
+class NodeCollector:
+    """Serves every job of this user on this node (or only ``jobs``), each with its own
+    :class:`~collector.daemon.Collector`, all in one loop and with one set of handlers."""
+
+    def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
+                 discover_interval_s: float = 0.2) -> None:
+        self.config = config
+        self.jobs = list(jobs) if jobs else None
+        self.out = out if out is not None else sys.stdout
+        self.discover_interval_s = discover_interval_s
+        self.dispatcher = build_dispatcher(config)
+        self.collectors: dict[str, Collector] = {}
+        self.let_go: list[str] = []
+        """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
+        self._not_now: dict[str, float] = {}  # job -> monotonic time to look at it again
+        self._said: set[str] = set()
+        self._next_discovery = 0.0
+        self.stop_requested = threading.Event()
+
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM, then let every job go (emitting what it holds) and return 0."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda _s, _f: self.stop_requested.set())
+        which = "every job of this user" if self.jobs is None else "jobs " + ", ".join(self.jobs)
+        print(f"shmstat collector: node pid {os.getpid()} serving {which} on this node "
+              "(streams: shmstat subscribe --job JOB)", file=self.out, flush=True)
+        try:
+            while not self.stop_requested.is_set():
+                self.step(20)
+        finally:
+            self.close()
+        return 0
+
+    def step(self, poll_timeout_ms: int = 0) -> None:
+        """One round: discover jobs (every ``discover_interval_s``), wait up to ``poll_timeout_ms`` for messages,
+        step every job's collector, let finished jobs go."""
+        now = time.monotonic()
+        if now >= self._next_discovery:
+            self._next_discovery = now + self.discover_interval_s
+            self.discover()
+        if poll_timeout_ms > 0:
+            poller = zmq.Poller()
+            for c in self.collectors.values():
+                if c.relay is not None:
+                    poller.register(c.relay.xsub, zmq.POLLIN)
+            if self.collectors:
+                poller.poll(poll_timeout_ms)
+            else:
+                time.sleep(poll_timeout_ms / 1000)
+        for job, c in list(self.collectors.items()):
+            try:
+                c.step(0)
+            except Exception as exc:  # one job's trouble must not stop the others
+                print(f"shmstat collector: job {job} failed ({exc!r}); letting it go", file=sys.stderr, flush=True)
+                self._release(job)
+                continue
+            if self.jobs is None and self._finished(c):
+                self._release(job)
+                self.let_go.append(job)
+                print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
+                      flush=True)
+
+    def discover(self) -> None:
+        """Pick up the jobs that need a collector (see the module docstring)."""
+        now = time.monotonic()
+        candidates = self.jobs if self.jobs is not None else Segment.list_jobs()
+        for job in candidates:
+            if job in self.collectors or self._not_now.get(job, 0.0) > now:
+                continue
+            if self.jobs is None and not _has_live_rank(job):
+                continue
+            try:
+                collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
+                                      dispatcher=self.dispatcher)
+            except CollectorError as exc:
+                self._not_now[job] = now + _RETRY_S
+                if job not in self._said:
+                    self._said.add(job)
+                    print(f"shmstat collector: leaving job {job} alone: {exc}", file=sys.stderr, flush=True)
+                continue
+            except (ShmstatError, OSError) as exc:  # not ours to read (another user's, another layout)
+                self._not_now[job] = now + 60.0
+                if job not in self._said:
+                    self._said.add(job)
+                    print(f"shmstat collector: cannot serve job {job}: {exc}", file=sys.stderr, flush=True)
+                continue
+            self.collectors[job] = collector
+            print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
+                  f"{collector.publish_endpoint}", file=self.out, flush=True)
+
+    @staticmethod
+    def _finished(c: Collector) -> bool:
+        ranks = c.scanner.refresh()
+        return bool(ranks) and not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks)
+
+    def _release(self, job: str) -> None:
+        collector = self.collectors.pop(job, None)
+        if collector is not None:
+            with contextlib.suppress(Exception):
+                collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+
+    def close(self) -> None:
+        """Let every job go (each emits what it holds), then close the handlers."""
+        for job in list(self.collectors):
+            self._release(job)
+        with contextlib.suppress(Exception):
+            self.dispatcher.close()
+
+
+def _has_live_rank(job: str) -> bool:
+    """Whether a process registered in ``job``'s segment still runs (a look: no lock taken)."""
+    try:
+        seg = Segment.open(job, create=False, wait=False)
+    except (ShmstatError, OSError):
+        return False
+    try:
+        return any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in seg.ranks())
+    finally:
+        seg.close()

@@ -1,0 +1,104 @@
+"""A node collector run in a private /dev/shm (a mount namespace), so that it sees only this test's jobs:
+``python tests/_node_kit.py WORKDIR`` starts ``shmstat collect`` with no ``--job``, then the ranks of two jobs
+nobody named (one configured like torchrun, with a random run id), waits until the collector has let both jobs
+go, stops it and writes ``WORKDIR/result.json`` (its output lines and the ranks' tallies)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WINDOW_MS = 50
+
+
+def torchrun_like_rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
+    """A rank configured only as torchrun configures it; adds ``n`` samples of ``rank + 1`` (a failure's
+    traceback goes to ``<out>.error``)."""
+    try:
+        _rank(run_id, rank, world, n, out)
+    except BaseException:
+        import traceback
+
+        with open(out + ".error", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def _rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
+    os.environ.update(TORCHELASTIC_RUN_ID=run_id, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world))
+    sys.path.insert(0, REPO)
+    import shmstat
+    from shmstat import Aggregation as A
+
+    stat = shmstat.Stat("steps", [A.COUNT, A.SUM], WINDOW_MS / 1000, group="train")
+    for i in range(n):
+        stat.add(rank + 1.0)
+        if i % 100 == 0:
+            time.sleep(0.001)
+    from shmstat import _state
+
+    shmstat.log_event(shmstat.Event("done", __import__("datetime").datetime.now(), {"rank": rank}))
+    pub = _state.STATE.publisher
+    shmstat.shutdown(flush_timeout_s=20)
+    stats = pub.stats()
+    with open(out, "w") as f:
+        json.dump({"count": n, "sum": n * (rank + 1.0), "events_sent": stats.sent_items,
+                   "events_dropped": stats.dropped}, f)
+
+
+def main(workdir: str) -> None:
+    import tempfile
+
+    runtime = tempfile.mkdtemp(prefix="node-", dir="/tmp")  # Unix socket paths must stay short
+    env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=runtime)
+    os.environ["XDG_RUNTIME_DIR"] = runtime
+    out = os.path.join(workdir, "m.jsonl")
+    coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
+                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)
+    lines: list[str] = []
+    assert coll.stdout is not None
+    first = coll.stdout.readline()
+    lines.append(first)
+
+    def read() -> None:
+        assert coll.stdout is not None
+        for line in coll.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    jobs = {f"torchrun-{uuid.uuid4().hex[:8]}": 2, f"other-{uuid.uuid4().hex[:8]}": 1}
+    ctx = mp.get_context("spawn")
+    procs = []
+    for job, world in jobs.items():
+        for r in range(world):
+            procs.append(ctx.Process(target=torchrun_like_rank,
+                                     args=(job, r, world, 3000, os.path.join(workdir, f"{job}.r{r}.json"))))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sum(1 for line in lines if " done (" in line) < len(jobs):
+        time.sleep(0.05)
+    coll.send_signal(signal.SIGTERM)
+    code = coll.wait(30)
+    reader.join(5)
+    with open(os.path.join(workdir, "result.json"), "w") as f:
+        json.dump({"jobs": jobs, "lines": lines, "code": code, "exitcodes": [p.exitcode for p in procs],
+                   "left": sorted(os.listdir("/dev/shm"))}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
