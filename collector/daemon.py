@@ -110,6 +110,8 @@ class Collector:
         self.overwritten = 0
         self.torn = 0
         self.lifecycle: list[Lifecycle] = []
+        self.emitted_everything = False
+        """Set by :meth:`shutdown` once no rank was alive and every window holding data was emitted."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
         self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
@@ -220,9 +222,12 @@ class Collector:
             # them now would commit their watermark and lose every sample added after this moment).
             live = any(r.state == RankState.ACTIVE for r in self.scanner.refresh())
             self._emit_scan(now, final=not live)
+            self.emitted_everything = not live
         if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
-            with contextlib.suppress(Exception):
+            try:
                 self.dispatcher.close()
+            except Exception:
+                self.emitted_everything = False
         if self.segment is not None:
             with contextlib.suppress(Exception):
                 self.segment.set_collector(0, self.clock())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from elastic import metrics
 from shmstat.errors import ConfigError
 from shmstat.runtime import validate_job
+from shmstat.segment import Segment
 
 from .daemon import Collector
 
@@ -247,4 +248,20 @@ def run_job(args: argparse.Namespace) -> int:
         thread.join(30)
     print(f"shmstat run: {result.state.lower()} after {result.restarts} restart(s), exit code {result.exit_code}",
           file=sys.stderr, flush=True)
+    _remove_if_done(job, result, collector, thread)
     return result.exit_code
+
+
+def _remove_if_done(job: str, result: AgentResult, collector: Collector, thread: threading.Thread) -> None:
+    """A job that succeeded, and whose every window the collector emitted, leaves nothing behind: its segment
+    and lock file go (the collector removed its sockets when it closed). A failed job's segment is kept for a
+    look (``shmstat top``/``ls``) until ``shmstat clean``."""
+    if result.state != "SUCCEEDED":
+        print(f"shmstat run: job {job}'s segment kept for inspection (remove it with: shmstat clean {job})",
+              file=sys.stderr, flush=True)
+        return
+    if thread.is_alive() or not collector.emitted_everything:
+        print(f"shmstat run: job {job}'s segment kept: the collector did not emit every window "
+              f"(remove it with: shmstat clean {job})", file=sys.stderr, flush=True)
+        return
+    Segment.unlink(job)

@@ -23,8 +23,18 @@ def _run(job, tmp_path, *extra, env_extra=None):
          "0.05", "--handler", f"*=jsonl:{out}", "--grace-ms", "10", *extra, SCRIPT],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
     )
+    left = _left_behind(job)
     Segment.unlink(job)
-    return r, read_jsonl(out)
+    return r, read_jsonl(out), left
+
+
+def _left_behind(job):
+    """The job's files still in /dev/shm and the runtime directory."""
+    from shmstat.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
+
+    paths = ["/dev/shm" + segment_name(job), lock_path(job),
+             ingest_endpoint(job).removeprefix("ipc://"), publish_endpoint(job).removeprefix("ipc://")]
+    return [p for p in paths if os.path.exists(p)]
 
 
 def _agent(rows, name):
@@ -33,8 +43,10 @@ def _agent(rows, name):
 
 def test_job_with_one_failure_is_restarted_and_succeeds(tmp_path):
     job = unique_job("run")
-    r, rows = _run(job, tmp_path, "--max-restarts", "2", env_extra={"FAIL_RANK": "1", "STEPS": "60"})
+    r, rows, left = _run(job, tmp_path, "--max-restarts", "2", env_extra={"FAIL_RANK": "1", "STEPS": "60"})
     assert r.returncode == 0, r.stderr
+    assert left == [], "a job that succeeded, every window emitted, leaves nothing behind"
+
     # the job's own metrics, routed from the ranks through the collector
     losses = {(row["rank"], row["value"]) for row in rows if row["group"] == "trainer" and row["name"] == "loss"}
     assert losses == {(0, 0.25), (1, 0.5), (2, 0.75)}  # ranks 0 and 2 may report twice (both attempts)
@@ -59,8 +71,9 @@ def test_job_with_one_failure_is_restarted_and_succeeds(tmp_path):
 
 def test_job_that_keeps_failing_exits_with_the_workers_status(tmp_path):
     job = unique_job("runf")
-    r, rows = _run(job, tmp_path, "--max-restarts", "0", env_extra={"FAIL_RANK": "0", "STEPS": "5"})
+    r, rows, left = _run(job, tmp_path, "--max-restarts", "0", env_extra={"FAIL_RANK": "0", "STEPS": "5"})
     assert r.returncode == 3
+    assert f"/dev/shm/shmstat.{job}" in left and f"shmstat clean {job}" in r.stderr  # kept for a look
     assert _agent(rows, "run_failed_no_retries") == [1]
     assert _agent(rows, "flakiness") == [100]
 
