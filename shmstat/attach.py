@@ -75,7 +75,7 @@ def init(
             _state.STATE.publish_target = target
             _state.STATE.publisher = Publisher(
                 target[0], rank=rank, incarnation=att.incarnation,
-                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024),
+                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=job,
             )
         _state.STATE.auto_init_done = True
     return att
@@ -138,8 +138,9 @@ def _after_fork_in_child() -> None:
     st.auto_init_done = True
     if st.publish_target is not None:
         endpoint, rank, incarnation = st.publish_target
+        job = parent.segment.job if parent is not None else None
         with contextlib.suppress(Exception):
-            st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation)
+            st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation, job=job)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -91,7 +91,7 @@ from .backlog import (
     item_bytes,
 )
 from .errors import ConfigError
-from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol
+from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",
@@ -146,7 +146,9 @@ class Publisher(_SocketProtocol, _Backlog):
     ``backlog_limit`` items are held here; a message carries at most ``batch_max`` items; the background
     thread sleeps ``idle_sleep_s`` when idle, backing off to 20 ms after a while. ``context`` is a
     ``zmq.Context`` to use (not terminated by :meth:`close`); by default the publisher makes its own.
-    ``sndhwm`` is zmq's send high-water mark in messages. Raises :class:`~shmstat.errors.ConfigError` for
+    ``sndhwm`` is zmq's send high-water mark in messages. If no collector has subscribed within
+    ``unacked_warning_s`` (default 10 s, ``SHMSTAT_UNCOLLECTED_WARNING_S``) of the first publish, one warning
+    per process names ``job`` and the command that would collect it. Raises :class:`~shmstat.errors.ConfigError` for
     bad arguments or an endpoint zmq cannot connect to. Creating a publisher starts no thread.
     """
 
@@ -163,6 +165,8 @@ class Publisher(_SocketProtocol, _Backlog):
         context: zmq.Context[Any] | None = None,
         sndhwm: int = DEFAULT_SNDHWM,
         backlog_bytes: int | None = None,
+        job: str | None = None,
+        unacked_warning_s: float | None = None,
     ) -> None:
         if pid is None:
             pid = os.getpid()
@@ -183,7 +187,11 @@ class Publisher(_SocketProtocol, _Backlog):
             raise ConfigError(f"Publisher endpoint must be a non-empty str, got {endpoint!r}")
 
         self.endpoint = endpoint
+        self.job = job
         self.rank = rank
+        self._unacked_warning_s = unacked_warning_from_env() if unacked_warning_s is None else unacked_warning_s
+        self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
+        self._ever_subscribed = False
         self.incarnation = incarnation
         self.pid = pid
         self._owner_pid = os.getpid()
@@ -327,6 +335,7 @@ class Publisher(_SocketProtocol, _Backlog):
             if self._started or self._closed or self._dead:
                 return
             _ensure_exit_hooks()
+            self._first_publish = time.monotonic()
             thread = threading.Thread(target=self._run, name=f"shmstat-publisher-r{self.rank}", daemon=True)
             thread.start()
             self._thread = thread

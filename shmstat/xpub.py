@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -16,9 +17,9 @@ import zmq
 
 from . import wire
 from .backlog import _GONE, _Batch
-from .errors import WireError
+from .errors import ConfigError, WireError
 
-__all__ = ["DEFAULT_SNDHWM"]
+__all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
 
 _log = logging.getLogger("shmstat")
 
@@ -28,6 +29,24 @@ large event, at most :data:`MAX_BATCH_BYTES`): what waits inside zmq stays withi
 publisher's own byte-bounded backlog, where a drop is counted and numbered."""
 
 _MAX_IDLE_SLEEP_S = 0.02
+
+_WARNED_UNCOLLECTED = False  # the uncollected-events warning is said once per process
+DEFAULT_UNCOLLECTED_WARNING_S = 10.0
+
+
+def unacked_warning_from_env() -> float:
+    """Seconds after the first publish with no collector before the warning (``SHMSTAT_UNCOLLECTED_WARNING_S``,
+    default 10); a bad value is a ConfigError."""
+    raw = os.environ.get("SHMSTAT_UNCOLLECTED_WARNING_S")
+    if not raw:
+        return DEFAULT_UNCOLLECTED_WARNING_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86400:
+        raise ConfigError(f"SHMSTAT_UNCOLLECTED_WARNING_S={raw!r} is not a number of seconds between 0 and 86400")
+    return seconds
 
 
 class _SocketProtocol:
@@ -51,6 +70,8 @@ class _SocketProtocol:
                     progressed = False
                 if self._stop:
                     return
+                if not self._ever_subscribed:
+                    self._check_uncollected()
                 if progressed:
                     sleep_s = self._idle_sleep_s
                     if self._q:
@@ -115,6 +136,21 @@ class _SocketProtocol:
                     self._send_held(sock)
                 self._handed_over = True
             self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
+            if self._subscribed:
+                self._ever_subscribed = True
+
+    def _check_uncollected(self) -> None:
+        """Warn once per process when no collector has taken this publisher's items in time."""
+        global _WARNED_UNCOLLECTED
+        if _WARNED_UNCOLLECTED or time.monotonic() - self._first_publish < self._unacked_warning_s:
+            return
+        _WARNED_UNCOLLECTED = True
+        job = self.job or "?"
+        _log.warning(
+            "shmstat: no collector has taken the events of job %s (rank %s) within %g s of the first one; "
+            "they wait in this process (up to the backlog bound, then dropped and counted) and stats keep "
+            "accumulating in shared memory. Collect them with: shmstat collect  (every job on this node) or "
+            "shmstat collect --job %s", job, self.rank, self._unacked_warning_s, job)
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
