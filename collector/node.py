@@ -5,7 +5,8 @@ Every ``discover_interval_s`` it looks at the segments in ``/dev/shm``: a job wi
 is picked up (a :class:`~collector.daemon.Collector` for it, binding the job's ingest and publish endpoints in
 the owner-only runtime directory), within a second of its first rank attaching, whatever its id (torchrun's
 random run ids included). A job another collector serves (it holds the flock on the segment) is left alone,
-said once. A job whose ranks have all exited is let go once its windows are emitted. Every job's rows go to
+said once. A job whose ranks have all exited is let go once its windows are emitted, and its segment removed
+when no process of its rank table is alive (a job started again later gets a fresh one). Every job's rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
 streams are on its own publish endpoint (``shmstat subscribe --job JOB``).
 """
@@ -32,6 +33,7 @@ from .daemon import Collector, CollectorConfig, build_dispatcher
 __all__ = ["NodeCollector"]
 
 _RETRY_S = 5.0  # a job another collector serves is looked at again this often (quietly)
+_REMOVE_WITHIN_S = 600.0  # a finished job's segment is removed once its processes are gone, if within this
 
 
 class NodeCollector:
@@ -49,6 +51,7 @@ class NodeCollector:
         self.let_go: list[str] = []
         """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
         self._not_now: dict[str, float] = {}  # job -> monotonic time to look at it again
+        self._to_remove: dict[str, float] = {}  # finished job -> monotonic time to stop trying to remove it
         self._said: set[str] = set()
         self._next_discovery = 0.0
         self.stop_requested = threading.Event()
@@ -92,7 +95,8 @@ class NodeCollector:
                 self._release(job)
                 continue
             if self.jobs is None and self._finished(c):
-                self._release(job)
+                if self._release(job):
+                    self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
                 self.let_go.append(job)
                 print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
                       flush=True)
@@ -100,6 +104,7 @@ class NodeCollector:
     def discover(self) -> None:
         """Pick up the jobs that need a collector (see the module docstring)."""
         now = time.monotonic()
+        self._remove_finished(now)
         candidates = self.jobs if self.jobs is not None else Segment.list_jobs()
         for job in candidates:
             if job in self.collectors or self._not_now.get(job, 0.0) > now:
@@ -125,16 +130,31 @@ class NodeCollector:
             print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)
 
+    def _remove_finished(self, now: float) -> None:
+        """Remove the segments of jobs let go with every window emitted, once none of their processes is alive
+        (a rank may still be exiting after its ``shutdown()``); a job started again meanwhile keeps its."""
+        for job, until in list(self._to_remove.items()):
+            if job in self.collectors or now > until:
+                del self._to_remove[job]
+            elif Segment.unlink_if_unused(job):
+                del self._to_remove[job]
+                print(f"shmstat collector: job {job}'s segment removed", file=self.out, flush=True)
+
     @staticmethod
     def _finished(c: Collector) -> bool:
         ranks = c.scanner.refresh()
         return bool(ranks) and not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks)
 
-    def _release(self, job: str) -> None:
+    def _release(self, job: str) -> bool:
+        """Let ``job`` go; True if its collector emitted every window it held."""
         collector = self.collectors.pop(job, None)
-        if collector is not None:
-            with contextlib.suppress(Exception):
-                collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+        if collector is None:
+            return False
+        try:
+            collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+        except Exception:
+            return False
+        return collector.emitted_everything
 
     def close(self) -> None:
         """Let every job go (each emits what it holds), then close the handlers."""

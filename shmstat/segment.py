@@ -237,6 +237,33 @@ class Segment:
         return existed
 
     @staticmethod
+    def unlink_if_unused(job: str) -> bool:
+        """Remove the job's segment (and then its lock file, if free) only when no process recorded in its rank
+        table is still alive, checked and removed under the job lock, so no rank can be registering meanwhile;
+        True if it was removed. A node collector calls it once it has emitted every window of a finished job."""
+        path = "/dev/shm" + segment_name(job)
+        if not os.path.exists(path):
+            return False
+        lock = job_lock(job)
+        try:
+            with lock.held():
+                try:
+                    seg = Segment._open_locked(job, False, None)
+                except (SegmentError, OSError):
+                    return False
+                try:
+                    if any(pid_alive(r.pid) for r in seg.ranks() if r.pid):
+                        return False
+                finally:
+                    seg.close()
+                with contextlib.suppress(posix_ipc.ExistentialError):
+                    posix_ipc.unlink_shared_memory(segment_name(job))
+        finally:
+            lock.close()
+        _remove_lock_file_if_free(lock_path(job))
+        return True
+
+    @staticmethod
     def leftover_jobs() -> list[str]:
         """Jobs with a lock file, or a semaphore of an older version, in /dev/shm but no segment."""
         try:

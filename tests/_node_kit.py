@@ -1,7 +1,8 @@
 """A node collector run in a private /dev/shm (a mount namespace), so that it sees only this test's jobs:
-``python tests/_node_kit.py WORKDIR`` starts ``shmstat collect`` with no ``--job``, then the ranks of two jobs
-nobody named (one configured like torchrun, with a random run id), waits until the collector has let both jobs
-go, stops it and writes ``WORKDIR/result.json`` (its output lines and the ranks' tallies)."""
+``python tests/_node_kit.py WORKDIR [torchrun]`` starts ``shmstat collect`` with no ``--job``, then the ranks
+of two jobs nobody named (one configured like torchrun, with a random run id) or, with ``torchrun``, a real
+``torchrun --standalone --nproc-per-node 2`` job; waits until the collector has let the jobs go, stops it and
+writes ``WORKDIR/result.json`` (its output lines and the ranks' tallies)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,21 @@ def _rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
                    "events_dropped": stats.dropped}, f)
 
 
-def main(workdir: str) -> None:
+def _start_torchrun(workdir: str, env: dict[str, str]) -> tuple[dict[str, int], list]:
+    """A real ``torchrun --standalone`` job (its run id is torchrun's own random one), started as a user would."""
+    script = os.path.join(HERE, "scripts", "torchrun_train.py")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             script], env=dict(env, OUT_DIR=workdir), cwd=workdir, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    output, _ = proc.communicate(timeout=180)
+    with open(os.path.join(workdir, "torchrun.log"), "w") as f:
+        f.write(output)
+    tallies = [n for n in os.listdir(workdir) if n.endswith(".r0.json")]
+    run_id = tallies[0][: -len(".r0.json")] if tallies else "none"
+    return {run_id: 2}, [proc.returncode]
+
+
+def main(workdir: str, mode: str = "") -> None:
     import tempfile
 
     runtime = tempfile.mkdtemp(prefix="node-", dir="/tmp")  # Unix socket paths must stay short
@@ -78,27 +93,31 @@ def main(workdir: str) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    jobs = {f"torchrun-{uuid.uuid4().hex[:8]}": 2, f"other-{uuid.uuid4().hex[:8]}": 1}
-    ctx = mp.get_context("spawn")
-    procs = []
-    for job, world in jobs.items():
-        for r in range(world):
-            procs.append(ctx.Process(target=torchrun_like_rank,
-                                     args=(job, r, world, 3000, os.path.join(workdir, f"{job}.r{r}.json"))))
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
+    if mode == "torchrun":
+        jobs, exitcodes = _start_torchrun(workdir, env)
+    else:
+        jobs = {f"torchrun-{uuid.uuid4().hex[:8]}": 2, f"other-{uuid.uuid4().hex[:8]}": 1}
+        ctx = mp.get_context("spawn")
+        procs = []
+        for job, world in jobs.items():
+            for r in range(world):
+                procs.append(ctx.Process(target=torchrun_like_rank,
+                                         args=(job, r, world, 3000, os.path.join(workdir, f"{job}.r{r}.json"))))
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        exitcodes = [p.exitcode for p in procs]
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and sum(1 for line in lines if " done (" in line) < len(jobs):
+    while time.monotonic() < deadline and sum(1 for line in lines if "segment removed" in line) < len(jobs):
         time.sleep(0.05)
     coll.send_signal(signal.SIGTERM)
     code = coll.wait(30)
     reader.join(5)
     with open(os.path.join(workdir, "result.json"), "w") as f:
-        json.dump({"jobs": jobs, "lines": lines, "code": code, "exitcodes": [p.exitcode for p in procs],
+        json.dump({"jobs": jobs, "lines": lines, "code": code, "exitcodes": exitcodes,
                    "left": sorted(os.listdir("/dev/shm"))}, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -13,10 +13,26 @@ import sys
 import pytest
 from _procs import REPO, read_jsonl
 
-_SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_node_kit.py "$WORK"'
+_SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_node_kit.py "$WORK" $MODE'
 
 
 def test_a_node_collector_serves_jobs_nobody_named_and_lets_them_go(tmp_path):
+    result, rows, work = _run_node_kit(tmp_path, "")
+    _reconcile(result, rows, work, events_per_rank=1)
+    assert all(r.get("job") in result["jobs"] for r in rows if r["group"] == "train")
+
+
+def test_plain_torchrun_standalone_is_collected_by_a_node_collector_exactly(tmp_path):
+    pytest.importorskip("torch", reason="real torchrun needs PyTorch (pip install torch==2.13.0)")
+    result, rows, work = _run_node_kit(tmp_path, "torchrun")
+    (run_id,) = result["jobs"]
+    assert run_id != "none", (work / "torchrun.log").read_text()
+    _reconcile(result, rows, work, events_per_rank=2)  # an event and a put_metric per rank
+    losses = sorted((r["rank"], r["value"]) for r in rows if r["group"] == "trainer" and r["name"] == "loss")
+    assert losses == [(0, 0.5), (1, 1.5)] and all(r["job"] == run_id for r in rows if r["group"] == "trainer")
+
+
+def _run_node_kit(tmp_path, mode):
     if not shutil.which("unshare") or os.getuid() != 0:
         pytest.skip("needs root and unshare to give the node collector a private /dev/shm")
     probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
@@ -24,27 +40,35 @@ def test_a_node_collector_serves_jobs_nobody_named_and_lets_them_go(tmp_path):
         pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
-    env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO)
+    env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO, MODE=mode)
     subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SCRIPT], env=env, cwd=REPO,
                    check=True, timeout=240)
     with open(work / "result.json") as f:
         result = json.load(f)
+    return result, read_jsonl(str(work / "m.jsonl")), work
+
+
+def _reconcile(result, rows, work, *, events_per_rank):
+    """Every job was picked up and let go; every rank's samples count once, per rank and merged; its events
+    were taken by a collector that did not know the job when it started."""
     errors = {p.name: p.read_text() for p in work.glob("*.error")}
-    assert result["code"] == 0 and result["exitcodes"] == [0, 0, 0], errors
-    rows = read_jsonl(str(work / "m.jsonl"))
+    assert result["code"] == 0 and set(result["exitcodes"]) == {0}, errors
     for job, world in result["jobs"].items():
         assert any(f"job {job} picked up" in line for line in result["lines"])
         assert any(f"job {job} done" in line for line in result["lines"])
+        assert any(f"job {job}'s segment removed" in line for line in result["lines"])
+        assert not [n for n in result["left"] if job in n], "a finished job leaves nothing in /dev/shm"
         mine = [r for r in rows if r.get("job") == job]
         for rank in range(world):
             with open(work / f"{job}.r{rank}.json") as f:
                 tally = json.load(f)
             # the event reached a collector that did not know the job when it started (sent, acknowledged)
-            assert (tally["events_sent"], tally["events_dropped"]) == (1, 0)
-            got = [r for r in mine if r["name"] == "steps.count" and r["rank"] == rank]
+            assert (tally["events_sent"], tally["events_dropped"]) == (events_per_rank, 0)
+            stat = next(r["name"].split(".")[0] for r in mine if r["group"] == "train")
+            got = [r for r in mine if r["name"] == f"{stat}.count" and r["rank"] == rank]
             assert sum(r["value"] for r in got) == tally["count"]
-            assert sum(r["value"] for r in mine if r["name"] == "steps.sum" and r["rank"] == rank) == tally["sum"]
+            assert sum(r["value"] for r in mine if r["name"] == f"{stat}.sum" and r["rank"] == rank) == tally["sum"]
             assert len({r["window_start"] for r in got}) == len(got), "a window emitted twice"
-        merged = sum(r["value"] for r in mine if r["name"] == "steps.count" and r["rank"] is None)
+        merged = sum(r["value"] for r in mine if r["name"].endswith(".count") and r["group"] == "train"
+                     and r["rank"] is None)
         assert merged == 3000 * world
-    assert all(r.get("job") in result["jobs"] for r in rows if r["group"] == "train")

@@ -115,3 +115,25 @@ def test_seqlock_read_reports_a_write_in_progress(job):
         assert seg.read_bank(0, 0, 0).torn
     finally:
         seg.close()
+
+
+def test_unlink_if_unused_keeps_a_segment_while_a_registered_process_lives(job):
+    import subprocess
+    import sys
+
+    seg = Segment.open(job, geometry=L.Geometry(2, 4, 4))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        RankAttachment.register(seg, rank=0, local_rank=0, pid=child.pid)
+        assert not Segment.unlink_if_unused(job)  # its process still runs (even if it already said goodbye)
+        assert os.path.exists("/dev/shm" + segment_name(job))
+        child.kill()
+        child.wait()
+        assert Segment.unlink_if_unused(job)
+        assert not os.path.exists("/dev/shm" + segment_name(job))
+        assert not os.path.exists(f"/dev/shm/shmstat.{job}.lock")
+        assert not Segment.unlink_if_unused(job)  # nothing left to remove
+    finally:
+        child.kill()
+        seg.close()
+        Segment.unlink(job)
