@@ -86,3 +86,51 @@ def test_a_subscription_flood_keeps_memory_bounded_and_loses_no_window(job, tmp_
     rows = read_jsonl(out)
     assert_rank_workers_reconcile(rows, tmp_path, 1)
     assert max(r["value"] for r in rows if r["name"] == "collector.subscription_resets") >= 1
+
+
+def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(tmp_path):
+    """A per-job collector serves A; a node collector for A and B leaves A alone (said once) and serves B; a
+    per-job collector for B is then refused naming the node collector; once A's collector stops, the node
+    collector takes A over. Every window of both jobs is emitted exactly once across the two outputs."""
+    from _support import unique_job
+
+    from shmstat.segment import Segment
+
+    job_a, job_b = unique_job("first"), unique_job("node")
+    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
+    dir_a.mkdir()
+    dir_b.mkdir()
+    out1, out2 = str(tmp_path / "per_job.jsonl"), str(tmp_path / "node.jsonl")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    per_job = start_collector(job_a, "--handler", f"*=jsonl:{out1}", "--grace-ms", "10")
+    node = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job_a, "--job", job_b,
+                             "--handler", f"*=jsonl:{out2}", "--grace-ms", "10", "--status-interval", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    lines: list[str] = []
+    try:
+        assert node.stdout is not None
+        lines.append(node.stdout.readline())
+        ranks = [spawn(rank_worker, job_a, 0, 1, 0.6, WINDOW_MS, str(dir_a / "r0.json")),
+                 spawn(rank_worker, job_b, 0, 1, 0.6, WINDOW_MS, str(dir_b / "r0.json"))]
+        for p in ranks:
+            p.join(60)
+            assert p.exitcode == 0
+        third = subprocess.run(_collect_cmd(job_b), capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+        assert third.returncode == 2 and f"pid {node.pid}" in third.stderr, third.stderr
+        assert per_job.stop() == 0  # A's first collector goes: the node collector takes A over (within 5 s)
+        while not any(f"job {job_a} picked up" in line for line in lines):
+            line = node.stdout.readline()
+            assert line, "the node collector exited before taking job A over"
+            lines.append(line)
+    finally:
+        per_job.stop()
+        node.send_signal(signal.SIGTERM)
+        _, err = node.communicate(timeout=30)
+        Segment.unlink(job_a)
+        Segment.unlink(job_b)
+    assert node.returncode == 0, err
+    assert err.count(f"leaving job {job_a} alone") == 1, err
+    assert not any(f"job {job_b}" in line and "alone" in line for line in err.splitlines())
+    rows = read_jsonl(out1) + read_jsonl(out2)
+    assert_rank_workers_reconcile([r for r in rows if r.get("job", job_a) == job_a], dir_a, 1)
+    assert_rank_workers_reconcile([r for r in read_jsonl(out2) if r.get("job") == job_b], dir_b, 1)
