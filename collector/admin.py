@@ -154,8 +154,9 @@ def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> 
     try:
         while iterations is None or n < iterations:
             now = time.time_ns()
-            lines = [f"job {job}  {time.strftime('%H:%M:%S')}",
-                     f"{'RANK':>4s} {'STATE':7s} {'PID':>8s} {'INC':>3s}  {'STAT':32s} {'COUNT':>8s} {'MEAN':>12s}"]
+            lines = [f"job {job}  {time.strftime('%H:%M:%S')}  (each stat's last closed window: start and length)",
+                     f"{'RANK':>4s} {'STATE':7s} {'PID':>8s} {'INC':>3s}  {'STAT':32s} {'COUNT':>8s} {'MEAN':>12s}"
+                     f"  {'WINDOW':>18s}"]
             for info in reader.ranks():
                 descs = reader.descriptors(info.local_rank) or [None]
                 for d in descs:
@@ -163,11 +164,12 @@ def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> 
                     if d is None:
                         lines.append(head)
                         continue
-                    read = reader.read_slot(info, d, now, 0, (now // d.window_ns) - seg.geometry.banks - 1)
+                    read = reader.read_slot(info, d, now, 0, -1)  # the newest closed window in the ring, any age
                     w = read.windows[-1] if read.windows else None
                     count = w.count if w else 0
                     mean = w.sum / w.count if w and w.count else 0.0
-                    lines.append(f"{head}  {d.group + '/' + d.name:32.32s} {count:>8d} {mean:>12.4g}")
+                    when = _window_label(w.wid, w.window_ns) if w else "-"
+                    lines.append(f"{head}  {d.group + '/' + d.name:32.32s} {count:>8d} {mean:>12.4g}  {when:>18s}")
             if sys.stdout.isatty():
                 print("\x1b[2J\x1b[H", end="")
             print("\n".join(lines), flush=True)
@@ -177,3 +179,12 @@ def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> 
     finally:
         seg.close()
     return 0
+
+
+def _window_label(wid: int, window_ns: int) -> str:
+    """``HH:MM:SS.mmm +LEN`` for a window: its local start time and its length."""
+    start_s = wid * window_ns / 1e9
+    ms = int(start_s * 1000) % 1000
+    length_ms = window_ns / 1e6
+    length = f"{length_ms / 1000:g}s" if length_ms >= 1000 else f"{length_ms:g}ms"
+    return f"{time.strftime('%H:%M:%S', time.localtime(start_s))}.{ms:03d} +{length}"
