@@ -20,6 +20,7 @@ from .errors import (
     WireError,
 )
 from .events import (
+    STAT_EVENT,
     Event,
     EventHandlerHandle,
     data_value_t,
@@ -31,7 +32,22 @@ from .stat import Stat
 from .stats import stats
 from .tensorboard import TensorboardEventHandler
 
+# torch.monitor exports the aggregations at module level too (``torch.monitor.COUNT``)
+VALUE = Aggregation.VALUE
+MEAN = Aggregation.MEAN
+COUNT = Aggregation.COUNT
+SUM = Aggregation.SUM
+MAX = Aggregation.MAX
+MIN = Aggregation.MIN
+
 __all__ = [
+    "COUNT",
+    "MAX",
+    "MEAN",
+    "MIN",
+    "STAT_EVENT",
+    "SUM",
+    "VALUE",
     "Aggregation",
     "CapacityError",
     "CollectorError",

@@ -33,7 +33,6 @@ from .errors import ConfigError
 __all__ = ["DEFAULT_GROUP", "Stat"]
 
 DEFAULT_GROUP = "default"
-STAT_EVENT_NAME = "torch.monitor.Stat"
 _UNLIMITED = 9223372036854775807
 _KEY_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN,
               Aggregation.VALUE)
@@ -151,13 +150,13 @@ class Stat:
 
     # -- shared by both cores ----------------------------------------------------------------------------
     def _log_window(self, summary: Summary, now_ns: int) -> None:
-        from .events import Event, _dispatch_local
+        from .events import STAT_EVENT, Event, _dispatch_local
 
         data: dict[str, float] = {}
         for agg in _KEY_ORDER:
             if agg in self._aggs:
                 data[f"{self._name}.{aggregation_key(agg)}"] = summary.value(agg)
-        _dispatch_local(Event._from_ns(STAT_EVENT_NAME, now_ns, data))
+        _dispatch_local(Event._from_ns(STAT_EVENT, now_ns, data))
 
 
 def _closed_add(v: float) -> None:

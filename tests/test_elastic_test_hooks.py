@@ -79,3 +79,17 @@ def test_get_metric_name_matches_torch():
 
     for fn in (Parent.func.__wrapped__, module_func.__wrapped__, nested, len):
         assert _get_metric_name(fn) == torch_api._get_metric_name(fn)
+
+
+def test_the_semi_public_handler_map_and_default_behave_as_torchelastics():
+    rec, default = Recorder(), Recorder()
+    api._metrics_map["direct"] = rec  # torchelastic code may fill its map directly
+    metrics.put_metric("m", 3, "direct")
+    assert [d.value for d in rec.got["m"]] == [3]
+    assert api._default_metrics_handler is not default
+    metrics.configure(default)
+    assert api._default_metrics_handler is default
+    metrics.put_metric("n", 4, "unconfigured")
+    assert [d.value for d in default.got["n"]] == [4]
+    with pytest.raises(AttributeError):
+        api.no_such_name  # noqa: B018

@@ -63,6 +63,16 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _handlers = REGISTRY.handlers  # mutated in place only, so this alias stays valid across resets
+_metrics_map = _handlers
+"""torchelastic's name for the ``group -> handler`` map (semi-public there: code and tests read it)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``_default_metrics_handler`` as torchelastic has it: the handler ``configure(handler)`` set, or the
+    built-in default (which, unlike torchelastic's null handler, publishes to the collector when attached)."""
+    if name == "_default_metrics_handler":
+        return REGISTRY.default if REGISTRY.default is not None else _BUILTIN_DEFAULT
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _time = time.time
 _clock = time.perf_counter
 
