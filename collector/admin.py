@@ -148,6 +148,10 @@ def _socket_in_use(path: str) -> bool:
 
 def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> int:
     """Refresh a per-rank table of the job: state, pid, incarnation, and each stat's latest closed window."""
+    if not 0 < interval_s <= 3600:
+        raise ConfigError(f"--interval must be more than 0 and at most 3600 seconds, got {interval_s:g}")
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
     seg = Segment.open(job, create=False)
     reader = SegmentReader(seg)
     n = 0

@@ -70,12 +70,7 @@ class Agent:
         self, collector: Collector, job: str, cmd: list[str], nproc: int, *, max_restarts: int = 0,
         monitor_interval_s: float = 0.1, role: str = "default", env: dict[str, str] | None = None,
     ) -> None:
-        if nproc < 1:
-            raise ConfigError(f"--nproc-per-node must be at least 1, got {nproc}")
-        if max_restarts < 0:
-            raise ConfigError(f"--max-restarts must not be negative, got {max_restarts}")
-        if monitor_interval_s <= 0:
-            raise ConfigError(f"--monitor-interval must be positive, got {monitor_interval_s}")
+        _check_agent_options(nproc, max_restarts, monitor_interval_s)
         self.collector = collector
         self.job = job
         self.cmd = cmd
@@ -214,6 +209,15 @@ class Agent:
             metrics.put_metric(f"workers.{role}.{name}", 1 if name == outcome else 0, AGENT_GROUP)
 
 
+def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float) -> None:
+    if not 1 <= nproc <= 4096:
+        raise ConfigError(f"--nproc-per-node must be between 1 and 4096, got {nproc}")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must not be negative, got {max_restarts}")
+    if not 0 < monitor_interval_s <= 3600:
+        raise ConfigError(f"--monitor-interval must be more than 0 and at most 3600 seconds, got {monitor_interval_s}")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -227,6 +231,7 @@ def run_job(args: argparse.Namespace) -> int:
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
     if not os.path.exists(args.script):
         raise ConfigError(f"script {args.script!r} does not exist")
+    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval)  # before anything is made
     collector = Collector(collector_config(args, job))
     cmd = [sys.executable, "-u", args.script, *args.script_args]
     agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,

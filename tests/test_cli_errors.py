@@ -26,6 +26,10 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("collect", "--job", "bad/job"), "job id"),
     (("top", "--job", "{job}", "--iterations", "1"), "no shared memory segment"),
     (("clean", "{job}"), "no segment"),
+    (("run", "--job", "{job}", "--nproc-per-node", "0", "tests/scripts/elastic_job.py"), "--nproc-per-node"),
+    (("run", "--job", "{job}", "--nproc-per-node", "2", "--monitor-interval", "0", "tests/scripts/elastic_job.py"),
+     "--monitor-interval"),
+    (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
 ])
 def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     done = _shmstat(*(a.format(job=job) for a in args))
