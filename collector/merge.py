@@ -1,7 +1,8 @@
 """Merging windows across ranks (and, with the same code, node results into job results).
 
 COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX are the extremes of the parts, VALUE is the value with
-the latest timestamp. :func:`merge` is associative and commutative, so any grouping of parts gives the same
+the latest timestamp, the percentiles come from the parts' histograms merged exactly (:mod:`shmstat.histogram`).
+:func:`merge` is associative and commutative, so any grouping of parts gives the same
 result (a job-level collector merges node rows exactly as a node merges rank rows).
 """
 
@@ -10,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from shmstat.aggregation import Aggregation, aggregate, aggregation_key, from_mask
+from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
+from shmstat.histogram import Histogram
 
 __all__ = ["Summary", "WindowRow", "merge", "merge_all"]
 
 
 @dataclass(frozen=True)
 class Summary:
-    """Count, sum, extremes and latest value of a set of samples."""
+    """Count, sum, extremes and latest value of a set of samples (and their histogram, for stats that keep
+    percentiles)."""
 
     count: int
     sum: float
@@ -26,6 +29,13 @@ class Summary:
     last: float
     last_ts: int
     torn: bool = False
+    hist: Histogram | None = None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile from the histogram (clamped to the exact min/max); None if none is kept."""
+        if self.hist is None:
+            return None
+        return self.hist.quantile(q, self.min, self.max) if self.count else 0.0
 
     @property
     def mean(self) -> float:
@@ -34,7 +44,7 @@ class Summary:
 
     def value(self, agg: Aggregation) -> float:
         """The figure for one aggregation, as a float."""
-        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last)
+        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
 
 
 def merge(a: Summary, b: Summary) -> Summary:
@@ -44,9 +54,15 @@ def merge(a: Summary, b: Summary) -> Summary:
     if b.count == 0:
         return a if not b.torn or a.torn else replace(a, torn=True)
     later = b if b.last_ts > a.last_ts else a
+    if a.hist is None:
+        hist = b.hist
+    elif b.hist is None:
+        hist = a.hist
+    else:
+        hist = a.hist.merge(b.hist)
     return Summary(
         a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
-        a.torn or b.torn,
+        a.torn or b.torn, hist,
     )
 
 
@@ -71,6 +87,9 @@ class WindowRow:
     summary: Summary
     ranks: int = 1
     """How many ranks contributed (1 for a per-rank row)."""
+    higher_is_better: bool = False
+    """What the stat declared (``Stat(..., higher_is_better=True)``, e.g. tokens/s): a straggler is a rank whose
+    figure is low, not high."""
 
     @property
     def start_ns(self) -> int:
@@ -92,8 +111,8 @@ class WindowRow:
                 (f"{self.name}.{aggregation_key(a)}", a) for a in _ordered(self.agg_mask)
             )
         s = self.summary
-        n, total, lo, hi, last = s.count, s.sum, s.min, s.max, s.last
-        return {key: aggregate(a, n, total, lo, hi, last) for key, a in keys}
+        n, total, lo, hi, last, hist = s.count, s.sum, s.min, s.max, s.last, s.hist
+        return {key: aggregate(a, n, total, lo, hi, last, hist) for key, a in keys}
 
     def to_wire(self) -> dict[str, object]:
         """The map published on ``stat/<group>/<name>`` (every figure, whatever the stat asked for)."""
@@ -103,10 +122,21 @@ class WindowRow:
             "window_ms": self.window_ms, "start_ns": self.start_ns, "end_ns": self.end_ns, "count": s.count,
             "sum": s.sum, "mean": s.mean, "min": s.min if s.count else 0.0, "max": s.max if s.count else 0.0,
             "value": s.last, "last_ts": s.last_ts, "torn": s.torn,
+            **self._percentiles(),
         }
 
+    def _percentiles(self) -> dict[str, object]:
+        """``p50``.. and the histogram itself (``hist``) for stats that keep one: what subscribers merge."""
+        s = self.summary
+        if s.hist is None:
+            return {}
+        out: dict[str, object] = {aggregation_key(a): s.value(a) for a in PERCENTILES}
+        out["hist"] = s.hist.to_wire()
+        return out
 
-_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN, Aggregation.VALUE)
+
+_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN, Aggregation.VALUE,
+          Aggregation.P50, Aggregation.P90, Aggregation.P99, Aggregation.P999)
 _ordered_cache: dict[int, tuple[Aggregation, ...]] = {}
 _keys_cache: dict[tuple[str, int], tuple[tuple[str, Aggregation], ...]] = {}  # (name, mask) -> data keys
 

@@ -7,7 +7,7 @@ node's shared-memory segment and events to the node's collector.
 
 from __future__ import annotations
 
-from .aggregation import Aggregation
+from .aggregation import COUNT, MAX, MEAN, MIN, SUM, VALUE, Aggregation  # torch.monitor.COUNT etc. too
 from .attach import init, shutdown
 from .errors import (
     CapacityError,
@@ -31,14 +31,6 @@ from .events import (
 from .stat import Stat
 from .stats import stats
 from .tensorboard import TensorboardEventHandler
-
-# torch.monitor exports the aggregations at module level too (``torch.monitor.COUNT``)
-VALUE = Aggregation.VALUE
-MEAN = Aggregation.MEAN
-COUNT = Aggregation.COUNT
-SUM = Aggregation.SUM
-MAX = Aggregation.MAX
-MIN = Aggregation.MIN
 
 __all__ = [
     "COUNT",

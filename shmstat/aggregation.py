@@ -9,16 +9,20 @@ Every function here also accepts torch's own ``torch.monitor.Aggregation`` membe
 code that passes torch's enum keeps working after switching the import. torch is never imported.
 
 Where we differ from torch: ``VALUE`` is implemented (the last value added, data key ``<stat>.value``); torch
-accepts it but emits nothing for it.
+accepts it but emits nothing for it. ``P50``, ``P90``, ``P99`` and ``P999`` are ours (keys ``<stat>.p50`` ...):
+a stat that asks for any of them keeps an exponential histogram per window (:mod:`shmstat.histogram`).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .histogram import Histogram
 
 __all__ = [
     "AGG_BIT",
@@ -26,6 +30,12 @@ __all__ = [
     "MAX",
     "MEAN",
     "MIN",
+    "P50",
+    "P90",
+    "P99",
+    "P999",
+    "PERCENTILES",
+    "PERCENTILE_MASK",
     "SUM",
     "VALUE",
     "Aggregation",
@@ -55,6 +65,10 @@ class Aggregation(enum.IntEnum):
     SUM = 4, "SUM returns the sum of the added values."
     MAX = 5, "MAX returns the max of the added values."
     MIN = 6, "MIN returns the min of the added values."
+    P50 = 10, "P50 returns the median of the added values (from an exponential histogram, see shmstat.histogram)."
+    P90 = 11, "P90 returns the 90th percentile of the added values."
+    P99 = 12, "P99 returns the 99th percentile of the added values."
+    P999 = 13, "P999 returns the 99.9th percentile of the added values."
 
     def __str__(self) -> str:
         """``Aggregation.MEAN``, as torch prints its members."""
@@ -77,6 +91,19 @@ MAX = Aggregation.MAX
 """Alias of :attr:`Aggregation.MAX`."""
 MIN = Aggregation.MIN
 """Alias of :attr:`Aggregation.MIN`."""
+P50 = Aggregation.P50
+"""Alias of :attr:`Aggregation.P50`."""
+P90 = Aggregation.P90
+"""Alias of :attr:`Aggregation.P90`."""
+P99 = Aggregation.P99
+"""Alias of :attr:`Aggregation.P99`."""
+P999 = Aggregation.P999
+"""Alias of :attr:`Aggregation.P999`."""
+
+PERCENTILES: dict[Aggregation, float] = {P50: 0.5, P90: 0.9, P99: 0.99, P999: 0.999}
+"""The quantile each percentile aggregation reports."""
+PERCENTILE_MASK = (1 << 10) | (1 << 11) | (1 << 12) | (1 << 13)
+"""The bits of the percentile aggregations: a stat whose mask has any keeps a histogram per window."""
 
 AGG_BIT: dict[Aggregation, int] = {agg: 1 << int(agg) for agg in Aggregation}
 """The bit of each aggregation in a mask: ``1 << int(agg)``."""
@@ -136,13 +163,19 @@ def from_mask(mask: int) -> list[Aggregation]:
     return [agg for agg, bit in AGG_BIT.items() if mask & bit]
 
 
-def aggregate(agg: Aggregation, count: int, total: float, lo: float, hi: float, last: float) -> float:
-    """The figure one aggregation reports for a window's count, sum, min, max and last value, as a float.
+def aggregate(agg: Aggregation, count: int, total: float, lo: float, hi: float, last: float,
+              hist: Histogram | None = None) -> float:
+    """The figure one aggregation reports for a window's count, sum, min, max and last value (and, for the
+    percentiles, its histogram), as a float.
 
-    Every aggregation of an empty window is 0.0, as torch.monitor reports it; MEAN is ``total / count``.
+    Every aggregation of an empty window is 0.0, as torch.monitor reports it; MEAN is ``total / count``; a
+    percentile with no histogram is 0.0.
     """
     if count == 0:
         return 0.0
+    q = PERCENTILES.get(agg)
+    if q is not None:
+        return hist.quantile(q, lo, hi) if hist is not None else 0.0
     if agg is Aggregation.COUNT:
         return float(count)
     if agg is Aggregation.SUM:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shmstat import aggregation as agg_module
-from shmstat.aggregation import AGG_BIT, Aggregation, aggregation_key, from_mask, to_mask
+from shmstat.aggregation import AGG_BIT, PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
 from shmstat.errors import ConfigError
 
 ORDER = [
@@ -22,6 +22,10 @@ ORDER = [
     Aggregation.SUM,
     Aggregation.MAX,
     Aggregation.MIN,
+    Aggregation.P50,
+    Aggregation.P90,
+    Aggregation.P99,
+    Aggregation.P999,
 ]
 
 
@@ -40,6 +44,10 @@ def test_members_have_torchs_integer_values() -> None:
         "SUM": 4,
         "MAX": 5,
         "MIN": 6,
+        "P50": 10,  # ours: torch.monitor has no percentiles
+        "P90": 11,
+        "P99": 12,
+        "P999": 13,
     }
 
 
@@ -77,7 +85,8 @@ def test_module_level_member_aliases_like_torch_monitor() -> None:
 
 
 def test_aggregation_key_is_the_lower_case_name() -> None:
-    assert [aggregation_key(a) for a in ORDER] == ["value", "mean", "count", "sum", "max", "min"]
+    assert [aggregation_key(a) for a in ORDER] == ["value", "mean", "count", "sum", "max", "min", "p50", "p90", "p99",
+                                                   "p999"]
 
 
 def test_aggregation_key_accepts_an_object_named_like_a_member() -> None:
@@ -146,10 +155,10 @@ def test_mask_round_trip(aggs: list[Aggregation]) -> None:
 def test_values_keys_and_masks_match_torch_monitor() -> None:
     monitor = pytest.importorskip("torch.monitor")
     torch_members = dict(monitor.Aggregation.__members__)
-    ours = {a.name: int(a) for a in Aggregation}
+    ours = {a.name: int(a) for a in Aggregation if a not in PERCENTILES}  # the percentiles are ours alone
     assert {name: int(member) for name, member in torch_members.items()} == ours
     assert str(monitor.Aggregation.MEAN) == str(Aggregation.MEAN)
-    assert to_mask(torch_members.values()) == to_mask(Aggregation)
+    assert to_mask(torch_members.values()) == to_mask(a for a in Aggregation if a not in PERCENTILES)
     for name, member in torch_members.items():
         assert aggregation_key(member) == aggregation_key(Aggregation[name]) == name.lower()
 
