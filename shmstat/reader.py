@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from . import layout as L
+from .histogram import Histogram
 from .segment import Segment, pid_alive
 
 __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
@@ -37,6 +38,8 @@ class WindowRead:
     incarnation: int
     torn: bool = False
     """The writer died in the middle of an add: the numbers may miss (part of) that one sample."""
+    hist: Histogram | None = None
+    """The window's histogram, for a stat that keeps percentiles (read under the same seqlock)."""
 
     @property
     def start_ns(self) -> int:
