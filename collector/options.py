@@ -9,7 +9,14 @@ import sys
 from urllib.parse import urlsplit
 
 from shmstat.errors import ConfigError
-from shmstat.layout import DEFAULT_BANKS, DEFAULT_MAX_RANKS, DEFAULT_MAX_STATS, MAX_GRACE_MS, Geometry
+from shmstat.layout import (
+    DEFAULT_BANKS,
+    DEFAULT_HIST_SLOTS,
+    DEFAULT_MAX_RANKS,
+    DEFAULT_MAX_STATS,
+    MAX_GRACE_MS,
+    Geometry,
+)
 
 from .daemon import CollectorConfig
 from .dispatch import DEFAULT_HANDLER_QUEUE
@@ -43,19 +50,24 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
     p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
     p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
+    p.add_argument("--max-percentile-stats", type=int, default=None,
+                   help=f"stats per rank that may keep P50/P90/P99/P999 (default {DEFAULT_HIST_SLOTS})")
 
 
 def geometry_from(args: argparse.Namespace) -> Geometry | None:
     """The capacities asked for on the command line, or None to accept an existing segment's."""
-    if args.max_ranks is None and args.max_stats is None and args.banks is None:
+    hist_slots = getattr(args, "max_percentile_stats", None)
+    if args.max_ranks is None and args.max_stats is None and args.banks is None and hist_slots is None:
         return None
+    max_stats = DEFAULT_MAX_STATS if args.max_stats is None else args.max_stats
     for flag, value, low, high in (("--max-ranks", args.max_ranks, 1, 4096), ("--max-stats", args.max_stats, 1, 65536),
-                                   ("--banks", args.banks, 3, 64)):
+                                   ("--banks", args.banks, 3, 64),
+                                   ("--max-percentile-stats", hist_slots, 0, 65536)):
         if value is not None and not low <= value <= high:
             raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
-    return Geometry(DEFAULT_MAX_RANKS if args.max_ranks is None else args.max_ranks,
-                    DEFAULT_MAX_STATS if args.max_stats is None else args.max_stats,
-                    DEFAULT_BANKS if args.banks is None else args.banks)
+    return Geometry(DEFAULT_MAX_RANKS if args.max_ranks is None else args.max_ranks, max_stats,
+                    DEFAULT_BANKS if args.banks is None else args.banks,
+                    DEFAULT_HIST_SLOTS if hist_slots is None else hist_slots)
 
 
 def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:

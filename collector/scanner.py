@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shmstat import layout as L
+from shmstat.histogram import Histogram
 from shmstat.layout import RankInfo, RankState, StatDescriptor
 from shmstat.reader import SegmentReader, WindowRead
 from shmstat.segment import Segment
@@ -88,6 +89,10 @@ class _Table:
             np.int64, n,
         )
         self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
+        self.first_slot: dict[StatKey, int] = {}
+        """Stat key -> the first slot of it (whose descriptor's flags speak for the stat)."""
+        for i, s in enumerate(slots):
+            self.first_slot.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), i)
         self.groups = list(groups)
         self.window_lengths = sorted(set(self.wns.tolist()))
 
@@ -255,16 +260,20 @@ class Scanner:
             ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
             result.skipped_windows += _distinct(ks, ws)
             result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
+        better = {key: t.slots[i].desc.higher_is_better for key, i in t.first_slot.items()}
         for key, w in sorted(collected, key=lambda k: (k[1], k[0])):
             group, name, window_ms, mask = key
+            hib = better.get(key, False)
             parts = sorted(collected[(key, w)], key=lambda p: (p[0], p[1]))  # by rank, then slot order
             by_rank: dict[int, list[Summary]] = {}  # a rank's own slot and its writers' (forked children, workers)
             for rank, _, s in parts:
                 by_rank.setdefault(rank, []).append(s)
             merged = merge_all(s for _, _, s in parts)
-            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(by_rank)))
+            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(by_rank),
+                                         higher_is_better=hib))
             result.rows.extend(
-                WindowRow(group, name, w, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss))
+                WindowRow(group, name, w, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss),
+                          higher_is_better=hib)
                 for rank, ss in by_rank.items()
             )
 
@@ -335,9 +344,21 @@ class Scanner:
         slots, infos = t.slots, self._infos
         for i, w, n, total, lo, hi, last, ts in cols:
             d = slots[i].desc
+            hist = self._read_hist(d, w, n) if d.hist >= 0 else None
             collected.setdefault(((d.group, d.name, d.window_ms, d.agg_mask), w), []).append(
-                (infos[d.local_rank].rank, i, Summary(n, total, lo, hi, last, ts, False))
+                (infos[d.local_rank].rank, i, Summary(n, total, lo, hi, last, ts, False, hist))
             )
+
+    def _read_hist(self, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
+        """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the
+        bank no longer holds that window as it was read (overwritten since: reported without percentiles)."""
+        geo = self.segment.geometry
+        bank = wid % geo.banks
+        snap = L.read_bank(self.segment.buf, geo.slot_offset(d.local_rank, d.index) + bank * L.BANK_SIZE,
+                           hist_offset=geo.hist_offset(d.local_rank, d.hist) + bank * L.HIST_SIZE)
+        if snap.torn or snap.wid != wid or snap.count != count:
+            return None
+        return snap.hist
 
     def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
                      collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
@@ -403,4 +424,4 @@ def _distinct(*columns: np.ndarray) -> int:
 
 
 def _summary(w: WindowRead) -> Summary:
-    return Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn)
+    return Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn, w.hist)

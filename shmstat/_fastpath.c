@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -45,6 +46,17 @@
 #define B_LAST 40
 #define B_TS 48
 #define B_INC 56
+
+/* A bank's histogram (layout.py, "histogram"; semantics in shmstat/histogram.py). Written only while the bank's
+ * seq is odd, so the bank's seqlock covers it. */
+#define HIST_SIZE 2240
+#define HIST_M 272
+#define HIST_MAX_SCALE 8
+#define HI_SCALE 0
+#define HI_ZERO 8
+#define HI_POS_LO 16
+#define HI_NEG_LO 32
+#define HIST_COUNTS 64
 
 static inline void
 st_f64(char *p, double v)
@@ -87,6 +99,120 @@ floor_mod(int64_t a, int64_t b)
     return r < 0 ? r + b : r;
 }
 
+static inline int64_t ld_i64(const char *p) { return __atomic_load_n((const int64_t *)p, __ATOMIC_RELAXED); }
+static inline uint32_t ld_u32(const char *p) { return __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED); }
+static inline void st_u32(char *p, uint32_t v) { __atomic_store_n((uint32_t *)p, v, __ATOMIC_RELAXED); }
+
+/* Position of bucket ``i`` in a sign's ring of HIST_M counts. */
+static inline int64_t hist_pos(int64_t i) { return floor_mod(i, HIST_M); }
+
+/* An empty histogram at the highest scale; zeroes only the counts the previous window used (a garbage
+ * header means all of them). */
+static void
+hist_reset(char *h)
+{
+    for (int side = 0; side < 2; side++) {
+        char *range = h + HI_POS_LO + 16 * side;
+        char *counts = h + HIST_COUNTS + 4 * HIST_M * side;
+        int64_t lo = ld_i64(range), hi = ld_i64(range + 8);
+        if (lo <= hi && hi - lo < HIST_M) {
+            for (int64_t i = lo; i <= hi; i++) {
+                st_u32(counts + 4 * hist_pos(i), 0);
+            }
+        }
+        else if (lo <= hi) {
+            for (int64_t j = 0; j < HIST_M; j++) {
+                st_u32(counts + 4 * j, 0);
+            }
+        }
+        st_i64(range, INT64_MAX);
+        st_i64(range + 8, INT64_MIN);
+    }
+    st_i64(h + HI_SCALE, HIST_MAX_SCALE);
+    st_i64(h + HI_ZERO, 0);
+}
+
+/* Shift one sign's buckets right by ``by`` (a lower scale): counts of merging buckets add up. */
+static void
+hist_shift_side(char *h, int side, int by)
+{
+    char *range = h + HI_POS_LO + 16 * side;
+    char *counts = h + HIST_COUNTS + 4 * HIST_M * side;
+    int64_t lo = ld_i64(range), hi = ld_i64(range + 8);
+    if (lo > hi) {
+        return;
+    }
+    uint64_t tmp[HIST_M];
+    int64_t nlo = lo >> by, nhi = hi >> by;
+    memset(tmp, 0, sizeof(uint64_t) * (size_t)(nhi - nlo + 1));
+    for (int64_t i = lo; i <= hi; i++) {
+        char *c = counts + 4 * hist_pos(i);
+        tmp[(i >> by) - nlo] += ld_u32(c);
+        st_u32(c, 0);
+    }
+    for (int64_t j = nlo; j <= nhi; j++) {
+        uint64_t n = tmp[j - nlo];
+        st_u32(counts + 4 * hist_pos(j), n > UINT32_MAX ? UINT32_MAX : (uint32_t)n);
+    }
+    st_i64(range, nlo);
+    st_i64(range + 8, nhi);
+}
+
+/* Count one sample (not NaN) in the histogram at ``h``; the scale is lowered just enough when needed. */
+static void
+hist_add(char *h, double v)
+{
+    if (v == 0.0) {
+        st_i64(h + HI_ZERO, ld_i64(h + HI_ZERO) + 1);
+        return;
+    }
+    double m = fabs(v);
+    if (m > DBL_MAX) {
+        m = DBL_MAX;
+    }
+    int64_t i8 = (int64_t)ceil(log2(m) * 256.0) - 1;
+    int side = v > 0 ? 0 : 1;
+    char *range = h + HI_POS_LO + 16 * side;
+    int64_t scale = ld_i64(h + HI_SCALE);
+    int64_t i = i8 >> (HIST_MAX_SCALE - scale);
+    int64_t lo = ld_i64(range), hi = ld_i64(range + 8);
+    if (lo > hi) {
+        lo = hi = i;
+    }
+    else if (i < lo || i > hi) {
+        int64_t nlo = i < lo ? i : lo, nhi = i > hi ? i : hi;
+        int by = 0;
+        while ((nhi >> by) - (nlo >> by) >= HIST_M) {
+            by++;
+        }
+        if (by) {
+            hist_shift_side(h, 0, by);
+            hist_shift_side(h, 1, by);
+            scale -= by;
+            st_i64(h + HI_SCALE, scale);
+            i = i8 >> (HIST_MAX_SCALE - scale);
+            lo = ld_i64(range);
+            hi = ld_i64(range + 8);
+            if (lo > hi) {
+                lo = hi = i;
+            }
+        }
+        if (i < lo) {
+            lo = i;
+        }
+        if (i > hi) {
+            hi = i;
+        }
+    }
+    st_i64(range, lo);
+    st_i64(range + 8, hi);
+    char *c = h + HIST_COUNTS + 4 * HIST_M * side + 4 * hist_pos(i);
+    uint32_t n = ld_u32(c);
+    if (n != UINT32_MAX) {
+        st_u32(c, n + 1);
+    }
+}
+
 typedef struct {
     PyObject_HEAD
     Py_buffer view;      /* the whole segment, held (and so kept mapped) for this object's life */
@@ -108,6 +234,8 @@ typedef struct {
     PyObject *on_fork;   /* NULL or callable() that rebind()s this writer in a forked child */
     uint64_t generation; /* fork_generation when this writer was bound to its slot */
     int busy;            /* an add with an injected clock is in progress (the clock call may switch threads) */
+    char *hist0;         /* NULL, or bank 0's histogram (a stat with percentiles) */
+    char *hist;          /* the open window's histogram (hist0 before the first roll) */
 } SlotWriter;
 
 /* Bumped in the child of every fork: a writer bound before the fork must not write its parent's slot. */
@@ -193,7 +321,11 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         if (__builtin_mul_overflow(wid + 1, self->window_ns, &wend)) {
             wend = INT64_MAX;
         }
-        b = self->slot0 + floor_mod(wid, self->nbanks) * BANK_SIZE;
+        int64_t k = floor_mod(wid, self->nbanks);
+        b = self->slot0 + k * BANK_SIZE;
+        if (self->hist0 != NULL) {
+            self->hist = self->hist0 + k * HIST_SIZE;
+        }
         st_f64(b + B_SEQ, 1.0);
         __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
         st_i64(b + B_WID, wid);
@@ -218,6 +350,10 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
     }
     self->wend = wend;
     self->bank = b;
+    if (self->hist0 != NULL) {
+        hist_reset(self->hist);
+        hist_add(self->hist, v);
+    }
     st_f64(b + B_SUM, v);
     st_f64(b + B_MIN, v);
     st_f64(b + B_MAX, v);
@@ -285,6 +421,9 @@ add_locked(SlotWriter *self, double v, Rolled *rolled)
         self->last = v;
         st_f64(b + B_LAST, v);
         st_i64(b + B_TS, t);
+    }
+    if (self->hist0 != NULL) {
+        hist_add(self->hist, v);
     }
     seq += 2.0;
     self->seq = seq;
@@ -355,10 +494,11 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
 /* Point the writer at a slot of its buffer (offsets checked by the caller), starting from an empty window. */
 static void
 bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t nan_off, Py_ssize_t disc_off,
-          Py_ssize_t beat_off)
+          Py_ssize_t beat_off, Py_ssize_t hist0)
 {
     char *base = (char *)self->view.buf;
     self->slot0 = self->bank = base + slot0;
+    self->hist0 = self->hist = hist0 >= 0 ? base + hist0 : NULL;
     self->nan_p = base + nan_off;
     self->disc_p = base + disc_off;
     self->beat_p = base + beat_off;
@@ -369,22 +509,23 @@ bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t 
     self->generation = fork_generation;
 }
 
-/* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot of the same buffer
- * from now on (a forked child's own), starting from an empty window. */
+/* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off, hist0=-1): write another slot of the same
+ * buffer from now on (a forked child's own), starting from an empty window. */
 static PyObject *
 SlotWriter_rebind(SlotWriter *self, PyObject *args)
 {
-    Py_ssize_t slot0, nan_off, disc_off, beat_off;
+    Py_ssize_t slot0, nan_off, disc_off, beat_off, hist0 = -1;
     long long incarnation;
-    if (!PyArg_ParseTuple(args, "nLnnn:rebind", &slot0, &incarnation, &nan_off, &disc_off, &beat_off)) {
+    if (!PyArg_ParseTuple(args, "nLnnn|n:rebind", &slot0, &incarnation, &nan_off, &disc_off, &beat_off, &hist0)) {
         return NULL;
     }
     Py_ssize_t len = self->view.len;
     if (check_word("slot0", slot0, len, self->nbanks * BANK_SIZE) < 0 || check_word("nan_off", nan_off, len, 8) < 0
-        || check_word("discarded_off", disc_off, len, 8) < 0 || check_word("heartbeat_off", beat_off, len, 8) < 0) {
+        || check_word("discarded_off", disc_off, len, 8) < 0 || check_word("heartbeat_off", beat_off, len, 8) < 0
+        || (hist0 >= 0 && check_word("hist0", hist0, len, self->nbanks * HIST_SIZE) < 0)) {
         return NULL;
     }
-    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off);
+    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off, hist0);
     Py_RETURN_NONE;
 }
 
@@ -426,15 +567,16 @@ static PyObject *
 SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buf", "slot0", "nbanks", "window_ns", "incarnation", "max_samples", "want_last",
-                             "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", "on_fork", NULL};
+                             "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", "on_fork", "hist0",
+                             NULL};
     PyObject *buf, *on_roll = Py_None, *clock = Py_None, *on_fork = Py_None;
-    Py_ssize_t slot0, nbanks, nan_off, disc_off, beat_off;
+    Py_ssize_t slot0, nbanks, nan_off, disc_off, beat_off, hist0 = -1;
     long long window_ns, incarnation, max_samples;
     int want_last;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OOO:SlotWriter", kwlist, &buf, &slot0, &nbanks,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OOOn:SlotWriter", kwlist, &buf, &slot0, &nbanks,
                                      &window_ns, &incarnation, &max_samples, &want_last, &nan_off, &disc_off,
-                                     &beat_off, &on_roll, &clock, &on_fork)) {
+                                     &beat_off, &on_roll, &clock, &on_fork, &hist0)) {
         return NULL;
     }
     if (on_roll != Py_None && !PyCallable_Check(on_roll)) {
@@ -471,7 +613,8 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (nbanks > PY_SSIZE_T_MAX / BANK_SIZE || check_word("slot0", slot0, len, nbanks * BANK_SIZE) < 0
         || check_word("nan_off", nan_off, len, 8) < 0 || check_word("discarded_off", disc_off, len, 8) < 0
-        || check_word("heartbeat_off", beat_off, len, 8) < 0) {
+        || check_word("heartbeat_off", beat_off, len, 8) < 0
+        || (hist0 >= 0 && (nbanks > PY_SSIZE_T_MAX / HIST_SIZE || check_word("hist0", hist0, len, nbanks * HIST_SIZE) < 0))) {
         if (!PyErr_Occurred()) {
             PyErr_Format(PyExc_ValueError, "nbanks %zd is too large", nbanks);
         }
@@ -481,7 +624,7 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->nbanks = nbanks;
     self->window_ns = window_ns;
     self->max2 = 2.0 * (double)max_samples;
-    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off);
+    bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off, hist0);
     self->want_last = want_last;
     if (on_roll != Py_None) {
         self->on_roll = Py_NewRef(on_roll);
@@ -550,7 +693,7 @@ static PyTypeObject SlotWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmstat._fastpath.SlotWriter",
     .tp_doc = PyDoc_STR("SlotWriter(buf, slot0, nbanks, window_ns, incarnation, max_samples, want_last, nan_off, "
-                        "discarded_off, heartbeat_off, on_roll=None, clock=None, on_fork=None)\n\n"
+                        "discarded_off, heartbeat_off, on_roll=None, clock=None, on_fork=None, hist0=-1)\n\n"
                         "Writes one stat's samples into its slot of a shmstat segment (offsets in bytes)."),
     .tp_basicsize = sizeof(SlotWriter),
     .tp_itemsize = 0,

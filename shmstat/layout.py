@@ -1,15 +1,17 @@
 """The binary layout of a job's shared-memory segment: the one source of truth for ranks and collector.
 
-All integers and floats are little-endian, every field is 8 bytes and 8-byte aligned; banks are 64-byte
-aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``K`` = banks per slot.
+All integers and floats are little-endian, every field is 8 bytes and 8-byte aligned (histogram bucket counts
+are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank,
+``K`` = banks per slot, ``H`` = stats with percentiles per rank, ``M`` = :data:`HIST_BUCKETS`.
 
 ::
 
     offset                         size       region
     0                              256        header
     256                            R*128      rank table        (entry i = local rank i)
-    DESC_BASE                      R*S*192    stat descriptors  (rank-major: rank i, stat j)
+    DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
     BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
+    HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
 
     header (256 bytes)
       0  magic            8s   b"SHMSTAT\\0"
@@ -21,7 +23,8 @@ aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``
      48  created_ns       i64  wall-clock ns at creation
      56  collector_pid    i64  pid of the collector serving the job, 0 if none
      64  collector_beat   i64  collector heartbeat, wall-clock ns
-     72  reserved ... 256
+     72  hist_slots       u64  H
+     80  reserved ... 256
 
     rank entry (128 bytes)
       0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
@@ -38,9 +41,10 @@ aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``
      88  writer_of        u64  0 for a rank; 1 + the local rank whose samples this entry also writes, for a
                                writer entry (a forked child or a spawned worker of that rank: its own slots,
                                summed into its rank's rows by the collector)
-     96  reserved ... 128
+     96  nhist            u64  histograms handed out so far (high-water mark, at most H)
+    104  reserved ... 128
 
-    stat descriptor (192 bytes)
+    stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
       8  window_ms        u64
      16  max_samples      i64
@@ -49,8 +53,11 @@ aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``
      40  name_len         u64
      48  group_len        u64
      56  incarnation      u64  incarnation of the rank that published the descriptor
-     64  name             80 bytes UTF-8
-    144  group            48 bytes UTF-8
+     64  flags            u64  bit 0: higher is better (a rate: a straggler is a rank whose figure is low)
+     72  hist             i64  1 + index of the stat's histogram in its rank's histogram table; 0 for none
+                               (a stat with a percentile aggregation always has one)
+     80  name             80 bytes UTF-8
+    160  group            48 bytes UTF-8
 
     bank (64 bytes)
       0  seq              f64  2 * count, plus 1 while a write is in progress (a seqlock whose even value
@@ -63,10 +70,30 @@ aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank, ``
      48  last_ts          i64  wall-clock ns of the last value added
      56  incarnation      u64  incarnation of the rank that wrote this window
 
+    histogram (2240 bytes; one per bank of a stat with percentiles: bank b of histogram h of rank i is at
+    HIST_BASE + ((i * H + h) * K + b) * 2240; the semantics are in :mod:`shmstat.histogram`)
+      0  scale            i64  the window's scale (starts at 8, lowered when the values' range needs it)
+      8  zero             u64  samples equal to 0.0
+     16  pos_lo           i64  lowest positive bucket index in use at this scale (pos_lo > pos_hi: none)
+     24  pos_hi           i64  highest
+     32  neg_lo           i64  lowest bucket index of |v| for negative samples (neg_lo > neg_hi: none)
+     40  neg_hi           i64
+     48  reserved ... 64
+     64  pos              u32[M]  count of positive bucket i at position i mod M (M = 272, so the indices in
+                                  use, at most M apart, never share a position)
+   1152  neg              u32[M]  the same for negative samples
+    Bucket index of v at scale s: ``(ceil(log2(|v|) * 256) - 1) >> (8 - s)`` (OpenTelemetry's index at scale s;
+    Prometheus native histograms use that + 1); a bucket i holds (base**i, base**(i+1)], base = 2**(2**-s). At
+    most M buckets per sign per window; the scale is lowered just enough when a value would need more. A quantile
+    read from a bucket is within (base - 1) / (base + 1) of the exact one: 2.2% at scale 4, 1.1% at 5. A bucket
+    counts at most 2**32 - 1 samples of one window (then it saturates).
+
 Concurrency guarantees:
 
 - Every bank has exactly one writer, the process registered for its rank entry; it never takes a lock.
-  The writer sets ``seq`` odd, writes ``wid`` (on a reset) and the data fields, then sets ``seq`` even.
+  The writer sets ``seq`` odd, writes ``wid`` (on a reset) and the data fields, then sets ``seq`` even. A
+  bank's histogram is written only while that bank's ``seq`` is odd, so it is covered by the same seqlock: a
+  reader copies ``seq, wid``, the bank and the histogram, then ``wid, seq`` again.
 - A reader copies ``seq, wid``, the data, then ``wid, seq`` again and accepts the copy only when both pairs
   match and ``seq`` is even; otherwise it retries. Re-checking ``wid`` catches a bank reset whose new count
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
@@ -79,14 +106,22 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .histogram import Histogram
 
 __all__ = [
     "BANK_SIZE",
     "DEFAULT_BANKS",
+    "DEFAULT_HIST_SLOTS",
     "DEFAULT_MAX_RANKS",
     "DEFAULT_MAX_STATS",
     "DESC_SIZE",
+    "FLAG_HIGHER_IS_BETTER",
     "HEADER_SIZE",
+    "HIST_BUCKETS",
+    "HIST_SIZE",
     "LAYOUT_VERSION",
     "MAGIC",
     "MAX_GRACE_MS",
@@ -104,21 +139,27 @@ __all__ = [
     "descriptor_problem",
     "min_window_ms",
     "rank_problem",
+    "read_hist",
 ]
 
 MAGIC = b"SHMSTAT\x00"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 HEADER_SIZE = 256
 RANK_ENTRY_SIZE = 128
-DESC_SIZE = 192
+DESC_SIZE = 208
 BANK_SIZE = 64
+HIST_SIZE = 2240
+HIST_BUCKETS = 272  # shmstat.histogram.MAX_BUCKETS
+HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
+FLAG_HIGHER_IS_BETTER = 1
 MAX_NAME_BYTES = 80
 MAX_GROUP_BYTES = 48
 
 DEFAULT_MAX_RANKS = 64
 DEFAULT_MAX_STATS = 512
 DEFAULT_BANKS = 4
+DEFAULT_HIST_SLOTS = 16
 
 # Window lengths a shared-memory stat may have. Bank ``w % K`` of window ``w`` is reused by window ``w + K``,
 # which starts ``(K - 1)`` windows after ``w`` ended; the collector reads ``w`` once it ended plus its grace.
@@ -138,22 +179,27 @@ def min_window_ms(banks: int) -> int:
 
 # Bits of a descriptor's aggregation mask (``1 << Aggregation value``: VALUE 0, MEAN 2, COUNT 3, SUM 4, MAX 5,
 # MIN 6, as torch.monitor numbers them).
-VALID_AGG_MASK = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6)
+VALID_AGG_MASK = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) | (0xF << 10)
+PERCENTILE_BITS = 0xF << 10  # P50, P90, P99, P999: a stat with any keeps a histogram
 
 # Header fields (byte offsets).
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
-H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT = 48, 56, 64
-_HEADER = struct.Struct("<8sQQQQQqqq")
+H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT, H_HIST_SLOTS = 48, 56, 64, 72
+_HEADER = struct.Struct("<8sQQQQQqqqQ")
 
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
-R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF = 48, 56, 64, 72, 80, 88
+R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
 _RANK = struct.Struct("<QqQqqqqqQQQQ")
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
-D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_NAME, D_GROUP = 40, 48, 56, 64, 144
-_DESC_HEAD = struct.Struct("<QQqQqQQQ")
+D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_FLAGS, D_HIST, D_NAME, D_GROUP = 40, 48, 56, 64, 72, 80, 160
+_DESC_HEAD = struct.Struct("<QQqQqQQQQq")
+
+# Histogram header fields (byte offsets inside a histogram).
+HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI = 0, 8, 16, 24, 32, 40
+_HIST_HEAD = struct.Struct("<qQqqqq")
 
 # Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).
 B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC = range(8)
@@ -179,6 +225,8 @@ class Geometry:
     max_ranks: int = DEFAULT_MAX_RANKS
     max_stats: int = DEFAULT_MAX_STATS
     banks: int = DEFAULT_BANKS
+    hist_slots: int = DEFAULT_HIST_SLOTS
+    """Stats per rank that may keep percentiles (each has a histogram per bank)."""
 
     @property
     def rank_table(self) -> int:
@@ -197,9 +245,19 @@ class Geometry:
         return (end + 63) // 64 * 64
 
     @property
+    def hist_base(self) -> int:
+        """Byte offset of the histogram region (64-byte aligned: the bank region is a multiple of 64)."""
+        return self.bank_base + self.max_ranks * self.max_stats * self.banks * BANK_SIZE
+
+    @property
     def total_size(self) -> int:
         """Size in bytes of the whole segment."""
-        return self.bank_base + self.max_ranks * self.max_stats * self.banks * BANK_SIZE
+        return self.hist_base + self.max_ranks * self.hist_slots * self.banks * HIST_SIZE
+
+    def hist_offset(self, local_rank: int, hist: int) -> int:
+        """Byte offset of bank 0's histogram of histogram ``hist`` of a rank; bank ``b``'s follows at
+        ``b * HIST_SIZE``."""
+        return self.hist_base + (local_rank * self.hist_slots + hist) * self.banks * HIST_SIZE
 
     def rank_offset(self, local_rank: int) -> int:
         """Byte offset of a rank entry."""
@@ -218,6 +276,11 @@ class Geometry:
         start = self.slot_offset(local_rank, 0)
         return start, start + self.max_stats * self.banks * BANK_SIZE
 
+    def rank_hist_span(self, local_rank: int) -> tuple[int, int]:
+        """Byte range ``(start, end)`` of all histograms of one rank (pre-faulted with its banks)."""
+        start = self.hist_offset(local_rank, 0)
+        return start, start + self.hist_slots * self.banks * HIST_SIZE
+
 
 @dataclass(frozen=True)
 class Header:
@@ -232,11 +295,12 @@ class Header:
     created_ns: int
     collector_pid: int
     collector_beat_ns: int
+    hist_slots: int = DEFAULT_HIST_SLOTS
 
     @property
     def geometry(self) -> Geometry:
         """The capacities recorded in the header."""
-        return Geometry(self.max_ranks, self.max_stats, self.banks)
+        return Geometry(self.max_ranks, self.max_stats, self.banks, self.hist_slots)
 
 
 @dataclass(frozen=True)
@@ -281,6 +345,14 @@ class StatDescriptor:
     agg_mask: int
     emitted_wid: int
     incarnation: int
+    flags: int = 0
+    hist: int = -1
+    """Index of the stat's histogram in its rank's table, -1 for none."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether the stat declared that a high figure is good (a rate)."""
+        return bool(self.flags & FLAG_HIGHER_IS_BETTER)
 
     @property
     def window_ns(self) -> int:
@@ -301,6 +373,7 @@ class BankSnapshot:
     last_ts: int
     incarnation: int
     torn: bool = False
+    hist: Histogram | None = None
 
 
 def read_header(buf: memoryview) -> Header:
@@ -312,7 +385,7 @@ def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
     """Write a fresh header; the magic is written last so a half-initialised segment is never trusted."""
     _HEADER.pack_into(
         buf, 0, b"\x00" * 8, LAYOUT_VERSION, geometry.max_ranks, geometry.max_stats, geometry.banks,
-        geometry.total_size, created_ns, 0, 0,
+        geometry.total_size, created_ns, 0, 0, geometry.hist_slots,
     )
     struct.pack_into("<8s", buf, H_MAGIC, MAGIC)
 
@@ -338,11 +411,15 @@ def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:
     return None
 
 
-def descriptor_problem(desc: StatDescriptor) -> str | None:
+def descriptor_problem(desc: StatDescriptor, geometry: Geometry | None = None) -> str | None:
     """Why a published descriptor cannot be used by a reader (garbage in the segment), or None if it can.
 
     Ranks never publish such a descriptor (``Stat`` refuses the parameters first); a reader skips one.
     """
+    if desc.agg_mask & PERCENTILE_BITS and desc.hist < 0:
+        return "percentile aggregations without a histogram"
+    if geometry is not None and desc.hist >= geometry.hist_slots:
+        return f"histogram {desc.hist} outside the table of {geometry.hist_slots}"
     if not 1 <= desc.window_ms <= MAX_WINDOW_MS:
         return f"window of {desc.window_ms} ms outside 1..{MAX_WINDOW_MS}"
     if desc.max_samples < 1:
@@ -357,25 +434,27 @@ def descriptor_problem(desc: StatDescriptor) -> str | None:
 def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: int) -> StatDescriptor | None:
     """Decode a descriptor, or None if it is not published yet."""
     off = geometry.desc_offset(local_rank, stat)
-    state, window_ms, max_samples, mask, emitted, name_len, group_len, inc = _DESC_HEAD.unpack_from(buf, off)
+    state, window_ms, max_samples, mask, emitted, name_len, group_len, inc, flags, hist = _DESC_HEAD.unpack_from(
+        buf, off)
     if state != 1:
         return None
     name_len = min(name_len, MAX_NAME_BYTES)
     group_len = min(group_len, MAX_GROUP_BYTES)
     name = bytes(buf[off + D_NAME : off + D_NAME + name_len]).decode("utf-8", "replace")
     group = bytes(buf[off + D_GROUP : off + D_GROUP + group_len]).decode("utf-8", "replace")
-    return StatDescriptor(local_rank, stat, name, group, window_ms, max_samples, mask, emitted, inc)
+    return StatDescriptor(local_rank, stat, name, group, window_ms, max_samples, mask, emitted, inc, flags, hist - 1)
 
 
 def write_descriptor(
     buf: memoryview, geometry: Geometry, local_rank: int, stat: int, *, name: bytes, group: bytes,
-    window_ms: int, max_samples: int, agg_mask: int, incarnation: int,
+    window_ms: int, max_samples: int, agg_mask: int, incarnation: int, flags: int = 0, hist: int = -1,
 ) -> None:
-    """Publish a descriptor: every field first, ``state = 1`` last."""
+    """Publish a descriptor: every field first, ``state = 1`` last (``hist``: -1 for no histogram)."""
     off = geometry.desc_offset(local_rank, stat)
     buf[off + D_NAME : off + D_NAME + MAX_NAME_BYTES] = name.ljust(MAX_NAME_BYTES, b"\x00")
     buf[off + D_GROUP : off + D_GROUP + MAX_GROUP_BYTES] = group.ljust(MAX_GROUP_BYTES, b"\x00")
-    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, -1, len(name), len(group), incarnation)
+    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, -1, len(name), len(group), incarnation,
+                         flags, hist + 1)
     struct.pack_into("<Q", buf, off + D_STATE, 1)
 
 
@@ -384,20 +463,22 @@ def write_emitted_wid(buf: memoryview, geometry: Geometry, local_rank: int, stat
     struct.pack_into("<q", buf, geometry.desc_offset(local_rank, stat) + D_EMITTED, wid)
 
 
-def read_bank(buf: memoryview, offset: int, retries: int = 64) -> BankSnapshot:
-    """Copy one bank consistently (seqlock protocol above), retrying a torn read up to ``retries`` times.
+def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int | None = None) -> BankSnapshot:
+    """Copy one bank consistently (seqlock protocol above), retrying a torn read up to ``retries`` times;
+    with ``hist_offset``, the bank's histogram too, under the same seqlock.
 
-    If every attempt sees a write in progress, the last copy is returned with ``torn=True``: the caller
-    decides (a dead writer's bank is emitted flagged; a live writer's is read again later).
+    If every attempt sees a write in progress, the last copy is returned with ``torn=True`` (and no
+    histogram): the caller decides (a dead writer's bank is emitted flagged; a live writer's is read again).
     """
     unpack = _BANK.unpack_from
     seq_wid = _SEQ_WID.unpack_from
     fields = unpack(buf, offset)
     for _ in range(retries):
         seq, wid, total, lo, hi, last, ts, inc = fields
+        hist = read_hist(buf, hist_offset) if hist_offset is not None and seq >= 2.0 else None
         seq2, wid2 = seq_wid(buf, offset)
         if seq == seq2 and wid == wid2 and not (int(seq) & 1):
-            return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc)
+            return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc, hist=hist)
         fields = unpack(buf, offset)
     seq, wid, total, lo, hi, last, ts, inc = fields
     count = int(seq) >> 1 if seq == seq else 0
@@ -406,6 +487,29 @@ def read_bank(buf: memoryview, offset: int, retries: int = 64) -> BankSnapshot:
         # the one sample being written); no complete sample is known, so no figure is reported.
         return BankSnapshot(wid, 0, 0.0, 0.0, 0.0, 0.0, 0, inc, torn=True)
     return BankSnapshot(wid, count, total, lo, hi, last, ts, inc, torn=True)
+
+
+def read_hist(buf: memoryview, offset: int) -> Histogram | None:
+    """Decode the histogram at ``offset`` (the caller holds the seqlock's copy discipline); None if its
+    header is not one a writer can produce (garbage: the window is then reported without percentiles)."""
+    from .histogram import MAX_SCALE, MIN_SCALE, Histogram
+
+    scale, zero, pos_lo, pos_hi, neg_lo, neg_hi = _HIST_HEAD.unpack_from(buf, offset)
+    if not MIN_SCALE <= scale <= MAX_SCALE:
+        return None
+    h = Histogram(scale, zero)
+    for lo, hi, base, side in ((pos_lo, pos_hi, offset + HIST_COUNTS, h.pos),
+                               (neg_lo, neg_hi, offset + HIST_COUNTS + 4 * HIST_BUCKETS, h.neg)):
+        if lo > hi:
+            continue
+        if hi - lo >= HIST_BUCKETS:
+            return None
+        counts = struct.unpack_from(f"<{HIST_BUCKETS}I", buf, base)
+        for i in range(lo, hi + 1):
+            c = counts[i % HIST_BUCKETS]
+            if c:
+                side[i] = c
+    return h
 
 
 def encode_name(text: str, limit: int, what: str) -> bytes:

@@ -135,15 +135,19 @@ class RankAttachment:
 
     def prefault(self) -> None:
         """Touch every page of this entry's slots once, so no ``Stat.add`` pays a page fault."""
-        start, end = self.segment.geometry.rank_slots_span(self.local_rank)
-        bytes(self.segment.buf[start:end:mmap.PAGESIZE])
+        for start, end in (self.segment.geometry.rank_slots_span(self.local_rank),
+                           self.segment.geometry.rank_hist_span(self.local_rank)):
+            bytes(self.segment.buf[start:end:mmap.PAGESIZE])
         d0 = self.segment.geometry.desc_offset(self.local_rank, 0)
         bytes(self.segment.buf[d0 : d0 + self.segment.geometry.max_stats * L.DESC_SIZE : mmap.PAGESIZE])
 
-    def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int) -> int:
-        """The descriptor index of this stat key: the one already published for it, else a new one (O(1)).
+    def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int,
+                      flags: int = 0) -> int:
+        """The descriptor index of this stat key: the one already published for it, else a new one (O(1)); a
+        stat with a percentile aggregation gets a histogram of the entry's table too. ``flags`` (e.g.
+        :data:`~shmstat.layout.FLAG_HIGHER_IS_BETTER`) are those of the first Stat of the key.
 
-        Raises :class:`CapacityError` when the entry's stat table is full; nothing is written then.
+        Raises :class:`CapacityError` when the entry's stat or histogram table is full; nothing is written then.
         """
         key = (name, group, window_ms, max_samples, agg_mask)
         found = self.index.get(key)
@@ -159,13 +163,30 @@ class RankAttachment:
                     f"rank {self.rank} has used all {geo.max_stats} stat slots of job {seg.job!r}; "
                     "create fewer distinct stats or start the job with a larger --max-stats"
                 )
+            hist = -1
+            if agg_mask & L.PERCENTILE_BITS:
+                entry = geo.rank_offset(self.local_rank)
+                (hist,) = struct.unpack_from("<Q", seg.buf, entry + L.R_NHIST)
+                if hist >= geo.hist_slots:
+                    raise CapacityError(
+                        f"rank {self.rank} keeps percentiles for {geo.hist_slots} stats of job {seg.job!r} "
+                        "already; ask for percentiles on fewer stats or start the job with a larger "
+                        "--max-percentile-stats"
+                    )
+                struct.pack_into("<Q", seg.buf, entry + L.R_NHIST, hist + 1)
             L.write_descriptor(
                 seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
-                max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation,
+                max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation, flags=flags, hist=hist,
             )
             struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
         self.index[key] = nstats
         return nstats
+
+    def hist_offset(self, index: int) -> int:
+        """Byte offset of bank 0's histogram of descriptor ``index`` of this entry, -1 if it keeps none."""
+        geo = self.segment.geometry
+        (hist,) = struct.unpack_from("<q", self.segment.buf, geo.desc_offset(self.local_rank, index) + L.D_HIST)
+        return geo.hist_offset(self.local_rank, hist - 1) if 0 < hist <= geo.hist_slots else -1
 
     def word(self, field_offset: int) -> int:
         """Index into ``segment.i64`` of one 8-byte field of this entry."""

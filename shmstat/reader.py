@@ -91,7 +91,7 @@ class SegmentReader:
         """Published stat descriptors of a rank that can be used; unusable ones are skipped and counted."""
         out = []
         for desc in self.segment.descriptors(local_rank):
-            problem = L.descriptor_problem(desc)
+            problem = L.descriptor_problem(desc, self.geometry)
             if problem is None:
                 out.append(desc)
             elif self._first(("desc", local_rank, desc.index, desc.incarnation, desc.window_ms, desc.agg_mask)):
@@ -125,7 +125,9 @@ class SegmentReader:
             return SlotRead([], after_wid, 0)
         banks = self.geometry.banks
         base = self.geometry.slot_offset(info.local_rank, desc.index)
-        snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE) for b in range(banks)]
+        hist0 = self.geometry.hist_offset(info.local_rank, desc.hist) if desc.hist >= 0 else None
+        snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
+                             hist_offset=None if hist0 is None else hist0 + b * L.HIST_SIZE) for b in range(banks)]
         safe = newest_closed
         found: list[L.BankSnapshot] = []
         for snap in snaps:
@@ -148,7 +150,7 @@ class SegmentReader:
         windows = [
             WindowRead(
                 info.local_rank, info.rank, desc.index, snap.wid, wns, snap.count, snap.sum, snap.min,
-                snap.max, snap.last, snap.last_ts, snap.incarnation, snap.torn,
+                snap.max, snap.last, snap.last_ts, snap.incarnation, snap.torn, snap.hist,
             )
             for snap in sorted(found, key=lambda s: s.wid)
             if snap.wid <= safe

@@ -47,7 +47,8 @@ def pid_alive(pid: int) -> bool:
 class Segment:
     """An open mapping of one job's segment on this node.
 
-    ``buf`` is a byte view, ``f64`` and ``i64`` are 8-byte views of the same memory (index = byte offset // 8).
+    ``buf`` is a byte view, ``f64`` and ``i64`` are 8-byte views of the same memory (index = byte offset // 8),
+    ``u32`` a 4-byte view (index = byte offset // 4).
     """
 
     def __init__(self, job: str, mm: mmap.mmap, geometry: L.Geometry, created: bool) -> None:
@@ -58,6 +59,7 @@ class Segment:
         self.buf = memoryview(mm)
         self.f64 = self.buf.cast("d")
         self.i64 = self.buf.cast("q")
+        self.u32 = self.buf.cast("I")  # histogram bucket counts (index = byte offset // 4)
         self._lock: JobLock | None = None
 
     # -- opening -------------------------------------------------------------------------------------------
@@ -209,7 +211,7 @@ class Segment:
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap the segment (the segment itself stays until unlinked)."""
-        for view in (self.f64, self.i64, self.buf):
+        for view in (self.f64, self.i64, self.u32, self.buf):
             with contextlib.suppress(Exception):
                 view.release()
         with contextlib.suppress(Exception):
@@ -314,10 +316,12 @@ def _remove_lock_file_if_free(path: str) -> None:
 
 
 def _check_geometry(geo: L.Geometry) -> None:
-    if not (1 <= geo.max_ranks <= 4096 and 1 <= geo.max_stats <= 65536 and 3 <= geo.banks <= 64):
+    if not (1 <= geo.max_ranks <= 4096 and 1 <= geo.max_stats <= 65536 and 3 <= geo.banks <= 64
+            and 0 <= geo.hist_slots <= 65536):
         raise ConfigError(
-            f"capacities {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks are out of range "
-            "(1-4096 ranks, 1-65536 stats, 3-64 banks)"
+            f"capacities {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks with {geo.hist_slots} "
+            "percentile stats are out of range (1-4096 ranks, 1-65536 stats, 3-64 banks, 0-65536 percentile "
+            "stats)"
         )
 
 
@@ -342,6 +346,7 @@ def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | 
         raise LayoutMismatchError(f"segment {name} is truncated or inconsistent; run 'shmstat clean'")
     if want is not None and want != geo:
         raise LayoutMismatchError(
-            f"segment {name} holds {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks but "
-            f"{want.max_ranks} x {want.max_stats} x {want.banks} was asked for; use the same capacities everywhere"
+            f"segment {name} holds {geo.max_ranks} ranks x {geo.max_stats} stats x {geo.banks} banks "
+            f"({geo.hist_slots} with percentiles) but {want.max_ranks} x {want.max_stats} x {want.banks} "
+            f"({want.hist_slots}) was asked for; use the same capacities everywhere"
         )

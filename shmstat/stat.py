@@ -27,15 +27,16 @@ from typing import Any
 
 from . import layout as L
 from ._writer import Summary, binding_for, coerce_value
-from .aggregation import Aggregation, aggregation_key, from_mask, to_mask
+from .aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
 from .errors import ConfigError
+from .histogram import Histogram
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
 
 DEFAULT_GROUP = "default"
 _UNLIMITED = 9223372036854775807
 _KEY_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN,
-              Aggregation.VALUE)
+              Aggregation.VALUE, Aggregation.P50, Aggregation.P90, Aggregation.P99, Aggregation.P999)
 
 Clock = Callable[[], int]
 
@@ -67,7 +68,10 @@ class Stat:
 
     ``Stat(name, aggregations, window_size, max_samples=2**63-1)``; ``window_size`` is a ``timedelta`` or
     seconds, truncated to milliseconds (at least 1 ms). Keyword-only extras: ``group`` (the metric group the
-    collector dispatches windows to) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
+    collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
+    flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
+    ``Aggregation.P50``/``P90``/``P99``/``P999`` keep an exponential histogram per window (same figures
+    in process and in a job; error bound in :mod:`shmstat.histogram`).
 
     ``add(v)`` adds a value to the open window; it is a per-instance function (the fastest call CPython has),
     not a method. Promises: a closed window is logged once; ``get()`` returns the last closed window as
@@ -76,7 +80,7 @@ class Stat:
     the last value added (key ``<name>.value``), where torch.monitor yields nothing.
     """
 
-    __slots__ = ("__weakref__", "_aggs", "_attached", "_core", "_group", "_max_samples", "_name",
+    __slots__ = ("__weakref__", "_aggs", "_attached", "_core", "_flags", "_group", "_max_samples", "_name",
                  "_window_ns", "add")
 
     def __init__(
@@ -87,6 +91,7 @@ class Stat:
         max_samples: int = _UNLIMITED,
         *,
         group: str = DEFAULT_GROUP,
+        higher_is_better: bool = False,
         clock: Clock = time.time_ns,
     ) -> None:
         if not isinstance(name, str):
@@ -102,6 +107,7 @@ class Stat:
         self._window_ns = _window_ns(window_size)
         self._max_samples = max_samples
         self._group = group
+        self._flags = L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0
         from .attach import ensure_init  # late: attach imports the publisher
 
         attachment = ensure_init()
@@ -191,11 +197,14 @@ class _LocalCore:
         full = False
         core = self
         lock = threading.Lock()
+        keeps_hist = any(a in PERCENTILES for a in stat._aggs)
+        hist = Histogram() if keeps_hist else None
 
         def close_window() -> Summary:
-            nonlocal n
-            core.last = Summary(n, total, lo, hi, last)
+            nonlocal n, hist
+            core.last = Summary(n, total, lo, hi, last, hist)
             n = 0
+            hist = Histogram() if keeps_hist else None
             return core.last
 
         def roll_or_skip(v: float, t: int) -> list[tuple[Summary, int]]:
@@ -224,6 +233,8 @@ class _LocalCore:
                 total = lo = hi = v
             last = v
             n += 1
+            if hist is not None:
+                hist.add(v)
             if n >= max_samples:
                 full = True  # torch.monitor logs the window the moment it is full
                 logged.append((close_window(), t))
@@ -248,6 +259,8 @@ class _LocalCore:
                         hi = v
                     last = v
                     n += 1
+                    if hist is not None:
+                        hist.add(v)
                     return
                 logged = roll_or_skip(v, t)
             for summary, at in logged:  # local handlers run outside the lock (they may add to this Stat)
@@ -275,7 +288,8 @@ class _CLocalCore:
     @classmethod
     def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
         """The C-backed core, or None when the C path is not available or does not apply."""
-        if stat._max_samples != _UNLIMITED or os.environ.get("SHMSTAT_PURE_PYTHON") == "1":
+        if (stat._max_samples != _UNLIMITED or os.environ.get("SHMSTAT_PURE_PYTHON") == "1"
+                or any(a in PERCENTILES for a in stat._aggs)):
             return None
         try:
             from . import _fastpath
@@ -334,7 +348,7 @@ class _SharedCore:
                 "use a longer window or a segment with more banks"
             )
         key = (stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
-        binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock)
+        binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)
         binding.stats.add(stat)
         self.binding = binding
         self.index = binding.index
