@@ -200,7 +200,7 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
         def emit(self, metric_data: Any) -> None:
             self.n += 1
 
-    geometry = Geometry(args.ranks, args.stats, 4) if args.stats else None
+    geometry = Geometry(args.ranks, args.stats, 4, args.stats if args.percentiles else 16) if args.stats else None
     config = CollectorConfig(job=job, geometry=geometry, status_interval_s=0, grace_ms=args.grace_ms)
     handlers = {"*": Counting() if args.consume else NullMetricHandler(), "zz_probe": Probe()}
     col = Collector(config, handler_objects=handlers, out=open(os.devnull, "w"))  # noqa: SIM115
@@ -258,6 +258,8 @@ def worker_load_rank(job: str, args: argparse.Namespace) -> None:
     from shmstat import Aggregation
 
     aggs = [getattr(Aggregation, a) for a in AGGS_NAMES]
+    if args.percentiles:
+        aggs += [Aggregation.P50, Aggregation.P99]
     shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks, publish=False)
     stats = [shmstat.Stat(f"load.s{i}", aggs, 1.0, group="load") for i in range(args.stats - 1)]
     stats.append(shmstat.Stat("probe", aggs, 1.0, group="zz_probe"))
@@ -350,12 +352,21 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     pub = _state.STATE.publisher
     assert pub is not None
     env["shared"] = shmstat.Stat("shared", aggs, window)
+    env["pct"] = shmstat.Stat("pct", [*aggs, A.P50, A.P99], window)
+    import itertools
+    import random
+
+    rnd = random.Random(3)
+    env["vals"] = itertools.cycle([rnd.lognormvariate(3.0, 1.0) for _ in range(4096)])  # step times, ms
     os.environ["SHMSTAT_PURE_PYTHON"] = "1"
     env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
     del os.environ["SHMSTAT_PURE_PYTHON"]
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
     res["ours.add.c_path"] = env["shared"]._core.binding._c is not None
+    res["ours.add.attached_varied"] = median_ns("shared.add(next(vals))", env, number, repeat)
+    res["ours.add.percentiles_varied"] = median_ns("pct.add(next(vals))", env, number, repeat)
+    res["ours.add.percentiles"] = median_ns("pct.add(1.5)", env, number, repeat)
     shmstat.log_event(ours_event)
     deadline = time.monotonic() + 20
     while not pub.stats().subscribed and time.monotonic() < deadline:
@@ -471,6 +482,7 @@ def run_worker(argv: list[str]) -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--grace-ms", type=int, default=20)
     ap.add_argument("--consume", action="store_true")
+    ap.add_argument("--percentiles", action="store_true")
     args = ap.parse_args(argv)
     kind = args.worker
     if kind == "collector":
@@ -549,16 +561,18 @@ def run_throughput(nranks: int, events: int) -> dict[str, Any]:
     }
 
 
-def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, consume: bool = False) -> dict[str, Any]:
+def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, consume: bool = False,
+                       percentiles: bool = False) -> dict[str, Any]:
     job = new_job(f"cost{nranks * stats}")
+    pct = ["--percentiles"] if percentiles else []
     col = start_worker("collector", "--job", job, "--ranks", str(nranks), "--stats", str(stats),
-                       *(["--consume"] if consume else []))
+                       *(["--consume"] if consume else []), *pct)
     ranks: list[subprocess.Popen[str]] = []
     try:
         seg_size = int(expect_line(col, "ready"))
         for r in range(nranks):
             ranks.append(start_worker("load-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
-                                      "--stats", str(stats)))
+                                      "--stats", str(stats), *pct))
         for p in ranks:
             expect_line(p, "ready", 120)
         # start measuring just after a window boundary plus warm-up whole windows
@@ -573,6 +587,7 @@ def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, c
         unlink_job(job)
     lat = sorted(got["lat"])
     got.update(slots=nranks * stats, ranks=nranks, stats=stats, segment=seg_size, consume=consume,
+               percentiles=percentiles,
                lat_median=statistics.median(lat) if lat else None, lat_max=lat[-1] if lat else None)
     return got
 
@@ -657,6 +672,10 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         ("shmstat Stat.add, attached (C fast path)" if calls.get("ours.add.c_path")
          else "shmstat Stat.add, attached (C path not built: Python)", "ours.add.attached"),
         ("shmstat Stat.add, attached, SHMSTAT_PURE_PYTHON=1", "ours.add.attached_py"),
+        ("shmstat Stat.add, attached, varying values (next(it) in the loop)", "ours.add.attached_varied"),
+        ("shmstat Stat.add with P50/P99, attached, varying values (next(it) in the loop)",
+         "ours.add.percentiles_varied"),
+        ("shmstat Stat.add with P50/P99, attached", "ours.add.percentiles"),
         ("torch.monitor Stat.add", "torch.add"),
         ("prometheus_client multiprocess Counter.inc", "prom.inc"),
         ("prometheus_client multiprocess Histogram.observe", "prom.observe"),
@@ -699,6 +718,12 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         ("Stat.add attached", "ours.add.attached", "torch.monitor Stat.add", "torch.add", 1.0, "faster"),
         ("Stat.add attached", "ours.add.attached", "prometheus Counter.inc", "prom.inc", 5.0, ">= 5x"),
         ("Stat.add attached", "ours.add.attached", "prometheus Histogram.observe", "prom.observe", None, ""),
+        ("Stat.add with P50/P99, varying values", "ours.add.percentiles_varied",
+         "shmstat Stat.add attached, varying values", "ours.add.attached_varied", 0.5, "<= 2x (ratio >= 0.5)"),
+        ("Stat.add with P50/P99", "ours.add.percentiles", "torch.monitor Stat.add (no percentiles)", "torch.add",
+         1.0, "faster"),
+        ("Stat.add with P50/P99", "ours.add.percentiles", "prometheus Histogram.observe", "prom.observe", 10.0,
+         ">= 10x"),
         ("Stat.add attached, pure Python", "ours.add.attached_py", "torch.monitor Stat.add", "torch.add", 1.0,
          "(faster)"),
         ("Stat.add attached, pure Python", "ours.add.attached_py", "prometheus Counter.inc", "prom.inc", 5.0,
@@ -727,7 +752,7 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         o, a = calls.get(ok), calls.get(ak)
         met = ""
         if need is not None and isinstance(o, (int, float)) and isinstance(a, (int, float)):
-            met = "yes" if a / o >= need and (need > 1.0 or a > o) else "NO"
+            met = "yes" if a / o >= need and (need != 1.0 or a > o) else "NO"
         elif need is not None:
             met = "missing"
         out.append(f"| {ours_label} | {anchor_label} | {fmt_ns(o)} | {fmt_ns(a)} | {ratio(a, o)} | {target} "
@@ -762,6 +787,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         lm = f"{c['lat_median'] * 1000:.1f} ms" if c["lat_median"] is not None else "n/a"
         lx = f"{c['lat_max'] * 1000:.1f} ms" if c["lat_max"] is not None else "n/a"
         handler = "counting (every row built)" if c.get("consume") else "null"
+        if c.get("percentiles"):
+            handler += ", stats with P50/P99"
         out.append(f"| {c['ranks']} x {c['stats']:,} | {handler} | {c['slots']:,} | {mib(c['segment'])} | "
                    f"{c['cpu_per_s']:.3f} | {c['windows'] / c['wall']:,.0f} | {c['rows'] / c['wall']:,.0f} | "
                    f"{mib(c['rss'])} | {lm} | {lx} |")
@@ -841,8 +868,9 @@ def main(argv: list[str]) -> int:
     cost: list[dict[str, Any]] = []
     if "collector" in parts:
         seconds, warmup = (3.0, 1.0) if quick else (10.0, 2.0)
-        for stats, consume in ((125, False), (1000, False), (8000, False), (1000, True)):
-            cost.append(run_collector_cost(8, stats, seconds, warmup, consume))
+        for stats, consume, pct in ((125, False, False), (1000, False, False), (8000, False, False),
+                                    (1000, True, False), (1000, False, True), (1000, True, True)):
+            cost.append(run_collector_cost(8, stats, seconds, warmup, consume, pct))
             print(f"  collector {8 * stats} slots done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
                   flush=True)
     created = None
