@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 from typing import Any
 
-from .errors import ConfigError
+from .runtime import env_number
 
 __all__ = ["DEFAULT_BACKLOG_BYTES", "MAX_BATCH_BYTES", "METRIC_BYTES", "backlog_bytes_from_env", "item_bytes"]
 
@@ -77,16 +76,8 @@ def item_bytes(name: str, data: dict[str, Any]) -> int:
 
 def backlog_bytes_from_env() -> int:
     """The backlog bound from ``SHMSTAT_BACKLOG_MB`` (MiB), or the default; a bad value is a ConfigError."""
-    raw = os.environ.get("SHMSTAT_BACKLOG_MB")
-    if not raw:
-        return DEFAULT_BACKLOG_BYTES
-    try:
-        mb = float(raw)
-    except ValueError:
-        mb = -1.0
-    if not 1 <= mb <= 1 << 20:
-        raise ConfigError(f"SHMSTAT_BACKLOG_MB={raw!r} is not a number of MiB between 1 and 1048576")
-    return int(mb * 1024 * 1024)
+    mb = env_number("SHMSTAT_BACKLOG_MB", 1, 1 << 20, "MiB")
+    return DEFAULT_BACKLOG_BYTES if mb is None else int(mb * 1024 * 1024)
 
 
 _GONE: tuple[bytes, ...] = ()  # the frames of a batch that was split or given up (no item may join it)

@@ -16,6 +16,7 @@ from .errors import ConfigError, SegmentError
 
 __all__ = [
     "MAX_JOB_LEN",
+    "env_number",
     "ingest_endpoint",
     "lock_path",
     "publish_endpoint",
@@ -27,6 +28,21 @@ __all__ = [
 
 MAX_JOB_LEN = 64
 _JOB_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def env_number(name: str, low: float, high: float, unit: str) -> float | None:
+    """The number in environment variable ``name``, None when unset or empty; a value that is not a number
+    from ``low`` to ``high`` is a :class:`ConfigError` naming the variable and the ``unit``."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={raw!r} is not a number of {unit} between {low:g} and {high:g}")
+    return value
 
 
 def validate_job(job: str) -> str:

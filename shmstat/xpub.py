@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import Any
 
@@ -17,7 +16,8 @@ import zmq
 
 from . import wire
 from .backlog import _GONE, _Batch
-from .errors import ConfigError, WireError
+from .errors import WireError
+from .runtime import env_number
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
 
@@ -37,16 +37,8 @@ DEFAULT_UNCOLLECTED_WARNING_S = 10.0
 def unacked_warning_from_env() -> float:
     """Seconds after the first publish with no collector before the warning (``SHMSTAT_UNCOLLECTED_WARNING_S``,
     default 10); a bad value is a ConfigError."""
-    raw = os.environ.get("SHMSTAT_UNCOLLECTED_WARNING_S")
-    if not raw:
-        return DEFAULT_UNCOLLECTED_WARNING_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= 86400:
-        raise ConfigError(f"SHMSTAT_UNCOLLECTED_WARNING_S={raw!r} is not a number of seconds between 0 and 86400")
-    return seconds
+    seconds = env_number("SHMSTAT_UNCOLLECTED_WARNING_S", 0, 86400, "seconds")
+    return DEFAULT_UNCOLLECTED_WARNING_S if seconds is None else seconds
 
 
 class _SocketProtocol:
