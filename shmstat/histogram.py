@@ -124,17 +124,9 @@ class Histogram:
 
     def merge(self, other: Histogram) -> Histogram:
         """A new histogram of both windows' samples (exactly the one a single writer would have built)."""
-        scale = min(self.scale, other.scale)
-        out = Histogram(scale, self.zero + other.zero)
-        for mine, theirs, name in ((self, other, "pos"), (self, other, "neg")):
-            a = _shift(getattr(mine, name), mine.scale - scale)
-            for i, c in _shift(getattr(theirs, name), theirs.scale - scale).items():
-                a[i] = a.get(i, 0) + c
-            setattr(out, name, a)
-        need = max(_needed_shift(min(out.pos), max(out.pos)) if out.pos else 0,
-                   _needed_shift(min(out.neg), max(out.neg)) if out.neg else 0)
-        out._downscale(need)
-        return out
+        merged = merge_histograms((self, other))
+        assert merged is not None
+        return merged
 
     def bounds(self, index: int) -> tuple[float, float]:
         """``(lo, hi]`` of positive bucket ``index`` at this scale."""
@@ -191,12 +183,30 @@ class Histogram:
 
 
 def merge_histograms(parts: Iterable[Histogram | None]) -> Histogram | None:
-    """Merge any number of histograms (None parts are skipped; None if there are none)."""
-    out: Histogram | None = None
-    for p in parts:
-        if p is None:
-            continue
-        out = p if out is None else out.merge(p)
+    """Merge any number of histograms in one pass (None parts are skipped; None if there are none): bring every
+    part to the lowest scale, add the bucket counts, then lower the scale while a range is too wide. The result
+    is exactly the histogram a single writer would have built from all the samples."""
+    hs = [p for p in parts if p is not None]
+    if not hs:
+        return None
+    scale = min(h.scale for h in hs)
+    out = Histogram(scale, sum(h.zero for h in hs))
+    for name in ("pos", "neg"):
+        acc: dict[int, int] = {}
+        for h in hs:
+            counts = getattr(h, name)
+            by = h.scale - scale
+            if not acc and not by:
+                acc = dict(counts)
+                continue
+            get = acc.get
+            for i, c in counts.items():
+                j = i >> by
+                acc[j] = get(j, 0) + c
+        setattr(out, name, acc)
+    need = max(_needed_shift(min(out.pos), max(out.pos)) if out.pos else 0,
+               _needed_shift(min(out.neg), max(out.neg)) if out.neg else 0)
+    out._downscale(need)
     return out
 
 

@@ -106,7 +106,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING
+
+from .histogram import MAX_SCALE as _MAX_SCALE
+from .histogram import MIN_SCALE as _MIN_SCALE
+from .histogram import Histogram as _Histogram
 
 if TYPE_CHECKING:  # pragma: no cover
     from .histogram import Histogram
@@ -200,6 +205,7 @@ _DESC_HEAD = struct.Struct("<QQqQqQQQQq")
 # Histogram header fields (byte offsets inside a histogram).
 HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI = 0, 8, 16, 24, 32, 40
 _HIST_HEAD = struct.Struct("<qQqqqq")
+_COUNTS = struct.Struct(f"<{HIST_BUCKETS}I")
 
 # Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).
 B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC = range(8)
@@ -492,23 +498,22 @@ def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int 
 def read_hist(buf: memoryview, offset: int) -> Histogram | None:
     """Decode the histogram at ``offset`` (the caller holds the seqlock's copy discipline); None if its
     header is not one a writer can produce (garbage: the window is then reported without percentiles)."""
-    from .histogram import MAX_SCALE, MIN_SCALE, Histogram
-
     scale, zero, pos_lo, pos_hi, neg_lo, neg_hi = _HIST_HEAD.unpack_from(buf, offset)
-    if not MIN_SCALE <= scale <= MAX_SCALE:
+    if not _MIN_SCALE <= scale <= _MAX_SCALE:
         return None
-    h = Histogram(scale, zero)
+    h = _Histogram(scale, zero)
+    m = HIST_BUCKETS
     for lo, hi, base, side in ((pos_lo, pos_hi, offset + HIST_COUNTS, h.pos),
-                               (neg_lo, neg_hi, offset + HIST_COUNTS + 4 * HIST_BUCKETS, h.neg)):
+                               (neg_lo, neg_hi, offset + HIST_COUNTS + 4 * m, h.neg)):
         if lo > hi:
             continue
-        if hi - lo >= HIST_BUCKETS:
+        n = hi - lo + 1
+        if n > m:
             return None
-        counts = struct.unpack_from(f"<{HIST_BUCKETS}I", buf, base)
-        for i in range(lo, hi + 1):
-            c = counts[i % HIST_BUCKETS]
-            if c:
-                side[i] = c
+        start = lo % m  # the indices in use are one run of the ring, or two when it wraps
+        counts = _COUNTS.unpack_from(buf, base)
+        run = counts[start : start + n] if start + n <= m else counts[start:] + counts[: start + n - m]
+        side.update(compress(zip(range(lo, hi + 1), run, strict=True), run))  # the nonzero counts, at C speed
     return h
 
 
