@@ -90,13 +90,15 @@ def worker_main(tally_path: str, slots: int, stop_path: str, parent: int, second
     wns = WINDOW_MS * 1_000_000
     rng = random.Random(os.getpid())
     end = time.monotonic() + seconds
+    def clock() -> int:  # the real clock, read inside add (as Stat's own); the tally counts that reading
+        now[0] = time.time_ns()
+        return now[0]
+
     while time.monotonic() < end and os.getppid() == parent and not os.path.exists(stop_path):
-        add = _new_stat(lambda: now[0]).add  # only the bound method is kept
+        add = _new_stat(clock).add  # only the bound method is kept
         for _ in range(rng.randint(20, 200)):
-            t = time.time_ns()
-            now[0] = t
             add(1.0)
-            _count(words, t // wns, slots)
+            _count(words, now[0] // wns, slots)
         time.sleep(rng.uniform(0.001, 0.005))
     words[T_DONE] = 1
 
@@ -114,7 +116,12 @@ def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop
     words = _tally(tally_path, slots)
     words[T_PID] = os.getpid()
     local = threading.local()
-    stat = _new_stat(lambda: local.t)
+
+    def clock() -> int:  # the real clock, read inside add; each thread tallies the window of its own reading
+        local.t = time.time_ns()
+        return local.t
+
+    stat = _new_stat(clock)
     event = shmstat.Event("soak.step", datetime.datetime.now(datetime.timezone.utc), {"rank": rank})
     wns = WINDOW_MS * 1_000_000
     stopping = threading.Event()
@@ -125,10 +132,8 @@ def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop
         rng = random.Random(os.getpid() + 1)
         while not stopping.is_set():
             for _ in range(rng.randint(20, 200)):
-                t = time.time_ns()
-                local.t = t
                 stat.add(1.0)
-                _count(tw, t // wns, slots)
+                _count(tw, local.t // wns, slots)
             time.sleep(rng.uniform(0.0005, 0.003))
         tw[T_DONE] = 1
 
@@ -149,10 +154,8 @@ def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop
                                                            rng.uniform(1.0, 4.0)))
             worker.start()
         for _ in range(rng.randint(50, 400)):  # a step's worth of adds, then "compute"
-            t = time.time_ns()
-            local.t = t
             stat.add(1.0)
-            _count(words, t // wns, slots)
+            _count(words, local.t // wns, slots)
             n += 1
             if n % ADDS_PER_EVENT == 0:
                 shmstat.log_event(event)
