@@ -1,21 +1,19 @@
-"""``shmstat ls``, ``shmstat clean`` and ``shmstat top``: looking at and tidying this node's segments."""
+"""``shmstat ls`` and ``shmstat clean``: looking at and tidying this node's segments (``shmstat top`` is in
+:mod:`collector.top`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
-import sys
-import time
 from dataclasses import dataclass
 
 from shmstat.errors import ConfigError, SegmentError, ShmstatError
 from shmstat.layout import RankState
-from shmstat.reader import SegmentReader
 from shmstat.runtime import runtime_dir, validate_job
 from shmstat.segment import Segment, pid_alive
 
-__all__ = ["SegmentInfo", "clean", "list_segments", "segment_info", "top"]
+__all__ = ["SegmentInfo", "clean", "list_segments", "segment_info"]
 
 
 @dataclass(frozen=True)
@@ -144,51 +142,3 @@ def _socket_in_use(path: str) -> bool:
         except OSError:
             return False
     return True
-
-
-def top(job: str, *, interval_s: float = 1.0, iterations: int | None = None) -> int:
-    """Refresh a per-rank table of the job: state, pid, incarnation, and each stat's latest closed window."""
-    if not 0 < interval_s <= 3600:
-        raise ConfigError(f"--interval must be more than 0 and at most 3600 seconds, got {interval_s:g}")
-    if iterations is not None and iterations < 1:
-        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
-    seg = Segment.open(job, create=False)
-    reader = SegmentReader(seg)
-    n = 0
-    try:
-        while iterations is None or n < iterations:
-            now = time.time_ns()
-            lines = [f"job {job}  {time.strftime('%H:%M:%S')}  (each stat's last closed window: start and length)",
-                     f"{'RANK':>4s} {'STATE':7s} {'PID':>8s} {'INC':>3s}  {'STAT':32s} {'COUNT':>8s} {'MEAN':>12s}"
-                     f"  {'WINDOW':>18s}"]
-            for info in reader.ranks():
-                descs = reader.descriptors(info.local_rank) or [None]
-                for d in descs:
-                    head = f"{info.rank:>4d} {info.state_name:7s} {info.pid:>8d} {info.incarnation:>3d}"
-                    if d is None:
-                        lines.append(head)
-                        continue
-                    read = reader.read_slot(info, d, now, 0, -1)  # the newest closed window in the ring, any age
-                    w = read.windows[-1] if read.windows else None
-                    count = w.count if w else 0
-                    mean = w.sum / w.count if w and w.count else 0.0
-                    when = _window_label(w.wid, w.window_ns) if w else "-"
-                    lines.append(f"{head}  {d.group + '/' + d.name:32.32s} {count:>8d} {mean:>12.4g}  {when:>18s}")
-            if sys.stdout.isatty():
-                print("\x1b[2J\x1b[H", end="")
-            print("\n".join(lines), flush=True)
-            n += 1
-            if iterations is None or n < iterations:
-                time.sleep(interval_s)
-    finally:
-        seg.close()
-    return 0
-
-
-def _window_label(wid: int, window_ns: int) -> str:
-    """``HH:MM:SS.mmm +LEN`` for a window: its local start time and its length."""
-    start_s = wid * window_ns / 1e9
-    ms = int(start_s * 1000) % 1000
-    length_ms = window_ns / 1e6
-    length = f"{length_ms / 1000:g}s" if length_ms >= 1000 else f"{length_ms:g}ms"
-    return f"{time.strftime('%H:%M:%S', time.localtime(start_s))}.{ms:03d} +{length}"

@@ -56,9 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--count", type=int, default=None, help="exit after N messages")
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
 
-    t = sub.add_parser("top", help="live per-rank view of a job's segment")
-    t.add_argument("--job", required=True, help="the job id whose segment to show")
+    t = sub.add_parser("top", help="live view of a job's stats: merged windows, spread across ranks, stragglers")
+    t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
+    t.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
+    t.add_argument("--sort", default="name", metavar="KEY",
+                   help="name, or count, mean, p99, spread (descending); default name")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
 
     sub.add_parser("ls", help="list the shmstat segments of this node")
@@ -125,9 +129,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
         return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
     if cmd == "top":
-        from .admin import top
+        from .top_live import run_top
 
-        return top(args.job, interval_s=args.interval, iterations=args.iterations)
+        return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
+                       iterations=args.iterations)
     if cmd == "ls":
         from .admin import list_segments
 

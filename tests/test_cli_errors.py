@@ -30,6 +30,11 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--monitor-interval", "0", "tests/scripts/elastic_job.py"),
      "--monitor-interval"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
+    (("top", "--job", "{job}", "--once"), "no shared memory segment"),
+    (("top", "--job", "{job}", "--sort", "bogus"), "--sort must be one of name, count, mean, p99, spread"),
+    (("top", "--job", "{job}", "--stat", "no-group"), "--stat takes GROUP/NAME"),
+    (("top", "--job", "{job}", "--iterations", "0"), "--iterations"),
+    (("top", "--job", "bad/job", "--once"), "job id"),
 ])
 def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     done = _shmstat(*(a.format(job=job) for a in args))
