@@ -54,8 +54,9 @@ class DemoTableHandler(MetricHandler):
             slowest = max(row["ranks"].items(), key=lambda kv: kv[1], default=(None, 0.0))
             print(
                 f"{stamp}  {_GROUP}/{stat:14s} count={row.get('count', 0):>6.0f}  mean={row.get('mean', 0):8.3f}  "
-                f"min={row.get('min', 0):8.3f}  max={row.get('max', 0):8.3f}  slowest rank={slowest[0]} "
-                f"(mean {slowest[1]:.3f})",
+                f"min={row.get('min', 0):8.3f}  max={row.get('max', 0):8.3f}"
+                + (f"  p50={row['p50']:8.3f}  p99={row['p99']:8.3f}" if "p99" in row else "")
+                + f"  slowest rank={slowest[0]} (mean {slowest[1]:.3f})",
                 file=self.out, flush=True,
             )
             self.lines += 1
@@ -68,7 +69,7 @@ def _rank_main(job: str, rank: int, world: int, seconds: float, window_ms: int, 
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=world, endpoint=endpoint)
     aggs = [A.COUNT, A.MEAN, A.MIN, A.MAX]
-    step = shmstat.Stat("step_ms", aggs, window_ms / 1000, group=_GROUP)
+    step = shmstat.Stat("step_ms", [*aggs, A.P50, A.P99], window_ms / 1000, group=_GROUP)
     wait = shmstat.Stat("loader_wait_ms", aggs, window_ms / 1000, group=_GROUP)
     rng = random.Random(rank)
     slow = 1.6 if rank == 1 else 1.0
