@@ -35,6 +35,7 @@ from .handlers import Dispatcher
 from .liveness import Lifecycle, Liveness
 from .merge import WindowRow
 from .scanner import Scanner
+from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, EVENT_TOPICS, StragglerDetector
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
 
@@ -68,6 +69,9 @@ class CollectorConfig:
     they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
     handler_queue: int = DEFAULT_HANDLER_QUEUE
     """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
+    straggler_threshold: float = DEFAULT_THRESHOLD
+    straggler_windows: int = DEFAULT_WINDOWS
+    """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported (collector.straggler)."""
     geometry: Geometry | None = None
     ingest: str | None = None
     clock: Callable[[], int] = time.time_ns
@@ -96,6 +100,8 @@ class Collector:
             self._lock_fd = _take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
             self.liveness = Liveness(self.segment)
+            self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
+                                                windows=config.straggler_windows)
             from .relay import MAX_MESSAGE_BYTES, Relay
 
             self.relay = Relay(config.ingest or ingest_endpoint(config.job),
@@ -292,8 +298,10 @@ class Collector:
         relay, dispatcher = self.relay, self.dispatcher
         relay.update_subscriptions()  # first: rows nobody receives are never built
 
+        scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
+
         def wanted(group: str) -> bool:
-            return not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
+            return scored or not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
 
         result = self.scanner.scan(now, final=final, want=wanted)
         self.overwritten += result.overwritten
@@ -316,6 +324,11 @@ class Collector:
         for topic, items in by_topic.items():
             if items is not _NOBODY:
                 relay.publish(topic, "stat", items)
+        found = self.stragglers.update(result.rows)  # scores to our own group, events on event/<name>
+        if found.scores and not dispatcher.discards(PLATFORM_GROUP):
+            dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, self.config.job) for s in found.scores])
+        for ev in found.events:
+            relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
         dispatcher.flush()
         self.scanner.commit()
 

@@ -30,6 +30,12 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--monitor-interval", "0", "tests/scripts/elastic_job.py"),
      "--monitor-interval"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
+    (("collect", "--job", "{job}", "--straggler-threshold", "1"), "--straggler-threshold"),
+    (("collect", "--job", "{job}", "--straggler-threshold", "0"), "--straggler-threshold"),
+    (("collect", "--job", "{job}", "--straggler-windows", "0"), "--straggler-windows"),
+    (("collect", "--job", "{job}", "--straggler-windows", "1001"), "--straggler-windows"),
+    (("run", "--job", "{job}", "--nproc-per-node", "2", "--straggler-threshold", "nan", "tests/scripts/elastic_job.py"),
+     "--straggler-threshold"),
 ])
 def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     done = _shmstat(*(a.format(job=job) for a in args))
