@@ -17,8 +17,6 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import IO
 
 import zmq
@@ -26,51 +24,22 @@ import zmq
 from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
 from shmstat.errors import CollectorError
-from shmstat.layout import Geometry, RankState
+from shmstat.layout import RankState
 from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.segment import Segment, pid_alive
 
-from .dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
-from .handlers import Dispatcher
+from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
+from .dispatch import ThreadedDispatcher
 from .liveness import Lifecycle, Liveness
 from .merge import WindowRow
 from .scanner import Scanner
+from .straggler import EVENT_TOPICS, StragglerDetector
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
 
-PLATFORM_GROUP = "shmstat"
-"""The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
-``torchelastic``."""
 
 _log = logging.getLogger("shmstat.collector")
 _NOBODY: list[dict] = []  # marks a topic no subscriber listens to
-
-
-@dataclass
-class CollectorConfig:
-    """Everything a collector needs; defaults are what ``shmstat collect --job JOB`` uses."""
-
-    job: str
-    publish: str | None = None
-    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
-    handlers: dict[str, str] = field(default_factory=dict)
-    """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
-    grace_ms: int = 20
-    usage_interval_s: float = 1.0
-    status_interval_s: float = 30.0
-    """Seconds between one-line progress reports on stderr (0: none)."""
-    publish_buffer_bytes: int = 256 * 1024 * 1024
-    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
-    gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``
-    messages, each of at most :data:`collector.relay.MAX_MESSAGE_BYTES`."""
-    hold_ms: int = 300
-    """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
-    they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
-    handler_queue: int = DEFAULT_HANDLER_QUEUE
-    """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
-    geometry: Geometry | None = None
-    ingest: str | None = None
-    clock: Callable[[], int] = time.time_ns
 
 
 class Collector:
@@ -96,6 +65,8 @@ class Collector:
             self._lock_fd = _take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
             self.liveness = Liveness(self.segment)
+            self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
+                                                windows=config.straggler_windows)
             from .relay import MAX_MESSAGE_BYTES, Relay
 
             self.relay = Relay(config.ingest or ingest_endpoint(config.job),
@@ -292,8 +263,10 @@ class Collector:
         relay, dispatcher = self.relay, self.dispatcher
         relay.update_subscriptions()  # first: rows nobody receives are never built
 
+        scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
+
         def wanted(group: str) -> bool:
-            return not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
+            return scored or not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
 
         result = self.scanner.scan(now, final=final, want=wanted)
         self.overwritten += result.overwritten
@@ -316,6 +289,11 @@ class Collector:
         for topic, items in by_topic.items():
             if items is not _NOBODY:
                 relay.publish(topic, "stat", items)
+        found = self.stragglers.update(result.rows)  # scores to our own group, events on event/<name>
+        if found.scores and not dispatcher.discards(PLATFORM_GROUP):
+            dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, self.config.job) for s in found.scores])
+        for ev in found.events:
+            relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
         dispatcher.flush()
         self.scanner.commit()
 
@@ -383,23 +361,6 @@ class Collector:
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
         }
-
-
-def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
-                     ) -> ThreadedDispatcher:
-    """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
-    nowhere unless asked for."""
-    inner = Dispatcher.from_specs(config.handlers)
-    for group, handler in (handler_objects or {}).items():
-        if group == "*":
-            inner.default = handler
-        else:
-            inner.handlers[group] = handler
-    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
-        from elastic.metrics import NullMetricHandler
-
-        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
-    return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
 
 
 def _point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:

@@ -21,6 +21,7 @@ from shmstat.layout import (
 from .daemon import CollectorConfig
 from .dispatch import DEFAULT_HANDLER_QUEUE
 from .handlers import parse_handler_args
+from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
 __all__ = ["add_collector_options", "collector_config", "geometry_from"]
 
@@ -47,6 +48,12 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                         "(default 300)")
     p.add_argument("--status-interval", type=float, default=30.0,
                    help="seconds between progress lines on stderr (default 30, 0 = none)")
+    p.add_argument("--straggler-threshold", type=float, default=DEFAULT_THRESHOLD, metavar="SCORE",
+                   help="a rank scoring under this against the node's median is slow in that window (median / its "
+                        f"figure for a time; between 0 and 1, default {DEFAULT_THRESHOLD})")
+    p.add_argument("--straggler-windows", type=int, default=DEFAULT_WINDOWS, metavar="N",
+                   help=f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to "
+                        f"{MAX_WINDOWS}, default {DEFAULT_WINDOWS})")
     p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
     p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
     p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
@@ -81,12 +88,17 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
     if not 1 <= args.handler_queue <= 100_000_000:
         raise ConfigError(f"--handler-queue must be between 1 and 100000000, got {args.handler_queue}")
+    if not 0 < args.straggler_threshold < 1:
+        raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
+    if not 1 <= args.straggler_windows <= MAX_WINDOWS:
+        raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
     if args.publish is not None:
         _check_publish(args.publish, args.allow_remote_publish)
     return CollectorConfig(
         job=job, publish=args.publish, handlers=parse_handler_args(args.handler), grace_ms=args.grace_ms,
         hold_ms=args.hold_ms, publish_buffer_bytes=int(args.publish_buffer_mb * 1024 * 1024),
         handler_queue=args.handler_queue, geometry=geometry_from(args), status_interval_s=args.status_interval,
+        straggler_threshold=args.straggler_threshold, straggler_windows=args.straggler_windows,
     )
 
 

@@ -4,20 +4,38 @@ A rank's figure is its window's p50 when the stat keeps percentiles, else its me
 ``median over ranks / figure`` for a stat where higher is worse (a time: the slow rank scores under 1), and
 ``figure / median`` for one that declared ``higher_is_better`` (a rate). Prior art: NVIDIA's resiliency extension
 scores ranks the same way and flags under 0.75.
+
+:class:`StragglerDetector` keeps, per job, the ranks currently slow and turns each emitted pass of per-rank rows
+into scores (for the collector's ``shmstat`` group) and :data:`STRAGGLER_EVENT` / :data:`RECOVERED_EVENT`
+events (for ``event/<name>``). Figures that are not finite leave their rank out of the window; a window with a
+negative figure is not scored (a ratio of such figures means nothing).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from .merge import Summary
+from elastic.metrics import StatMetricData
+from shmstat import wire
+from shmstat.errors import ConfigError
 
-__all__ = ["DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "figure", "score_ranks"]
+from .merge import Summary, WindowRow
+
+__all__ = [
+    "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
+    "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
+    "figure", "score_ranks",
+]
 
 DEFAULT_THRESHOLD = 0.75
 """A rank scoring under this is slow for that window."""
 DEFAULT_WINDOWS = 3
 """Consecutive slow windows before a rank is reported a straggler."""
+MAX_WINDOWS = 1000
+"""The most consecutive windows one may ask for."""
 
 
 def figure(summary: Summary) -> float:
@@ -45,3 +63,185 @@ def score_ranks(figures: dict[int, float], higher_is_better: bool = False) -> tu
         else:
             scores[rank] = median / value if value != 0 else float("inf")
     return median, scores
+
+
+STRAGGLER_EVENT = "shmstat.straggler"
+"""The event a rank gets once it scored under the threshold for the configured number of windows in a row."""
+RECOVERED_EVENT = "shmstat.straggler.recovered"
+"""The event a reported rank gets when it scores at or above the threshold again (``reason`` ``"recovered"``),
+or when the detector forgets it (``reason`` ``"gone"``: no window of that stat scored it for a while)."""
+EVENT_TOPICS = (wire.event_topic(STRAGGLER_EVENT), wire.event_topic(RECOVERED_EVENT))
+"""The topics the events are published on."""
+DEFAULT_FORGET_NS = 30 * 1_000_000_000
+"""How long (in window time) a slow rank's state outlives the last window that scored it."""
+SCORE_METRIC_PREFIX = "straggler.score."
+"""Scores reach the ``shmstat`` group as ``straggler.score.<group>/<stat>`` with the rank set."""
+
+EventData = dict[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
+class Score:
+    """One rank's score in one closed window of one stat."""
+
+    group: str
+    stat: str
+    rank: int
+    wid: int
+    window_ms: int
+    score: float
+    figure: float
+    median: float
+
+    @property
+    def start_ns(self) -> int:
+        """Window start, wall-clock ns."""
+        return self.wid * self.window_ms * 1_000_000
+
+    @property
+    def end_ns(self) -> int:
+        """Window end (exclusive), wall-clock ns."""
+        return (self.wid + 1) * self.window_ms * 1_000_000
+
+    def metric(self, group: str, job: str) -> StatMetricData:
+        """The score as a metric of ``group`` (the collector's own), named ``straggler.score.<group>/<stat>``,
+        with its rank, window and job."""
+        start, end = self.start_ns / 1e9, self.end_ns / 1e9
+        return StatMetricData(end, group, f"{SCORE_METRIC_PREFIX}{self.group}/{self.stat}", self.score,
+                              rank=self.rank, window_start=start, window_end=end, job=job)
+
+
+@dataclass(frozen=True)
+class StragglerEvent:
+    """An event to publish: :data:`STRAGGLER_EVENT` or :data:`RECOVERED_EVENT` and its data."""
+
+    name: str
+    data: EventData
+
+
+@dataclass(frozen=True)
+class StragglerUpdate:
+    """What one pass of rows gave: every score (for the metric group) and the events to publish."""
+
+    scores: list[Score] = field(default_factory=list)
+    events: list[StragglerEvent] = field(default_factory=list)
+
+
+@dataclass
+class _Slow:
+    """A rank currently slow on a stat (ranks that are not slow have no state)."""
+
+    since_ns: int  # start of the first slow window of the run
+    last: Score  # the latest window that scored it
+    windows: int = 1  # slow windows in a row
+    reported: bool = False
+
+
+class StragglerDetector:
+    """Turns the per-rank rows of each emitted pass into scores and straggler/recovery events, for one job.
+
+    Each window of a stat with a finite, non-negative figure on two ranks or more is scored
+    (:func:`score_ranks`); a rank scoring under ``threshold`` is slow in that window. Once it was slow in
+    ``windows`` windows in a row it is reported (:data:`STRAGGLER_EVENT`, once), and when it then scores at or
+    above the threshold it is reported recovered (:data:`RECOVERED_EVENT`). The count is over the windows that
+    scored the rank: a window where it has no figure (no sample, a non-finite figure, fewer than two ranks) is no
+    evidence either way and neither adds to nor resets it. A window a rank was already scored in (an older or
+    the same window id) is ignored.
+
+    State is kept only for ranks currently slow, by ``(group, stat, rank)``; the job is the detector's. A slow
+    rank that no window scores for ``forget_after_ns`` of window time (measured against the latest window end
+    seen in any row) is forgotten, with a :data:`RECOVERED_EVENT` of reason ``"gone"`` if it was reported: a rank
+    that left, or a stat no longer added. Pure logic: no clock is read, time is the windows' own.
+    """
+
+    def __init__(self, job: str = "", *, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS,
+                 forget_after_ns: int = DEFAULT_FORGET_NS) -> None:
+        if not 0 < threshold < 1:
+            raise ConfigError(f"the straggler threshold must be between 0 and 1 (exclusive), got {threshold}")
+        if not 1 <= windows <= MAX_WINDOWS:
+            raise ConfigError(f"the straggler windows must be between 1 and {MAX_WINDOWS}, got {windows}")
+        if forget_after_ns <= 0:
+            raise ConfigError(f"forget_after_ns must be positive, got {forget_after_ns}")
+        self.job = job
+        self.threshold = threshold
+        self.windows = windows
+        self.forget_after_ns = forget_after_ns
+        self._slow: dict[tuple[str, str, int], _Slow] = {}
+        self._latest_ns = 0
+
+    @property
+    def tracked(self) -> int:
+        """How many (group, stat, rank) the detector holds state for (ranks currently slow)."""
+        return len(self._slow)
+
+    def update(self, rows: Iterable[WindowRow]) -> StragglerUpdate:
+        """Score the windows of ``rows`` (merged rows only advance time; per-rank rows are scored) in window
+        order per stat, and return the scores and the events they give."""
+        by_window: dict[tuple[str, str, int], list[WindowRow]] = {}
+        for row in rows:
+            self._latest_ns = max(self._latest_ns, row.end_ns)
+            if row.rank is not None and row.summary.count > 0:
+                by_window.setdefault((row.group, row.name, row.wid), []).append(row)
+        out = StragglerUpdate()
+        for key in sorted(by_window):
+            for score in _score_window(by_window[key]):
+                out.scores.append(score)
+                event = self._observe(score)
+                if event is not None:
+                    out.events.append(event)
+        self._forget(out.events)
+        return out
+
+    def _observe(self, s: Score) -> StragglerEvent | None:
+        key = (s.group, s.stat, s.rank)
+        slow = self._slow.get(key)
+        if slow is not None and s.wid <= slow.last.wid:
+            return None
+        if s.score >= self.threshold:
+            if slow is None:
+                return None
+            del self._slow[key]
+            return self._event(RECOVERED_EVENT, s, slow, "recovered") if slow.reported else None
+        if slow is None:
+            slow = self._slow[key] = _Slow(s.start_ns, s)
+        else:
+            slow.windows += 1
+            slow.last = s
+        if slow.reported or slow.windows < self.windows:
+            return None
+        slow.reported = True
+        return self._event(STRAGGLER_EVENT, s, slow, None)
+
+    def _forget(self, events: list[StragglerEvent]) -> None:
+        horizon = self._latest_ns - self.forget_after_ns
+        for key in [k for k, v in self._slow.items() if v.last.end_ns < horizon]:
+            slow = self._slow.pop(key)
+            if slow.reported:
+                events.append(self._event(RECOVERED_EVENT, slow.last, slow, "gone"))
+
+    def _event(self, name: str, s: Score, slow: _Slow, reason: str | None) -> StragglerEvent:
+        data: EventData = {
+            "job": self.job, "rank": s.rank, "group": s.group, "stat": s.stat, "score": s.score,
+            "figure": s.figure, "median": s.median, "windows": slow.windows, "window_start_ns": s.start_ns,
+            "window_ms": s.window_ms, "since_ns": slow.since_ns, "threshold": self.threshold,
+        }
+        if reason is not None:
+            data["reason"] = reason
+        return StragglerEvent(name, data)
+
+
+def _score_window(rows: list[WindowRow]) -> list[Score]:
+    """The scores of one window of one stat (its per-rank rows), by rank; none if fewer than two ranks have a
+    finite figure, or if any figure is negative (a ratio of such figures means nothing)."""
+    figures: dict[int, float] = {}
+    for row in rows:
+        value = figure(row.summary)
+        if math.isfinite(value):
+            assert row.rank is not None
+            figures[row.rank] = value
+    if len(figures) < 2 or min(figures.values()) < 0:
+        return []
+    first = rows[0]
+    median, scores = score_ranks(figures, first.higher_is_better)
+    return [Score(first.group, first.name, rank, first.wid, first.window_ms, scores[rank], figures[rank], median)
+            for rank in sorted(scores)]

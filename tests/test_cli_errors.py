@@ -35,6 +35,12 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("top", "--job", "{job}", "--stat", "no-group"), "--stat takes GROUP/NAME"),
     (("top", "--job", "{job}", "--iterations", "0"), "--iterations"),
     (("top", "--job", "bad/job", "--once"), "job id"),
+    (("collect", "--job", "{job}", "--straggler-threshold", "1"), "--straggler-threshold"),
+    (("collect", "--job", "{job}", "--straggler-threshold", "0"), "--straggler-threshold"),
+    (("collect", "--job", "{job}", "--straggler-windows", "0"), "--straggler-windows"),
+    (("collect", "--job", "{job}", "--straggler-windows", "1001"), "--straggler-windows"),
+    (("run", "--job", "{job}", "--nproc-per-node", "2", "--straggler-threshold", "nan", "tests/scripts/elastic_job.py"),
+     "--straggler-threshold"),
 ])
 def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     done = _shmstat(*(a.format(job=job) for a in args))

@@ -1,0 +1,68 @@
+"""What a collector is configured with (:class:`CollectorConfig`), the name of its own metric group, and the
+handlers a configuration asks for (:func:`build_dispatcher`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from elastic.metrics import MetricHandler
+from shmstat.layout import Geometry
+
+from .dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
+from .handlers import Dispatcher
+from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
+
+__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher"]
+
+PLATFORM_GROUP = "shmstat"
+"""The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
+``torchelastic``."""
+
+
+@dataclass
+class CollectorConfig:
+    """Everything a collector needs; defaults are what ``shmstat collect --job JOB`` uses."""
+
+    job: str
+    publish: str | None = None
+    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
+    handlers: dict[str, str] = field(default_factory=dict)
+    """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
+    grace_ms: int = 20
+    usage_interval_s: float = 1.0
+    status_interval_s: float = 30.0
+    """Seconds between one-line progress reports on stderr (0: none)."""
+    publish_buffer_bytes: int = 256 * 1024 * 1024
+    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
+    gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``
+    messages, each of at most :data:`collector.relay.MAX_MESSAGE_BYTES`."""
+    hold_ms: int = 300
+    """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
+    they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
+    handler_queue: int = DEFAULT_HANDLER_QUEUE
+    """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
+    straggler_threshold: float = DEFAULT_THRESHOLD
+    straggler_windows: int = DEFAULT_WINDOWS
+    """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported (collector.straggler)."""
+    geometry: Geometry | None = None
+    ingest: str | None = None
+    clock: Callable[[], int] = time.time_ns
+
+
+def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
+                     ) -> ThreadedDispatcher:
+    """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
+    nowhere unless asked for."""
+    inner = Dispatcher.from_specs(config.handlers)
+    for group, handler in (handler_objects or {}).items():
+        if group == "*":
+            inner.default = handler
+        else:
+            inner.handlers[group] = handler
+    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
+        from elastic.metrics import NullMetricHandler
+
+        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+    return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
