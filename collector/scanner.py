@@ -34,6 +34,7 @@ from shmstat.layout import RankInfo, RankState, StatDescriptor
 from shmstat.reader import SegmentReader, WindowRead
 from shmstat.segment import Segment
 
+from .hist_reader import read_histograms
 from .merge import Summary, WindowRow, merge_all
 
 __all__ = ["ScanResult", "Scanner"]
@@ -79,6 +80,8 @@ class _Table:
         self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
         self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
+        self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
+        """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
         keys: dict[StatKey, int] = {}
         self.keys = keys
@@ -216,6 +219,7 @@ class Scanner:
                 slow[self._retry_torn(retry, grow, pos, data, count)] = True
         keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
         fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
+        fgrow = grow[keep]
         # windows whose bank already holds a later one: read_slot's loop over (max(after + 1, safe - 8K), safe]
         # (every w there is in (after, newest], so its bank w % K was read above)
         safe = newest
@@ -241,9 +245,9 @@ class Scanner:
                 for lr, info in self._infos.items():
                     rank_of[lr] = info.rank
                 skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID], rank_of[t.lr[idx[fs[skip]]]]))
-                fs, fdata, fcount = fs[wanted], fdata[wanted], fcount[wanted]
+                fs, fdata, fcount, fgrow = fs[wanted], fdata[wanted], fcount[wanted], fgrow[wanted]
             if len(fs):
-                self._collect(t, idx[fs], fdata, fcount, collected)
+                self._collect(t, idx[fs], fdata, fcount, fgrow, collected)
         held: dict[int, int] = {}  # key id -> first window a live writer's torn bank holds back
         for pos in np.flatnonzero(slow).tolist():
             i = int(idx[pos])
@@ -333,8 +337,9 @@ class Scanner:
             count[j] = snap.count
         return sorted(stuck)
 
-    def _collect(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray,
+    def _collect(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
                  collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]]) -> None:
+        hists = self._histograms(t, slot_idx, fdata, fgrow)
         f = fdata.view(np.float64)
         cols = zip(
             slot_idx.tolist(), fdata[:, L.B_WID].tolist(), fcount.tolist(), f[:, L.B_SUM].tolist(),
@@ -342,12 +347,32 @@ class Scanner:
             strict=True,
         )
         slots, infos = t.slots, self._infos
-        for i, w, n, total, lo, hi, last, ts in cols:
+        for k, (i, w, n, total, lo, hi, last, ts) in enumerate(cols):
             d = slots[i].desc
-            hist = self._read_hist(d, w, n) if d.hist >= 0 else None
+            hist = None
+            if d.hist >= 0:
+                hist = hists.get(k)
+                if hist is None:
+                    hist = self._read_hist(d, w, n)
             collected.setdefault(((d.group, d.name, d.window_ms, d.agg_mask), w), []).append(
                 (infos[d.local_rank].rank, i, Summary(n, total, lo, hi, last, ts, False, hist))
             )
+
+    def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray,
+                    fgrow: np.ndarray) -> dict[int, Histogram | None]:
+        """The histograms of the found windows of stats that keep percentiles, read in one vectorised pass
+        (:func:`collector.hist_reader.read_histograms`), by position in the found windows."""
+        h = t.hist[slot_idx]
+        sel = np.flatnonzero(h >= 0)
+        if not len(sel):
+            return {}
+        geo = self.segment.geometry
+        wid = fdata[sel, L.B_WID]
+        hist_off = geo.hist_base + ((t.lr[slot_idx[sel]] * geo.hist_slots + h[sel]) * geo.banks
+                                    + wid % geo.banks) * L.HIST_SIZE
+        bank_off = geo.bank_base + fgrow[sel] * L.BANK_SIZE
+        got = read_histograms(self.segment.buf, geo, hist_off, bank_off, fdata[sel, L.B_SEQ], wid)
+        return dict(zip(sel.tolist(), got, strict=True))
 
     def _read_hist(self, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
         """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the

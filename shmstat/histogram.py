@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -53,6 +54,12 @@ def index_at_max_scale(magnitude: float) -> int:
     if magnitude > _DBL_MAX:
         magnitude = _DBL_MAX
     return math.ceil(math.log2(magnitude) * 256.0) - 1
+
+
+_STEP_FACTOR = {s: (2.0 ** -s, 2.0 * 2.0 ** (2.0 ** -s) / (1.0 + 2.0 ** (2.0 ** -s)))
+                for s in range(MIN_SCALE, MAX_SCALE + 1)}
+"""Per scale: the exponent step ``2**-s`` and ``2 base / (1 + base)``, the estimate of a bucket over its
+lower bound."""
 
 
 def error_bound(scale: int) -> float:
@@ -85,6 +92,8 @@ class Histogram:
     neg: dict[int, int] = field(default_factory=dict)
     _bounds: dict[bool, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     """Cached (lowest, highest) index per sign (True: positive), kept by :meth:`add`."""
+    _cdf: tuple[list[int], list[tuple[int, int]]] | None = field(default=None, repr=False, compare=False)
+    """Cached cumulative counts in value order and their (sign, index) buckets, for :meth:`quantile`."""
 
     @property
     def count(self) -> int:
@@ -113,6 +122,7 @@ class Histogram:
         elif not side:
             self._bounds[positive] = (i, i)
         side[i] = side.get(i, 0) + 1
+        self._cdf = None
 
     def _downscale(self, by: int) -> None:
         if by <= 0:
@@ -121,6 +131,7 @@ class Histogram:
         self.pos = _shift(self.pos, by)
         self.neg = _shift(self.neg, by)
         self._bounds.clear()
+        self._cdf = None
 
     def merge(self, other: Histogram) -> Histogram:
         """A new histogram of both windows' samples (exactly the one a single writer would have built)."""
@@ -137,28 +148,30 @@ class Histogram:
         """The ``q``-quantile (0 < q <= 1) of the counted samples, within :func:`error_bound` of the exact
         order statistic of rank ``ceil(q * n)``; clamped to ``[lo, hi]`` (the window's exact min and max) when
         given. 0.0 for an empty histogram."""
-        n = self.count
-        if n == 0:
-            return 0.0
-        rank = max(1, math.ceil(q * n - 1e-9))
-        seen = 0
-        estimate = 0.0
-        found = False
-        for i in sorted(self.neg, reverse=True):  # most negative first
-            seen += self.neg[i]
-            if seen >= rank:
-                estimate, found = -self._estimate(i), True
-                break
-        if not found:
-            seen += self.zero
-            if seen >= rank:
-                estimate, found = 0.0, True
-        if not found:
+        cdf = self._cdf
+        if cdf is None:  # built once per histogram: several quantiles cost one sort
+            cum: list[int] = []
+            buckets: list[tuple[int, int]] = []
+            seen = 0
+            for i in sorted(self.neg, reverse=True):  # most negative first
+                seen += self.neg[i]
+                cum.append(seen)
+                buckets.append((-1, i))
+            if self.zero:
+                seen += self.zero
+                cum.append(seen)
+                buckets.append((0, 0))
             for i in sorted(self.pos):
                 seen += self.pos[i]
-                if seen >= rank:
-                    estimate, found = self._estimate(i), True
-                    break
+                cum.append(seen)
+                buckets.append((1, i))
+            cdf = self._cdf = (cum, buckets)
+        cum, buckets = cdf
+        if not cum:
+            return 0.0
+        rank = max(1, math.ceil(q * cum[-1] - 1e-9))
+        sign, i = buckets[min(bisect_left(cum, rank), len(cum) - 1)]
+        estimate = 0.0 if sign == 0 else sign * self._estimate(i)
         if lo is not None and estimate < lo:
             estimate = lo
         if hi is not None and estimate > hi:
@@ -166,10 +179,12 @@ class Histogram:
         return estimate
 
     def _estimate(self, index: int) -> float:
-        b_lo, b_hi = self.bounds(index)
-        if math.isinf(b_hi):
-            return b_lo
-        return 2.0 * b_lo * b_hi / (b_lo + b_hi)
+        """``2 lo hi / (lo + hi)`` of positive bucket ``index``: ``lo`` times a factor of the scale alone."""
+        step, factor = _STEP_FACTOR[self.scale]
+        try:
+            return min(2.0 ** (index * step) * factor, _DBL_MAX)
+        except OverflowError:
+            return _DBL_MAX
 
     def to_wire(self) -> dict[str, object]:
         """A compact map for the wire: ``scale``, ``zero``, and per sign ``[offset, [counts...]]``."""
