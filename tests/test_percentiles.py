@@ -224,3 +224,29 @@ def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_sampl
                        if r["name"] == "step_ms.p99" and r["rank"] == rank and r["window_start"] == w]
             assert mine == hr.quantile(0.99, min(vs), max(vs))
     assert checked >= 4 and len(rank_samples(0, 3)) == 3
+
+
+def test_percentile_keys_in_the_stat_event_and_on_the_stat_stream():
+    from collector.merge import Summary, WindowRow
+
+    events = []
+    handle = shmstat.register_event_handler(events.append)
+    try:
+        clock = FakeClock()
+        clock.to_window(100, 1)
+        stat = shmstat.Stat("lat", [A.MEAN, A.P50, A.P90, A.P99, A.P999], 0.1, clock=clock)
+        for v in (1.0, 2.0, 3.0, 4.0):
+            stat.add(v)
+        clock.advance_ms(100)
+        stat.add(5.0)
+    finally:
+        shmstat.unregister_event_handler(handle)
+    (event,) = [e for e in events if e.name == "torch.monitor.Stat"]
+    assert list(event.data) == ["lat.mean", "lat.p50", "lat.p90", "lat.p99", "lat.p999"]
+    assert event.data["lat.p50"] == pytest.approx(2.0, rel=error_bound(7)) and event.data["lat.p999"] == 4.0  # scale 7
+    h = Histogram()
+    for v in (1.0, 2.0, 3.0, 4.0):
+        h.add(v)
+    wire = WindowRow("g", "lat", 7, 100, 1 << 10, None, Summary(4, 10.0, 1.0, 4.0, 4.0, 0, hist=h)).to_wire()
+    assert wire["p50"] == h.quantile(0.5, 1.0, 4.0) and wire["p999"] == 4.0
+    assert wire["hist"]["scale"] == h.scale and sum(wire["hist"]["pos"][1]) == 4
