@@ -46,6 +46,12 @@ class CollectorConfig:
     straggler_threshold: float = DEFAULT_THRESHOLD
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported (collector.straggler)."""
+    prometheus: str | None = None
+    """``HOST:PORT`` to serve ``/metrics`` on (None: no Prometheus endpoint)."""
+    prometheus_node: str | None = None
+    """The ``node`` label of the Prometheus series (default: the host name)."""
+    prometheus_sd: str | None = None
+    """A Prometheus ``file_sd`` file to write for the endpoint."""
     geometry: Geometry | None = None
     ingest: str | None = None
     clock: Callable[[], int] = time.time_ns

@@ -32,6 +32,7 @@ from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
 from .dispatch import ThreadedDispatcher
 from .liveness import Lifecycle, Liveness
 from .merge import WindowRow
+from .prometheus import PrometheusExporter, start_exporter
 from .scanner import Scanner
 from .straggler import EVENT_TOPICS, StragglerDetector
 
@@ -49,6 +50,7 @@ class Collector:
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
         out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
+        exporter: PrometheusExporter | None = None,
     ) -> None:
         validate_job(config.job)
         self.config = config
@@ -58,6 +60,8 @@ class Collector:
         self._lock_fd: int | None = None
         self.segment: Segment | None = None
         self.relay = None
+        self.exporter = exporter
+        self._owns_exporter = False
         try:
             self._owns_dispatcher = dispatcher is None
             self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
@@ -73,6 +77,9 @@ class Collector:
                                config.publish or publish_endpoint(config.job),
                                sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES))
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
+            if self.exporter is None and config.prometheus:
+                self.exporter = start_exporter(config, self.out)
+                self._owns_exporter = True
         except BaseException:
             self._release()
             raise
@@ -91,6 +98,8 @@ class Collector:
         self.poller.register(self.relay.xsub, zmq.POLLIN)
         self._hold_until = time.monotonic() + config.hold_ms / 1000
         self._release_hold()
+        if self.exporter is not None:
+            self.exporter.add_job(config.job, self.counters)
 
     @property
     def publish_endpoint(self) -> str:
@@ -226,6 +235,9 @@ class Collector:
         return self.dispatcher.wait(timeout_s)
 
     def _release(self) -> None:
+        if self._owns_exporter and self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
         if self.relay is not None:
             self.relay.close()
             self.relay = None
@@ -265,8 +277,11 @@ class Collector:
 
         scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
 
+        exporter = self.exporter
+
         def wanted(group: str) -> bool:
-            return scored or not dispatcher.discards(group) or relay.wants(wire.stat_topic(group, ""))
+            return (scored or exporter is not None or not dispatcher.discards(group)
+                    or relay.wants(wire.stat_topic(group, "")))
 
         result = self.scanner.scan(now, final=final, want=wanted)
         self.overwritten += result.overwritten
@@ -289,6 +304,8 @@ class Collector:
         for topic, items in by_topic.items():
             if items is not _NOBODY:
                 relay.publish(topic, "stat", items)
+        if exporter is not None:
+            exporter.observe(self.config.job, result.rows)
         found = self.stragglers.update(result.rows)  # scores to our own group, events on event/<name>
         if found.scores and not dispatcher.discards(PLATFORM_GROUP):
             dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, self.config.job) for s in found.scores])
@@ -307,11 +324,13 @@ class Collector:
         ])
 
     def _dispatch_put_metrics(self, msg: wire.WireMessage) -> None:
-        discards = self.dispatcher.discards
+        discards, exporter = self.dispatcher.discards, self.exporter
         for group, name, value, ts in msg.items:
-            if discards(group):
-                continue
-            self.dispatcher.emit(_point(float(ts), group, name, value, msg.rank, self.config.job))
+            point = _point(float(ts), group, name, value, msg.rank, self.config.job)
+            if exporter is not None:
+                exporter.observe_metric(self.config.job, point, msg.rank)
+            if not discards(group):
+                self.dispatcher.emit(point)
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)

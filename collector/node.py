@@ -29,6 +29,7 @@ from shmstat.layout import RankState
 from shmstat.segment import Segment, pid_alive
 
 from .daemon import Collector, CollectorConfig, build_dispatcher
+from .prometheus import start_exporter
 
 __all__ = ["NodeCollector"]
 
@@ -47,6 +48,8 @@ class NodeCollector:
         self.out = out if out is not None else sys.stdout
         self.discover_interval_s = discover_interval_s
         self.dispatcher = build_dispatcher(config)
+        self.exporter = start_exporter(config, self.out) if config.prometheus else None
+        """One Prometheus endpoint for every job of the node (``--prometheus``)."""
         self.collectors: dict[str, Collector] = {}
         self.let_go: list[str] = []
         """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
@@ -113,7 +116,7 @@ class NodeCollector:
                 continue
             try:
                 collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
-                                      dispatcher=self.dispatcher)
+                                      dispatcher=self.dispatcher, exporter=self.exporter)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
                 if job not in self._said:
@@ -150,6 +153,8 @@ class NodeCollector:
         collector = self.collectors.pop(job, None)
         if collector is None:
             return False
+        if self.exporter is not None:
+            self.exporter.retire_job(job)
         try:
             collector.shutdown()  # emits every window the gone ranks left, releases the job's files
         except Exception:
@@ -162,6 +167,8 @@ class NodeCollector:
             self._release(job)
         with contextlib.suppress(Exception):
             self.dispatcher.close()
+        if self.exporter is not None:
+            self.exporter.close()
 
 
 def _has_live_rank(job: str) -> bool:

@@ -54,6 +54,12 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler-windows", type=int, default=DEFAULT_WINDOWS, metavar="N",
                    help=f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to "
                         f"{MAX_WINDOWS}, default {DEFAULT_WINDOWS})")
+    p.add_argument("--prometheus", default=None, metavar="HOST:PORT",
+                   help="serve /metrics for Prometheus here (e.g. 127.0.0.1:9464; port 0 picks a free one)")
+    p.add_argument("--prometheus-node", default=None, metavar="NAME",
+                   help="the node label of the Prometheus series (default: this host's name)")
+    p.add_argument("--prometheus-sd", default=None, metavar="FILE",
+                   help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit)")
     p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
     p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
     p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
@@ -99,7 +105,23 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         hold_ms=args.hold_ms, publish_buffer_bytes=int(args.publish_buffer_mb * 1024 * 1024),
         handler_queue=args.handler_queue, geometry=geometry_from(args), status_interval_s=args.status_interval,
         straggler_threshold=args.straggler_threshold, straggler_windows=args.straggler_windows,
+        prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
+        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
     )
+
+
+def _checked_listen(listen: str | None) -> str | None:
+    if listen is not None:
+        from .prometheus import parse_listen
+
+        parse_listen(listen)
+    return listen
+
+
+def _checked_sd(path: str | None, listen: str | None) -> str | None:
+    if path is not None and listen is None:
+        raise ConfigError("--prometheus-sd needs --prometheus HOST:PORT (the endpoint it names)")
+    return path
 
 
 def _check_publish(endpoint: str, allow_remote: bool) -> None:

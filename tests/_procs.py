@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from _support import wait_for
 
@@ -24,6 +24,12 @@ class CollectorProc:
     proc: subprocess.Popen
     publish: str
     ingest: str
+    lines: list[str] = field(default_factory=list)
+    """What the collector printed up to its endpoints line (e.g. its Prometheus endpoint)."""
+
+    def lines_seen(self, text: str) -> str:
+        """The first start-up line containing ``text``."""
+        return next(line for line in self.lines if text in line)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:
@@ -52,12 +58,17 @@ def start_collector(job: str, *args: str) -> CollectorProc:
         stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=REPO,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("shmstat collector:"):
-        proc.kill()
-        raise AssertionError(f"collector did not start: {line!r}")
+    lines: list[str] = []
+    while True:
+        line = proc.stdout.readline()
+        lines.append(line.strip())
+        if not line.startswith("shmstat collector:"):
+            proc.kill()
+            raise AssertionError(f"collector did not start: {lines!r}")
+        if " publish " in line:
+            break
     fields = line.split()
-    return CollectorProc(proc, fields[fields.index("publish") + 1], fields[fields.index("ingest") + 1])
+    return CollectorProc(proc, fields[fields.index("publish") + 1], fields[fields.index("ingest") + 1], lines)
 
 
 def read_jsonl(path: str) -> list[dict]:

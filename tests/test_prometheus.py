@@ -1,0 +1,174 @@
+"""The Prometheus endpoint, tested against the real thing: Debian's ``prometheus`` (2.42) scrapes two collectors
+that stand for two nodes (found through the ``file_sd`` files they write), and its HTTP API reconciles: the
+counts summed across both nodes equal the samples the ranks added, per-rank series exist for every rank, and a
+p99 merged by ``histogram_quantile`` over both nodes is within the bucket error of the exact one. Plus the
+exposition itself, read with prometheus_client's own parser, and bad options."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+
+import numpy as np
+import pytest
+from _percentile_kit import percentile_rank
+from _procs import REPO, spawn, start_collector
+from _support import unique_job, wait_for
+
+from collector.prometheus import BUCKET_BOUNDS
+from shmstat.segment import Segment
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metrics_url(coll) -> str:
+    return coll.lines_seen("Prometheus endpoint").split()[-1]
+
+
+def _query(base: str, promql: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def _value(base: str, promql: str) -> float | None:
+    result = _query(base, promql)
+    return float(result[0]["value"][1]) if result else None
+
+
+def _start(job: str, node: str, sd: str):
+    coll = start_collector(job, "--handler", "*=null", "--grace-ms", "10", "--prometheus", "127.0.0.1:0",
+                           "--prometheus-node", node, "--prometheus-sd", sd, "--status-interval", "0")
+    return coll
+
+
+@pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs Debian's prometheus package "
+                    "(apt-get install -y --no-install-recommends prometheus; .ci/run does it as root)")
+def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
+    jobs = {"node-a": unique_job("pa"), "node-b": unique_job("pb")}
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    colls = {node: _start(job, node, str(sd_dir / f"{node}.json")) for node, job in jobs.items()}
+    prom_port = _free_port()
+    base = f"http://127.0.0.1:{prom_port}"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: shmstat\n    honor_labels: true\n"
+        f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n        refresh_interval: 1s\n"
+    )
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
+    n, window_ms = 3000, 100
+    try:
+        for node in jobs:
+            assert json.loads((sd_dir / f"{node}.json").read_text())[0]["labels"] == {"node": node}
+        procs = [spawn(percentile_rank, job, r, 2, n, window_ms, str(tmp_path / f"{node}.r{r}.json"))
+                 for node, job in jobs.items() for r in range(2)]
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        total = 4 * n
+        merged = 'sum(shmstat_stat_count_total{stat="step_ms",rank=""})'
+        wait_for(lambda: _value(base, merged) == total, 60,
+                 what=f"Prometheus to see all {total} samples (log: {tmp_path / 'prometheus.log'})")
+        by_node = {r["metric"]["node"]: float(r["value"][1])
+                   for r in _query(base, 'sum by (node) (shmstat_stat_count_total{stat="step_ms",rank=""})')}
+        assert by_node == {"node-a": 2 * n, "node-b": 2 * n}
+        per_rank = _query(base, 'shmstat_stat_count_total{stat="step_ms",rank!=""}')
+        assert sorted((r["metric"]["node"], r["metric"]["rank"], float(r["value"][1])) for r in per_rank) == [
+            ("node-a", "0", n), ("node-a", "1", n), ("node-b", "0", n), ("node-b", "1", n)]
+        assert _value(base, 'sum(shmstat_stat_count_total{stat="step_ms",rank!=""})') == total
+        samples = []
+        for node in jobs:
+            for r in range(2):
+                with open(tmp_path / f"{node}.r{r}.json") as f:
+                    samples += [v for vs in json.load(f).values() for v in vs]
+        assert len(samples) == total
+        exact = float(np.quantile(samples, 0.99, method="inverted_cdf"))
+        p99 = _value(base, 'histogram_quantile(0.99, sum by (le) (shmstat_stat_hist_bucket{stat="step_ms"}))')
+        assert p99 is not None and abs(p99 - exact) / exact <= 2 ** 0.25 - 1, (p99, exact)
+        assert _value(base, 'sum(shmstat_stat_hist_count{stat="step_ms"})') == total
+    finally:
+        prom.terminate()
+        prom.wait(30)
+        for coll in colls.values():
+            coll.stop()
+        for job in jobs.values():
+            Segment.unlink(job)
+    assert not list(sd_dir.glob("*.json")), "a clean exit removes the file_sd file"
+
+
+def test_the_exposition_parses_and_reconciles(job, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    coll = start_collector(job, "--handler", "*=null", "--grace-ms", "10", "--prometheus", "127.0.0.1:0",
+                           "--status-interval", "0")
+    try:
+        p = spawn(percentile_rank, job, 0, 1, 2000, 100, str(tmp_path / "r0.json"))
+        p.join(60)
+        assert p.exitcode == 0
+        url = _metrics_url(coll)
+
+        def families():
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+        def counted():
+            fams = families()
+            c = fams.get("shmstat_stat_count")
+            return fams if c and [s.value for s in c.samples if "rank" not in s.labels] == [2000] else None
+
+        fams = wait_for(counted, 20, what="every sample counted on /metrics")
+        hist = fams["shmstat_stat_hist"]
+        buckets = [s for s in hist.samples if s.name.endswith("_bucket")]
+        assert len(buckets) == len(BUCKET_BOUNDS) + 1 and buckets[-1].labels["le"] == "+Inf"
+        values = [s.value for s in buckets]
+        assert values == sorted(values) and values[-1] == 2000  # cumulative, ending at the count
+        rank_series = [s for s in fams["shmstat_stat_count"].samples if s.labels.get("rank") == "0"]
+        assert [s.value for s in rank_series] == [2000]
+        assert all(s.labels["job"] == job for s in rank_series)
+        p99 = [s.value for s in fams["shmstat_stat_p99"].samples if "rank" not in s.labels]
+        assert len(p99) == 1 and math.isfinite(p99[0]) and p99[0] > 0
+    finally:
+        coll.stop()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--prometheus", "nowhere"), "HOST:PORT"),
+    (("--prometheus", "127.0.0.1:99999"), "HOST:PORT"),
+    (("--prometheus-sd", "/tmp/x.json"), "--prometheus-sd needs --prometheus"),
+])
+def test_bad_prometheus_options_are_one_sentence(job, args, says):
+    r = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", job, *args], cwd=REPO,
+                       env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not [f for f in os.listdir("/dev/shm") if job in f]
+
+
+def test_a_port_taken_is_one_sentence(job):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", job, "--prometheus",
+                            f"127.0.0.1:{port}"], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                           capture_output=True, text=True, timeout=60)
+    Segment.unlink(job)
+    assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr, r.stderr
