@@ -301,14 +301,17 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     wns = window_ms * 1_000_000
     counts: dict[int, int] = defaultdict(int)
     n = events = 0
+    slowest_log = 0.0
     end = time.monotonic() + seconds
-    log_event, add = shmstat.log_event, stat.add
+    log_event, add, perf = shmstat.log_event, stat.add, time.perf_counter
     while True:
         add(1.0)
         counts[cur[0] // wns] += 1
         n += 1
         if event_every and n % event_every == 0:
+            t = perf()
             log_event(ev)
+            slowest_log = max(slowest_log, perf() - t)
             events += 1
         if n % 256 == 0 and (time.monotonic() >= end or (stop_path and os.path.exists(stop_path))):
             break
@@ -317,7 +320,8 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     pub = _state.STATE.publisher
     flushed = pub.flush(20.0) if pub is not None else True
     _write_json(out_path, {"counts": {str(k): v for k, v in counts.items()}, "adds": n, "events": events,
-                           "pub": _publisher_stats(), "flushed": flushed, "pid": os.getpid()})
+                           "pub": _publisher_stats(), "flushed": flushed, "pid": os.getpid(),
+                           "slowest_log_s": slowest_log})
     # flushed means handed to zmq: up to SNDHWM messages may still wait in its pipe for a collector that is
     # busy with the other ranks' floods; give the close the time to have them acknowledged (default 2 s)
     shmstat.shutdown(flush_timeout_s=30.0)

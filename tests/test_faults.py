@@ -461,7 +461,6 @@ def test_subscriber_that_stops_reading_bounds_collector_memory_and_never_blocks_
         seconds = 2.0
         procs = [spawn(load_worker, job, r, 4, seconds, WINDOW_MS, str(tmp_path / f"r{r}.json"), 2, start)
                  for r in range(4)]
-        t0 = time.monotonic()
         open(start, "w").close()
         for p in procs:
             p.join(120)
@@ -470,7 +469,9 @@ def test_subscriber_that_stops_reading_bounds_collector_memory_and_never_blocks_
         sent = sum(rep["pub"]["sent"] for rep in reports)
         # ranks never blocked: each ran its loop and flushed everything to the collector
         assert all(rep["flushed"] and rep["pub"]["backlog"] == 0 for rep in reports)
-        assert time.monotonic() - t0 < seconds + 30
+        # and no log_event waited on the stuck subscriber (a blocked call would wait for good; a loaded 2-core
+        # machine deschedules a call for milliseconds, not seconds)
+        assert max(rep["slowest_log_s"] for rep in reports) < 5.0, [rep["slowest_log_s"] for rep in reports]
         wait_for(lambda: healthy.received("event") >= sent, 60, 0.05, what="the healthy subscriber's events")
         assert healthy.received("event") + sum(rep["pub"]["dropped"] for rep in reports) == \
             sum(rep["events"] for rep in reports)
