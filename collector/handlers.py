@@ -1,13 +1,16 @@
 """Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
 
-A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, or ``pkg.module:Class`` for a user's own
-``MetricHandler`` subclass (constructed with no arguments). ``GROUP=SPEC`` binds it to a group; the group
-``*`` is the default for groups nobody configured (``console`` unless given).
+A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, ``tensorboard:DIR`` (see
+:mod:`collector.sink_tensorboard`), or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with
+keyword arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)``
+(see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC`` binds it to a group; the group ``*`` is the
+default for groups nobody configured (``console`` unless given).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -18,7 +21,7 @@ from typing import IO, Any
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
 from shmstat.errors import ConfigError
 
-__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args"]
+__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -88,25 +91,121 @@ def build_handler(spec: str) -> MetricHandler:
         if not arg:
             raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
         return JsonlMetricHandler(arg)
-    if arg.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
-        return _load_user_handler(kind, arg)
+    if kind == "tensorboard":
+        from .sink_tensorboard import TensorboardMetricHandler
+
+        return TensorboardMetricHandler(arg)
+    class_name, comma, arguments = arg.partition(",")
+    if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
+        return _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {})
     raise ConfigError(
-        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH or pkg.module:Class"
+        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH, tensorboard:DIR or "
+        "pkg.module:Class[,key=value...]"
     )
 
 
-def _load_user_handler(module_name: str, class_name: str) -> MetricHandler:
+def parse_spec_kwargs(spec: str, arguments: str) -> dict[str, Any]:
+    """The keyword arguments of a SPEC's ``key=value,key2=value2`` tail (``spec`` is only for messages).
+
+    Items are separated by commas; each is ``key=value`` with ``key`` a Python identifier given once. A value is
+    read as a JSON literal when it is one (``8``, ``0.5``, ``true``, ``null``, ``"a string"``, ``[1, 2]``),
+    otherwise it is the plain string as written (``path=/tmp/x`` gives ``"/tmp/x"``). A comma or ``=`` inside
+    a value must be inside a JSON string (``sep=","``); commas inside JSON arrays and objects are fine. Raises
+    :class:`ConfigError` with one sentence for a malformed tail.
+    """
+    kwargs: dict[str, Any] = {}
+    for item in _split_top_level(spec, arguments):
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"handler spec {spec!r}: {item!r} is not key=value with a Python name as key")
+        if key in kwargs:
+            raise ConfigError(f"handler spec {spec!r} gives {key!r} twice")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            if "=" in text:
+                raise ConfigError(f"handler spec {spec!r}: the value of {key!r} contains '=', so write it as a JSON "
+                                  f"string, e.g. {key}=\"{text}\"") from None
+            value = text
+        kwargs[key] = value
+    return kwargs
+
+
+def _split_top_level(spec: str, text: str) -> list[str]:
+    """``text`` split at the commas outside JSON strings, arrays and objects."""
+    items: list[str] = []
+    depth, in_string, escaped, begin = 0, False, False, 0
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[begin:i])
+            begin = i + 1
+    if in_string or depth:
+        raise ConfigError(f"handler spec {spec!r} has an unclosed string, array or object in its arguments")
+    items.append(text[begin:])
+    return items
+
+
+def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
+    target = f"{module_name}:{class_name}"
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r} for a handler: {exc}") from None
-    cls = getattr(module, class_name, None)
+        raise ConfigError(f"cannot import module {module_name!r} for a handler: {_one_line(exc)}") from None
+    except Exception as exc:  # a user's module can raise anything while it is imported
+        raise ConfigError(f"importing module {module_name!r} for a handler raised {_one_line(exc)}") from None
+    if not hasattr(module, class_name):
+        raise ConfigError(f"module {module_name!r} has no class {class_name!r} for a handler")
+    cls = getattr(module, class_name)
     if not isinstance(cls, type) or not issubclass(cls, MetricHandler):
-        raise ConfigError(f"{module_name}:{class_name} is not a MetricHandler subclass")
+        raise ConfigError(f"{target} is not a MetricHandler subclass")
     try:
-        return cls()
+        signature: inspect.Signature | None = inspect.signature(cls)
+    except (TypeError, ValueError):  # some classes (C extensions) have no signature to check against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{target} does not take these arguments ({exc}); it takes "
+                              f"{_describe_parameters(signature)}") from None
+    try:
+        return cls(**kwargs)
     except Exception as exc:  # a user's constructor can raise anything
-        raise ConfigError(f"{module_name}:{class_name}() failed: {exc}") from None
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(f"{target}({shown}) failed: {_one_line(exc)}") from None
+
+
+def _describe_parameters(signature: inspect.Signature) -> str:
+    """A constructor's parameters as a user writes them in a SPEC: ``path, every=1`` (or ``no arguments``)."""
+    shown = []
+    for p in signature.parameters.values():
+        if p.kind is p.VAR_POSITIONAL or p.kind is p.POSITIONAL_ONLY:
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            shown.append(f"**{p.name}")
+        else:
+            shown.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    return ", ".join(shown) if shown else "no arguments"
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as ``Type: message`` on one line (a user's message may span several)."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
