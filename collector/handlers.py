@@ -3,6 +3,10 @@
 A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, or ``pkg.module:Class`` for a user's own
 ``MetricHandler`` subclass (constructed with no arguments). ``GROUP=SPEC`` binds it to a group; the group
 ``*`` is the default for groups nobody configured (``console`` unless given).
+
+A handler that defines ``emit_window(row: WindowRow, job: str)`` (:func:`takes_windows`) receives each closed
+window whole, histogram included, instead of one ``MetricData`` per aggregation; metrics that belong to no
+window still reach its ``emit``.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ import logging
 import math
 import os
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
 from shmstat.errors import ConfigError
 
-__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args"]
+if TYPE_CHECKING:
+    from .merge import WindowRow
+
+__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "takes_windows"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -95,6 +102,11 @@ def build_handler(spec: str) -> MetricHandler:
     )
 
 
+def takes_windows(handler: MetricHandler) -> bool:
+    """Whether ``handler`` takes whole window rows (it defines ``emit_window(row, job)``)."""
+    return callable(getattr(handler, "emit_window", None))
+
+
 def _load_user_handler(module_name: str, class_name: str) -> MetricHandler:
     try:
         module = importlib.import_module(module_name)
@@ -155,16 +167,28 @@ class Dispatcher:
         handler = self.handlers.get(group, self.default)
         emit = handler.emit
         for metric in metrics:
-            try:
-                emit(metric)
-                self.emitted += 1
-            except Exception as exc:  # a user's handler may raise anything; the others must still run
-                self.errors += 1
-                key = (id(handler), type(exc))
-                if key not in self._warned:
-                    self._warned.add(key)
-                    _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
-                               handler, group, exc)
+            self._call(handler, group, emit, metric)
+
+    def emit_window(self, row: WindowRow, job: str) -> bool:
+        """Hand a whole window row to its group's handler if that handler takes windows (:func:`takes_windows`);
+        False (nothing done) otherwise: the caller then emits one metric per aggregation."""
+        handler = self.handlers.get(row.group, self.default)
+        if not takes_windows(handler):
+            return False
+        self._call(handler, row.group, handler.emit_window, row, job)  # type: ignore[attr-defined]
+        return True
+
+    def _call(self, handler: MetricHandler, group: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+            self.emitted += 1
+        except Exception as exc:  # a user's handler may raise anything; the others must still run
+            self.errors += 1
+            key = (id(handler), type(exc))
+            if key not in self._warned:
+                self._warned.add(key)
+                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                           handler, group, exc)
 
     def all_handlers(self) -> list[MetricHandler]:
         """Every distinct handler, default included."""
