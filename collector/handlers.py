@@ -1,8 +1,9 @@
 """Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
 
-A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, or ``pkg.module:Class`` for a user's own
-``MetricHandler`` subclass (constructed with no arguments). ``GROUP=SPEC`` binds it to a group; the group
-``*`` is the default for groups nobody configured (``console`` unless given).
+A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, ``otlp:ENDPOINT`` (:mod:`collector.sink_otlp`),
+or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass (constructed with no arguments).
+``GROUP=SPEC`` binds it to a group; the group ``*`` is the default for groups nobody configured (``console``
+unless given).
 
 A handler that defines ``emit_window(row: WindowRow, job: str)`` (:func:`takes_windows`) receives each closed
 window whole, histogram included, instead of one ``MetricData`` per aggregation; metrics that belong to no
@@ -95,10 +96,14 @@ def build_handler(spec: str) -> MetricHandler:
         if not arg:
             raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
         return JsonlMetricHandler(arg)
+    if kind == "otlp":
+        from .sink_otlp import build_otlp_handler  # imports OpenTelemetry only when asked for
+
+        return build_otlp_handler(arg)
     if arg.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
         return _load_user_handler(kind, arg)
     raise ConfigError(
-        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH or pkg.module:Class"
+        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH, otlp:ENDPOINT or pkg.module:Class"
     )
 
 
