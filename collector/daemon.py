@@ -315,6 +315,8 @@ class Collector:
         self.scanner.commit()
 
     def _dispatch_row(self, row: WindowRow) -> None:
+        if self.dispatcher.emit_window(row, self.config.job):  # its handler takes whole windows (otlp:)
+            return
         start, end = row.start_ns / 1e9, row.end_ns / 1e9
         torn, group, rank, job = row.summary.torn, row.group, row.rank, self.config.job
         self.dispatcher.emit_all(group, [

@@ -15,11 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from elastic.metrics import MetricData, MetricHandler
 
-from .handlers import Dispatcher
+from .handlers import Dispatcher, takes_windows
+
+if TYPE_CHECKING:
+    from .merge import WindowRow
 
 __all__ = ["DEFAULT_HANDLER_QUEUE", "ThreadedDispatcher"]
 
@@ -29,6 +32,13 @@ DEFAULT_HANDLER_QUEUE = 100_000
 """Rows queued per handler at most before new ones are dropped (and counted)."""
 
 _FLUSH, _BARRIER, _STOP = object(), object(), object()
+
+
+class _Window(NamedTuple):
+    """A whole window row queued for a handler that takes windows (its ``emit_window``)."""
+
+    row: WindowRow
+    job: str
 
 
 class _Worker:
@@ -49,7 +59,7 @@ class _Worker:
                                        daemon=True)
         self.thread.start()
 
-    def put(self, group: str, rows: list[MetricData]) -> int:
+    def put(self, group: str, rows: list[Any]) -> int:
         """Queue ``rows`` of ``group``; returns how many did not fit (dropped)."""
         with self.cond:
             room = self.limit - self.rows
@@ -88,7 +98,11 @@ class _Worker:
             emit = self.handler.emit
             self.busy_since = time.monotonic()
             for metric in second:
-                if self._call(emit, first, metric):
+                if type(metric) is _Window:
+                    done = self._call(self.handler.emit_window, first, metric.row, metric.job)  # type: ignore[attr-defined]
+                else:
+                    done = self._call(emit, first, metric)
+                if done:
                     self.emitted += 1
             self.busy_since = 0.0
 
@@ -117,6 +131,7 @@ class ThreadedDispatcher:
         self.dropped_by_group: dict[str, int] = collections.defaultdict(int)
         self._workers: dict[int, _Worker] = {}
         self._warned_full: set[int] = set()
+        self._windowed: dict[int, bool] = {}  # id(handler) -> takes whole windows
         self._closed = False
 
     def _worker(self, handler: MetricHandler) -> _Worker:
@@ -154,7 +169,21 @@ class ThreadedDispatcher:
         rows = metrics if isinstance(metrics, list) else list(metrics)
         if not rows:
             return
-        handler = self.inner.handler_for(group)
+        self._queue(group, self.inner.handler_for(group), rows)
+
+    def emit_window(self, row: WindowRow, job: str) -> bool:
+        """Queue a whole window row for its group's handler if that handler takes windows (it defines
+        ``emit_window(row, job)``: the OTLP handler, which needs the histogram); False, with nothing queued,
+        otherwise: the caller then emits one metric per aggregation."""
+        handler = self.inner.handler_for(row.group)
+        windowed = self._windowed.get(id(handler))
+        if windowed is None:
+            windowed = self._windowed[id(handler)] = takes_windows(handler)
+        if windowed and not self._closed:
+            self._queue(row.group, handler, [_Window(row, job)])
+        return windowed
+
+    def _queue(self, group: str, handler: MetricHandler, rows: list[Any]) -> None:
         lost = self._worker(handler).put(group, rows)
         if lost:
             self.dropped += lost

@@ -1,10 +1,14 @@
 """Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
 
 A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, ``tensorboard:DIR`` (see
-:mod:`collector.sink_tensorboard`), or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with
-keyword arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)``
-(see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC`` binds it to a group; the group ``*`` is the
-default for groups nobody configured (``console`` unless given).
+:mod:`collector.sink_tensorboard`), ``otlp:ENDPOINT`` (:mod:`collector.sink_otlp`), or ``pkg.module:Class`` for a
+user's own ``MetricHandler`` subclass, with keyword arguments after commas: ``pkg.module:Class,key=value,key2=value2``
+builds ``Class(key=value, key2=value2)`` (see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC``
+binds it to a group; the group ``*`` is the default for groups nobody configured (``console`` unless given).
+
+A handler that defines ``emit_window(row: WindowRow, job: str)`` (:func:`takes_windows`) receives each closed
+window whole, histogram included, instead of one ``MetricData`` per aggregation; metrics that belong to no
+window still reach its ``emit``.
 """
 
 from __future__ import annotations
@@ -16,12 +20,16 @@ import logging
 import math
 import os
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
 from shmstat.errors import ConfigError
 
-__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs"]
+if TYPE_CHECKING:
+    from .merge import WindowRow
+
+__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs",
+           "takes_windows"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -95,11 +103,15 @@ def build_handler(spec: str) -> MetricHandler:
         from .sink_tensorboard import TensorboardMetricHandler
 
         return TensorboardMetricHandler(arg)
+    if kind == "otlp":
+        from .sink_otlp import build_otlp_handler  # imports OpenTelemetry only when asked for
+
+        return build_otlp_handler(arg)
     class_name, comma, arguments = arg.partition(",")
     if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
         return _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {})
     raise ConfigError(
-        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH, tensorboard:DIR or "
+        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
         "pkg.module:Class[,key=value...]"
     )
 
@@ -157,6 +169,11 @@ def _split_top_level(spec: str, text: str) -> list[str]:
         raise ConfigError(f"handler spec {spec!r} has an unclosed string, array or object in its arguments")
     items.append(text[begin:])
     return items
+
+
+def takes_windows(handler: MetricHandler) -> bool:
+    """Whether ``handler`` takes whole window rows (it defines ``emit_window(row, job)``)."""
+    return callable(getattr(handler, "emit_window", None))
 
 
 def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
@@ -254,16 +271,28 @@ class Dispatcher:
         handler = self.handlers.get(group, self.default)
         emit = handler.emit
         for metric in metrics:
-            try:
-                emit(metric)
-                self.emitted += 1
-            except Exception as exc:  # a user's handler may raise anything; the others must still run
-                self.errors += 1
-                key = (id(handler), type(exc))
-                if key not in self._warned:
-                    self._warned.add(key)
-                    _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
-                               handler, group, exc)
+            self._call(handler, group, emit, metric)
+
+    def emit_window(self, row: WindowRow, job: str) -> bool:
+        """Hand a whole window row to its group's handler if that handler takes windows (:func:`takes_windows`);
+        False (nothing done) otherwise: the caller then emits one metric per aggregation."""
+        handler = self.handlers.get(row.group, self.default)
+        if not takes_windows(handler):
+            return False
+        self._call(handler, row.group, handler.emit_window, row, job)  # type: ignore[attr-defined]
+        return True
+
+    def _call(self, handler: MetricHandler, group: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+            self.emitted += 1
+        except Exception as exc:  # a user's handler may raise anything; the others must still run
+            self.errors += 1
+            key = (id(handler), type(exc))
+            if key not in self._warned:
+                self._warned.add(key)
+                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                           handler, group, exc)
 
     def all_handlers(self) -> list[MetricHandler]:
         """Every distinct handler, default included."""

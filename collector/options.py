@@ -35,7 +35,8 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="allow --publish on an address other than loopback (anyone who reaches it reads every "
                         "stream)")
     p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
-                   help="handler for a metric group: console, null, jsonl:PATH, pkg.module:Class; GROUP * = default")
+                   help="handler for a metric group: console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT, "
+                        "pkg.module:Class[,key=value...]; GROUP * = default")
     p.add_argument("--grace-ms", type=int, default=20,
                    help=f"wait this long after a window ends before reading it (default 20, at most {MAX_GRACE_MS})")
     p.add_argument("--publish-buffer-mb", type=float, default=256.0,
