@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
 from shmstat.histogram import Histogram, merge_histograms
 
-__all__ = ["Summary", "WindowRow", "merge", "merge_all"]
+__all__ = ["Summary", "WindowRow", "WindowSpan", "merge", "merge_all"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,25 @@ def merge_all(parts: Iterable[Summary]) -> Summary:
     return Summary(count, total, lo, hi, last, last_ts, torn, hist)
 
 
+class WindowSpan:
+    """Start and end of window ``wid`` of ``window_ms`` ms, for records that carry both."""
+
+    wid: int
+    window_ms: int
+
+    @property
+    def start_ns(self) -> int:
+        """Window start, wall-clock ns."""
+        return self.wid * self.window_ms * 1_000_000
+
+    @property
+    def end_ns(self) -> int:
+        """Window end (exclusive), wall-clock ns."""
+        return (self.wid + 1) * self.window_ms * 1_000_000
+
+
 @dataclass(frozen=True)
-class WindowRow:
+class WindowRow(WindowSpan):
     """One emitted row: a stat's window, merged (``rank`` None) or of one rank."""
 
     group: str
@@ -105,16 +122,6 @@ class WindowRow:
     higher_is_better: bool = False
     """What the stat declared (``Stat(..., higher_is_better=True)``, e.g. tokens/s): a straggler is a rank whose
     figure is low, not high."""
-
-    @property
-    def start_ns(self) -> int:
-        """Window start, wall-clock ns."""
-        return self.wid * self.window_ms * 1_000_000
-
-    @property
-    def end_ns(self) -> int:
-        """Window end (exclusive), wall-clock ns."""
-        return (self.wid + 1) * self.window_ms * 1_000_000
 
     def values(self) -> dict[str, float]:
         """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order."""

@@ -22,7 +22,7 @@ from elastic.metrics import StatMetricData
 from shmstat import wire
 from shmstat.errors import ConfigError
 
-from .merge import Summary, WindowRow
+from .merge import Summary, WindowRow, WindowSpan
 
 __all__ = [
     "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
@@ -81,7 +81,7 @@ EventData = dict[str, str | int | float | bool]
 
 
 @dataclass(frozen=True)
-class Score:
+class Score(WindowSpan):
     """One rank's score in one closed window of one stat."""
 
     group: str
@@ -92,16 +92,6 @@ class Score:
     score: float
     figure: float
     median: float
-
-    @property
-    def start_ns(self) -> int:
-        """Window start, wall-clock ns."""
-        return self.wid * self.window_ms * 1_000_000
-
-    @property
-    def end_ns(self) -> int:
-        """Window end (exclusive), wall-clock ns."""
-        return (self.wid + 1) * self.window_ms * 1_000_000
 
     def metric(self, group: str, job: str) -> StatMetricData:
         """The score as a metric of ``group`` (the collector's own), named ``straggler.score.<group>/<stat>``,
