@@ -1,0 +1,192 @@
+"""``/metrics`` served from a cached rendering, so a scrape never waits for the exposition to be built.
+
+prometheus_client's text format costs about 20 µs a line here (it validates and escapes every label of every
+line), so 8 ranks x 8,000 stats (232,000 lines) take ~5 s to render: longer than a scrape should. The body is
+therefore rendered by ``prometheus_client.generate_latest`` (the library's exposition, never ours) into a cache
+and a scrape sends the cached bytes:
+
+- a background thread renders whenever new figures arrive, using at most :data:`MAX_RENDER_SHARE` of a core
+  (after a rendering it waits ``cost * (1 / share - 1)`` before the next);
+- a scrape that finds the cache older than the newest figures renders it on the spot while rendering is cheap
+  (the last one took under :data:`CHEAP_RENDER_S`) and no rendering is under way: small collectors always
+  serve the newest figures;
+- otherwise a scrape sends the newest complete rendering: figures at most one rendering behind (counters stay
+  monotonic, so ``rate()`` is unaffected).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+_log = logging.getLogger("shmstat.prometheus")
+
+__all__ = ["CHEAP_RENDER_S", "MAX_AGE_S", "MAX_RENDER_SHARE", "MetricsServer", "RenderCache"]
+
+CHEAP_RENDER_S = 0.1
+"""A rendering that took less than this (seconds) is redone on a scrape that finds the cache stale."""
+MAX_RENDER_SHARE = 0.2
+"""The share of a core the background rendering may take."""
+MAX_AGE_S = 10.0
+"""A rendering older than this counts as stale even when no new figures arrived (the collector's own counters
+are read when rendering)."""
+
+
+class RenderCache:
+    """The newest exposition of ``registry`` (a prometheus_client collector registry) as bytes.
+
+    :meth:`invalidate` says the figures changed; :meth:`body` returns what a scrape sends. Promises: a
+    rendering never runs twice at once; ``body()`` returns within the time of one cheap rendering once a first
+    rendering exists; the background thread stops on :meth:`close`.
+    """
+
+    def __init__(self, registry: Any, *, cheap_s: float = CHEAP_RENDER_S,
+                 max_share: float = MAX_RENDER_SHARE, max_age_s: float = MAX_AGE_S) -> None:
+        if not 0.0 < max_share <= 1.0:
+            raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
+        self._registry = registry
+        self.cheap_s = cheap_s
+        self.max_share = max_share
+        self.max_age_s = max_age_s
+        self._rendered_at = 0.0
+        self._failed_version = -1
+        self._cond = threading.Condition()
+        self._render_lock = threading.Lock()
+        self._version = 0
+        self._rendered_version = -1
+        self._body: bytes | None = None
+        self._rendering = False
+        self._closed = False
+        self.last_cost_s = 0.0
+        """Wall time the newest rendering took."""
+        self.renders = 0
+        """Renderings made so far."""
+        self._thread = threading.Thread(target=self._run, name="shmstat-prometheus-render", daemon=True)
+        self._thread.start()
+
+    def invalidate(self) -> None:
+        """The figures changed: the next scrape (or the background thread) renders them."""
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
+    def body(self) -> bytes:
+        """What a scrape sends (see the module docstring for how fresh it is)."""
+        with self._cond:
+            body = self._body
+            fresh = self._rendered_version == self._version and not self._too_old()
+            busy = self._rendering or self.last_cost_s >= self.cheap_s
+        if body is not None and (fresh or busy):
+            return body
+        return self._render()
+
+    def wait_rendered(self, timeout_s: float) -> bool:
+        """Wait until the newest figures are rendered; False if ``timeout_s`` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._rendered_version == self._version, timeout=timeout_s)
+
+    def close(self) -> None:
+        """Stop the background thread (a rendering under way finishes on its own)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        with self._render_lock:
+            with self._cond:
+                version = self._version
+                if self._body is not None and self._rendered_version == version and not self._too_old():
+                    return self._body  # rendered while this caller waited for the lock
+                self._rendering = True
+            started = time.perf_counter()
+            try:
+                body = generate_latest(self._registry)
+            finally:
+                with self._cond:
+                    self._rendering = False
+            cost = time.perf_counter() - started
+            with self._cond:
+                self._body, self._rendered_version, self.last_cost_s = body, version, cost
+                self._rendered_at = time.monotonic()
+                self.renders += 1
+                self._cond.notify_all()
+            return body
+
+    def _too_old(self) -> bool:
+        return time.monotonic() - self._rendered_at > self.max_age_s
+
+    def _wanted(self) -> bool:
+        if self._version == self._failed_version:
+            return False
+        return self._rendered_version != self._version or self._too_old()
+
+    def _run(self) -> None:
+        not_before = 0.0
+        while True:
+            with self._cond:
+                while not self._closed and not self._wanted():
+                    self._cond.wait(timeout=self.max_age_s)
+                if self._closed:
+                    return
+            pause = not_before - time.monotonic()
+            if pause > 0:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed, timeout=pause)
+                continue
+            try:
+                self._render()
+            except Exception:  # a scrape renders again and reports it; do not spin until the figures change
+                _log.exception("rendering /metrics failed")
+                with self._cond:
+                    self._failed_version = self._version
+            not_before = time.monotonic() + self.last_cost_s * (1.0 / self.max_share - 1.0)
+
+
+class MetricsServer:
+    """A threaded HTTP server on ``host:port`` (0: any free port) answering every GET with ``cache.body()``
+    in the Prometheus text format 0.0.4; stops on :meth:`close`."""
+
+    def __init__(self, cache: RenderCache, host: str, port: int) -> None:
+        from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+        family, _, _, _, sockaddr = next(iter(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                                  flags=socket.AI_PASSIVE)))
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                try:
+                    body, status, kind = cache.body(), 200, CONTENT_TYPE_PLAIN_0_0_4
+                except Exception as exc:
+                    _log.exception("rendering /metrics failed")
+                    body, status, kind = f"rendering /metrics failed: {exc}\n".encode(), 500, "text/plain"
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the scraper gave up (its timeout): nothing to do
+                    self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True
+
+        self._server = Server(sockaddr[:2], Handler)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="shmstat-prometheus-http",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
