@@ -674,6 +674,42 @@ def run_scrape(nranks: int, stats: int) -> dict[str, Any]:
     return {"ranks": nranks, "stats": stats, "ours": ours, "prom": prom}
 
 
+IMPORTS = ("shmstat", "elastic.metrics", "collector", "torch.monitor", "torch.distributed.elastic.metrics",
+           "prometheus_client")
+
+
+def run_imports(rounds: int) -> dict[str, float | None]:
+    """Wall time of ``import M`` in a fresh interpreter, minus a bare interpreter's start (median of ``rounds``
+    each, interleaved so load affects all alike); None for a module that cannot be imported."""
+    def once(code: str) -> float:
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True)
+        if r.returncode:
+            raise ImportError(code)
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {m: [] for m in ("", *IMPORTS)}
+    missing: set[str] = set()
+    for _ in range(rounds):
+        for m in times:
+            if m in missing:
+                continue
+            try:
+                times[m].append(once(f"import {m}" if m else "pass"))
+            except ImportError:
+                missing.add(m)
+    bare = statistics.median(times[""])
+    return {m: None if m in missing else max(0.0, statistics.median(times[m]) - bare) for m in IMPORTS}
+
+
+def import_lines(res: dict[str, float | None]) -> list[str]:
+    out = ["", "## Import time (fresh interpreter, minus a bare interpreter's start; median)", "",
+           "| import | ms |", "|---|---:|"]
+    for m, t in res.items():
+        out.append(f"| `import {m}` | {'missing' if t is None else f'{t * 1000:,.0f}'} |")
+    return out
+
+
 def scrape_lines(res: dict[str, Any]) -> list[str]:
     ours, prom = res["ours"], res["prom"]
     out = ["", f"## Prometheus scrape ({res['ranks']} ranks x {res['stats']:,} stats: merged and per-rank series, "
@@ -952,10 +988,11 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (under a minute)")
     ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
-    ap.add_argument("--only", choices=("calls", "throughput", "collector", "create", "scrape"), action="append",
+    kinds = ("calls", "throughput", "collector", "create", "scrape", "imports")
+    ap.add_argument("--only", choices=kinds, action="append",
                     help="run only these parts (repeatable; the default is everything)")
     args = ap.parse_args(argv)
-    parts = set(args.only or ("calls", "throughput", "collector", "create", "scrape"))
+    parts = set(args.only or kinds)
     quick = args.quick
     started = time.monotonic()
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -984,7 +1021,13 @@ def main(argv: list[str]) -> int:
     if "scrape" in parts:
         scraped = run_scrape(8, 1000 if quick else 8000)
         print(f"  scrape done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    imported = None
+    if "imports" in parts:
+        imported = run_imports(3 if quick else 7)
+        print(f"  imports done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     lines = report(calls, tput, cost, 20, quick)
+    if imported is not None:
+        lines.extend(import_lines(imported))
     if created is not None:
         lines.extend(create_lines(created))
     if scraped is not None:

@@ -6,15 +6,18 @@ import atexit
 import contextlib
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from . import _state
 from .errors import ConfigError
 from .identity import Identity, identity_from_env
-from .layout import Geometry
-from .publisher import Publisher
-from .rank import RankAttachment
 from .runtime import ingest_endpoint, validate_job
-from .segment import Segment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .rank import RankAttachment
+
+# The segment, rank-table and publisher modules (and zmq, msgpack) are imported when a rank first attaches, not
+# by ``import shmstat``: code that never joins a job (the torch.monitor drop-in, in-process) does not pay for them.
 
 __all__ = ["ensure_init", "init", "shutdown"]
 
@@ -57,6 +60,11 @@ def init(
     for label, value in (("rank", rank), ("local_rank", local_rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
+    from .layout import Geometry
+    from .publisher import Publisher
+    from .rank import RankAttachment
+    from .segment import Segment
+
     geometry = None
     if max_ranks is not None or max_stats is not None or banks is not None:
         default = Geometry()
@@ -95,6 +103,8 @@ def ensure_init() -> RankAttachment | None:
             if st.attachment is not None and st.attachment.pid == os.getpid():
                 return st.attachment
             segment, owner = st.fork_owner
+            from .rank import RankAttachment
+
             st.attachment = RankAttachment.register_writer(segment, owner_local_rank=owner)
             st.fork_owner = None
             return st.attachment
@@ -139,6 +149,8 @@ def _after_fork_in_child() -> None:
     if st.publish_target is not None:
         endpoint, rank, incarnation = st.publish_target
         job = parent.segment.job if parent is not None else None
+        from .publisher import Publisher  # already imported: this process had a publish target
+
         with contextlib.suppress(Exception):
             st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation, job=job)
 
