@@ -1,0 +1,58 @@
+"""``python -m shmstat.testing._collector_main RUNTIME_DIR JOB [collect options]``: the test collector.
+
+Runs ``shmstat collect --job JOB`` (the node side's own command line, through ``python -m collector``) so
+that it dies with the test process that started it, whatever happened to that process (a parent-death signal:
+SIGTERM, which the collector handles by flushing and exiting), and afterwards removes the job's segment once
+no rank of it is alive and the test's private runtime directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import runpy
+import shutil
+import signal
+import sys
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    with contextlib.suppress(Exception):  # Linux only; elsewhere the test's own teardown is all there is
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def cleanup(job: str, runtime_dir: str, wait_s: float = 5.0) -> None:
+    """Remove ``job``'s segment once no process of its rank table is alive (waiting up to ``wait_s`` for ranks
+    that are being killed), then ``runtime_dir``."""
+    from shmstat.segment import Segment
+
+    deadline = time.monotonic() + wait_s
+    while Segment.unlink_if_unused(job) is False and job in Segment.list_jobs() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """Run the collector for ``argv = [runtime_dir, job, *options]`` and clean up after it."""
+    runtime_dir, job, *options = argv
+    parent = int(os.environ.pop("SHMSTAT_TESTING_PARENT", os.getppid()))
+    _die_with_parent(parent)
+    sys.argv = ["collector", "collect", "--job", job, *options]
+    code: object = 0
+    try:
+        runpy.run_module("collector", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        cleanup(job, runtime_dir)
+    return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

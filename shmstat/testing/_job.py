@@ -1,0 +1,278 @@
+"""A job for one test: a unique id, a real collector capturing everything, waits on the data, rank processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ._ranks import RankGroup, start_command_ranks, start_function_ranks
+from ._records import EventRecord, EventTap, JsonlReader, MetricRecord, Row, tail
+
+__all__ = ["ShmstatJob", "unique_job_id"]
+
+_ANY: Any = object()
+_LIVE: set[ShmstatJob] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def unique_job_id(prefix: str = "pytest") -> str:
+    """A job id no other test, xdist worker or concurrent run uses."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return f"{prefix}-{worker}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class ShmstatJob:
+    """One job with its own collector (``shmstat collect --job JOB`` in a subprocess, every group to a jsonl
+    file, a subscriber on its event stream) and its own runtime directory.
+
+    Rank processes join it through :attr:`env` / :meth:`rank_env` (no code change: ``subprocess``,
+    ``multiprocessing``, ``torchrun``), or are started by :meth:`start_ranks` / :meth:`run_ranks`. Queries
+    (:meth:`rows`, :meth:`events`, :meth:`metrics`) return what was captured so far; the ``wait_for_*`` methods
+    wait on the data (never on the clock) and fail with what was seen. :meth:`close` (the fixture's teardown)
+    ends the ranks and the collector and removes the segment and the runtime directory, whatever the test did;
+    if the test process itself dies, the collector and the ranks it started die with it and the collector
+    removes what was left.
+    """
+
+    def __init__(self, job: str | None = None, *, collector_args: Sequence[str] = (), grace_ms: int = 10,
+                 start_timeout_s: float = 30.0) -> None:
+        self.job = job or unique_job_id()
+        self.runtime_dir = tempfile.mkdtemp(prefix="shmstat-t-")
+        os.chmod(self.runtime_dir, 0o700)
+        self._rows_path = os.path.join(self.runtime_dir, "rows.jsonl")
+        self._log_path = os.path.join(self.runtime_dir, "collector.log")
+        self._reader = JsonlReader(self._rows_path)
+        self._groups: list[RankGroup] = []
+        self._closed = False
+        self.env: dict[str, str] = dict(os.environ, SHMSTAT_JOB=self.job, SHMSTAT_RUNTIME_DIR=self.runtime_dir)
+        """The environment every rank of this job needs (add :meth:`rank_env`'s rank variables, or let
+        ``torchrun`` set ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: ``SHMSTAT_JOB`` names the job either way)."""
+        for name in ("SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE"):
+            self.env.pop(name, None)
+        log = open(self._log_path, "wb")  # noqa: SIM115 - the collector's stderr, read on failure
+        cmd = [sys.executable, "-m", "shmstat.testing._collector_main", self.runtime_dir, self.job,
+               "--handler", f"*=jsonl:{self._rows_path}", "--grace-ms", str(grace_ms), "--status-interval", "0",
+               "--hold-ms", "600000", *collector_args]
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            self._collector = subprocess.Popen(cmd, env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())),
+                                               stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True)
+        finally:
+            log.close()
+        self.publish_endpoint = self._read_endpoints(start_timeout_s)
+        self._tap = EventTap(self.publish_endpoint)
+
+    def _read_endpoints(self, timeout_s: float) -> str:
+        out = self._collector.stdout
+        assert out is not None
+        result: dict[str, str] = {}
+        lines: list[str] = []
+
+        def read() -> None:
+            for line in out:
+                lines.append(line.rstrip())
+                if " publish " in line and "publish" not in result:
+                    fields = line.split()
+                    result["publish"] = fields[fields.index("publish") + 1]
+            # stdout is drained to its end so the collector never blocks on a full pipe
+
+        reader = threading.Thread(target=read, name="shmstat-testing-collector-out", daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout_s
+        while "publish" not in result:
+            if self._collector.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"the test collector for job {self.job} did not start: "
+                                   f"{' | '.join(lines) or '(no output)'} {tail(self._log_path)}".strip())
+            time.sleep(0.005)
+        return result["publish"]
+
+    # -- ranks ---------------------------------------------------------------------------------------------------
+    def rank_env(self, rank: int, world_size: int, local_rank: int | None = None) -> dict[str, str]:
+        """:attr:`env` plus this rank's ``SHMSTAT_RANK`` / ``SHMSTAT_LOCAL_RANK`` / ``SHMSTAT_WORLD_SIZE``."""
+        return dict(self.env, SHMSTAT_RANK=str(rank), SHMSTAT_WORLD_SIZE=str(world_size),
+                    SHMSTAT_LOCAL_RANK=str(rank if local_rank is None else local_rank))
+
+    def start_ranks(self, target: Callable[..., Any] | str | Sequence[str], nranks: int,
+                    args: Iterable[Any] = ()) -> RankGroup:
+        """Start ``nranks`` rank processes: a function is called as ``target(rank, *args)`` in a fresh
+        interpreter (it must be importable: defined at the top of a module); a script path or command list runs
+        as a program (``args`` appended). Each has its rank's environment; output goes to a file per rank."""
+        if nranks < 1:
+            raise ValueError(f"nranks must be at least 1, got {nranks}")
+        envs = [self.rank_env(r, nranks) for r in range(nranks)]
+        outputs = [os.path.join(self.runtime_dir, f"rank{r}-{len(self._groups)}.out") for r in range(nranks)]
+        if callable(target):
+            group = start_function_ranks(target, envs, outputs, tuple(args))
+        else:
+            command = [target] if isinstance(target, str) else list(target)
+            group = start_command_ranks([*command, *map(str, args)], envs, outputs)
+        self._groups.append(group)
+        return group
+
+    def run_ranks(self, target: Callable[..., Any] | str | Sequence[str], nranks: int, args: Iterable[Any] = (),
+                  timeout: float = 60.0) -> list:
+        """:meth:`start_ranks`, then wait for them all; fails if one does not exit 0 within ``timeout``."""
+        return self.start_ranks(target, nranks, args).wait(timeout)
+
+    # -- what was captured -------------------------------------------------------------------------------------
+    def rows(self, stat: str | None = None, agg: str | None = None, *, group: str | None = None,
+             rank: int | None = _ANY) -> list[Row]:
+        """The rows emitted so far, filtered (``rank=None``: merged rows only; a number: that rank's only)."""
+        self._reader.refresh()
+        return [r for r in self._reader.rows
+                if (stat is None or r.stat == stat) and (agg is None or r.agg == agg)
+                and (group is None or r.group == group) and (rank is _ANY or r.rank == rank)]
+
+    def merged(self, stat: str, agg: str = "count") -> float:
+        """The sum over every emitted window of the merged rows' ``agg`` (for ``count``/``sum``: the total)."""
+        return sum(r.value for r in self.rows(stat, agg, rank=None))
+
+    def per_rank(self, stat: str, agg: str = "count") -> dict[int, float]:
+        """Per rank, the sum over every emitted window of its rows' ``agg``."""
+        out: dict[int, float] = defaultdict(float)
+        for r in self.rows(stat, agg):
+            if r.rank is not None:
+                out[r.rank] += r.value
+        return dict(sorted(out.items()))
+
+    def metrics(self, name: str | None = None, *, group: str | None = None) -> list[MetricRecord]:
+        """The put metrics handled so far, filtered."""
+        self._reader.refresh()
+        return [m for m in self._reader.metrics
+                if (name is None or m.name == name) and (group is None or m.group == group)]
+
+    def events(self, name: str | None = None) -> list[EventRecord]:
+        """The events received so far (every rank's and the collector's own), filtered by name."""
+        return [e for e in list(self._tap.events) if name is None or e.name == name]
+
+    # -- waiting on the data -------------------------------------------------------------------------------------
+    def wait_for_rows(self, stat: str, agg: str = "count", *, total: float | None = None, rank: int | None = None,
+                      group: str | None = None, timeout: float = 10.0) -> list[Row]:
+        """Wait until the rows of ``stat``'s ``agg`` (merged, or ``rank``'s) add up to exactly ``total`` (or, with
+        no total, until one exists) and return them. Fails at once if they pass ``total``, and after
+        ``timeout`` seconds with what was seen."""
+        def check() -> list[Row] | None:
+            got = self.rows(stat, agg, group=group, rank=rank)
+            seen = sum(r.value for r in got)
+            if total is not None and seen > total:
+                raise AssertionError(f"{self._what(stat, agg, rank)} add up to {seen:g}, more than {total:g}: "
+                                     f"{self._seen(stat, agg)}")
+            return got if got and (total is None or seen == total) else None
+
+        want = "any row" if total is None else f"a total of {total:g}"
+        return self._wait(check, timeout, lambda: f"{self._what(stat, agg, rank)} to reach {want}: "
+                                                  f"{self._seen(stat, agg)}")
+
+    def wait_for_event(self, name: str, count: int = 1, timeout: float = 10.0) -> list[EventRecord]:
+        """Wait until ``count`` events named ``name`` arrived and return them; fails after ``timeout`` seconds
+        with what arrived."""
+        def check() -> list[EventRecord] | None:
+            got = self.events(name)
+            return got if len(got) >= count else None
+
+        def seen() -> str:
+            names: dict[str, int] = defaultdict(int)
+            for e in self.events():
+                names[e.name] += 1
+            return f"{count} events {name!r}: saw {len(self.events(name))}; all events so far: {dict(names)}"
+
+        return self._wait(check, timeout, seen)
+
+    def wait_for_metric(self, name: str, count: int = 1, *, group: str | None = None,
+                        timeout: float = 10.0) -> list[MetricRecord]:
+        """Wait until ``count`` put metrics named ``name`` were handled and return them."""
+        def check() -> list[MetricRecord] | None:
+            got = self.metrics(name, group=group)
+            return got if len(got) >= count else None
+
+        return self._wait(check, timeout, lambda: f"{count} metrics {name!r}: saw {len(self.metrics(name))}; "
+                                                  f"names so far: {sorted({m.name for m in self.metrics()})}")
+
+    def _wait(self, check: Callable[[], Any], timeout: float, describe: Callable[[], str]) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = check()
+            if got:
+                return got
+            if self._collector.poll() is not None:
+                raise AssertionError(f"the collector of job {self.job} exited ({self._collector.returncode}) "
+                                     f"while waiting for {describe()}; it said: {tail(self._log_path)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {describe()}")
+            self._tap.wait(0.01)
+
+    def _what(self, stat: str, agg: str, rank: int | None) -> str:
+        return f"{stat}.{agg} rows ({'merged' if rank is None else f'rank {rank}'})"
+
+    def _seen(self, stat: str, agg: str) -> str:
+        merged = self.rows(stat, agg, rank=None)
+        return (f"merged {sum(r.value for r in merged):g} in {len(merged)} windows, per rank "
+                f"{self.per_rank(stat, agg)}; stats seen: {sorted({r.stat for r in self.rows()})}")
+
+    # -- teardown -------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """End the ranks still running, stop the collector (it emits what it holds), stop the subscriber and
+        remove the job's segment and runtime directory. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._groups:
+            group.kill()
+        proc = getattr(self, "_collector", None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if proc is not None and proc.stdout is not None:
+            proc.stdout.close()
+        tap = getattr(self, "_tap", None)
+        if tap is not None:
+            tap.close()
+        self._reader.refresh()
+        from ..attach import shutdown
+        from ..segment import Segment
+        from ._collector_main import cleanup
+
+        if _attached_job() == self.job:
+            shutdown()
+        Segment.unlink(self.job)
+        cleanup(self.job, self.runtime_dir, wait_s=0)
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def __enter__(self) -> ShmstatJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _attached_job() -> str | None:
+    from .._state import STATE
+
+    att = STATE.attachment
+    return att.segment.job if att is not None else None
+
+
+def close_all() -> None:
+    """Close every job still open (an interrupted session's teardown)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for job in live:
+        with contextlib.suppress(Exception):
+            job.close()
