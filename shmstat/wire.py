@@ -24,7 +24,9 @@ Payload (frame 2, at most :data:`MAX_PAYLOAD` bytes) — a msgpack map with exac
     event   [name: str, ts_ns: int, data: {str: str | int | float | bool}]   name == topic after "event/"
     metric  [group: str, name: str, value: int | float | bool, ts: float | int (unix seconds)]
                                                                    "<group>/<name>" == topic after "metric/"
-    stat    {str: str | int | float | bool | None}   (made by the collector)
+    stat    {str: str | int | float | bool | None}   (made by the collector); a stat keeping percentiles also
+            has "hist": {"scale": int, "zero": int, "pos": [offset: int, [count: int, ...]],
+            "neg": [offset: int, [count: int, ...]]} (shmstat.histogram.Histogram.to_wire: what subscribers merge)
     rank    {str: str | int | float | bool | None}   (made by the collector)
 
 Sequence numbers are per rank and per incarnation and count items (not messages), starting at 0. A sender
@@ -205,6 +207,11 @@ def _encode_item_reason(kind: str, item: Any) -> str | None:
     for key, value in item.items():
         if not isinstance(key, str):
             return f"a {kind} item key is not a str"
+        if kind == "stat" and key == "hist":
+            problem = _hist_problem(value)
+            if problem is not None:
+                return problem
+            continue
         if value is not None and not isinstance(value, (str, int, float)):
             return f"{kind} item value for {key!r} is a {type(value).__name__}, not a scalar or None"
     return None
@@ -331,8 +338,30 @@ def _check_map_items(items: list[Any], kind: str) -> None:
             _fail(f"a {kind} item is not a map")
         if not str_only.issuperset(map(type, item)):
             _fail(f"a {kind} item has a key that is not a str")
-        if not map_types.issuperset(map(type, item.values())):
+        values = item.values()
+        if kind == "stat" and "hist" in item:
+            problem = _hist_problem(item["hist"])
+            if problem is not None:
+                _fail(problem)
+            values = [v for k, v in item.items() if k != "hist"]
+        if not map_types.issuperset(map(type, values)):
             _fail(f"a {kind} item has a value that is not a str, int, float, bool or nil")
+
+
+def _hist_problem(value: Any) -> str | None:
+    """Why ``value`` is not a stat item's ``hist`` map (see the module docstring), or None."""
+    if type(value) is not dict or value.keys() != {"scale", "zero", "pos", "neg"}:
+        return "a stat item's hist is not a map of scale, zero, pos and neg"
+    if not _is_int(value["scale"]) or not _is_int(value["zero"]) or value["zero"] < 0:
+        return "a stat item's hist scale or zero count is not an int"
+    for sign in ("pos", "neg"):
+        part = value[sign]
+        if (type(part) not in (list, tuple) or len(part) != 2 or not _is_int(part[0])
+                or type(part[1]) not in (list, tuple)):
+            return f"a stat item's hist {sign} is not [offset, [counts]]"
+        if not all(_is_int(c) and c >= 0 for c in part[1]):
+            return f"a stat item's hist {sign} counts are not non-negative ints"
+    return None
 
 
 def _as_bytes(frame: Any, what: str) -> bytes:

@@ -43,6 +43,11 @@ def percentile_rank(job: str, rank: int, world: int, n: int, window_ms: int, out
     shmstat.shutdown()
 
 
+def percentile_rank_main(rank: int, job: str, world: int, n: int, window_ms: int, out_dir: str) -> None:
+    """:func:`percentile_rank` as a rank body for ``shmstat_job.run_ranks`` (tally in ``out_dir/r<rank>.json``)."""
+    percentile_rank(job, rank, world, n, window_ms, os.path.join(out_dir, f"r{rank}.json"))
+
+
 def busy_writer(job: str, seconds: float, ready: str) -> None:
     """Add values spanning a wide range as fast as possible (forcing scale changes inside windows)."""
     import shmstat

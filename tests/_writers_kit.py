@@ -19,6 +19,11 @@ def _env(job: str, pure: bool) -> None:
     os.environ["SHMSTAT_PURE_PYTHON"] = "1" if pure else "0"
 
 
+def as_rank(rank: int, target, *args) -> None:
+    """A rank body for ``shmstat_job.run_ranks``: ``target(*args)`` (the rank is in the environment already)."""
+    target(*args)
+
+
 def _done(out: str, count: int, total: float) -> None:
     import shmstat
 

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 import pytest
-from _percentile_kit import busy_writer, percentile_rank, rank_samples
-from _procs import REPO, read_jsonl, spawn, start_collector, wait_file
+from _percentile_kit import busy_writer, percentile_rank_main, rank_samples
+from _procs import REPO, spawn, wait_file
 from _support import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -183,22 +183,16 @@ def test_a_descriptor_with_a_histogram_out_of_range_is_refused():
     assert "without a histogram" in (L.descriptor_problem(no_hist, geo) or "")
 
 
-def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_samples(job, tmp_path):
-    out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
-    n, window_ms = 6000, 100
-    try:
-        procs = [spawn(percentile_rank, job, r, 4, n, window_ms, str(tmp_path / f"r{r}.json")) for r in range(4)]
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0
-    finally:
-        assert coll.stop() == 0
+def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_samples(shmstat_job_factory, tmp_path):
     import json
 
-    rows = read_jsonl(out)
+    sj = shmstat_job_factory(collector_args=["--banks", "16"])
+    n, window_ms = 6000, 100
+    sj.run_ranks(percentile_rank_main, 4, args=(sj.job, 4, n, window_ms, str(tmp_path)), timeout=120)
+    sj.wait_for_rows("step_ms", "count", total=4 * n, timeout=30)
+    rows = [{"name": f"{r.stat}.{r.agg}", "rank": r.rank, "window_start": r.window_start, "value": r.value}
+            for r in sj.rows()]
     tallies = {r: json.load(open(tmp_path / f"r{r}.json")) for r in range(4)}  # noqa: SIM115
-    assert sum(r["value"] for r in rows if r["name"] == "step_ms.count" and r["rank"] is None) == 4 * n
     windows = {float(w) for t in tallies.values() for w in t}
     checked = 0
     for w in windows:

@@ -408,3 +408,22 @@ def _strings(items: list[Any]) -> list[str]:
         out.extend(data)
         out.extend(v for v in data.values() if isinstance(v, str))
     return out
+
+
+def test_a_stat_item_carries_its_histogram_and_a_malformed_one_is_refused():
+    from shmstat.histogram import Histogram
+
+    h = Histogram()
+    for v in (0.5, 1.0, 2.0, 3.0, -1.0, 0.0):
+        h.add(v)
+    item = {"group": "g", "name": "s", "count": 6, "p99": 3.0, "hist": h.to_wire()}
+    msg = wire.decode(wire.stat_topic("g", "s").encode(), wire.encode("stat", -1, 1, 0, 0, [item]))
+    assert msg.items == [item]
+    for bad in ({"scale": 1}, {"scale": 1, "zero": 0, "pos": [0, [1, -1]], "neg": [0, []]},
+                {"scale": 1.5, "zero": 0, "pos": [0, []], "neg": [0, []]}, [1, 2]):
+        with pytest.raises(wire.WireError, match="hist"):
+            wire.encode("stat", -1, 1, 0, 0, [{**item, "hist": bad}])
+        payload = msgpack.packb({"v": 1, "k": "stat", "r": -1, "p": 1, "i": 0, "s": 0,
+                                 "items": [{**item, "hist": bad}]})
+        with pytest.raises(wire.WireError, match="hist"):
+            wire.decode(b"stat/g/s", payload)

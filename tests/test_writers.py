@@ -13,8 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from _procs import read_jsonl, spawn, start_collector
-from _writers_kit import fork_with_bound_add, rank_with_workers, recreated_stats, threads_on_one_stat
+from _writers_kit import as_rank, fork_with_bound_add, rank_with_workers, recreated_stats, threads_on_one_stat
 
 import shmstat
 from shmstat import Aggregation as A
@@ -23,58 +22,54 @@ from shmstat._writer import coerce_value
 PATHS = [pytest.param(False, id="c"), pytest.param(True, id="pure-python")]
 
 
-def _collect(job, tmp_path, target, *args):
-    out = str(tmp_path / "m.jsonl")
+def _collect(make_job, tmp_path, stat: str, target, *args):
+    """Run ``target`` as rank 0 of a job of the testing plugin (shmstat.testing); its rows once its tally's
+    count is all emitted, and the tally."""
     # a ring of 16 windows: these ranks keep both cores busy, and a starved collector must not lose windows
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
+    sj = make_job(collector_args=["--banks", "16"])
     tally = str(tmp_path / "tally.json")
-    try:
-        p = spawn(target, job, *args, tally)
-        p.join(180)
-        assert p.exitcode == 0
-    finally:
-        assert coll.stop() == 0
+    sj.run_ranks(as_rank, 1, args=(target, sj.job, *args, tally), timeout=180)
     with open(tally) as f:
-        return read_jsonl(out), json.load(f)
+        want = json.load(f)
+    sj.wait_for_rows(stat, "count", total=want["count"], timeout=30)
+    return sj, want
 
 
-def _reconcile(rows, stat: str, want: dict) -> None:
-    merged_count = sum(r["value"] for r in rows if r["name"] == f"{stat}.count" and r["rank"] is None)
-    merged_sum = sum(r["value"] for r in rows if r["name"] == f"{stat}.sum" and r["rank"] is None)
-    per_rank = [r for r in rows if r["name"] == f"{stat}.count" and r["rank"] is not None]
-    assert merged_count == want["count"]
-    assert merged_sum == pytest.approx(want["sum"], rel=1e-12)
-    assert {r["rank"] for r in per_rank} == {0}  # workers and children count in their rank's row
-    assert sum(r["value"] for r in per_rank) == want["count"]
-    keys = [r["window_start"] for r in per_rank]
+def _reconcile(sj, stat: str, want: dict) -> None:
+    assert sj.merged(stat, "count") == want["count"]
+    assert sj.merged(stat, "sum") == pytest.approx(want["sum"], rel=1e-12)
+    per_rank = [r for r in sj.rows(stat, "count") if r.rank is not None]
+    assert {r.rank for r in per_rank} == {0}  # workers and children count in their rank's row
+    assert sum(r.value for r in per_rank) == want["count"]
+    keys = [r.window_start for r in per_rank]
     assert len(keys) == len(set(keys)), "a (rank, window) emitted twice"
 
 
 @pytest.mark.parametrize("pure", PATHS)
-def test_threads_adding_to_one_stat_reconcile_exactly(job, tmp_path, pure):
-    rows, want = _collect(job, tmp_path, threads_on_one_stat, pure, 4, 60_000 if not pure else 20_000)
-    _reconcile(rows, "shared", want)
+def test_threads_adding_to_one_stat_reconcile_exactly(shmstat_job_factory, tmp_path, pure):
+    sj, want = _collect(shmstat_job_factory, tmp_path, "shared", threads_on_one_stat, pure, 4,
+                        60_000 if not pure else 20_000)
+    _reconcile(sj, "shared", want)
 
 
 @pytest.mark.parametrize("pure", PATHS)
-def test_recreated_closed_and_collected_stats_lose_nothing(job, tmp_path, pure):
-    rows, want = _collect(job, tmp_path, recreated_stats, pure, 1000)
-    _reconcile(rows, "loss", want)
+def test_recreated_closed_and_collected_stats_lose_nothing(shmstat_job_factory, tmp_path, pure):
+    sj, want = _collect(shmstat_job_factory, tmp_path, "loss", recreated_stats, pure, 1000)
+    _reconcile(sj, "loss", want)
 
 
 @pytest.mark.parametrize("pure", PATHS)
-def test_a_forked_child_never_writes_its_parents_slot(job, tmp_path, pure):
-    rows, want = _collect(job, tmp_path, fork_with_bound_add, pure, 50_000)
-    _reconcile(rows, "forked", want)
-    assert not [r for r in rows if r["name"] == "forked.sum" and r["rank"] is None and r["value"] % 1000 != 0
-                and r["value"] > 1e9]
+def test_a_forked_child_never_writes_its_parents_slot(shmstat_job_factory, tmp_path, pure):
+    sj, want = _collect(shmstat_job_factory, tmp_path, "forked", fork_with_bound_add, pure, 50_000)
+    _reconcile(sj, "forked", want)
+    assert not [r for r in sj.rows("forked", "sum", rank=None) if r.value % 1000 != 0 and r.value > 1e9]
 
 
 @pytest.mark.parametrize("pure", PATHS)
-def test_spawn_forkserver_and_fork_workers_count_in_their_ranks_rows(job, tmp_path, pure):
-    rows, want = _collect(job, tmp_path, rank_with_workers, pure, 2000, 3)
-    _reconcile(rows, "loader", want)
-    assert not [r for r in rows if r["name"].startswith("rank/")]
+def test_spawn_forkserver_and_fork_workers_count_in_their_ranks_rows(shmstat_job_factory, tmp_path, pure):
+    sj, want = _collect(shmstat_job_factory, tmp_path, "loader", rank_with_workers, pure, 2000, 3)
+    _reconcile(sj, "loader", want)
+    assert not [r for r in sj.rows() if r.stat.startswith("rank/")]
 
 
 def test_threads_on_one_in_process_stat_reconcile_exactly():

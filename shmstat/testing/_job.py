@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._ranks import RankGroup, start_command_ranks, start_function_ranks
-from ._records import EventRecord, EventTap, JsonlReader, MetricRecord, Row, tail
+from ._records import EventRecord, MetricRecord, Row, StreamTap
 
 __all__ = ["ShmstatJob", "unique_job_id"]
 
@@ -32,8 +33,9 @@ def unique_job_id(prefix: str = "pytest") -> str:
 
 
 class ShmstatJob:
-    """One job with its own collector (``shmstat collect --job JOB`` in a subprocess, every group to a jsonl
-    file, a subscriber on its event stream) and its own runtime directory.
+    """One job with its own collector (``shmstat collect --job JOB`` in a subprocess; handlers ``*=null`` unless
+    ``collector_args`` name some) and its own runtime directory; a subscriber of the test's own records every
+    row, put metric and event the collector re-publishes.
 
     Rank processes join it through :attr:`env` / :meth:`rank_env` (no code change: ``subprocess``,
     ``multiprocessing``, ``torchrun``), or are started by :meth:`start_ranks` / :meth:`run_ranks`. Queries
@@ -49,9 +51,7 @@ class ShmstatJob:
         self.job = job or unique_job_id()
         self.runtime_dir = tempfile.mkdtemp(prefix="shmstat-t-")
         os.chmod(self.runtime_dir, 0o700)
-        self._rows_path = os.path.join(self.runtime_dir, "rows.jsonl")
-        self._log_path = os.path.join(self.runtime_dir, "collector.log")
-        self._reader = JsonlReader(self._rows_path)
+        self._said: collections.deque[str] = collections.deque(maxlen=200)  # the collector's last stderr lines
         self._groups: list[RankGroup] = []
         self._closed = False
         self.env: dict[str, str] = dict(os.environ, SHMSTAT_JOB=self.job, SHMSTAT_RUNTIME_DIR=self.runtime_dir)
@@ -59,19 +59,28 @@ class ShmstatJob:
         ``torchrun`` set ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: ``SHMSTAT_JOB`` names the job either way)."""
         for name in ("SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE"):
             self.env.pop(name, None)
-        log = open(self._log_path, "wb")  # noqa: SIM115 - the collector's stderr, read on failure
         cmd = [sys.executable, "-m", "shmstat.testing._collector_main", self.runtime_dir, self.job,
-               "--handler", f"*=jsonl:{self._rows_path}", "--grace-ms", str(grace_ms), "--status-interval", "0",
+               "--handler", "*=null", "--grace-ms", str(grace_ms), "--status-interval", "0",
                "--hold-ms", "600000", *collector_args]
         with _LIVE_LOCK:
             _LIVE.add(self)
-        try:
-            self._collector = subprocess.Popen(cmd, env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())),
-                                               stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True)
-        finally:
-            log.close()
+        self._collector = subprocess.Popen(cmd, env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                           text=True)
+        threading.Thread(target=self._drain_stderr, name="shmstat-testing-collector-err", daemon=True).start()
         self.publish_endpoint = self._read_endpoints(start_timeout_s)
-        self._tap = EventTap(self.publish_endpoint)
+        self._tap = StreamTap(self.publish_endpoint)
+
+    def _drain_stderr(self) -> None:
+        err = self._collector.stderr
+        assert err is not None
+        for line in err:
+            self._said.append(line.rstrip())
+
+    @property
+    def collector_said(self) -> str:
+        """The collector's last lines on stderr (warnings, errors), for a failure message."""
+        return "\n".join(self._said)
 
     def _read_endpoints(self, timeout_s: float) -> str:
         out = self._collector.stdout
@@ -94,7 +103,7 @@ class ShmstatJob:
             if self._collector.poll() is not None or time.monotonic() > deadline:
                 self.close()
                 raise RuntimeError(f"the test collector for job {self.job} did not start: "
-                                   f"{' | '.join(lines) or '(no output)'} {tail(self._log_path)}".strip())
+                                   f"{' | '.join(lines) or '(no output)'} {self.collector_said}".strip())
             time.sleep(0.005)
         return result["publish"]
 
@@ -130,8 +139,7 @@ class ShmstatJob:
     def rows(self, stat: str | None = None, agg: str | None = None, *, group: str | None = None,
              rank: int | None = _ANY) -> list[Row]:
         """The rows emitted so far, filtered (``rank=None``: merged rows only; a number: that rank's only)."""
-        self._reader.refresh()
-        return [r for r in self._reader.rows
+        return [r for r in list(self._tap.rows)
                 if (stat is None or r.stat == stat) and (agg is None or r.agg == agg)
                 and (group is None or r.group == group) and (rank is _ANY or r.rank == rank)]
 
@@ -148,9 +156,8 @@ class ShmstatJob:
         return dict(sorted(out.items()))
 
     def metrics(self, name: str | None = None, *, group: str | None = None) -> list[MetricRecord]:
-        """The put metrics handled so far, filtered."""
-        self._reader.refresh()
-        return [m for m in self._reader.metrics
+        """The put metrics received so far, filtered."""
+        return [m for m in list(self._tap.metrics)
                 if (name is None or m.name == name) and (group is None or m.group == group)]
 
     def events(self, name: str | None = None) -> list[EventRecord]:
@@ -208,7 +215,7 @@ class ShmstatJob:
                 return got
             if self._collector.poll() is not None:
                 raise AssertionError(f"the collector of job {self.job} exited ({self._collector.returncode}) "
-                                     f"while waiting for {describe()}; it said: {tail(self._log_path)}")
+                                     f"while waiting for {describe()}; it said: {self.collector_said}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:g} s waiting for {describe()}")
             self._tap.wait(0.01)
@@ -238,12 +245,14 @@ class ShmstatJob:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-        if proc is not None and proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        pipe.close()
         tap = getattr(self, "_tap", None)
         if tap is not None:
             tap.close()
-        self._reader.refresh()
         from ..attach import shutdown
         from ..segment import Segment
         from ._collector_main import cleanup

@@ -1,9 +1,8 @@
-"""What a test sees of a job: plain records of the collector's rows, the put metrics and the events."""
+"""What a test sees of a job: plain records of the collector's rows, the put metrics and the events, taken from
+the collector's re-published streams by a subscriber of the test's own."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -21,8 +20,9 @@ __all__ = ["EventRecord", "MetricRecord", "Row"]
 @dataclass(frozen=True)
 class Row:
     """One figure of one closed window as the collector emitted it: ``stat``'s ``agg`` (``count``, ``sum``,
-    ``mean``, ``max``, ``min``, ``value``, ``p50``...) over ``[window_start, window_end)`` (Unix seconds), for
-    one ``rank`` or merged across ranks (``rank`` None)."""
+    ``mean``, ``max``, ``min``, ``value``; ``p50``... for stats keeping percentiles) over ``[window_start,
+    window_end)`` (Unix seconds), for one ``rank`` or merged across ranks (``rank`` None). Every figure the
+    collector computes is there, whichever aggregations the stat asked for."""
 
     group: str
     stat: str
@@ -40,7 +40,7 @@ class Row:
 
 @dataclass(frozen=True)
 class MetricRecord:
-    """One ``put_metric`` value (or one of ``@prof``'s) as the collector handled it."""
+    """One ``put_metric`` value (or one of ``@prof``'s) as the collector re-published it."""
 
     group: str
     name: str
@@ -65,61 +65,36 @@ class EventRecord:
         return datetime.fromtimestamp(self.timestamp_ns / 1e9, tz=timezone.utc)
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, str):  # the jsonl handler writes non-finite floats as strings
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value, math.nan)
-    return value
+_AGGS = ("count", "sum", "mean", "min", "max", "value", "p50", "p90", "p99", "p999")
 
 
-class JsonlReader:
-    """Reads the rows and metrics the collector's jsonl handler appends to ``path``, incrementally (only whole
-    lines; a line being written is read on the next call)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._offset = 0
-        self._lock = threading.Lock()
-        self.rows: list[Row] = []
-        self.metrics: list[MetricRecord] = []
-
-    def refresh(self) -> None:
-        """Take in the lines appended since the last call."""
-        with self._lock:
-            try:
-                with open(self.path, "rb") as f:
-                    f.seek(self._offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                return
-            end = chunk.rfind(b"\n") + 1
-            self._offset += end
-            for line in chunk[:end].splitlines():
-                if line.strip():
-                    self._take(json.loads(line))
-
-    def _take(self, doc: dict[str, Any]) -> None:
-        if doc.get("window_start") is None:
-            rank = doc.get("source_rank", doc.get("rank"))
-            self.metrics.append(MetricRecord(doc["group"], doc["name"], _number(doc["value"]), rank,
-                                             float(doc["timestamp"])))
-            return
-        stat, _, agg = doc["name"].rpartition(".")
-        self.rows.append(Row(doc["group"], stat, agg, _number(doc["value"]), doc["rank"],
-                             float(doc["window_start"]), float(doc["window_end"])))
+def rows_of(item: dict[str, Any]) -> list[Row]:
+    """The :class:`Row` records of one ``stat/`` stream item (one stat, window and rank: every figure); none for
+    the collector's own usage items, which are not windows."""
+    if "start_ns" not in item:
+        return []
+    start, end = item["start_ns"] / 1e9, item["end_ns"] / 1e9
+    return [Row(item["group"], item["name"], agg, item[agg], item["rank"], start, end)
+            for agg in _AGGS if agg in item]
 
 
-class EventTap:
-    """A ZeroMQ subscriber of the collector's ``event/`` stream, recording every event in a thread of its own."""
+class StreamTap:
+    """A ZeroMQ subscriber of the collector's ``event/``, ``stat/`` and ``metric/`` streams, recording every item
+    in a thread of its own (never dropping: a test wants everything). A stream item is taken whole, so the
+    figures of one window and rank always arrive together."""
 
     def __init__(self, endpoint: str) -> None:
         self.events: list[EventRecord] = []
+        self.rows: list[Row] = []
+        self.metrics: list[MetricRecord] = []
         self.malformed = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
         self._sock.setsockopt(zmq.RCVHWM, 0)  # never drop here: a test wants every event
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"event/")
+        for topic in (b"event/", b"stat/", b"metric/"):
+            self._sock.setsockopt(zmq.SUBSCRIBE, topic)
         self._sock.connect(endpoint)
         self._stop = threading.Event()
         self._cond = threading.Condition()
@@ -145,15 +120,27 @@ class EventTap:
                     except WireError:
                         self.malformed += 1
                         continue
-                    got = [EventRecord(name, ts, dict(data), msg.rank, msg.pid) for name, ts, data in msg.items]
                     with self._cond:
-                        self.events.extend(got)
+                        try:
+                            self._take(msg)
+                        except (KeyError, TypeError, ValueError):  # an item of a shape this tap does not know
+                            self.malformed += 1
                         self._cond.notify_all()
         finally:
             self._sock.close(0)
 
+    def _take(self, msg: wire.WireMessage) -> None:
+        if msg.kind == "event":
+            self.events.extend(EventRecord(name, ts, dict(data), msg.rank, msg.pid) for name, ts, data in msg.items)
+        elif msg.kind == "stat":
+            for item in msg.items:
+                self.rows.extend(rows_of(item))
+        elif msg.kind == "metric":
+            self.metrics.extend(MetricRecord(group, name, value, msg.rank, float(ts))
+                                for group, name, value, ts in msg.items)
+
     def wait(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for another event."""
+        """Wait up to ``timeout_s`` for another item."""
         with self._cond:
             self._cond.wait(timeout_s)
 
