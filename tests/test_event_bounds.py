@@ -18,11 +18,13 @@ from shmstat.publisher import Publisher
 from shmstat.wire import MAX_EVENT_BYTES
 
 
-def _env_rank(job: str, torchrun: bool, events: int, n_metrics: int, out: str) -> None:
-    if torchrun:
-        os.environ.update(TORCHELASTIC_RUN_ID=job, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    else:
-        os.environ.update(SHMSTAT_JOB=job, SHMSTAT_RANK="0")
+def _env_rank(rank: int, torchrun: bool, events: int, n_metrics: int) -> None:
+    if torchrun:  # the job as torchrun names it, not SHMSTAT_JOB
+        job = os.environ.pop("SHMSTAT_JOB")
+        for name in ("SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE"):
+            del os.environ[name]
+        os.environ.update(TORCHELASTIC_RUN_ID=job, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="1",
+                          LOCAL_WORLD_SIZE="1")
     import datetime
 
     import elastic.metrics as metrics
@@ -33,22 +35,15 @@ def _env_rank(job: str, torchrun: bool, events: int, n_metrics: int, out: str) -
     for i in range(n_metrics):
         metrics.put_metric("m", i, "g")
     shmstat.shutdown(flush_timeout_s=20)
-    open(out, "w").close()
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["shmstat-env", "torchrun-env"])
-def test_a_rank_configured_by_the_environment_publishes_its_first_events(job, tmp_path, torchrun):
-    coll = start_collector(job, "--handler", "*=null")
-    sub = Subscriber(coll.publish, (b"event/early", b"metric/g/"))
-    try:
-        p = spawn(_env_rank, job, torchrun, 100, 10, str(tmp_path / "out.json"))
-        p.join(60)
-        assert p.exitcode == 0
-        wait_for(lambda: sub.received("event") == 100 and sub.received("metric") == 10, 20,
-                 what="100 events and 10 metrics")
-    finally:
-        sub.close()
-        coll.stop()
+def test_a_rank_configured_by_the_environment_publishes_its_first_events(shmstat_job, torchrun):
+    shmstat_job.run_ranks(_env_rank, 1, args=(torchrun, 100, 10))
+    events = shmstat_job.wait_for_event("early", count=100, timeout=20)
+    assert sorted(e.data["i"] for e in events) == list(range(100)) and {e.rank for e in events} == {0}
+    metrics = shmstat_job.wait_for_metric("m", count=10, group="g", timeout=20)
+    assert sorted(m.value for m in metrics) == list(range(10))
 
 
 def _burst(job: str, n: int, backlog_mb: float, out: str) -> None:
