@@ -95,8 +95,9 @@ _INNER = textwrap.dedent('''
         shmstat_job.wait_for_rows("spin", "count")
         while not all(os.path.exists(os.path.join(out, f"rank{{r}}.pid")) for r in range(2)):
             time.sleep(0.01)
-        with open(os.path.join(out, "job"), "w") as f:
+        with open(os.path.join(out, "job.tmp"), "w") as f:
             f.write(shmstat_job.job + "\\n" + shmstat_job.runtime_dir + "\\n" + str(shmstat_job._collector.pid))
+        os.replace(os.path.join(out, "job.tmp"), os.path.join(out, "job"))
         {then}
 ''')
 
