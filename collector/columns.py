@@ -179,15 +179,20 @@ class Columns:
     def to_metrics(self) -> list[StatMetricData]:
         """What per-row handlers receive for these rows: one :class:`StatMetricData` per aggregation each stat
         asked for, named ``<stat>.<aggregation>``, timestamp = window end, in row order."""
-        end_s = self.window_end.tolist()
-        start_s = self.window_start.tolist()
+        job = self.job
+        return [StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn,
+                               job=job)
+                for end, group, key, value, rank, start, torn in self.flat()]
+
+    def flat(self) -> Iterator[tuple[float, str, str, float, int | None, float, bool]]:
+        """The figures of :meth:`to_metrics` as plain tuples ``(window_end, group, "<stat>.<aggregation>", value,
+        rank or None, window_start, torn)``, in the same order (what sinks that write one line per figure use)."""
+        end_s, start_s = self.window_end.tolist(), self.window_start.tolist()
         count = self.count.tolist()
         figures = (self.count.astype(np.float64).tolist(), self.sum.tolist(), self.mean.tolist(),
                    self.max.tolist(), self.min.tolist(), self.value.tolist(), self.p50.tolist(),
                    self.p90.tolist(), self.p99.tolist(), self.p999.tolist())
-        job, torn_col = self.job, self.torn.tolist()
-        out: list[StatMetricData] = []
-        append = out.append
+        torn_col = self.torn.tolist()
         for i, (group, stat, mask, rank) in enumerate(zip(self.group.tolist(), self.stat.tolist(),
                                                           self.agg_mask.tolist(), self.rank.tolist(),
                                                           strict=True)):
@@ -197,10 +202,7 @@ class Columns:
             end, start, torn, r = end_s[i], start_s[i], torn_col[i], None if rank < 0 else rank
             empty = count[i] == 0
             for key, column in plan:
-                append(StatMetricData(end, group, key, 0.0 if empty else figures[column][i], rank=r,
-                                      window_start=start, window_end=end, torn=torn, job=job))
-        return out
-
+                yield end, group, key, 0.0 if empty else figures[column][i], r, start, torn
 
 def _plan(stat: str, mask: int) -> tuple[tuple[str, int], ...]:
     if len(_plan_cache) > 1 << 17:

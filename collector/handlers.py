@@ -76,6 +76,22 @@ class JsonlMetricHandler(MetricHandler):
             row["source_rank"] = source_rank
         self._out.write(json.dumps(row, allow_nan=False) + "\n")
 
+    def emit_columns(self, columns: Columns) -> None:
+        """Write one line per figure of a pass: the same lines, in the same order, as :meth:`emit` writes for
+        the MetricData of those rows."""
+        job, dumps, lines = columns.job, json.dumps, []
+        for end, group, name, value, rank, start, torn in columns.flat():
+            row = {"timestamp": end, "group": group, "name": name, "value": _json_number(value), "rank": rank,
+                   "window_start": start, "window_end": end}
+            if torn:
+                row["torn"] = True
+            if job is not None:
+                row["job"] = job
+            lines.append(dumps(row, allow_nan=False))
+        if lines:
+            lines.append("")
+            self._out.write("\n".join(lines))
+
     def flush(self) -> None:
         """Push buffered lines to the file."""
         self._out.flush()
