@@ -9,7 +9,7 @@ exporter. The straggler detector reads the columns.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,10 +20,28 @@ from .straggler import EVENT_TOPICS
 
 if TYPE_CHECKING:
     from .columns import Columns
-    from .daemon import Collector
+    from .config import CollectorConfig
+    from .dispatch import ThreadedDispatcher
     from .relay import Relay
+    from .scanner import Scanner
+    from .straggler import StragglerDetector
 
 __all__ = ["emit_scan"]
+
+
+class Collector(Protocol):
+    """What :func:`emit_scan` uses of :class:`collector.daemon.Collector` (its state and counters)."""
+
+    config: CollectorConfig
+    relay: Relay | None
+    dispatcher: ThreadedDispatcher
+    exporter: Any
+    scanner: Scanner
+    stragglers: StragglerDetector
+    overwritten: int
+    torn: int
+    windows_emitted: int
+    rows_emitted: int
 
 
 def emit_scan(c: Collector, now: int, *, final: bool) -> None:
