@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from .columns import Columns
 from .daemon import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers import Dispatcher, JsonlMetricHandler, build_handler
+from .handlers import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
 from .merge import Summary, WindowRow, merge, merge_all
 
 __all__ = [
     "PLATFORM_GROUP",
     "Collector",
     "CollectorConfig",
+    "Columns",
     "Dispatcher",
     "JsonlMetricHandler",
     "Summary",
@@ -17,4 +19,5 @@ __all__ = [
     "build_handler",
     "merge",
     "merge_all",
+    "takes_columns",
 ]

@@ -31,16 +31,15 @@ from shmstat.segment import Segment, pid_alive
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
 from .dispatch import ThreadedDispatcher
 from .liveness import Lifecycle, Liveness
-from .merge import WindowRow
+from .passes import emit_scan
 from .prometheus import PrometheusExporter, start_exporter
 from .scanner import Scanner
-from .straggler import EVENT_TOPICS, StragglerDetector
+from .straggler import StragglerDetector
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
 
 
 _log = logging.getLogger("shmstat.collector")
-_NOBODY: list[dict] = []  # marks a topic no subscriber listens to
 
 
 class Collector:
@@ -271,59 +270,7 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        assert self.relay is not None
-        relay, dispatcher = self.relay, self.dispatcher
-        relay.update_subscriptions()  # first: rows nobody receives are never built
-
-        scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
-
-        exporter = self.exporter
-
-        def wanted(group: str) -> bool:
-            return (scored or exporter is not None or not dispatcher.discards(group)
-                    or relay.wants(wire.stat_topic(group, "")))
-
-        result = self.scanner.scan(now, final=final, want=wanted)
-        self.overwritten += result.overwritten
-        self.torn += result.torn
-        self.windows_emitted += result.skipped_windows
-        self.rows_emitted += result.skipped_rows
-        by_topic: dict[str, list[dict]] = {}
-        for row in result.rows:
-            if not dispatcher.discards(row.group):
-                self._dispatch_row(row)
-            topic = wire.stat_topic(row.group, row.name)
-            items = by_topic.get(topic)
-            if items is None:
-                items = by_topic[topic] = [] if relay.wants(topic) else _NOBODY
-            if items is not _NOBODY:
-                items.append(row.to_wire())
-            self.rows_emitted += 1
-            if row.rank is None:
-                self.windows_emitted += 1
-        for topic, items in by_topic.items():
-            if items is not _NOBODY:
-                relay.publish(topic, "stat", items)
-        if exporter is not None:
-            exporter.observe(self.config.job, result.rows)
-        found = self.stragglers.update(result.rows)  # scores to our own group, events on event/<name>
-        if found.scores and not dispatcher.discards(PLATFORM_GROUP):
-            dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, self.config.job) for s in found.scores])
-        for ev in found.events:
-            relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
-        dispatcher.flush()
-        self.scanner.commit()
-
-    def _dispatch_row(self, row: WindowRow) -> None:
-        if self.dispatcher.emit_window(row, self.config.job):  # its handler takes whole windows (otlp:)
-            return
-        start, end = row.start_ns / 1e9, row.end_ns / 1e9
-        torn, group, rank, job = row.summary.torn, row.group, row.rank, self.config.job
-        self.dispatcher.emit_all(group, [
-            StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn,
-                           job=job)
-            for key, value in row.values().items()
-        ])
+        emit_scan(self, now, final=final)  # collector/passes.py
 
     def _dispatch_put_metrics(self, msg: wire.WireMessage) -> None:
         discards, exporter = self.dispatcher.discards, self.exporter

@@ -2,9 +2,12 @@
 
 A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. When a
 handler's queue is full (``handler_queue`` rows, default 100,000, about 30 MB of rows), new rows for it are
-dropped, counted (``dropped``, and per group) and warned about once. Closing gives every handler a bounded
-time to finish (``close_budget_s`` in all); a handler still stuck then is left behind (its thread is a daemon),
-so SIGTERM always ends the collector within a few seconds.
+dropped, counted (``dropped``, and per group) and warned about once. A pass queued as columns for a handler
+that takes them (``emit_columns``) counts as its number of rows (a row of columns is ~200 bytes), and is cut
+at the bound the same way: its first rows are queued, the rest dropped and counted per group.
+
+Closing gives every handler a bounded time to finish (``close_budget_s`` in all); a handler still stuck then
+is left behind (its thread is a daemon), so SIGTERM always ends the collector within a few seconds.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from elastic.metrics import MetricData, MetricHandler
 
-from .handlers import Dispatcher, takes_windows
+from .handlers import Dispatcher, plan_pass, takes_windows
 
 if TYPE_CHECKING:
+    from .columns import Columns
     from .merge import WindowRow
 
 __all__ = ["DEFAULT_HANDLER_QUEUE", "ThreadedDispatcher"]
@@ -39,6 +45,12 @@ class _Window(NamedTuple):
 
     row: WindowRow
     job: str
+
+
+class _Pass(NamedTuple):
+    """A pass queued whole for a handler that takes columns (its ``emit_columns``)."""
+
+    columns: Columns
 
 
 class _Worker:
@@ -65,16 +77,28 @@ class _Worker:
             room = self.limit - self.rows
             take = rows if len(rows) <= room else rows[: max(0, room)]
             if take:
-                self.queue.append((group, take))
+                self.queue.append((group, take, len(take)))
                 self.rows += len(take)
                 self.cond.notify()
         return len(rows) - len(take)
+
+    def put_columns(self, columns: Columns) -> Columns | None:
+        """Queue a pass; returns the rows that did not fit (dropped), or None."""
+        n = len(columns)
+        with self.cond:
+            room = max(0, self.limit - self.rows)
+            take = n if n <= room else room
+            if take:
+                self.queue.append((columns.job, _Pass(columns if take == n else columns.take(slice(0, take))), take))
+                self.rows += take
+                self.cond.notify()
+        return columns.take(slice(take, n)) if take < n else None
 
     def control(self, marker: Any) -> threading.Event:
         """Queue a control marker (flush, barrier, stop); the event is set once the worker reached it."""
         done = threading.Event()
         with self.cond:
-            self.queue.append((marker, done))
+            self.queue.append((marker, done, 0))
             self.cond.notify()
         return done
 
@@ -83,9 +107,8 @@ class _Worker:
             with self.cond:
                 while not self.queue:
                     self.cond.wait()
-                first, second = self.queue.popleft()
-                if isinstance(second, list):
-                    self.rows -= len(second)
+                first, second, rows = self.queue.popleft()
+                self.rows -= rows
             if first is _FLUSH or first is _BARRIER or first is _STOP:
                 if first is _FLUSH:
                     flush = getattr(self.handler, "flush", None)
@@ -97,6 +120,11 @@ class _Worker:
                 continue
             emit = self.handler.emit
             self.busy_since = time.monotonic()
+            if type(second) is _Pass:
+                if self._call(self.handler.emit_columns, f"(pass of job {first})", second.columns):  # type: ignore[attr-defined]
+                    self.emitted += rows
+                self.busy_since = 0.0
+                continue
             for metric in second:
                 if type(metric) is _Window:
                     done = self._call(self.handler.emit_window, first, metric.row, metric.job)  # type: ignore[attr-defined]
@@ -183,8 +211,37 @@ class ThreadedDispatcher:
             self._queue(row.group, handler, [_Window(row, job)])
         return windowed
 
+    def emit_columns(self, columns: Columns) -> None:
+        """Queue one pass for the handlers of its groups (never blocks; past a handler's bound rows are dropped
+        and counted): whole, as columns, for handlers that take them (``emit_columns``), as window rows for those
+        that take windows, as one MetricData per aggregation (torchelastic's interface) for the others."""
+        if self._closed:
+            return
+        job = columns.job
+        for handler, kind, part in plan_pass(self.inner.handler_for, self.inner.discards, columns):
+            if kind == "columns":
+                lost = self._worker(handler).put_columns(part)
+                if lost is not None:
+                    groups, counts = np.unique(lost.group.astype(str), return_counts=True)
+                    for group, n in zip(groups.tolist(), counts.tolist(), strict=True):
+                        self._count_lost(handler, group, n)
+            elif kind == "windows":
+                for row in part.to_rows():
+                    self._queue(row.group, handler, [_Window(row, job)])
+            else:
+                metrics = part.to_metrics()
+                begin = 0
+                for end in range(1, len(metrics) + 1):  # runs of one group, in row order
+                    if end == len(metrics) or metrics[end].group_name != metrics[begin].group_name:
+                        self._queue(metrics[begin].group_name, handler, metrics[begin:end])
+                        begin = end
+
     def _queue(self, group: str, handler: MetricHandler, rows: list[Any]) -> None:
         lost = self._worker(handler).put(group, rows)
+        if lost:
+            self._count_lost(handler, group, lost)
+
+    def _count_lost(self, handler: MetricHandler, group: str, lost: int) -> None:
         if lost:
             self.dropped += lost
             self.dropped_by_group[group] += lost

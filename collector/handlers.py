@@ -6,9 +6,12 @@ user's own ``MetricHandler`` subclass, with keyword arguments after commas: ``pk
 builds ``Class(key=value, key2=value2)`` (see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC``
 binds it to a group; the group ``*`` is the default for groups nobody configured (``console`` unless given).
 
-A handler that defines ``emit_window(row: WindowRow, job: str)`` (:func:`takes_windows`) receives each closed
-window whole, histogram included, instead of one ``MetricData`` per aggregation; metrics that belong to no
-window still reach its ``emit``.
+A handler that defines ``emit_columns(columns: Columns)`` (:func:`takes_columns`) receives each collector pass
+once, as one :class:`collector.columns.Columns` holding the rows of all the groups it serves (arrays per figure),
+instead of one ``MetricData`` per aggregation and row. A handler that defines ``emit_window(row: WindowRow, job:
+str)`` (:func:`takes_windows`) receives each closed window whole, histogram included. Either way, metrics that
+belong to no window (put by ranks, the collector's own figures) still reach its ``emit``. A handler defining
+both gets columns.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, Nul
 from shmstat.errors import ConfigError
 
 if TYPE_CHECKING:
+    from .columns import Columns
     from .merge import WindowRow
 
 __all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs",
-           "takes_windows"]
+           "plan_pass", "takes_columns", "takes_windows"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -71,6 +75,22 @@ class JsonlMetricHandler(MetricHandler):
         if source_rank is not None:
             row["source_rank"] = source_rank
         self._out.write(json.dumps(row, allow_nan=False) + "\n")
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Write one line per figure of a pass: the same lines, in the same order, as :meth:`emit` writes for
+        the MetricData of those rows."""
+        job, dumps, lines = columns.job, json.dumps, []
+        for end, group, name, value, rank, start, torn in columns.flat():
+            row = {"timestamp": end, "group": group, "name": name, "value": _json_number(value), "rank": rank,
+                   "window_start": start, "window_end": end}
+            if torn:
+                row["torn"] = True
+            if job is not None:
+                row["job"] = job
+            lines.append(dumps(row, allow_nan=False))
+        if lines:
+            lines.append("")
+            self._out.write("\n".join(lines))
 
     def flush(self) -> None:
         """Push buffered lines to the file."""
@@ -174,6 +194,29 @@ def _split_top_level(spec: str, text: str) -> list[str]:
 def takes_windows(handler: MetricHandler) -> bool:
     """Whether ``handler`` takes whole window rows (it defines ``emit_window(row, job)``)."""
     return callable(getattr(handler, "emit_window", None))
+
+
+def takes_columns(handler: MetricHandler) -> bool:
+    """Whether ``handler`` takes whole passes as columns (it defines ``emit_columns(columns)``)."""
+    return callable(getattr(handler, "emit_columns", None))
+
+
+def plan_pass(handler_for: Any, discards: Any, columns: Columns) -> list[tuple[MetricHandler, str, Columns]]:
+    """How one pass reaches its handlers: ``(handler, kind, its rows)`` per handler serving a group present,
+    with ``kind`` ``"columns"`` (:func:`takes_columns`), ``"windows"`` (:func:`takes_windows`) or ``"rows"``
+    (one MetricData per aggregation); groups whose handler :meth:`~Dispatcher.discards` get nothing."""
+    groups = columns.groups() if len(columns) else []
+    served: dict[int, tuple[MetricHandler, list[str]]] = {}
+    for group in groups:
+        if not discards(group):
+            handler = handler_for(group)
+            served.setdefault(id(handler), (handler, []))[1].append(group)
+    out = []
+    for handler, mine in served.values():
+        part = columns if len(mine) == len(groups) else columns.of_groups(set(mine))
+        kind = "columns" if takes_columns(handler) else "windows" if takes_windows(handler) else "rows"
+        out.append((handler, kind, part))
+    return out
 
 
 def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
@@ -281,6 +324,19 @@ class Dispatcher:
             return False
         self._call(handler, row.group, handler.emit_window, row, job)  # type: ignore[attr-defined]
         return True
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Hand one pass to the handlers of its groups (see :func:`plan_pass`): whole to those that take columns,
+        row by row to the others."""
+        for handler, kind, part in plan_pass(self.handler_for, self.discards, columns):
+            if kind == "columns":
+                self._call(handler, ",".join(part.groups()), handler.emit_columns, part)  # type: ignore[attr-defined]
+            elif kind == "windows":
+                for row in part.to_rows():
+                    self._call(handler, row.group, handler.emit_window, row, columns.job)  # type: ignore[attr-defined]
+            else:
+                for metric in part.to_metrics():
+                    self._call(handler, metric.group_name, handler.emit, metric)
 
     def _call(self, handler: MetricHandler, group: str, fn: Any, *args: Any) -> None:
         try:

@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shmstat import layout as L
+from shmstat.aggregation import PERCENTILE_MASK
 from shmstat.histogram import Histogram
 from shmstat.layout import RankInfo, RankState, StatDescriptor
-from shmstat.reader import SegmentReader, WindowRead
+from shmstat.reader import SegmentReader
 from shmstat.segment import Segment
 
+from .column_merge import Parts, StatTable, merge_parts
+from .columns import Columns
 from .hist_reader import read_histograms
-from .merge import Summary, WindowRow, merge_all
+from .merge import WindowRow
 
 __all__ = ["ScanResult", "Scanner"]
 
@@ -47,18 +50,27 @@ _WORDS = L.BANK_WORDS
 
 @dataclass
 class ScanResult:
-    """What one pass produced: rows in window order (merged row first, then one per rank) and counters.
+    """What one pass produced: its rows as :class:`Columns` (window order, merged row first, then one per rank)
+    and counters; :attr:`rows` gives the same rows as :class:`WindowRow` objects (built on first use).
 
     ``skipped_windows`` / ``skipped_rows``: merged windows / rows (merged and per rank) of groups the caller's
     ``want`` declined; they were read, counted and are committed like the others, but never built.
     """
 
-    rows: list[WindowRow] = field(default_factory=list)
+    columns: Columns = field(default_factory=lambda: Columns.empty(""))
     windows_read: int = 0
     overwritten: int = 0
     torn: int = 0
     skipped_windows: int = 0
     skipped_rows: int = 0
+    _rows: list[WindowRow] | None = field(default=None, repr=False)
+
+    @property
+    def rows(self) -> list[WindowRow]:
+        """The rows as :class:`WindowRow` objects (built from :attr:`columns` once, on first use)."""
+        if self._rows is None:
+            self._rows = self.columns.to_rows()
+        return self._rows
 
 
 @dataclass
@@ -92,10 +104,18 @@ class _Table:
             np.int64, n,
         )
         self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
-        self.first_slot: dict[StatKey, int] = {}
-        """Stat key -> the first slot of it (whose descriptor's flags speak for the stat)."""
+        first_slot: dict[StatKey, int] = {}  # the first slot of a stat: its descriptor's flags speak for the stat
         for i, s in enumerate(slots):
-            self.first_slot.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), i)
+            first_slot.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), i)
+        order = np.empty(len(keys), np.int64)
+        order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
+        self.stats = StatTable(
+            np.array([k[0] for k in keys] + [None], object)[:-1], np.array([k[1] for k in keys] + [None], object)[:-1],
+            np.array([k[2] for k in keys], np.int64).reshape(-1), np.array([k[3] for k in keys], np.int64).reshape(-1),
+            np.array([slots[first_slot[k]].desc.higher_is_better for k in keys], bool).reshape(-1),
+            np.array([bool(k[3] & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
+        )
+        """The stats, by key id (for :func:`collector.column_merge.merge_parts`)."""
         self.groups = list(groups)
         self.window_lengths = sorted(set(self.wns.tolist()))
 
@@ -234,20 +254,20 @@ class Scanner:
         adv = (safe > after) & ~slow
         pend_idx, pend_wid = [idx[adv]], [safe[adv]]
         result.windows_read += len(fs)
-        collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]] = {}
+        collected: list[Parts] = []
         skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         wanted_group = np.array([want is None or bool(want(g)) for g in t.groups], bool)
+        rank_of = np.zeros(self.segment.geometry.max_ranks, np.int64)  # local rank -> global rank
+        for lr, info in self._infos.items():
+            rank_of[lr] = info.rank
         if len(fs):
             wanted = wanted_group[t.group_id[idx[fs]]]
             if not wanted.all():
                 skip = ~wanted
-                rank_of = np.zeros(self.segment.geometry.max_ranks, np.int64)  # local rank -> global rank
-                for lr, info in self._infos.items():
-                    rank_of[lr] = info.rank
                 skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID], rank_of[t.lr[idx[fs[skip]]]]))
                 fs, fdata, fcount, fgrow = fs[wanted], fdata[wanted], fcount[wanted], fgrow[wanted]
             if len(fs):
-                self._collect(t, idx[fs], fdata, fcount, fgrow, collected)
+                collected.append(self._collect(t, idx[fs], fdata, fcount, fgrow, rank_of))
         held: dict[int, int] = {}  # key id -> first window a live writer's torn bank holds back
         for pos in np.flatnonzero(slow).tolist():
             i = int(idx[pos])
@@ -257,52 +277,40 @@ class Scanner:
                 kid = int(t.key_id[i])
                 held[kid] = min(held.get(kid, safe_wid + 1), safe_wid + 1)
         pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)
+        found = Parts.concat(collected) if collected else None
         if held:
-            pend_w = self._hold_back(t, held, collected, skipped, pend_i, pend_w, result)
+            found, pend_w = self._hold_back(t, held, found, skipped, pend_i, pend_w, result)
         self._pending = (pend_i, pend_w)
         if skipped:
             ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
             result.skipped_windows += _distinct(ks, ws)
             result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
-        better = {key: t.slots[i].desc.higher_is_better for key, i in t.first_slot.items()}
-        for key, w in sorted(collected, key=lambda k: (k[1], k[0])):
-            group, name, window_ms, mask = key
-            hib = better.get(key, False)
-            parts = sorted(collected[(key, w)], key=lambda p: (p[0], p[1]))  # by rank, then slot order
-            by_rank: dict[int, list[Summary]] = {}  # a rank's own slot and its writers' (forked children, workers)
-            for rank, _, s in parts:
-                by_rank.setdefault(rank, []).append(s)
-            merged = merge_all(s for _, _, s in parts)
-            result.rows.append(WindowRow(group, name, w, window_ms, mask, None, merged, ranks=len(by_rank),
-                                         higher_is_better=hib))
-            result.rows.extend(
-                WindowRow(group, name, w, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss),
-                          higher_is_better=hib)
-                for rank, ss in by_rank.items()
-            )
+        if found is not None and len(found.wid):
+            result.columns = merge_parts(self.segment.job, found, t.stats)
 
     @staticmethod
-    def _hold_back(t: _Table, held: dict[int, int],
-                   collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
+    def _hold_back(t: _Table, held: dict[int, int], found: Parts | None,
                    skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
-                   result: ScanResult) -> np.ndarray:
+                   result: ScanResult) -> tuple[Parts | None, np.ndarray]:
         """A live writer stalled mid-add (torn bank) holds back, for every rank, the windows of its stat from the
         one it is writing on, so that each merged window is still emitted once and whole; stalls of K-2 windows
         or more are not waited for (the others' windows must not be overwritten meanwhile). Drops those windows
-        from this pass and returns the watermarks clamped below them (never below where they were)."""
-        for key, w in list(collected):
-            first = held.get(t.keys[key])
-            if first is not None and w >= first:
-                parts = collected.pop((key, w))
-                result.windows_read -= len(parts)  # read again, and counted then
-                result.torn -= sum(p[2].torn for p in parts)
+        from this pass and returns what is left and the watermarks clamped below them (never below where they
+        were)."""
+        first = np.full(len(t.keys), 1 << 62, np.int64)  # key id -> first window held back
+        for kid, w in held.items():
+            first[kid] = w
+        if found is not None:
+            drop = found.wid >= first[found.key]
+            result.windows_read -= int(drop.sum())  # read again, and counted then
+            result.torn -= int(found.torn[drop].sum())
+            found = found.take(~drop)
         for n, (ks, ws, rs) in enumerate(skipped):
-            keep = np.array([w < held.get(int(k), w + 1) for k, w in zip(ks.tolist(), ws.tolist(), strict=True)],
-                            bool)
+            keep = ws < first[ks]
             result.windows_read -= int((~keep).sum())
             skipped[n] = (ks[keep], ws[keep], rs[keep])
-        limit = np.array([held.get(int(k), 1 << 62) - 1 for k in t.key_id[pend_i].tolist()], np.int64)
-        return np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
+        limit = first[t.key_id[pend_i]] - 1
+        return found, np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
 
     def _read_banks(self, grow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
@@ -338,25 +346,19 @@ class Scanner:
         return sorted(stuck)
 
     def _collect(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
-                 collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]]) -> None:
-        hists = self._histograms(t, slot_idx, fdata, fgrow)
+                 rank_of: np.ndarray) -> Parts:
+        """The found windows of the vectorised read as :class:`Parts` (histograms read for stats keeping them)."""
+        n = len(slot_idx)
+        hist = np.full(n, None, object)
+        for k, h in self._histograms(t, slot_idx, fdata, fgrow).items():
+            hist[k] = h
+        need = np.flatnonzero((t.hist[slot_idx] >= 0) & (hist == None))  # noqa: E711 - read again one by one
+        for k in need.tolist():
+            hist[k] = self._read_hist(t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
         f = fdata.view(np.float64)
-        cols = zip(
-            slot_idx.tolist(), fdata[:, L.B_WID].tolist(), fcount.tolist(), f[:, L.B_SUM].tolist(),
-            f[:, L.B_MIN].tolist(), f[:, L.B_MAX].tolist(), f[:, L.B_LAST].tolist(), fdata[:, L.B_TS].tolist(),
-            strict=True,
-        )
-        slots, infos = t.slots, self._infos
-        for k, (i, w, n, total, lo, hi, last, ts) in enumerate(cols):
-            d = slots[i].desc
-            hist = None
-            if d.hist >= 0:
-                hist = hists.get(k)
-                if hist is None:
-                    hist = self._read_hist(d, w, n)
-            collected.setdefault(((d.group, d.name, d.window_ms, d.agg_mask), w), []).append(
-                (infos[d.local_rank].rank, i, Summary(n, total, lo, hi, last, ts, False, hist))
-            )
+        return Parts(t.key_id[slot_idx], rank_of[t.lr[slot_idx]], slot_idx, fdata[:, L.B_WID], fcount,
+                     f[:, L.B_SUM], f[:, L.B_MIN], f[:, L.B_MAX], f[:, L.B_LAST], fdata[:, L.B_TS],
+                     np.zeros(n, bool), hist)
 
     def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray,
                     fgrow: np.ndarray) -> dict[int, Histogram | None]:
@@ -386,8 +388,8 @@ class Scanner:
         return snap.hist
 
     def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
-                     collected: dict[tuple[StatKey, int], list[tuple[int, int, Summary]]],
-                     skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
+                     collected: list[Parts], skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                     pend_idx: list[np.ndarray],
                      pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> int:
         """One slot the slow way (a bank stayed torn): :meth:`SegmentReader.read_slot` decides. Returns the
         newest window of the slot that is settled (emitted now or before)."""
@@ -399,13 +401,18 @@ class Scanner:
         alive = False if info.state == RankState.DIED else None
         read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive)
         result.overwritten += read.overwritten
-        key = (desc.group, desc.name, desc.window_ms, desc.agg_mask)
         wanted = bool(wanted_group[t.group_id[i]])
         for w in read.windows:
             result.windows_read += 1
             result.torn += w.torn
             if wanted:
-                collected.setdefault((key, w.wid), []).append((w.rank, i, _summary(w)))
+                hist = np.empty(1, object)
+                hist[0] = w.hist
+                collected.append(Parts(
+                    t.key_id[i:i + 1], np.array([w.rank], np.int64), np.array([i], np.int64),
+                    np.array([w.wid], np.int64), np.array([w.count], np.int64), np.array([w.sum], np.float64),
+                    np.array([w.min], np.float64), np.array([w.max], np.float64), np.array([w.last], np.float64),
+                    np.array([w.last_ts], np.int64), np.array([w.torn], bool), hist))
             else:
                 skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64),
                                 np.array([w.rank], np.int64)))
@@ -447,6 +454,3 @@ def _distinct(*columns: np.ndarray) -> int:
         change |= c[1:] != c[:-1]
     return 1 + int(change.sum())
 
-
-def _summary(w: WindowRead) -> Summary:
-    return Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn, w.hist)

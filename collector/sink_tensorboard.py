@@ -10,6 +10,7 @@ framework-free summary writer; install it with ``pip install 'shmstat[tensorboar
   timestamp as wall time;
 - a value that is not a real number, or not finite as a float32 (NaN, infinities, beyond 3.4e38), is skipped
   and counted (:attr:`TensorboardMetricHandler.skipped_nonfinite`, ``skipped_not_numeric``);
+- whole passes come as columns (``emit_columns``), written as the same scalars in the same order;
 - rows of a job go to ``DIR/<job>/`` (the node collector serves several jobs), one writer and one event file
   per job; rows naming no job go to ``DIR`` itself. ``DIR`` and the job directories are created mode 0700.
 
@@ -23,11 +24,14 @@ import math
 import numbers
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat.errors import ConfigError
 from shmstat.runtime import validate_job
+
+if TYPE_CHECKING:
+    from .columns import Columns
 
 __all__ = ["TensorboardMetricHandler"]
 
@@ -127,6 +131,30 @@ class TensorboardMetricHandler(MetricHandler):
             writer.add_scalar(tag, number, step, wall_time=wall_time)
             self.written += 1
             self._dirty = True
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Write a whole pass: the same scalars, in the same order, as :meth:`emit` writes for the MetricData of
+        those rows (tag, step = window index, wall time = window end; non-finite values skipped and counted)."""
+        job = columns.job
+        steps: dict[tuple[float, float], int | None] = {}
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            writer = self._writers.get(job)
+            if writer is None:
+                writer = self._open(job)
+            add = writer.add_scalar
+            for end, group, name, value, rank, start, _torn in columns.flat():
+                if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+                    self.skipped_nonfinite += 1
+                    continue
+                step = steps.get((start, end), -1)
+                if step == -1:
+                    step = steps[(start, end)] = _window_index(start, end)
+                tag = f"{group}/{name}" if rank is None else f"rank{rank}/{group}/{name}"
+                add(tag, value, step, wall_time=end)
+                self.written += 1
+                self._dirty = True
 
     def _open(self, job: str | None) -> Any:
         """The writer of ``job``'s directory, made now (called with the lock held)."""

@@ -17,12 +17,18 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from elastic.metrics import StatMetricData
 from shmstat import wire
 from shmstat.errors import ConfigError
 
 from .merge import Summary, WindowRow, WindowSpan
+
+if TYPE_CHECKING:
+    from .columns import Columns
 
 __all__ = [
     "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
@@ -182,6 +188,58 @@ class StragglerDetector:
         self._forget(out.events)
         return out
 
+    def update_columns(self, cols: Columns, *, scores: bool = True) -> StragglerUpdate:
+        """:meth:`update` for a pass as columns, scored on arrays. With ``scores=False`` the update's
+        :attr:`~StragglerUpdate.scores` hold only the scores that can change a rank's state (under the threshold,
+        or of a rank currently slow), not every score: the events are the same."""
+        out = StragglerUpdate()
+        if not len(cols):
+            self._forget(out.events)
+            return out
+        self._latest_ns = max(self._latest_ns, int(cols.end_ns.max()))
+        block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
+        with np.errstate(invalid="ignore"):
+            fig = np.where(cols.hist != None, cols.p50, cols.mean)  # noqa: E711 - figure(): p50 if a histogram
+            rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig))
+        b, f = block[rows], fig[rows]
+        order = np.lexsort((f, b))
+        rows, b, f = rows[order], b[order], f[order]
+        size = np.bincount(b, minlength=int(block[-1]) + 1)
+        start = np.cumsum(size) - size
+        neg = np.bincount(b, weights=(f < 0), minlength=len(size)) > 0
+        ok = (size >= 2) & ~neg
+        keep = ok[b]
+        rows, b, f = rows[keep], b[keep], f[keep]
+        half = size // 2
+        hi_mid = _f_sorted_at(f, start, b, half)
+        lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
+        median_of = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)
+        median = median_of[b]
+        hib = cols.higher_is_better[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(median == 0, 1.0, np.where(hib, f / np.where(median == 0, 1.0, median),
+                                                        np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
+        pick = np.ones(len(rows), bool) if scores else score < self.threshold
+        if not scores and self._slow:
+            names = {(g, n) for g, n, _ in self._slow}
+            for j in np.flatnonzero(~pick).tolist():
+                i = rows[j]
+                key = (cols.group[i], cols.stat[i])
+                if key in names and (*key, int(cols.rank[i])) in self._slow:
+                    pick[j] = True
+        chosen = [Score(cols.group[i], cols.stat[i], int(cols.rank[i]), int(cols.wid[i]), int(cols.window_ms[i]),
+                        sc, fg, md)
+                  for i, sc, fg, md in zip(rows[pick].tolist(), score[pick].tolist(), f[pick].tolist(),
+                                           median[pick].tolist(), strict=True)]
+        chosen.sort(key=lambda s: (s.group, s.stat, s.wid, s.rank))
+        for sc in chosen:
+            out.scores.append(sc)
+            event = self._observe(sc)
+            if event is not None:
+                out.events.append(event)
+        self._forget(out.events)
+        return out
+
     def _observe(self, s: Score) -> StragglerEvent | None:
         key = (s.group, s.stat, s.rank)
         slow = self._slow.get(key)
@@ -235,3 +293,13 @@ def _score_window(rows: list[WindowRow]) -> list[Score]:
     median, scores = score_ranks(figures, first.higher_is_better)
     return [Score(first.group, first.name, rank, first.wid, first.window_ms, scores[rank], figures[rank], median)
             for rank in sorted(scores)]
+
+
+def _f_sorted_at(f: np.ndarray, start: np.ndarray, b: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """Per block: the figure at ``offset`` within the block's sorted figures (``f`` sorted by block then value;
+    blocks with no entry give 0.0)."""
+    out = np.zeros(len(start))
+    if len(b):
+        present = np.unique(b)
+        out[present] = f[np.searchsorted(b, present) + offset[present]]
+    return out

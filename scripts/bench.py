@@ -182,6 +182,8 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
     Commands: ``go SECONDS`` measures CPU and latency for that long and reports; ``count N TIMEOUT`` waits
     until N events were relayed and reports the time; EOF shuts the collector down and reports counters.
     """
+    import numpy
+
     from collector import Collector, CollectorConfig
     from elastic.metrics import MetricHandler, NullMetricHandler
     from shmstat.layout import Geometry
@@ -200,9 +202,27 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
         def emit(self, metric_data: Any) -> None:
             self.n += 1
 
+    class ColumnCounting(MetricHandler):  # a columnar consumer: touches every figure of every pass it gets
+        n = 0
+        total = 0.0
+
+        def emit(self, metric_data: Any) -> None:
+            self.n += 1
+
+        def emit_columns(self, columns: Any) -> None:
+            if measuring[0] and len(columns):
+                lat.append(time.time() - float(columns.window_end.max()))
+            self.n += int(columns.count.sum())
+            self.total += float(columns.sum.sum() + columns.min.sum() + columns.max.sum() + columns.value.sum()
+                                + columns.mean.sum() + sum(numpy.nansum(getattr(columns, p))
+                                                           for p in ("p50", "p90", "p99", "p999")))
+
     geometry = Geometry(args.ranks, args.stats, 4, args.stats if args.percentiles else 16) if args.stats else None
     config = CollectorConfig(job=job, geometry=geometry, status_interval_s=0, grace_ms=args.grace_ms)
-    handlers = {"*": Counting() if args.consume else NullMetricHandler(), "zz_probe": Probe()}
+    if args.columns:  # one columnar handler for every group (the probe stat's too): it records the latency itself
+        handlers: dict[str, MetricHandler] = {"*": ColumnCounting()}
+    else:
+        handlers = {"*": Counting() if args.consume else NullMetricHandler(), "zz_probe": Probe()}
     col = Collector(config, handler_objects=handlers, out=open(os.devnull, "w"))  # noqa: SIM115
     commands: list[str] = []
     done = threading.Event()
@@ -543,6 +563,7 @@ def run_worker(argv: list[str]) -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--grace-ms", type=int, default=20)
     ap.add_argument("--consume", action="store_true")
+    ap.add_argument("--columns", action="store_true")
     ap.add_argument("--percentiles", action="store_true")
     args = ap.parse_args(argv)
     kind = args.worker
@@ -627,11 +648,11 @@ def run_throughput(nranks: int, events: int) -> dict[str, Any]:
 
 
 def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, consume: bool = False,
-                       percentiles: bool = False) -> dict[str, Any]:
+                       percentiles: bool = False, columns: bool = False) -> dict[str, Any]:
     job = new_job(f"cost{nranks * stats}")
     pct = ["--percentiles"] if percentiles else []
     col = start_worker("collector", "--job", job, "--ranks", str(nranks), "--stats", str(stats),
-                       *(["--consume"] if consume else []), *pct)
+                       *(["--consume"] if consume else []), *(["--columns"] if columns else []), *pct)
     ranks: list[subprocess.Popen[str]] = []
     try:
         seg_size = int(expect_line(col, "ready"))
@@ -652,7 +673,7 @@ def run_collector_cost(nranks: int, stats: int, seconds: float, warmup: float, c
         unlink_job(job)
     lat = sorted(got["lat"])
     got.update(slots=nranks * stats, ranks=nranks, stats=stats, segment=seg_size, consume=consume,
-               percentiles=percentiles,
+               percentiles=percentiles, columns=columns,
                lat_median=statistics.median(lat) if lat else None, lat_max=lat[-1] if lat else None)
     return got
 
@@ -925,7 +946,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
     for c in cost:
         lm = f"{c['lat_median'] * 1000:.1f} ms" if c["lat_median"] is not None else "n/a"
         lx = f"{c['lat_max'] * 1000:.1f} ms" if c["lat_max"] is not None else "n/a"
-        handler = "counting (every row built)" if c.get("consume") else "null"
+        handler = ("columnar (emit_columns, every figure touched)" if c.get("columns")
+                   else "counting (every row built)" if c.get("consume") else "null")
         if c.get("percentiles"):
             handler += ", stats with P50/P99"
         out.append(f"| {c['ranks']} x {c['stats']:,} | {handler} | {c['slots']:,} | {mib(c['segment'])} | "
@@ -936,7 +958,9 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
                "so it is the time from a window's end to the end of the pass that emits it. With the null handler "
                "(and no subscriber) the collector reads, checks and counts every window but builds no row for "
                "it; the counting handler shows what building and dispatching every row (one MetricData per "
-               "aggregation, merged and per rank) costs, the least any real handler adds.")
+               "aggregation, merged and per rank) costs, the least any real handler adds. The columnar handler serves "
+               "every group (the probe's too) and takes each pass whole as arrays (`emit_columns`); it sums every "
+               "figure of every pass and measures the latency itself (window end to its call).")
     out += ["", "## Targets", ""]
     best = tput[0] if tput else None
     if best:
@@ -948,9 +972,16 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         out.append(f"- collector at {c['slots']:,} slots under 10% of one core: {c['cpu_per_s'] * 100:.1f}% -> "
                    f"{'met' if c['cpu_per_s'] < 0.10 else 'NOT met'}")
     for c in cost:
+        if c.get("columns"):
+            out.append(f"- columnar handler at {c['slots']:,} slots{' (P50/P99)' if c.get('percentiles') else ''} "
+                       f"under 10% of one core: {c['cpu_per_s'] * 100:.1f}% -> "
+                       f"{'met' if c['cpu_per_s'] < 0.10 else 'NOT met'}")
+    for c in cost:
         if c["lat_max"] is not None:
             out.append(f"- window-to-handler latency under grace + 50 ms ({grace_ms + 50} ms) at {c['slots']:,} "
-                       f"slots{' (counting handler)' if c.get('consume') else ''}: max {c['lat_max'] * 1000:.1f} ms -> "
+                       f"slots{' (counting handler)' if c.get('consume') else ''}"
+                       f"{' (columnar handler)' if c.get('columns') else ''}"
+                       f"{' (P50/P99)' if c.get('percentiles') else ''}: max {c['lat_max'] * 1000:.1f} ms -> "
                        f"{'met' if c['lat_max'] * 1000 < grace_ms + 50 else 'NOT met'}")
     return out
 
@@ -1008,9 +1039,11 @@ def main(argv: list[str]) -> int:
     cost: list[dict[str, Any]] = []
     if "collector" in parts:
         seconds, warmup = (3.0, 1.0) if quick else (10.0, 2.0)
-        for stats, consume, pct in ((125, False, False), (1000, False, False), (8000, False, False),
-                                    (1000, True, False), (1000, False, True), (1000, True, True)):
-            cost.append(run_collector_cost(8, stats, seconds, warmup, consume, pct))
+        for stats, consume, pct, columnar in ((125, False, False, False), (1000, False, False, False),
+                                              (8000, False, False, False), (1000, True, False, False),
+                                              (1000, False, False, True), (1000, False, True, False),
+                                              (1000, True, True, False), (1000, False, True, True)):
+            cost.append(run_collector_cost(8, stats, seconds, warmup, consume, pct, columnar))
             print(f"  collector {8 * stats} slots done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
                   flush=True)
     created = None

@@ -1,0 +1,100 @@
+"""One collector pass out of the scanner and into every consumer (:func:`emit_scan`, the daemon's step).
+
+The pass is read as :class:`collector.columns.Columns` and handed to the dispatcher whole
+(:meth:`collector.dispatch.ThreadedDispatcher.emit_columns`: as columns to handlers that take them, one
+MetricData per aggregation to the others). :class:`collector.merge.WindowRow` objects are built only for
+what still takes rows, and only when it is there: subscribers of a group's ``stat/`` topics and the Prometheus
+exporter. The straggler detector reads the columns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from shmstat import wire
+
+from .config import PLATFORM_GROUP
+from .straggler import EVENT_TOPICS
+
+if TYPE_CHECKING:
+    from .columns import Columns
+    from .config import CollectorConfig
+    from .dispatch import ThreadedDispatcher
+    from .relay import Relay
+    from .scanner import Scanner
+    from .straggler import StragglerDetector
+
+__all__ = ["emit_scan"]
+
+
+class Collector(Protocol):
+    """What :func:`emit_scan` uses of :class:`collector.daemon.Collector` (its state and counters)."""
+
+    config: CollectorConfig
+    relay: Relay | None
+    dispatcher: ThreadedDispatcher
+    exporter: Any
+    scanner: Scanner
+    stragglers: StragglerDetector
+    overwritten: int
+    torn: int
+    windows_emitted: int
+    rows_emitted: int
+
+
+def emit_scan(c: Collector, now: int, *, final: bool) -> None:
+    """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
+    the rows, flush the handlers and commit the watermarks."""
+    relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
+    assert relay is not None
+    relay.update_subscriptions()  # first: rows nobody receives are never built
+    scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
+
+    def wanted(group: str) -> bool:
+        return (scored or exporter is not None or not dispatcher.discards(group)
+                or relay.wants(wire.stat_topic(group, "")))
+
+    result = c.scanner.scan(now, final=final, want=wanted)
+    c.overwritten += result.overwritten
+    c.torn += result.torn
+    c.windows_emitted += result.skipped_windows
+    c.rows_emitted += result.skipped_rows
+    cols = result.columns
+    dispatcher.emit_columns(cols)
+    c.rows_emitted += len(cols)
+    c.windows_emitted += int(np.count_nonzero(cols.rank < 0))
+    if len(cols) and relay.prefixes:
+        for group in cols.groups():
+            if relay.wants(wire.stat_topic(group, "")):
+                _publish_rows(relay, cols.of_groups({group}))
+    if exporter is not None:
+        exporter.observe(job, result.rows)
+    scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
+    found = c.stragglers.update_columns(cols, scores=scores_wanted)  # scores to our group, events on event/<name>
+    if found.scores and scores_wanted:
+        dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+    for ev in found.events:
+        relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
+    dispatcher.flush()
+    c.scanner.commit()
+
+
+def _publish_rows(relay: Relay, cols: Columns) -> None:
+    """Publish the rows of one group on their ``stat/<group>/<name>`` topics, to the topics someone wants."""
+    by_topic: dict[str, list[dict]] = {}
+    wants = relay.wants
+    for row in cols.to_rows():
+        topic = wire.stat_topic(row.group, row.name)
+        items = by_topic.get(topic)
+        if items is None:
+            items = by_topic[topic] = [] if wants(topic) else _NOBODY
+        if items is not _NOBODY:
+            items.append(row.to_wire())
+    for topic, items in by_topic.items():
+        if items is not _NOBODY:
+            relay.publish(topic, "stat", items)
+
+
+_NOBODY: list[dict] = []  # marks a topic no subscriber listens to

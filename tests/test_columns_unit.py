@@ -1,0 +1,91 @@
+"""Columns helpers, and the straggler detector on columns against the same detector on rows (random passes)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from collector import Columns, takes_columns
+from collector.column_merge import Parts, StatTable, merge_parts
+from collector.merge import Summary, merge_all
+from collector.straggler import StragglerDetector
+from elastic.metrics import MetricHandler
+from shmstat.aggregation import Aggregation as A
+from shmstat.aggregation import to_mask
+from shmstat.histogram import Histogram
+
+MASKS = (to_mask([A.COUNT, A.SUM, A.MEAN]), to_mask([A.MEAN, A.P50, A.P99]))
+
+
+def _random_pass(rng: random.Random, wid: int) -> Columns:
+    """A pass of 3 stats x up to 6 ranks (some with two writers), figures drawn at random."""
+    stats = StatTable(np.array(["g", "g", "h"], object), np.array(["a", "b", "a"], object),
+                      np.array([100, 100, 100]), np.array([MASKS[0], MASKS[1], MASKS[0]]),
+                      np.array([False, False, True]), np.array([False, True, False]), np.array([0, 1, 2]))
+    rows = []
+    for key in range(3):
+        for rank in range(rng.randint(1, 6)):
+            for _writer in range(rng.choice((1, 1, 2))):
+                n = rng.choice((0, 1, 5, 20))
+                vals = [rng.choice((0.0, 1.0, rng.uniform(0.5, 3.0), -1.0 if rng.random() < 0.02 else 2.0))
+                        for _ in range(n)]
+                hist = None
+                if key == 1 and n:
+                    hist = Histogram(3, 0)
+                    for v in vals:
+                        hist.add(v)
+                rows.append((key, rank, len(rows), wid, n, sum(vals), min(vals, default=0.0),
+                             max(vals, default=0.0), vals[-1] if vals else 0.0, rng.randint(1, 10**6),
+                             rng.random() < 0.05 and n == 0, hist))
+    cols = list(zip(*rows, strict=True))
+    hist = np.empty(len(rows), object)
+    hist[:] = list(cols[11])
+    parts = Parts(*(np.array(c) for c in cols[:11]), hist)
+    return merge_parts("job", parts, stats)
+
+
+def test_straggler_scores_on_columns_equal_scores_on_rows():
+    rng = random.Random(7)
+    on_rows, on_cols, lean = (StragglerDetector("job", windows=2) for _ in range(3))
+    for wid in range(1, 60):
+        cols = _random_pass(rng, wid)
+        want = on_rows.update(cols.to_rows())
+        got = on_cols.update_columns(cols)
+        assert got.scores == want.scores
+        assert got.events == want.events
+        assert lean.update_columns(cols, scores=False).events == want.events
+
+
+def test_columns_helpers():
+    cols = _random_pass(random.Random(3), 5)
+    assert len(cols.merged()) + len(cols.per_rank()) == len(cols)
+    assert (cols.merged().rank == -1).all() and (cols.per_rank().rank >= 0).all()
+    rows = cols.to_rows()
+    assert rows == list(cols) and [cols.row(i) for i in range(len(cols))] == rows
+    assert (cols.start_ns == cols.wid * 100 * 10**6).all() and (cols.end_ns - cols.start_ns == 10**8).all()
+    for i, row in enumerate(rows):  # merged rows merge every part of the window; per-rank rows those of one rank
+        if row.rank is None:
+            parts = [r.summary for r in rows[i + 1:i + 1 + row.ranks]]
+            assert row.summary.count == merge_all(parts).count
+    assert cols.of_groups({"h"}).groups() == ["h"]
+    assert cols.aggregations(0) == (A.COUNT, A.SUM, A.MEAN)
+    assert np.isnan(cols.of_groups({"h"}).p50).all()
+    metrics = cols.to_metrics()
+    flat = list(cols.flat())
+    assert len(metrics) == len(flat)
+    assert all(m.name == f[2] and m.value == f[3] for m, f in zip(metrics, flat, strict=True))
+    assert len(Columns.empty("j")) == 0 and Columns.empty("j").to_metrics() == []
+    assert Summary(1, 1.0, 1.0, 1.0, 1.0, 1).count == 1
+
+
+def test_takes_columns():
+    class Rows(MetricHandler):
+        def emit(self, metric_data) -> None:
+            pass
+
+    class Cols(Rows):
+        def emit_columns(self, columns) -> None:
+            pass
+
+    assert takes_columns(Cols()) and not takes_columns(Rows())
