@@ -78,6 +78,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import zmq
 
 from . import _state, wire
@@ -85,12 +86,11 @@ from .backlog import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
     METRIC_BYTES,
-    _Backlog,
-    _Batch,
     backlog_bytes_from_env,
     item_bytes,
 )
 from .errors import ConfigError
+from .outbox import KIND_CODES, new_outbox
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -139,7 +139,7 @@ class _FlushRequest:
         self.done = threading.Event()
 
 
-class Publisher(_SocketProtocol, _Backlog):
+class Publisher(_SocketProtocol):
     """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
 
     ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
@@ -201,33 +201,20 @@ class Publisher(_SocketProtocol, _Backlog):
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
 
-        # caller side
-        # entries: ("event", name, ts_ns, data) | ("metric", group, name, value, ts) | (None, topic, kind, item)
-        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._append = self._q.append
+        # the backlog: items encoded at publish time, batched, bounded (C or pure Python, see shmstat.outbox)
+        self._outbox_args = {"rank": rank, "pid": pid, "incarnation": incarnation, "batch_max": batch_max,
+                             "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
+                             "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
+        self._outbox: Any = new_outbox(**self._outbox_args)
+        self._q: collections.deque[Any] = collections.deque()  # always empty: callers hand items to the outbox
         self._started = False
-        self._late_drops = 0  # publishes after close() or in a forked child
-        self._overflow = 0  # publishes refused because the caller-side queue was full
-        self._in_bytes = 0  # estimated bytes ever queued by callers (callers write it)
-        self._out_bytes = 0  # estimated bytes ever taken off the queue (the thread writes it)
 
         # thread side (written only by the background thread while it runs)
-        self._next_seq = 0  # == items taken from self._q (the take index)
-        self._wire_seq = 0  # the next sequence number on the wire (assigned when a batch is sealed)
-        self._pending: collections.deque[_Batch] = collections.deque()
-        # the batch of each topic that items may still join, by how they were queued: event name,
-        # {group: {name: batch}} for metrics, topic of publish()
-        self._open: tuple[dict[Any, _Batch], dict[Any, dict[Any, _Batch]], dict[Any, _Batch]] = ({}, {}, {})
-        self._held = 0
-        self._held_bytes = 0
-        self._overflow_numbered = 0  # how many of the caller-side refusals took their sequence numbers so far
-        self._sent_items = 0
-        self._sent_messages = 0
-        self._dropped = 0
         self._prefixes: set[bytes] = set()
         self._subscribed = False
         self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
+        self._warned_slow = False
         self._flush_waiting: list[_FlushRequest] = []
 
         # shared control
@@ -260,29 +247,22 @@ class Publisher(_SocketProtocol, _Backlog):
     # ------------------------------------------------------------------------------------- caller side
 
     def publish_event(self, name: str, ts_ns: int, data: dict[str, Any], size: int = 0) -> None:
-        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with a copy of ``data``; never blocks.
+        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with ``data`` (encoded now: the caller may change
+        ``data`` afterwards); never blocks.
 
-        ``data`` values must be ``str``/``int``/``float``/``bool`` (not checked here: an item that cannot
-        be encoded is dropped, counted and logged once by the background thread). ``size`` is the event's
-        :func:`item_bytes` if the caller has it. Past the byte bound the event is dropped and counted.
+        ``data`` values must be ``str``/``int``/``float``/``bool`` (an item that cannot be encoded is dropped,
+        counted and logged once). ``size`` is the event's :func:`item_bytes` if the caller has it. Past the
+        bound the event is dropped and counted.
         """
-        if not size:
-            size = item_bytes(name, data)
-        if self._in_bytes - self._out_bytes + size > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += size
-        self._append(("event", name, ts_ns, dict(data), size))
+        if self._outbox.event(name, ts_ns, data, size) < 0:
+            self._publish_slow("event", name, None, (name, ts_ns, data), size)
         if not self._started:
             self._start()
 
     def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
         """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
-        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += METRIC_BYTES
-        self._append(("metric", group, name, value, ts, METRIC_BYTES))
+        if self._outbox.metric(group, name, value, ts) is not None:
+            self._publish_slow("metric", group, name, (group, name, value, ts), METRIC_BYTES)
         if not self._started:
             self._start()
 
@@ -306,29 +286,38 @@ class Publisher(_SocketProtocol, _Backlog):
             raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
         if expected != topic:
             raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
-        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += METRIC_BYTES
-        self._append((None, topic, kind, item, METRIC_BYTES))
+        if kind == "event":
+            self._publish_slow(kind, str(item[0]), None, item, METRIC_BYTES)
+        elif kind == "metric":
+            self._publish_slow(kind, str(item[0]), str(item[1]), item, METRIC_BYTES)
+        else:
+            self._publish_slow(kind, topic, None, item, METRIC_BYTES)
         if not self._started:
             self._start()
 
-    def _append_bounded(self, entry: tuple[Any, ...]) -> None:
-        """Stand-in for ``deque.append`` while the thread lags: keep the queue within the bound, count the rest.
-
-        The thread swaps it in when the queue it has not yet taken passes half the backlog bound, and back
-        out when it has caught up, so the common case costs no check at all.
-        """
-        if len(self._q) < self._backlog_limit:
-            self._q.append(entry)
-        else:
-            self._in_bytes -= entry[-1]
-            self._overflow += 1
-
-    def _drop_late(self, entry: tuple[Any, ...]) -> None:
-        """Stand-in for ``deque.append`` after close() or in a forked child: count, keep nothing."""
-        self._late_drops += 1
+    def _publish_slow(self, kind: str, key1: str, key2: str | None, item: Any, size: int) -> None:
+        """Validate and encode an item the outbox's fast path left to us (subclasses, odd values, ``publish``);
+        one that cannot go on the wire is dropped, counted and numbered here, and logged once."""
+        reason = wire._encode_item_reason(kind, item)
+        encoded = b""
+        if reason is None:
+            try:
+                encoded = msgpack.packb(item, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as exc:  # huge ints, lone surrogates, recursion
+                reason = str(exc)
+        if reason is not None or type(key1) is not str or (key2 is not None and type(key2) is not str):
+            self._outbox.invalid(1)
+            if not self._warned_slow:
+                self._warned_slow = True
+                _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted",
+                             reason or "a name that is not a str")
+            return
+        if kind == "event" and not size:
+            try:
+                size = item_bytes(key1, item[2])
+            except Exception:  # keys that are not str (refused above), or odd mappings
+                size = METRIC_BYTES
+        self._outbox.raw(KIND_CODES[kind], key1, key2, encoded, size)
 
     def _start(self) -> None:
         with self._lock:
@@ -355,8 +344,9 @@ class Publisher(_SocketProtocol, _Backlog):
             return True
         thread = self._thread
         if thread is None or not thread.is_alive():
-            return not self._q and self._held == 0
+            return not self._outbox.counters()[4]
         req = _FlushRequest()
+        req.target = self._outbox.counters()[0]
         self._flush_requests.append(req)
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -380,7 +370,7 @@ class Publisher(_SocketProtocol, _Backlog):
                 return
             self._closed = True
             self._started = True  # never start a thread from now on
-            self._append = self._drop_late
+            self._outbox.close()  # later publishes are counted as dropped
         budget_s = max(0, linger_ms) / 1000.0
         deadline = time.monotonic() + budget_s
         thread = self._thread
@@ -397,33 +387,22 @@ class Publisher(_SocketProtocol, _Backlog):
         elif self._sock is not None:
             self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
         self._sock = None
-        # whatever was not handed to zmq is given up
-        leftover = len(self._q)
-        self._q.clear()
-        self._next_seq += leftover
-        self._dropped += leftover + self._held
-        self._held = 0
-        self._held_bytes = 0
-        self._pending.clear()
-        for opened in self._open:
-            opened.clear()
+        self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.term()
         _LIVE.discard(self)
 
     def stats(self) -> PublisherStats:
-        """A snapshot of the counters (see :class:`PublisherStats`); exact once the thread is idle."""
-        taken = self._next_seq
-        waiting = len(self._q)
-        late = self._late_drops + self._overflow
+        """A snapshot of the counters (see :class:`PublisherStats`); consistent at any time."""
+        published, sent_items, sent_messages, dropped, held, _bytes, _invalid, late = self._outbox.counters()
         return PublisherStats(
-            queued=taken + waiting + late,
-            sent_items=self._sent_items,
-            sent_messages=self._sent_messages,
-            dropped=self._dropped + late,
+            queued=published + late,
+            sent_items=sent_items,
+            sent_messages=sent_messages,
+            dropped=dropped + late,
             subscribed=self._subscribed,
-            backlog=self._held + waiting,
+            backlog=held,
         )
 
     @property
@@ -435,22 +414,15 @@ class Publisher(_SocketProtocol, _Backlog):
         """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
         self._dead = True
         self._started = True
-        self._append = self._drop_late
-        _FORK_ORPHANS.append((self._sock, self._ctx))  # never closed, never garbage-collected here
+        _FORK_ORPHANS.append((self._sock, self._ctx, self._outbox))  # never closed, never garbage-collected here
         self._sock = None
         self._thread = None
         self._lock = threading.Lock()
-        self._q = collections.deque()
-        self._pending = collections.deque()
-        self._open = ({}, {}, {})
-        self._wire_seq = 0
+        self._outbox = new_outbox(**self._outbox_args)
+        self._outbox.close()
         self._flush_requests = collections.deque()
         self._flush_waiting = []
-        self._next_seq = self._held = self._sent_items = self._sent_messages = self._dropped = 0
-        self._late_drops = 0
         self._subscribed = False
-
-    # ------------------------------------------------------------------------------------- thread side
 
 # ----------------------------------------------------------------------------------------- process hooks
 
