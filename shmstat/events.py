@@ -348,7 +348,9 @@ def log_event(event: Event) -> None:
         if ts_ns is None:
             ts_ns = event._timestamp_ns()
         # the outbox checks, encodes and queues it in one call (size -1: its fast path declined it)
-        size = pub._outbox.event(event._name, ts_ns, event._data, event._nbytes, MAX_EVENT_BYTES)
+        outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
+        size = -1 if outbox is None else outbox.event(event._name, ts_ns, event._data, event._nbytes,
+                                                      MAX_EVENT_BYTES)
         if size < 0:
             size = event._nbytes or item_bytes(event._name, event._data)
             if size <= MAX_EVENT_BYTES:

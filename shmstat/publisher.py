@@ -2,16 +2,13 @@
 
 A :class:`Publisher` owns one ZeroMQ ``XPUB`` socket *connected* to the collector's ``XSUB`` (which binds the
 job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The caller's side of every
-``publish*`` method is one tuple and one ``deque.append``: ``("event", name, ts_ns, data_copy, size)``,
-``("metric", group, name, value, ts, size)`` or ``(None, topic, kind, item, size)``, ``size`` being the item's
-estimated bytes (:func:`item_bytes`) (the topic string of events and metrics
-is built by the thread, once per batch: measured here, ~170 ns per ``publish_event`` instead of ~200 ns, and
-fewer objects for the GC while a backlog is held). A daemon thread, started on
-the first publish, owns the socket and does everything else: it takes entries from the deque, batches the items
-of each topic (up to ``batch_max`` per message; an item joins its topic's batch still waiting to be sent, so
-topics published interleaved — ``@prof``'s success and duration, a loop's several metrics — still travel in
-large messages), numbers them when a batch is sealed, encodes them with :func:`shmstat.wire.encode`, sends
-with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
+``publish*`` method is one call into the publisher's outbox (:mod:`shmstat.outbox`; in C, ``shmstat._pubfast``,
+when built): the item is checked and msgpack-encoded at once (so the caller may change its data afterwards) and
+added to the open batch of its topic (up to ``batch_max`` items per message; an item joins its topic's batch
+still waiting to be sent, so topics published interleaved — ``@prof``'s success and duration, a loop's several
+metrics — still travel in large messages). A daemon thread, started on the first publish, owns the socket and
+does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
+them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
 
 What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket options below):
 
@@ -34,22 +31,22 @@ What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket
 
 Guarantees:
 
-- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full queue, never touch
-  the socket, and cost one tuple, one ``dict`` copy (events) and one ``deque.append`` (plus checks for
-  ``publish``).
+- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full backlog, never
+  touch the socket, and cost one call into the outbox (the slow path for odd values: a Python check and
+  ``msgpack.packb``; plus checks for ``publish``).
 - Items of one topic leave in publish order (per publisher), and so do items of different kinds (an event
   published before a metric leaves before it). Items of one kind but different topics published close
   together are regrouped per topic, so between them the wire order can differ from the publish order (each
   item carries its timestamp). Sequence numbers start at 0 and run on in send order; every item that is
   dropped takes one too, at its place in the publish order: a receiver's gap of ``n`` is ``n`` lost items.
-- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes wait for the thread, and as many are
-  pending in it (waiting for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of
-  at most :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
+- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes are held here (waiting for the thread,
+  for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of at most
+  :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
   :attr:`PublisherStats.dropped` and numbered. Items that cannot be encoded (bad types, too big) are dropped,
   counted and logged once. Nothing within the bound is lost while the collector is up or before it first
   starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
   after them, so the collector counts them as a gap.
-- ``stats().queued == sent_items + dropped + backlog`` once the thread is idle (see :meth:`Publisher.flush`).
+- ``stats().queued == sent_items + dropped + backlog`` at any time.
 - Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
   and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
   collector sees them as a sequence gap. Items in zmq's pipe when ``close()``'s linger expires with no
