@@ -1,7 +1,7 @@
 """Build hook for the optional C hot path; all project metadata lives in pyproject.toml.
 
-``shmstat._fastpath`` is optional: when it cannot be compiled (no compiler, no Python headers) the install
-still succeeds and ``Stat.add`` uses the pure-Python path.
+``shmstat._fastpath`` and ``shmstat._pubfast`` are optional: when they cannot be compiled (no compiler, no Python
+headers) the install still succeeds and ``Stat.add`` and the publisher use their pure-Python paths.
 """
 
 from setuptools import Extension, setup
@@ -9,5 +9,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("shmstat._fastpath", ["shmstat/_fastpath.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("shmstat._pubfast", ["shmstat/_pubfast.c"], optional=True, extra_compile_args=["-O2"]),
     ],
 )

@@ -2,16 +2,13 @@
 
 A :class:`Publisher` owns one ZeroMQ ``XPUB`` socket *connected* to the collector's ``XSUB`` (which binds the
 job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The caller's side of every
-``publish*`` method is one tuple and one ``deque.append``: ``("event", name, ts_ns, data_copy, size)``,
-``("metric", group, name, value, ts, size)`` or ``(None, topic, kind, item, size)``, ``size`` being the item's
-estimated bytes (:func:`item_bytes`) (the topic string of events and metrics
-is built by the thread, once per batch: measured here, ~170 ns per ``publish_event`` instead of ~200 ns, and
-fewer objects for the GC while a backlog is held). A daemon thread, started on
-the first publish, owns the socket and does everything else: it takes entries from the deque, batches the items
-of each topic (up to ``batch_max`` per message; an item joins its topic's batch still waiting to be sent, so
-topics published interleaved — ``@prof``'s success and duration, a loop's several metrics — still travel in
-large messages), numbers them when a batch is sealed, encodes them with :func:`shmstat.wire.encode`, sends
-with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
+``publish*`` method is one call into the publisher's outbox (:mod:`shmstat.outbox`; in C, ``shmstat._pubfast``,
+when built): the item is checked and msgpack-encoded at once (so the caller may change its data afterwards) and
+added to the open batch of its topic (up to ``batch_max`` items per message; an item joins its topic's batch
+still waiting to be sent, so topics published interleaved — ``@prof``'s success and duration, a loop's several
+metrics — still travel in large messages). A daemon thread, started on the first publish, owns the socket and
+does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
+them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
 
 What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket options below):
 
@@ -34,22 +31,22 @@ What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket
 
 Guarantees:
 
-- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full queue, never touch
-  the socket, and cost one tuple, one ``dict`` copy (events) and one ``deque.append`` (plus checks for
-  ``publish``).
+- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full backlog, never
+  touch the socket, and cost one call into the outbox (the slow path for odd values: a Python check and
+  ``msgpack.packb``; plus checks for ``publish``).
 - Items of one topic leave in publish order (per publisher), and so do items of different kinds (an event
   published before a metric leaves before it). Items of one kind but different topics published close
   together are regrouped per topic, so between them the wire order can differ from the publish order (each
   item carries its timestamp). Sequence numbers start at 0 and run on in send order; every item that is
   dropped takes one too, at its place in the publish order: a receiver's gap of ``n`` is ``n`` lost items.
-- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes wait for the thread, and as many are
-  pending in it (waiting for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of
-  at most :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
+- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes are held here (waiting for the thread,
+  for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of at most
+  :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
   :attr:`PublisherStats.dropped` and numbered. Items that cannot be encoded (bad types, too big) are dropped,
   counted and logged once. Nothing within the bound is lost while the collector is up or before it first
   starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
   after them, so the collector counts them as a gap.
-- ``stats().queued == sent_items + dropped + backlog`` once the thread is idle (see :meth:`Publisher.flush`).
+- ``stats().queued == sent_items + dropped + backlog`` at any time.
 - Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
   and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
   collector sees them as a sequence gap. Items in zmq's pipe when ``close()``'s linger expires with no
@@ -78,6 +75,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import zmq
 
 from . import _state, wire
@@ -85,12 +83,11 @@ from .backlog import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
     METRIC_BYTES,
-    _Backlog,
-    _Batch,
     backlog_bytes_from_env,
     item_bytes,
 )
 from .errors import ConfigError
+from .outbox import KIND_CODES, new_outbox
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -139,7 +136,7 @@ class _FlushRequest:
         self.done = threading.Event()
 
 
-class Publisher(_SocketProtocol, _Backlog):
+class Publisher(_SocketProtocol):
     """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
 
     ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
@@ -201,33 +198,20 @@ class Publisher(_SocketProtocol, _Backlog):
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
 
-        # caller side
-        # entries: ("event", name, ts_ns, data) | ("metric", group, name, value, ts) | (None, topic, kind, item)
-        self._q: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._append = self._q.append
+        # the backlog: items encoded at publish time, batched, bounded (C or pure Python, see shmstat.outbox)
+        self._outbox_args = {"rank": rank, "pid": pid, "incarnation": incarnation, "batch_max": batch_max,
+                             "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
+                             "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
+        self._outbox: Any = new_outbox(**self._outbox_args)
+        self._q: collections.deque[Any] = collections.deque()  # always empty: callers hand items to the outbox
         self._started = False
-        self._late_drops = 0  # publishes after close() or in a forked child
-        self._overflow = 0  # publishes refused because the caller-side queue was full
-        self._in_bytes = 0  # estimated bytes ever queued by callers (callers write it)
-        self._out_bytes = 0  # estimated bytes ever taken off the queue (the thread writes it)
 
         # thread side (written only by the background thread while it runs)
-        self._next_seq = 0  # == items taken from self._q (the take index)
-        self._wire_seq = 0  # the next sequence number on the wire (assigned when a batch is sealed)
-        self._pending: collections.deque[_Batch] = collections.deque()
-        # the batch of each topic that items may still join, by how they were queued: event name,
-        # {group: {name: batch}} for metrics, topic of publish()
-        self._open: tuple[dict[Any, _Batch], dict[Any, dict[Any, _Batch]], dict[Any, _Batch]] = ({}, {}, {})
-        self._held = 0
-        self._held_bytes = 0
-        self._overflow_numbered = 0  # how many of the caller-side refusals took their sequence numbers so far
-        self._sent_items = 0
-        self._sent_messages = 0
-        self._dropped = 0
         self._prefixes: set[bytes] = set()
         self._subscribed = False
         self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
+        self._warned_slow = False
         self._flush_waiting: list[_FlushRequest] = []
 
         # shared control
@@ -260,29 +244,22 @@ class Publisher(_SocketProtocol, _Backlog):
     # ------------------------------------------------------------------------------------- caller side
 
     def publish_event(self, name: str, ts_ns: int, data: dict[str, Any], size: int = 0) -> None:
-        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with a copy of ``data``; never blocks.
+        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with ``data`` (encoded now: the caller may change
+        ``data`` afterwards); never blocks.
 
-        ``data`` values must be ``str``/``int``/``float``/``bool`` (not checked here: an item that cannot
-        be encoded is dropped, counted and logged once by the background thread). ``size`` is the event's
-        :func:`item_bytes` if the caller has it. Past the byte bound the event is dropped and counted.
+        ``data`` values must be ``str``/``int``/``float``/``bool`` (an item that cannot be encoded is dropped,
+        counted and logged once). ``size`` is the event's :func:`item_bytes` if the caller has it. Past the
+        bound the event is dropped and counted.
         """
-        if not size:
-            size = item_bytes(name, data)
-        if self._in_bytes - self._out_bytes + size > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += size
-        self._append(("event", name, ts_ns, dict(data), size))
+        if self._outbox.event(name, ts_ns, data, size) < 0:
+            self._publish_slow("event", name, None, (name, ts_ns, data), size)
         if not self._started:
             self._start()
 
     def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
         """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
-        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += METRIC_BYTES
-        self._append(("metric", group, name, value, ts, METRIC_BYTES))
+        if self._outbox.metric(group, name, value, ts) is not None:
+            self._publish_slow("metric", group, name, (group, name, value, ts), METRIC_BYTES)
         if not self._started:
             self._start()
 
@@ -306,29 +283,38 @@ class Publisher(_SocketProtocol, _Backlog):
             raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
         if expected != topic:
             raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
-        if self._in_bytes - self._out_bytes + METRIC_BYTES > self._backlog_bytes:
-            self._overflow += 1
-            return
-        self._in_bytes += METRIC_BYTES
-        self._append((None, topic, kind, item, METRIC_BYTES))
+        if kind == "event":
+            self._publish_slow(kind, str(item[0]), None, item, METRIC_BYTES)
+        elif kind == "metric":
+            self._publish_slow(kind, str(item[0]), str(item[1]), item, METRIC_BYTES)
+        else:
+            self._publish_slow(kind, topic, None, item, METRIC_BYTES)
         if not self._started:
             self._start()
 
-    def _append_bounded(self, entry: tuple[Any, ...]) -> None:
-        """Stand-in for ``deque.append`` while the thread lags: keep the queue within the bound, count the rest.
-
-        The thread swaps it in when the queue it has not yet taken passes half the backlog bound, and back
-        out when it has caught up, so the common case costs no check at all.
-        """
-        if len(self._q) < self._backlog_limit:
-            self._q.append(entry)
-        else:
-            self._in_bytes -= entry[-1]
-            self._overflow += 1
-
-    def _drop_late(self, entry: tuple[Any, ...]) -> None:
-        """Stand-in for ``deque.append`` after close() or in a forked child: count, keep nothing."""
-        self._late_drops += 1
+    def _publish_slow(self, kind: str, key1: str, key2: str | None, item: Any, size: int) -> None:
+        """Validate and encode an item the outbox's fast path left to us (subclasses, odd values, ``publish``);
+        one that cannot go on the wire is dropped, counted and numbered here, and logged once."""
+        reason = wire._encode_item_reason(kind, item)
+        encoded = b""
+        if reason is None:
+            try:
+                encoded = msgpack.packb(item, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as exc:  # huge ints, lone surrogates, recursion
+                reason = str(exc)
+        if reason is not None or type(key1) is not str or (key2 is not None and type(key2) is not str):
+            self._outbox.invalid(1)
+            if not self._warned_slow:
+                self._warned_slow = True
+                _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted",
+                             reason or "a name that is not a str")
+            return
+        if kind == "event" and not size:
+            try:
+                size = item_bytes(key1, item[2])
+            except Exception:  # keys that are not str (refused above), or odd mappings
+                size = METRIC_BYTES
+        self._outbox.raw(KIND_CODES[kind], key1, key2, encoded, size)
 
     def _start(self) -> None:
         with self._lock:
@@ -355,8 +341,9 @@ class Publisher(_SocketProtocol, _Backlog):
             return True
         thread = self._thread
         if thread is None or not thread.is_alive():
-            return not self._q and self._held == 0
+            return not self._outbox.counters()[4]
         req = _FlushRequest()
+        req.target = self._outbox.counters()[0]
         self._flush_requests.append(req)
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -380,7 +367,7 @@ class Publisher(_SocketProtocol, _Backlog):
                 return
             self._closed = True
             self._started = True  # never start a thread from now on
-            self._append = self._drop_late
+            self._outbox.close()  # later publishes are counted as dropped
         budget_s = max(0, linger_ms) / 1000.0
         deadline = time.monotonic() + budget_s
         thread = self._thread
@@ -397,33 +384,22 @@ class Publisher(_SocketProtocol, _Backlog):
         elif self._sock is not None:
             self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
         self._sock = None
-        # whatever was not handed to zmq is given up
-        leftover = len(self._q)
-        self._q.clear()
-        self._next_seq += leftover
-        self._dropped += leftover + self._held
-        self._held = 0
-        self._held_bytes = 0
-        self._pending.clear()
-        for opened in self._open:
-            opened.clear()
+        self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.term()
         _LIVE.discard(self)
 
     def stats(self) -> PublisherStats:
-        """A snapshot of the counters (see :class:`PublisherStats`); exact once the thread is idle."""
-        taken = self._next_seq
-        waiting = len(self._q)
-        late = self._late_drops + self._overflow
+        """A snapshot of the counters (see :class:`PublisherStats`); consistent at any time."""
+        published, sent_items, sent_messages, dropped, held, _bytes, _invalid, late = self._outbox.counters()
         return PublisherStats(
-            queued=taken + waiting + late,
-            sent_items=self._sent_items,
-            sent_messages=self._sent_messages,
-            dropped=self._dropped + late,
+            queued=published + late,
+            sent_items=sent_items,
+            sent_messages=sent_messages,
+            dropped=dropped + late,
             subscribed=self._subscribed,
-            backlog=self._held + waiting,
+            backlog=held,
         )
 
     @property
@@ -435,22 +411,15 @@ class Publisher(_SocketProtocol, _Backlog):
         """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
         self._dead = True
         self._started = True
-        self._append = self._drop_late
-        _FORK_ORPHANS.append((self._sock, self._ctx))  # never closed, never garbage-collected here
+        _FORK_ORPHANS.append((self._sock, self._ctx, self._outbox))  # never closed, never garbage-collected here
         self._sock = None
         self._thread = None
         self._lock = threading.Lock()
-        self._q = collections.deque()
-        self._pending = collections.deque()
-        self._open = ({}, {}, {})
-        self._wire_seq = 0
+        self._outbox = new_outbox(**self._outbox_args)
+        self._outbox.close()
         self._flush_requests = collections.deque()
         self._flush_waiting = []
-        self._next_seq = self._held = self._sent_items = self._sent_messages = self._dropped = 0
-        self._late_drops = 0
         self._subscribed = False
-
-    # ------------------------------------------------------------------------------------- thread side
 
 # ----------------------------------------------------------------------------------------- process hooks
 

@@ -15,8 +15,6 @@ from typing import Any
 import zmq
 
 from . import wire
-from .backlog import _GONE, _Batch
-from .errors import WireError
 from .runtime import env_number
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
@@ -65,51 +63,53 @@ class _SocketProtocol:
                 if not self._ever_subscribed:
                     self._check_uncollected()
                 if progressed:
-                    sleep_s = self._idle_sleep_s
-                    if self._q:
-                        continue  # more work right now
-                    wait_s = sleep_s  # items are flowing: let the next ones gather into a batch
+                    sleep_s = wait_s = self._idle_sleep_s  # items are flowing: let the next ones gather into batches
                 else:
                     wait_s = sleep_s  # idle: back off up to _max_sleep_s
                     sleep_s = min(sleep_s * 2, self._max_sleep_s)
-                if self._pending and not self._subscribed:
+                if not self._subscribed and self._outbox.counters()[4]:
                     # only a subscription frame can unblock the backlog: wait on the socket
                     sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
                 elif self._wake.wait(wait_s):
                     self._wake.clear()
         finally:
-            if self._subscribed and not self._pending:
-                self._send_held(sock)  # all sent: the collector need not wait for more from us
+            if self._subscribed and not self._outbox.counters()[4]:
+                self._send_held(sock, self._outbox.end_seq())  # all sent: the collector need not wait for more from us
                 self._await_ack(sock, self._close_linger_ms)
             elif self._subscribed:
                 # closing with items left: they are dropped, and the marker carries the sequence number after
                 # them, so the collector counts them as a gap (sealed batches are numbered already)
-                self._send_held(sock, self._wire_seq + len(self._q) + (self._overflow - self._overflow_numbered)
-                                + sum(b.skip or len(b.items) for b in self._pending if b.frames is None))
+                self._send_held(sock, self._outbox.end_seq())
             with contextlib.suppress(zmq.ZMQError):
                 sock.close(linger=self._close_linger_ms)
 
     def _step(self, sock: zmq.Socket[Any]) -> bool:
-        """One round: subscriptions, flush requests, take queued items, send. True if anything moved."""
-        waiting = len(self._q)
-        bounded = self._append == self._append_bounded
-        if (not bounded and waiting > self._backlog_limit // 2) or (bounded and waiting < self._backlog_limit // 4):
-            with self._lock:  # close() swaps in _drop_late under the same lock
-                if not self._closed and not self._dead:
-                    self._append = self._q.append if bounded else self._append_bounded
+        """One round: subscriptions, flush requests, send. True if anything was sent."""
         if sock.get(zmq.EVENTS) & zmq.POLLIN:
             self._read_subscriptions(sock)
         requests = self._flush_requests
         while requests:
-            req = requests.popleft()
-            req.target = self._next_seq + len(self._q)
-            self._flush_waiting.append(req)
-        progressed = self._take()
-        if self._subscribed and self._pending and self._send(sock):
-            progressed = True
+            self._flush_waiting.append(requests.popleft())
+        progressed = self._subscribed and self._send(sock)
         if self._flush_waiting:
             self._resolve_flushes()
+        if not self._warned_invalid and self._outbox.counters()[6]:
+            self._warned_invalid = True
+            _log.warning("shmstat: dropping items that cannot be sent (a topic longer than %d bytes or not "
+                         "UTF-8); further drops are only counted", wire.MAX_TOPIC)
         return progressed
+
+    def _resolve_flushes(self) -> None:
+        frontier = self._outbox.frontier()
+        still: list[Any] = []  # publisher._FlushRequest
+        for req in self._flush_waiting:
+            if req.cancelled:
+                continue
+            if frontier >= req.target:
+                req.done.set()
+            else:
+                still.append(req)
+        self._flush_waiting = still
 
     def _read_subscriptions(self, sock: zmq.Socket[Any]) -> None:
         prefixes = self._prefixes
@@ -157,74 +157,26 @@ class _SocketProtocol:
     def _send_held(self, sock: zmq.Socket[Any], next_seq: int | None = None) -> None:
         """Tell the collector that everything sent before has been sent: the marker travels behind it in the
         same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
-        next one) and when this publisher closes with nothing left."""
-        seq = self._wire_seq if next_seq is None else next_seq
+        next one) and when this publisher closes. It carries the next sequence number on the wire, or
+        ``next_seq`` (closing with items left: the sequence number after them, so they count as a gap)."""
+        seq = self._outbox.wire_seq() if next_seq is None else next_seq
         payload = wire.encode("rank", self.rank, self.pid, self.incarnation, seq, [{"state": "held"}])
         with contextlib.suppress(zmq.ZMQError):
             sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
 
     def _send(self, sock: zmq.Socket[Any]) -> bool:
-        """Send pending batches in order until zmq says EAGAIN; True if at least one message left."""
-        pending = self._pending
+        """Send the outbox's batches in order until zmq says EAGAIN; True if at least one message left."""
+        outbox = self._outbox
+        head, pop, send = outbox.head, outbox.pop, sock.send_multipart
+        max_topic = wire.MAX_TOPIC
         sent = False
-        while pending:
-            batch = pending[0]
-            if batch.skip:  # dropped items: their sequence numbers are skipped here
-                self._wire_seq += batch.skip
-                pending.popleft()
-                continue
-            if batch.frames is None:
-                batch.first_seq = self._wire_seq  # sealed now: numbered in send order
-                self._wire_seq += len(batch.items)
-                good = self._encode(batch)
-                if good is not None:
-                    batch.frames = _GONE
-                    pending.popleft()
-                    pending.extendleft(reversed(good))
-                    self._held_bytes -= batch.nbytes - sum(part.nbytes for part in good)
-                if not pending:
-                    break
-                batch = pending[0]
-                if batch.frames is None:  # pragma: no cover - _encode always seals what it returns
-                    continue
+        while True:
+            frames = head(max_topic)
+            if frames is None:
+                return sent
             try:
-                sock.send_multipart(batch.frames, zmq.NOBLOCK)
+                send(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                break
-            pending.popleft()
-            n = len(batch.items)
-            self._held -= n
-            self._held_bytes -= batch.nbytes
-            self._sent_items += n
-            self._sent_messages += 1
+                return sent
+            pop()
             sent = True
-        return sent
-
-    def _encode(self, batch: _Batch) -> list[_Batch] | None:
-        """Seal ``batch`` with its frames; None if it encoded as is, else the encodable parts (in order)."""
-        try:
-            topic_b = batch.topic.encode("utf-8")
-        except (UnicodeEncodeError, AttributeError):
-            topic_b = b""
-        if not topic_b or len(topic_b) > wire.MAX_TOPIC:
-            self._give_up(len(batch.items), f"topic {batch.topic!r} is not sendable")
-            return []
-        try:
-            payload = wire.encode(batch.kind, self.rank, self.pid, self.incarnation, batch.first_seq, batch.items)
-        except WireError as exc:
-            if len(batch.items) == 1:
-                self._give_up(1, str(exc))
-                return []
-            half = len(batch.items) // 2
-            out: list[_Batch] = []
-            for first_seq, items in (
-                (batch.first_seq, batch.items[:half]),
-                (batch.first_seq + half, batch.items[half:]),
-            ):
-                part = _Batch(batch.topic, batch.kind, batch.taken, items, first_seq)
-                part.nbytes = batch.nbytes * len(items) // len(batch.items)
-                sub = self._encode(part)
-                out.extend([part] if sub is None else sub)
-            return out
-        batch.frames = (topic_b, payload)
-        return None

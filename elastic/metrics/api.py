@@ -38,8 +38,6 @@ from ._data import MetricData, StatMetricData
 from ._handlers import ConsoleMetricHandler, MetricHandler, NullMetricHandler
 from ._registry import REGISTRY
 from ._registry import publisher as _publisher
-from ._routing import INT_MIN as _INT_MIN
-from ._routing import UINT_MAX as _UINT_MAX
 from ._routing import publish as _publish
 
 __all__ = [
@@ -185,15 +183,11 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
                 pub = _publisher()
                 if pub is None:
                     return
-            kind = type(metric_value)
-            if (
-                (kind is float or kind is bool or (kind is int and _INT_MIN <= metric_value <= _UINT_MAX))
-                and type(metric_group) is str
-                and type(metric_name) is str
-            ):
-                pub.publish_metric(metric_group, metric_name, metric_value, _time())
-            else:
+            # the outbox checks, encodes and queues it in one call (not None: its fast path declined it)
+            if pub._outbox.metric(metric_group, metric_name, metric_value, _time()) is not None:
                 _publish(pub, metric_group, metric_name, metric_value, _time())
+            elif not pub._started:
+                pub._start()
             return
     handler.emit(MetricData(_time(), metric_group, metric_name, metric_value))
 

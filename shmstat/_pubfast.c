@@ -1,0 +1,752 @@
+/* Optional C publish path: ``Outbox``, the publisher's bounded, batched, already-encoded backlog, and
+ * ``check_data``, the fast path of ``Event``'s data check. ``shmstat/outbox.py`` is the pure-Python twin of
+ * ``Outbox`` (``SHMSTAT_PURE_PYTHON=1`` or no compiler) and the reference for its behaviour; both must put the
+ * same bytes on the wire (tests/test_outbox.py checks that on random input).
+ *
+ * Callers (``log_event``, ``put_metric``) encode their item here, under the GIL, straight into the msgpack bytes
+ * the wire carries, and add it to the open batch of its topic; the publisher thread only seals whole batches
+ * (header + array header + items) and sends them. Items this fast path does not handle (subclasses of the scalar
+ * types, ints past 64 bits, strings that are not valid UTF-8, ...) make ``event``/``metric`` return -1: the
+ * Python caller then validates and encodes them the slow way and hands the bytes to ``raw`` (or ``invalid``).
+ * Nothing here calls back into Python code, so every method is atomic with respect to other threads.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_OPEN 16
+#define K_EVENT 0
+#define K_METRIC 1
+#define K_STAT 2
+#define K_RANK 3
+#define K_GAP (-1)
+
+static const char *KIND_NAMES[4] = {"event", "metric", "stat", "rank"};
+
+/* ------------------------------------------------------------------------------------------ byte buffer */
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    if (b->len + extra <= b->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra) {
+        cap *= 2;
+    }
+    char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline void
+put_be(char *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        p[i] = (char)(v & 0xff);
+        v >>= 8;
+    }
+}
+
+/* The msgpack encodings below are the ones msgpack-python's Packer(use_bin_type=True) writes. */
+
+static int
+pk_i64(Buf *b, long long x)
+{
+    if (buf_reserve(b, 9) < 0) return -1;
+    char *p = b->p + b->len;
+    if (x >= 0) {
+        uint64_t u = (uint64_t)x;
+        if (u < 128) { p[0] = (char)u; b->len += 1; }
+        else if (u < 256) { p[0] = (char)0xcc; put_be(p + 1, u, 1); b->len += 2; }
+        else if (u < 65536) { p[0] = (char)0xcd; put_be(p + 1, u, 2); b->len += 3; }
+        else if (u <= 0xffffffffULL) { p[0] = (char)0xce; put_be(p + 1, u, 4); b->len += 5; }
+        else { p[0] = (char)0xcf; put_be(p + 1, u, 8); b->len += 9; }
+    }
+    else if (x >= -32) { p[0] = (char)(int8_t)x; b->len += 1; }
+    else if (x >= -128) { p[0] = (char)0xd0; put_be(p + 1, (uint64_t)x, 1); b->len += 2; }
+    else if (x >= -32768) { p[0] = (char)0xd1; put_be(p + 1, (uint64_t)x, 2); b->len += 3; }
+    else if (x >= -2147483648LL) { p[0] = (char)0xd2; put_be(p + 1, (uint64_t)x, 4); b->len += 5; }
+    else { p[0] = (char)0xd3; put_be(p + 1, (uint64_t)x, 8); b->len += 9; }
+    return 0;
+}
+
+static int
+pk_u64(Buf *b, unsigned long long u)
+{
+    if (u <= (unsigned long long)INT64_MAX) return pk_i64(b, (long long)u);
+    if (buf_reserve(b, 9) < 0) return -1;
+    b->p[b->len] = (char)0xcf;
+    put_be(b->p + b->len + 1, u, 8);
+    b->len += 9;
+    return 0;
+}
+
+static int
+pk_f64(Buf *b, double d)
+{
+    if (buf_reserve(b, 9) < 0) return -1;
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    b->p[b->len] = (char)0xcb;
+    put_be(b->p + b->len + 1, u, 8);
+    b->len += 9;
+    return 0;
+}
+
+static int
+pk_hdr(Buf *b, Py_ssize_t n, int fix, int fixmax, int c16, int c32)
+{
+    if (buf_reserve(b, 5) < 0) return -1;
+    char *p = b->p + b->len;
+    if (n < fixmax) { p[0] = (char)(fix | (int)n); b->len += 1; }
+    else if (c16 == 0xd9 && n < 256) { p[0] = (char)0xd9; put_be(p + 1, (uint64_t)n, 1); b->len += 2; }
+    else if (n < 65536) { p[0] = (char)(c16 == 0xd9 ? 0xda : c16); put_be(p + 1, (uint64_t)n, 2); b->len += 3; }
+    else { p[0] = (char)c32; put_be(p + 1, (uint64_t)n, 4); b->len += 5; }
+    return 0;
+}
+
+#define pk_array(b, n) pk_hdr((b), (n), 0x90, 16, 0xdc, 0xdd)
+#define pk_map(b, n) pk_hdr((b), (n), 0x80, 16, 0xde, 0xdf)
+
+/* 1 ok, 0 not handled here (the caller falls back to Python), -1 error set. ``*n8`` gets the UTF-8 length. */
+static int
+pk_str(Buf *b, PyObject *s, Py_ssize_t *n8)
+{
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (u == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    if (n > 0xffffffffLL) return 0;
+    if (pk_hdr(b, n, 0xa0, 32, 0xd9, 0xdb) < 0 || buf_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, u, (size_t)n);
+    b->len += n;
+    if (n8) *n8 = n;
+    return 1;
+}
+
+/* A scalar of exactly bool/int/float (and str when ``allow_str``): 1 ok, 0 not handled, -1 error. */
+static int
+pk_scalar(Buf *b, PyObject *v, int allow_str, Py_ssize_t *strlen8)
+{
+    PyTypeObject *t = Py_TYPE(v);
+    if (t == &PyUnicode_Type) {
+        return allow_str ? pk_str(b, v, strlen8) : 0;
+    }
+    if (t == &PyFloat_Type) {
+        return pk_f64(b, PyFloat_AS_DOUBLE(v)) < 0 ? -1 : 1;
+    }
+    if (t == &PyBool_Type) {
+        if (buf_reserve(b, 1) < 0) return -1;
+        b->p[b->len++] = (char)(v == Py_True ? 0xc3 : 0xc2);
+        return 1;
+    }
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow == 0) {
+            if (x == -1 && PyErr_Occurred()) return -1;
+            return pk_i64(b, x) < 0 ? -1 : 1;
+        }
+        if (overflow < 0) return 0;
+        unsigned long long u = PyLong_AsUnsignedLongLong(v);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        return pk_u64(b, u) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ Outbox */
+
+typedef struct Chunk {
+    struct Chunk *next;
+    int kind;               /* K_EVENT.., or K_GAP */
+    PyObject *key1, *key2;  /* event: name; metric: group, name; stat/rank: topic (owned references) */
+    long long taken;        /* publish index of the first item */
+    long long n;            /* items (or dropped items for a gap) */
+    long long nbytes;       /* estimated bytes (item_bytes / METRIC_BYTES) */
+    Buf buf;                /* the encoded items */
+    PyObject *frames;       /* (topic, payload) once sealed */
+} Chunk;
+
+typedef struct {
+    PyObject_HEAD
+    long long rank, pid, incarnation;
+    long long batch_max, max_items, max_bytes, max_batch_bytes, metric_bytes;
+    Chunk *head, *tail;
+    Chunk *open[MAX_OPEN];
+    int nopen;
+    int open_kind;
+    long long index;        /* publish calls so far (accepted, refused or invalid) */
+    long long held, held_bytes;
+    long long wire_seq;     /* the next sequence number on the wire */
+    long long sent_items, sent_messages, dropped, invalid, late;
+    int closed;
+    Buf scratch;
+} Outbox;
+
+static void
+chunk_free(Chunk *c)
+{
+    Py_XDECREF(c->key1);
+    Py_XDECREF(c->key2);
+    Py_XDECREF(c->frames);
+    PyMem_Free(c->buf.p);
+    PyMem_Free(c);
+}
+
+static void
+forget_open(Outbox *self)
+{
+    self->nopen = 0;
+    self->open_kind = K_GAP;
+}
+
+static int
+add_gap(Outbox *self, long long n)
+{
+    Chunk *t = self->tail;
+    forget_open(self);
+    self->dropped += n;
+    self->index += n;
+    if (t != NULL && t->kind == K_GAP) {
+        t->n += n;
+        return 0;
+    }
+    Chunk *c = PyMem_Calloc(1, sizeof(Chunk));
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->kind = K_GAP;
+    c->taken = self->index - n;
+    c->n = n;
+    if (t == NULL) self->head = c; else t->next = c;
+    self->tail = c;
+    return 0;
+}
+
+static int
+same_key(PyObject *a, PyObject *b)
+{
+    if (a == b) return 1;
+    if (a == NULL || b == NULL) return 0;
+    return PyUnicode_Compare(a, b) == 0;  /* compares contents; never calls Python code */
+}
+
+/* Add the item encoded in self->scratch to the open batch of its topic (or a new one). */
+static int
+add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+{
+    if (self->held >= self->max_items || self->held_bytes + size > self->max_bytes) {
+        return add_gap(self, 1);
+    }
+    Py_ssize_t len = self->scratch.len;
+    Chunk *c = NULL;
+    if (self->open_kind == kind) {
+        for (int i = 0; i < self->nopen; i++) {
+            Chunk *o = self->open[i];
+            if (same_key(o->key1, key1) && same_key(o->key2, key2)) {
+                if (o->frames == NULL && o->n < self->batch_max && o->buf.len + len <= self->max_batch_bytes) {
+                    c = o;
+                } else {  /* full or sealed: a new batch of this topic replaces it in the open set */
+                    self->open[i] = self->open[--self->nopen];
+                }
+                break;
+            }
+        }
+        if (PyErr_Occurred()) return -1;
+    }
+    if (c == NULL) {
+        c = PyMem_Calloc(1, sizeof(Chunk));
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->kind = kind;
+        Py_XINCREF(key1);
+        Py_XINCREF(key2);
+        c->key1 = key1;
+        c->key2 = key2;
+        c->taken = self->index;
+        if (self->tail == NULL) self->head = c; else self->tail->next = c;
+        self->tail = c;
+        if (self->open_kind != kind || self->nopen >= MAX_OPEN) {
+            forget_open(self);
+            self->open_kind = kind;
+        }
+        self->open[self->nopen++] = c;
+    }
+    if (buf_reserve(&c->buf, len) < 0) return -1;
+    memcpy(c->buf.p + c->buf.len, self->scratch.p, (size_t)len);
+    c->buf.len += len;
+    c->n += 1;
+    c->nbytes += size;
+    self->held += 1;
+    self->held_bytes += size;
+    self->index += 1;
+    return 0;
+}
+
+static PyObject *
+Outbox_event(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "event(name, ts_ns, data, size=0, limit=0)");
+        return NULL;
+    }
+    PyObject *name = args[0], *ts = args[1], *data = args[2];
+    long long size = 0, limit = 0;
+    if (nargs > 3 && ((size = PyLong_AsLongLong(args[3])) == -1 && PyErr_Occurred())) return NULL;
+    if (nargs > 4 && ((limit = PyLong_AsLongLong(args[4])) == -1 && PyErr_Occurred())) return NULL;
+    if (self->closed) {
+        self->late += 1;
+        return PyLong_FromLong(0);
+    }
+    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data)) {
+        return PyLong_FromLong(-1);
+    }
+    Buf *b = &self->scratch;
+    b->len = 0;
+    int r;
+    Py_ssize_t name8 = 0;
+    if (buf_reserve(b, 1) < 0) return NULL;
+    b->p[b->len++] = (char)0x93;
+    if ((r = pk_str(b, name, &name8)) != 1) goto fallback;
+    if (Py_TYPE(ts) != &PyLong_Type) { r = 0; goto fallback; }
+    if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
+    Py_ssize_t nd = PyDict_GET_SIZE(data);
+    if (pk_map(b, nd) < 0) return NULL;
+    /* item_bytes(): 128 + len(name) + 16 * len(data) + sum(len(key)) + sum(len(str value)) in code points,
+     * recounted in UTF-8 bytes past 4096 */
+    long long est = 128 + PyUnicode_GET_LENGTH(name) + 16 * (long long)nd, est8 = 128 + name8 + 16 * (long long)nd;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(data, &pos, &k, &v)) {
+        Py_ssize_t k8 = 0, v8 = 0;
+        if (!PyUnicode_CheckExact(k)) { r = 0; goto fallback; }
+        if ((r = pk_str(b, k, &k8)) != 1) goto fallback;
+        if ((r = pk_scalar(b, v, 1, &v8)) != 1) goto fallback;
+        est += PyUnicode_GET_LENGTH(k);
+        est8 += k8;
+        if (Py_TYPE(v) == &PyUnicode_Type) {
+            est += PyUnicode_GET_LENGTH(v);
+            est8 += v8;
+        }
+    }
+    if (est > 4096) est = est8;
+    if (size <= 0) size = est;
+    if (limit > 0 && size > limit) return PyLong_FromLongLong(size);
+    if (add_item(self, K_EVENT, name, NULL, size) < 0) return NULL;
+    return PyLong_FromLongLong(size);
+fallback:
+    if (r < 0) return NULL;
+    return PyLong_FromLong(-1);
+}
+
+static PyObject *
+Outbox_metric(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "metric(group, name, value, ts)");
+        return NULL;
+    }
+    if (self->closed) {
+        self->late += 1;
+        Py_RETURN_NONE;
+    }
+    PyObject *group = args[0], *name = args[1], *value = args[2], *ts = args[3];
+    PyTypeObject *tt = Py_TYPE(ts);
+    if (!PyUnicode_CheckExact(group) || !PyUnicode_CheckExact(name) || Py_TYPE(value) == &PyUnicode_Type
+        || (tt != &PyFloat_Type && tt != &PyLong_Type)) {
+        return PyLong_FromLong(-1);
+    }
+    Buf *b = &self->scratch;
+    b->len = 0;
+    int r;
+    if (buf_reserve(b, 1) < 0) return NULL;
+    b->p[b->len++] = (char)0x94;
+    if ((r = pk_str(b, group, NULL)) != 1 || (r = pk_str(b, name, NULL)) != 1
+        || (r = pk_scalar(b, value, 0, NULL)) != 1 || (r = pk_scalar(b, ts, 0, NULL)) != 1) {
+        if (r < 0) return NULL;
+        return PyLong_FromLong(-1);
+    }
+    if (add_item(self, K_METRIC, group, name, self->metric_bytes) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* raw(kind, key1, key2, encoded, size): an item validated and encoded by the caller (the slow path). */
+static PyObject *
+Outbox_raw(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyLong_Check(args[0]) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "raw(kind: int, key1, key2, encoded: bytes, size: int)");
+        return NULL;
+    }
+    if (self->closed) {
+        self->late += 1;
+        Py_RETURN_NONE;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    long long size = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (kind < 0 || kind > 3) {
+        PyErr_SetString(PyExc_ValueError, "raw: kind must be 0..3");
+        return NULL;
+    }
+    PyObject *k1 = args[1] == Py_None ? NULL : args[1], *k2 = args[2] == Py_None ? NULL : args[2];
+    if ((k1 != NULL && !PyUnicode_Check(k1)) || (k2 != NULL && !PyUnicode_Check(k2))) {
+        PyErr_SetString(PyExc_TypeError, "raw: keys must be str or None");
+        return NULL;
+    }
+    Buf *b = &self->scratch;
+    b->len = 0;
+    Py_ssize_t n = PyBytes_GET_SIZE(args[3]);
+    if (buf_reserve(b, n) < 0) return NULL;
+    memcpy(b->p, PyBytes_AS_STRING(args[3]), (size_t)n);
+    b->len = n;
+    if (add_item(self, (int)kind, k1, k2, size) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* invalid(n=1): n items that cannot be sent were published here: dropped, counted, numbered. */
+static PyObject *
+Outbox_invalid(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long n = 1;
+    if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
+    if (self->closed) {
+        self->late += n;
+        Py_RETURN_NONE;
+    }
+    self->invalid += n;
+    if (add_gap(self, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* refused(n=1): n items refused (over a bound) by the caller: dropped, counted, numbered. */
+static PyObject *
+Outbox_refused(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long n = 1;
+    if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
+    if (self->closed) {
+        self->late += n;
+        Py_RETURN_NONE;
+    }
+    if (add_gap(self, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+topic_of(Chunk *c)
+{
+    if (c->kind == K_EVENT) return PyUnicode_FromFormat("event/%U", c->key1);
+    if (c->kind == K_METRIC) return PyUnicode_FromFormat("metric/%U/%U", c->key1, c->key2);
+    Py_INCREF(c->key1);
+    return c->key1;
+}
+
+static void
+pop_head(Outbox *self)
+{
+    Chunk *c = self->head;
+    self->head = c->next;
+    if (self->head == NULL) self->tail = NULL;
+    for (int i = 0; i < self->nopen; i++) {
+        if (self->open[i] == c) {
+            self->open[i] = self->open[--self->nopen];
+            break;
+        }
+    }
+    chunk_free(c);
+}
+
+static int
+pk_key(Buf *b, const char *k)
+{
+    size_t n = strlen(k);
+    if (buf_reserve(b, (Py_ssize_t)n + 1) < 0) return -1;
+    b->p[b->len++] = (char)(0xa0 | (int)n);
+    memcpy(b->p + b->len, k, n);
+    b->len += (Py_ssize_t)n;
+    return 0;
+}
+
+/* head(max_topic): the frames of the first batch, sealed (numbered) now if it was not; None if nothing is held.
+ * Gaps at the head are skipped (their sequence numbers consumed); a batch whose topic cannot be sent is given
+ * up (counted as invalid). The batch stays at the head until pop(). */
+static PyObject *
+Outbox_head(Outbox *self, PyObject *arg)
+{
+    Py_ssize_t max_topic = PyLong_AsSsize_t(arg);
+    if (max_topic == -1 && PyErr_Occurred()) return NULL;
+    for (;;) {
+        Chunk *c = self->head;
+        if (c == NULL) Py_RETURN_NONE;
+        if (c->kind == K_GAP) {
+            self->wire_seq += c->n;
+            pop_head(self);
+            continue;
+        }
+        if (c->frames != NULL) {
+            Py_INCREF(c->frames);
+            return c->frames;
+        }
+        long long first = self->wire_seq;
+        self->wire_seq += c->n;
+        PyObject *topic = topic_of(c);
+        if (topic == NULL) return NULL;
+        PyObject *tb = PyUnicode_AsEncodedString(topic, "utf-8", "strict");
+        Py_DECREF(topic);
+        if (tb == NULL || PyBytes_GET_SIZE(tb) == 0 || PyBytes_GET_SIZE(tb) > max_topic) {
+            if (tb == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+                PyErr_Clear();
+            }
+            Py_XDECREF(tb);
+            self->held -= c->n;
+            self->held_bytes -= c->nbytes;
+            self->dropped += c->n;
+            self->invalid += c->n;
+            pop_head(self);
+            continue;
+        }
+        Buf h = {NULL, 0, 0};
+        const char *kind = KIND_NAMES[c->kind];
+        if (buf_reserve(&h, 64 + c->buf.len) < 0) goto fail;
+        h.p[h.len++] = (char)0x87;
+        if (pk_key(&h, "v") < 0 || pk_i64(&h, 1) < 0 || pk_key(&h, "k") < 0 || pk_key(&h, kind) < 0
+            || pk_key(&h, "r") < 0 || pk_i64(&h, self->rank) < 0 || pk_key(&h, "p") < 0
+            || pk_i64(&h, self->pid) < 0 || pk_key(&h, "i") < 0 || pk_i64(&h, self->incarnation) < 0
+            || pk_key(&h, "s") < 0 || pk_i64(&h, first) < 0 || pk_key(&h, "items") < 0
+            || pk_array(&h, (Py_ssize_t)c->n) < 0 || buf_reserve(&h, c->buf.len) < 0) {
+            goto fail;
+        }
+        memcpy(h.p + h.len, c->buf.p, (size_t)c->buf.len);
+        h.len += c->buf.len;
+        PyObject *payload = PyBytes_FromStringAndSize(h.p, h.len);
+        PyMem_Free(h.p);
+        if (payload == NULL) {
+            Py_DECREF(tb);
+            return NULL;
+        }
+        c->frames = PyTuple_Pack(2, tb, payload);
+        Py_DECREF(tb);
+        Py_DECREF(payload);
+        if (c->frames == NULL) return NULL;
+        PyMem_Free(c->buf.p);  /* the payload holds them now */
+        c->buf.p = NULL;
+        c->buf.len = c->buf.cap = 0;
+        Py_INCREF(c->frames);
+        return c->frames;
+    fail:
+        PyMem_Free(h.p);
+        Py_DECREF(tb);
+        return NULL;
+    }
+}
+
+/* pop(): the head batch (returned by head()) was handed to zmq. */
+static PyObject *
+Outbox_pop(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    Chunk *c = self->head;
+    if (c == NULL || c->frames == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "pop() without a sealed head batch");
+        return NULL;
+    }
+    self->held -= c->n;
+    self->held_bytes -= c->nbytes;
+    self->sent_items += c->n;
+    self->sent_messages += 1;
+    pop_head(self);
+    Py_RETURN_NONE;
+}
+
+/* drop_all(): give up everything held (closing); returns the sequence number after the dropped items. */
+static PyObject *
+Outbox_drop_all(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    long long seq = self->wire_seq;
+    while (self->head != NULL) {
+        Chunk *c = self->head;
+        if (c->kind == K_GAP) {
+            seq += c->n;
+        } else {
+            if (c->frames == NULL) seq += c->n;
+            self->dropped += c->n;
+        }
+        pop_head(self);
+    }
+    self->held = self->held_bytes = 0;
+    forget_open(self);
+    return PyLong_FromLongLong(seq);
+}
+
+static PyObject *
+Outbox_end_seq(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    long long seq = self->wire_seq;
+    for (Chunk *c = self->head; c != NULL; c = c->next) {
+        if (c->frames == NULL) seq += c->n;
+    }
+    return PyLong_FromLongLong(seq);
+}
+
+static PyObject *
+Outbox_wire_seq(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(self->wire_seq);
+}
+
+static PyObject *
+Outbox_close(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+/* frontier(): the publish index of the first item still held (every earlier one was sent or dropped). */
+static PyObject *
+Outbox_frontier(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    Chunk *c = self->head;
+    while (c != NULL && c->kind == K_GAP) c = c->next;
+    return PyLong_FromLongLong(c != NULL ? c->taken : self->index);
+}
+
+/* counters(): (index, sent_items, sent_messages, dropped, held, held_bytes, invalid, late). */
+static PyObject *
+Outbox_counters(Outbox *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(LLLLLLLL)", self->index, self->sent_items, self->sent_messages, self->dropped,
+                         self->held, self->held_bytes, self->invalid, self->late);
+}
+
+static int
+Outbox_init(Outbox *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"rank", "pid", "incarnation", "batch_max", "max_items", "max_bytes",
+                             "max_batch_bytes", "metric_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LLLLLLLL", kwlist, &self->rank, &self->pid, &self->incarnation,
+                                     &self->batch_max, &self->max_items, &self->max_bytes,
+                                     &self->max_batch_bytes, &self->metric_bytes)) {
+        return -1;
+    }
+    self->open_kind = K_GAP;
+    return 0;
+}
+
+static void
+Outbox_dealloc(Outbox *self)
+{
+    while (self->head != NULL) {
+        Chunk *c = self->head;
+        self->head = c->next;
+        chunk_free(c);
+    }
+    PyMem_Free(self->scratch.p);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Outbox_methods[] = {
+    {"event", (PyCFunction)(void (*)(void))Outbox_event, METH_FASTCALL, "Publish an event; see outbox.py."},
+    {"metric", (PyCFunction)(void (*)(void))Outbox_metric, METH_FASTCALL, "Publish a metric; see outbox.py."},
+    {"raw", (PyCFunction)(void (*)(void))Outbox_raw, METH_FASTCALL, "Publish an encoded item; see outbox.py."},
+    {"invalid", (PyCFunction)(void (*)(void))Outbox_invalid, METH_FASTCALL, "Count unsendable items."},
+    {"refused", (PyCFunction)(void (*)(void))Outbox_refused, METH_FASTCALL, "Count refused items."},
+    {"head", (PyCFunction)Outbox_head, METH_O, "The first batch's frames, sealed."},
+    {"pop", (PyCFunction)Outbox_pop, METH_NOARGS, "The head batch was sent."},
+    {"drop_all", (PyCFunction)Outbox_drop_all, METH_NOARGS, "Give up everything held."},
+    {"end_seq", (PyCFunction)Outbox_end_seq, METH_NOARGS, "The seq after everything held."},
+    {"wire_seq", (PyCFunction)Outbox_wire_seq, METH_NOARGS, "The next sequence number on the wire."},
+    {"close", (PyCFunction)Outbox_close, METH_NOARGS, "Count later publishes as late drops."},
+    {"frontier", (PyCFunction)Outbox_frontier, METH_NOARGS, "Publish index of the first held item."},
+    {"counters", (PyCFunction)Outbox_counters, METH_NOARGS, "The counters as a tuple."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject OutboxType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._pubfast.Outbox",
+    .tp_basicsize = sizeof(Outbox),
+    .tp_doc = "The publisher's backlog of encoded, batched items (C twin of shmstat.outbox.Outbox).",
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Outbox_init,
+    .tp_dealloc = (destructor)Outbox_dealloc,
+    .tp_methods = Outbox_methods,
+};
+
+/* ------------------------------------------------------------------------------------------ check_data */
+
+/* check_data(data): a copy of ``data`` if it is an exact dict of exact str keys to exact str/float/bool values
+ * or int values in int64; None otherwise (the caller then takes the slow path, which also raises the errors). */
+static PyObject *
+check_data(PyObject *Py_UNUSED(module), PyObject *data)
+{
+    if (!PyDict_CheckExact(data)) Py_RETURN_NONE;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(data, &pos, &k, &v)) {
+        PyTypeObject *t = Py_TYPE(v);
+        if (!PyUnicode_CheckExact(k)) Py_RETURN_NONE;
+        if (t == &PyFloat_Type || t == &PyUnicode_Type || t == &PyBool_Type) continue;
+        if (t != &PyLong_Type) Py_RETURN_NONE;
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow) Py_RETURN_NONE;
+        if (x == -1 && PyErr_Occurred()) return NULL;
+    }
+    return PyDict_Copy(data);
+}
+
+static PyMethodDef module_methods[] = {
+    {"check_data", check_data, METH_O, "A copy of plain event data, or None (see events._check_data)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef pubfast_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "shmstat._pubfast",
+    .m_doc = "C publish path of shmstat (optional; shmstat.outbox is the pure-Python fallback).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__pubfast(void)
+{
+    if (PyType_Ready(&OutboxType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&pubfast_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&OutboxType);
+    if (PyModule_AddObject(m, "Outbox", (PyObject *)&OutboxType) < 0) {
+        Py_DECREF(&OutboxType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
