@@ -70,7 +70,7 @@ def emit_scan(c: Collector, now: int, *, final: bool) -> None:
             if relay.wants(wire.stat_topic(group, "")):
                 _publish_rows(relay, cols.of_groups({group}))
     if exporter is not None:
-        exporter.observe(job, result.rows)
+        exporter.observe_columns(cols)
     scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
     found = c.stragglers.update_columns(cols, scores=scores_wanted)  # scores to our group, events on event/<name>
     if found.scores and scores_wanted:

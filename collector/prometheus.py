@@ -48,6 +48,7 @@ from .merge import WindowRow
 from .prom_http import MetricsServer, RenderCache
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .columns import Columns
     from .config import CollectorConfig
 
 __all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
@@ -162,11 +163,28 @@ class PrometheusExporter:
         updates = []
         for row in rows:
             s = row.summary
-            key = (job, row.group, row.name, row.rank)
             hist = s.hist
             pct = tuple(s.quantile(q) or 0.0 for q in (0.5, 0.9, 0.99, 0.999)) if hist is not None else None
-            updates.append((key, s.count, s.sum, s.mean, s.min, s.max, pct,
+            updates.append(((job, row.group, row.name, row.rank), s.count, s.sum, s.mean, s.min, s.max, pct,
                             _classic(hist) if hist is not None and row.rank is None else None))
+        self._fold(job, updates)
+
+    def observe_columns(self, cols: Columns) -> None:
+        """Fold one pass given as columns (what the collector hands over: no row objects are built)."""
+        job = cols.job
+        pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
+        updates = []
+        for i, (group, stat, rank, n, total, mean, lo, hi, hist) in enumerate(zip(
+                cols.group.tolist(), cols.stat.tolist(), cols.rank.tolist(), cols.count.tolist(),
+                cols.sum.tolist(), cols.mean.tolist(), cols.min.tolist(), cols.max.tolist(), cols.hist.tolist(),
+                strict=True)):
+            merged = rank < 0
+            pct = None if hist is None else (pcts[0][i], pcts[1][i], pcts[2][i], pcts[3][i])
+            updates.append(((job, group, stat, None if merged else rank), n, total, mean, lo, hi, pct,
+                            _classic(hist) if hist is not None and merged else None))
+        self._fold(job, updates)
+
+    def _fold(self, job: str, updates: list[tuple]) -> None:
         with self._lock:
             self._retired.pop(job, None)
             series = self._series

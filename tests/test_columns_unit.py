@@ -89,3 +89,20 @@ def test_takes_columns():
             pass
 
     assert takes_columns(Cols()) and not takes_columns(Rows())
+
+
+def test_the_prometheus_exporter_folds_columns_exactly_as_rows():
+    from collector.prometheus import PrometheusExporter
+
+    rng = random.Random(11)
+    by_rows, by_cols = PrometheusExporter("127.0.0.1:0"), PrometheusExporter("127.0.0.1:0")
+    for wid in range(1, 30):
+        cols = _random_pass(rng, wid)
+        by_rows.observe("job", cols.to_rows())
+        by_cols.observe_columns(cols)
+    assert by_cols._series.keys() == by_rows._series.keys() and by_cols._series
+    for key, want in by_rows._series.items():
+        got = by_cols._series[key]
+        assert (got.count, got.total, got.mean, got.lo, got.hi, got.buckets) == (
+            want.count, want.total, want.mean, want.lo, want.hi, want.buckets), key
+        assert got.percentiles == want.percentiles, key
