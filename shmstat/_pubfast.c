@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <datetime.h>
 
 #include <stdint.h>
 #include <string.h>
@@ -723,8 +724,76 @@ check_data(PyObject *Py_UNUSED(module), PyObject *data)
     return PyDict_Copy(data);
 }
 
+/* ------------------------------------------------------------------------------------------ naive_local_ns */
+
+/* The UTC offsets of local quarter hours seen so far (direct-mapped; a miss is filled by the Python side, which
+ * asks the C library through datetime.timestamp() and calls remember_offset). */
+#define OFFSET_SLOTS 256
+static struct { long long key; int offset; int valid; } offsets[OFFSET_SLOTS];
+
+static long long
+floor_div(long long a, long long b)
+{
+    long long q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+/* Days from 1970-01-01 to the proleptic Gregorian date y-m-d. */
+static long long
+days_from_civil(long long y, int m, int d)
+{
+    y -= m <= 2;
+    long long era = floor_div(y, 400);
+    long long yoe = y - era * 400;
+    long long doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    long long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int
+local_seconds(PyObject *dt, long long *local_s, long long *key)
+{
+    long long days = days_from_civil(PyDateTime_GET_YEAR(dt), PyDateTime_GET_MONTH(dt), PyDateTime_GET_DAY(dt));
+    *local_s = days * 86400 + PyDateTime_DATE_GET_HOUR(dt) * 3600 + PyDateTime_DATE_GET_MINUTE(dt) * 60
+               + PyDateTime_DATE_GET_SECOND(dt);
+    *key = floor_div(*local_s, 900) * 2 + PyDateTime_DATE_GET_FOLD(dt);
+    return 0;
+}
+
+/* naive_local_ns(dt): a naive datetime (local time) as Unix ns, as events._naive_local_ns computes it; None when
+ * ``dt`` is not an exact naive datetime or its quarter hour's offset is not known yet. */
+static PyObject *
+naive_local_ns(PyObject *Py_UNUSED(module), PyObject *dt)
+{
+    if (!PyDateTime_CheckExact(dt) || PyDateTime_DATE_GET_TZINFO(dt) != Py_None) Py_RETURN_NONE;
+    long long local_s, key;
+    local_seconds(dt, &local_s, &key);
+    size_t slot = (size_t)(key & (OFFSET_SLOTS - 1));
+    if (!offsets[slot].valid || offsets[slot].key != key) Py_RETURN_NONE;
+    long long ns = ((local_s - offsets[slot].offset) * 1000000LL + PyDateTime_DATE_GET_MICROSECOND(dt)) * 1000LL;
+    return PyLong_FromLongLong(ns);
+}
+
+/* remember_offset(dt, offset): record the UTC offset (seconds) of ``dt``'s local quarter hour. */
+static PyObject *
+remember_offset(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *dt;
+    int offset;
+    if (!PyArg_ParseTuple(args, "O!i", PyDateTimeAPI->DateTimeType, &dt, &offset)) return NULL;
+    long long local_s, key;
+    local_seconds(dt, &local_s, &key);
+    size_t slot = (size_t)(key & (OFFSET_SLOTS - 1));
+    offsets[slot].key = key;
+    offsets[slot].offset = offset;
+    offsets[slot].valid = 1;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"check_data", check_data, METH_O, "A copy of plain event data, or None (see events._check_data)."},
+    {"naive_local_ns", naive_local_ns, METH_O, "A naive local datetime as Unix ns, or None (see events)."},
+    {"remember_offset", remember_offset, METH_VARARGS, "Record a local quarter hour's UTC offset (see events)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -739,6 +808,8 @@ static struct PyModuleDef pubfast_module = {
 PyMODINIT_FUNC
 PyInit__pubfast(void)
 {
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL) return NULL;
     if (PyType_Ready(&OutboxType) < 0) return NULL;
     PyObject *m = PyModule_Create(&pubfast_module);
     if (m == NULL) return NULL;

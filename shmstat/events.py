@@ -26,7 +26,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._state import STATE
@@ -58,9 +58,13 @@ _INT64_MAX = (1 << 63) - 1
 _new_object = object.__new__
 
 _c_check_data: Callable[[Any], dict[str, Any] | None] | None = None
+_c_naive_ns: Callable[[datetime], int | None] | None = None
+_c_remember_offset: Callable[[datetime, int], None] | None = None
 if os.environ.get("SHMSTAT_PURE_PYTHON") != "1":
-    with contextlib.suppress(ImportError):  # optional C publish path; else the Python check below
+    with contextlib.suppress(ImportError):  # optional C publish path; else the Python code below
         from ._pubfast import check_data as _c_check_data
+        from ._pubfast import naive_local_ns as _c_naive_ns
+        from ._pubfast import remember_offset as _c_remember_offset
 
 
 def _check_data(data: Any) -> dict[str, data_value_t]:
@@ -136,6 +140,32 @@ def _check_timestamp(timestamp: Any) -> datetime:
     if not isinstance(timestamp, datetime):
         raise TypeError(f"Event timestamp must be a datetime.datetime, not {type(timestamp).__name__}")
     return timestamp
+
+
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_offsets: dict[tuple[int, int], int] = {}  # (local quarter-hour, fold) -> its UTC offset in seconds
+
+
+def _naive_local_ns(ts: datetime) -> int:
+    """``ts`` (naive: local time) as Unix ns, exactly as ``ts.timestamp()`` reads it, to the microsecond.
+
+    ``timestamp()`` asks the C library for the local offset on every call (~1 us); the offset is looked up once
+    per local quarter of an hour instead (zones change their offset on a quarter hour; ``fold`` tells a
+    repeated interval apart).
+    """
+    d = ts - _EPOCH_NAIVE
+    local_s = d.days * 86_400 + d.seconds
+    key = (local_s // 900, ts.fold)
+    offset = _offsets.get(key)
+    if offset is None:
+        start = ts - timedelta(seconds=local_s % 900, microseconds=d.microseconds)
+        offset = local_s - local_s % 900 - int(start.replace(fold=ts.fold).timestamp())
+        if len(_offsets) > 4096:  # events from all over history: bounded
+            _offsets.clear()
+        _offsets[key] = offset
+        if _c_remember_offset is not None and -(1 << 31) < offset < 1 << 31:
+            _c_remember_offset(ts, offset)
+    return ((local_s - offset) * 1_000_000 + d.microseconds) * 1000
 
 
 def _datetime_from_ns(ts_ns: int) -> datetime:
@@ -227,15 +257,14 @@ class Event:
         ns = self._ts_ns
         if ns is None:
             ts: datetime = self._ts  # type: ignore[assignment]
-            micro = ts.microsecond
             if ts.tzinfo is None:
-                # timestamp() is whole seconds + micro / 1e6 rounded to a double (error < 1e-6 s here), so
-                # subtracting micro / 1e6 and rounding gives the whole seconds exactly, without the cost of
-                # replace(microsecond=0)
-                whole = round(ts.timestamp() - micro / 1e6)
+                ns = _c_naive_ns(ts) if _c_naive_ns is not None else None
+                if ns is None:
+                    ns = _naive_local_ns(ts)
+                self._ts_ns = ns
             else:
                 whole = int(ts.replace(microsecond=0).timestamp())  # an exact integer-valued float
-            ns = self._ts_ns = whole * _NS_PER_S + micro * 1000
+                ns = self._ts_ns = whole * _NS_PER_S + ts.microsecond * 1000
         return ns
 
     def __repr__(self) -> str:
