@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <datetime.h>
+#include <structmember.h>
 
 #include <stdint.h>
 #include <string.h>
@@ -790,10 +791,94 @@ remember_offset(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------------------ EventBase */
+
+/* The storage and constructor of shmstat.events.Event (the Python class adds the properties): the common case
+ * (an exact str name, an exact datetime, plain data) is checked and copied here; anything else goes to the
+ * Python checks registered with set_event_checks, which convert or raise exactly as the pure-Python Event does. */
+static PyObject *check_name_py, *check_timestamp_py, *check_data_py;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name, *ts, *ts_ns, *data, *nbytes;
+} EventBaseObject;
+
+static PyObject *check_data(PyObject *module, PyObject *data);
+
+static int
+EventBase_init(EventBaseObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "timestamp", "data", NULL};
+    PyObject *name, *ts, *data;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Event", kwlist, &name, &ts, &data)) return -1;
+    if (check_name_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_event_checks was not called");
+        return -1;
+    }
+    PyObject *n = PyUnicode_CheckExact(name) ? Py_NewRef(name) : PyObject_CallOneArg(check_name_py, name);
+    if (n == NULL) return -1;
+    PyObject *t = PyDateTime_CheckExact(ts) ? Py_NewRef(ts) : PyObject_CallOneArg(check_timestamp_py, ts);
+    if (t == NULL) { Py_DECREF(n); return -1; }
+    PyObject *d = check_data(NULL, data);
+    if (d == Py_None) { Py_DECREF(d); d = PyObject_CallOneArg(check_data_py, data); }
+    if (d == NULL) { Py_DECREF(n); Py_DECREF(t); return -1; }
+    Py_XSETREF(self->name, n);
+    Py_XSETREF(self->ts, t);
+    Py_XSETREF(self->ts_ns, Py_NewRef(Py_None));
+    Py_XSETREF(self->data, d);
+    Py_XSETREF(self->nbytes, PyLong_FromLong(0));
+    return self->nbytes == NULL ? -1 : 0;
+}
+
+static void
+EventBase_dealloc(EventBaseObject *self)
+{
+    Py_XDECREF(self->name);
+    Py_XDECREF(self->ts);
+    Py_XDECREF(self->ts_ns);
+    Py_XDECREF(self->data);
+    Py_XDECREF(self->nbytes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef EventBase_members[] = {
+    {"_name", T_OBJECT_EX, offsetof(EventBaseObject, name), 0, NULL},
+    {"_ts", T_OBJECT_EX, offsetof(EventBaseObject, ts), 0, NULL},
+    {"_ts_ns", T_OBJECT_EX, offsetof(EventBaseObject, ts_ns), 0, NULL},
+    {"_data", T_OBJECT_EX, offsetof(EventBaseObject, data), 0, NULL},
+    {"_nbytes", T_OBJECT_EX, offsetof(EventBaseObject, nbytes), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject EventBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._pubfast.EventBase",
+    .tp_basicsize = sizeof(EventBaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "EventBase(name, timestamp, data)\n--\n\nStorage and constructor of shmstat.events.Event.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)EventBase_init,
+    .tp_dealloc = (destructor)EventBase_dealloc,
+    .tp_members = EventBase_members,
+};
+
+/* set_event_checks(check_name, check_timestamp, check_data): the Python checks for the uncommon arguments. */
+static PyObject *
+set_event_checks(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *a, *b, *c;
+    if (!PyArg_ParseTuple(args, "OOO", &a, &b, &c)) return NULL;
+    Py_XSETREF(check_name_py, Py_NewRef(a));
+    Py_XSETREF(check_timestamp_py, Py_NewRef(b));
+    Py_XSETREF(check_data_py, Py_NewRef(c));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"check_data", check_data, METH_O, "A copy of plain event data, or None (see events._check_data)."},
     {"naive_local_ns", naive_local_ns, METH_O, "A naive local datetime as Unix ns, or None (see events)."},
     {"remember_offset", remember_offset, METH_VARARGS, "Record a local quarter hour's UTC offset (see events)."},
+    {"set_event_checks", set_event_checks, METH_VARARGS, "Register the Python checks EventBase falls back to."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -811,8 +896,15 @@ PyInit__pubfast(void)
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;
     if (PyType_Ready(&OutboxType) < 0) return NULL;
+    if (PyType_Ready(&EventBaseType) < 0) return NULL;
     PyObject *m = PyModule_Create(&pubfast_module);
     if (m == NULL) return NULL;
+    Py_INCREF(&EventBaseType);
+    if (PyModule_AddObject(m, "EventBase", (PyObject *)&EventBaseType) < 0) {
+        Py_DECREF(&EventBaseType);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&OutboxType);
     if (PyModule_AddObject(m, "Outbox", (PyObject *)&OutboxType) < 0) {
         Py_DECREF(&OutboxType);

@@ -55,7 +55,6 @@ STAT_EVENT = "torch.monitor.Stat"
 _NS_PER_S = 1_000_000_000
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
-_new_object = object.__new__
 
 _c_check_data: Callable[[Any], dict[str, Any] | None] | None = None
 _c_naive_ns: Callable[[datetime], int | None] | None = None
@@ -174,13 +173,8 @@ def _datetime_from_ns(ts_ns: int) -> datetime:
     return datetime.fromtimestamp(seconds).replace(microsecond=rest // 1000)
 
 
-class Event:
-    """A named, timestamped record with structured data, to be passed to :func:`log_event`.
-
-    All Events of the same type should have the same name so downstream handlers can process them.
-    ``name``, ``timestamp`` and ``data`` can be read and assigned; assignments are validated like the
-    constructor's arguments. ``data`` returns the event's own dict: change it by assigning a new one.
-    """
+class _PyEventStorage:
+    """The storage and constructor of :class:`Event` in Python (the C twin is ``shmstat._pubfast.EventBase``)."""
 
     __slots__ = ("_data", "_name", "_nbytes", "_ts", "_ts_ns")
 
@@ -188,18 +182,38 @@ class Event:
     _ts: datetime | None
     _ts_ns: int | None
     _data: dict[str, data_value_t]
+    _nbytes: int
 
     def __init__(self, name: str, timestamp: datetime, data: Mapping[str, data_value_t]) -> None:
-        """Construct the Event; raise :class:`TypeError` if any argument, key or value has a wrong type.
-
-        ``data`` is copied; an int outside the signed 64-bit range raises :class:`~shmstat.errors.ConfigError`
-        (a ValueError, as in torch). A naive ``timestamp`` means local time; an aware one keeps its zone.
-        """
         self._name = name if type(name) is str else _check_name(name)
         self._ts = timestamp if type(timestamp) is datetime else _check_timestamp(timestamp)
         self._ts_ns = None
         self._data = _check_data(data)
         self._nbytes = 0  # its estimated size on the wire, computed when it is first published
+
+
+_EventStorage: type = _PyEventStorage
+if _c_check_data is not None:
+    with contextlib.suppress(ImportError):
+        from ._pubfast import EventBase as _EventStorage  # the same checks, in C
+        from ._pubfast import set_event_checks
+
+        set_event_checks(_check_name, _check_timestamp, _check_data_slow)
+
+
+class Event(_EventStorage):  # type: ignore[misc, valid-type]
+    """A named, timestamped record with structured data, to be passed to :func:`log_event`.
+
+    ``Event(name, timestamp, data)``: raises :class:`TypeError` if any argument, key or value has a wrong type;
+    ``data`` is copied; an int outside the signed 64-bit range raises :class:`~shmstat.errors.ConfigError`
+    (a ValueError, as in torch). A naive ``timestamp`` means local time; an aware one keeps its zone.
+
+    All Events of the same type should have the same name so downstream handlers can process them.
+    ``name``, ``timestamp`` and ``data`` can be read and assigned; assignments are validated like the
+    constructor's arguments. ``data`` returns the event's own dict: change it by assigning a new one.
+    """
+
+    __slots__ = ()
 
     @classmethod
     def _from_ns(cls, name: str, ts_ns: int, data: dict[str, data_value_t]) -> Event:
@@ -208,7 +222,7 @@ class Event:
         The timestamp is kept as integer Unix nanoseconds; the datetime is built on first read of
         :attr:`timestamp` (and cached), so an event nobody looks at never pays for a datetime.
         """
-        event = _new_object(cls)
+        event = _EventStorage.__new__(cls)
         event._name = name
         event._ts = None
         event._ts_ns = ts_ns

@@ -1,0 +1,77 @@
+"""The C Event constructor (shmstat._pubfast.EventBase) and the pure-Python one accept, convert and refuse the same
+arguments with the same errors: every case below is run in a fresh process on each path and the outcomes must be
+identical (types included)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from _procs import REPO
+
+_CASES = r"""
+import collections, datetime, enum, json, sys, types
+from shmstat.events import Event
+
+class S(str): pass
+class I(int): pass
+class F(float): pass
+class E(enum.IntEnum):
+    A = 3
+now = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901)
+aware = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+class D(datetime.datetime): pass
+cases = [
+    ("n", now, {}), ("n", now, {"a": 1, "b": 2.5, "c": "x", "d": True}), (S("n"), now, {"a": 1}),
+    (1, now, {}), (None, now, {}), ("n", 5, {}), ("n", "2026", {}), ("n", aware, {"a": 1}),
+    ("n", D(2026, 1, 1), {}), ("n", now, {"a": E.A, "b": I(4), "c": F(1.5), "d": S("s")}),
+    ("n", now, {S("k"): 1}), ("n", now, {1: 1}), ("n", now, {"a": [1]}), ("n", now, {"a": None}),
+    ("n", now, {"a": 1 << 63}), ("n", now, {"a": -(1 << 63)}), ("n", now, {"a": (1 << 63) - 1}),
+    ("n", now, types.MappingProxyType({"a": 1})), ("n", now, collections.OrderedDict(a=1)), ("n", now, [("a", 1)]),
+    ("n", now, None), ("", now, {"": ""}),
+]
+out = []
+for args in cases:
+    try:
+        e = Event(*args)
+        out.append(["ok", type(e.name).__name__, e.name, repr(e.timestamp), type(e.timestamp).__name__,
+                    [[type(k).__name__, k, type(v).__name__, repr(v)] for k, v in e.data.items()],
+                    e.data is args[2]])
+    except Exception as exc:
+        out.append(["error", type(exc).__name__, str(exc)])
+for bad in ((), ("n",), ("n", now), ("n", now, {}, 1)):
+    try:
+        Event(*bad)
+        out.append(["ok"])
+    except TypeError:
+        out.append(["TypeError"])
+try:
+    Event(name="n", timestamp=now, data={"a": 1})
+    out.append(["keywords ok"])
+except TypeError as exc:
+    out.append(["keywords", str(exc)])
+print(json.dumps(out))
+"""
+
+
+def _outcomes(pure: str) -> list:
+    r = subprocess.run([sys.executable, "-c", _CASES], cwd=REPO, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, SHMSTAT_PURE_PYTHON=pure, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("shmstat._pubfast") is None, reason="the C publish path is not built")
+def test_the_c_and_python_event_constructors_agree():
+    c, py = _outcomes("0"), _outcomes("1")
+    assert len(c) == len(py) == 27
+    for i, (a, b) in enumerate(zip(c, py, strict=True)):
+        if a[0] == b[0] == "TypeError" or (a[0] == "error" and b[0] == "error" and a[1] == b[1] == "TypeError"
+                                           and "argument" in a[2]):
+            continue  # a wrong number of arguments: both refuse, in their own words
+        assert a == b, (i, a, b)
+    assert c[0][0] == "ok" and c[3] == ["error", "TypeError", "Event name must be a str, not int"]
