@@ -673,8 +673,11 @@ Outbox_dealloc(Outbox *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *Outbox_log(Outbox *self, PyObject *const *args, Py_ssize_t nargs);
+
 static PyMethodDef Outbox_methods[] = {
     {"event", (PyCFunction)(void (*)(void))Outbox_event, METH_FASTCALL, "Publish an event; see outbox.py."},
+    {"log", (PyCFunction)(void (*)(void))Outbox_log, METH_FASTCALL, "Publish an Event object; see below."},
     {"metric", (PyCFunction)(void (*)(void))Outbox_metric, METH_FASTCALL, "Publish a metric; see outbox.py."},
     {"raw", (PyCFunction)(void (*)(void))Outbox_raw, METH_FASTCALL, "Publish an encoded item; see outbox.py."},
     {"invalid", (PyCFunction)(void (*)(void))Outbox_invalid, METH_FASTCALL, "Count unsendable items."},
@@ -861,6 +864,50 @@ static PyTypeObject EventBaseType = {
     .tp_dealloc = (destructor)EventBase_dealloc,
     .tp_members = EventBase_members,
 };
+
+/* Outbox.log(event, limit): event(event._name, event's Unix ns, event._data, event._nbytes, limit) for an Event
+ * built on EventBase, reading its fields directly; the Unix ns of a naive timestamp is computed (from a known
+ * quarter-hour offset) and cached in the event, and the size is cached in it once queued. -1 when anything is
+ * unusual (not an EventBase, an aware timestamp, an unknown offset, data the fast encoder declines): the caller
+ * then takes the Python path, which does the same. */
+static PyObject *
+Outbox_log(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "log(event, limit)");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &EventBaseType)) return PyLong_FromLong(-1);
+    EventBaseObject *e = (EventBaseObject *)args[0];
+    if (e->name == NULL || e->data == NULL || e->ts_ns == NULL || e->nbytes == NULL) return PyLong_FromLong(-1);
+    PyObject *ts_ns = e->ts_ns, *made = NULL;
+    if (ts_ns == Py_None) {
+        if (e->ts == NULL) return PyLong_FromLong(-1);
+        made = naive_local_ns(NULL, e->ts);
+        if (made == NULL) return NULL;
+        if (made == Py_None) {
+            Py_DECREF(made);
+            return PyLong_FromLong(-1);
+        }
+        ts_ns = made;
+    }
+    PyObject *call[5] = {e->name, ts_ns, e->data, e->nbytes, args[1]};
+    PyObject *res = Outbox_event(self, call, 5);
+    if (res != NULL && made != NULL) {
+        Py_SETREF(e->ts_ns, made);
+        made = NULL;
+    }
+    Py_XDECREF(made);
+    if (res != NULL) {
+        long long size = PyLong_AsLongLong(res);
+        if (size == -1 && PyErr_Occurred()) {
+            Py_DECREF(res);
+            return NULL;
+        }
+        if (size > 0) Py_SETREF(e->nbytes, Py_NewRef(res));
+    }
+    return res;
+}
 
 /* set_event_checks(check_name, check_timestamp, check_data): the Python checks for the uncommon arguments. */
 static PyObject *

@@ -387,11 +387,19 @@ def log_event(event: Event) -> None:
     if pub is None and not STATE.auto_init_done:
         pub = _attach_from_env()
     if pub is not None:
+        outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
+        if outbox is not None:
+            size = outbox.log(event, MAX_EVENT_BYTES)  # fields read, checked, encoded and queued in one call
+            if size >= 0:
+                if not pub._started:
+                    pub._start()
+                if size > MAX_EVENT_BYTES:
+                    raise _too_large(event._name, size)
+                return
         ts_ns = event._ts_ns
         if ts_ns is None:
             ts_ns = event._timestamp_ns()
         # the outbox checks, encodes and queues it in one call (size -1: its fast path declined it)
-        outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
         size = -1 if outbox is None else outbox.event(event._name, ts_ns, event._data, event._nbytes,
                                                       MAX_EVENT_BYTES)
         if size < 0:
@@ -401,11 +409,15 @@ def log_event(event: Event) -> None:
         elif not pub._started:
             pub._start()
         if size > MAX_EVENT_BYTES:
-            raise EventTooLargeError(
-                f"event {event._name!r} is about {size} bytes, over the {MAX_EVENT_BYTES}-byte maximum an event "
-                "may have on the wire; log smaller events (large artefacts belong in files)"
-            )
+            raise _too_large(event._name, size)
         event._nbytes = size
+
+
+def _too_large(name: str, size: int) -> EventTooLargeError:
+    return EventTooLargeError(
+        f"event {name!r} is about {size} bytes, over the {MAX_EVENT_BYTES}-byte maximum an event may have on the "
+        "wire; log smaller events (large artefacts belong in files)"
+    )
 
 
 def _attach_from_env() -> Any:

@@ -96,6 +96,18 @@ class Outbox:
 
     # ------------------------------------------------------------------------------- caller side
 
+    def log(self, event: Any, limit: int) -> int:
+        """:meth:`event` for an :class:`shmstat.events.Event` whose Unix ns are known (``event._ts_ns``); caches
+        the size in it once known. -1 when the caller must take its own path (unknown Unix ns, or :meth:`event`
+        declined it)."""
+        ts_ns = getattr(event, "_ts_ns", None)
+        if ts_ns is None:
+            return -1
+        size = self.event(event._name, ts_ns, event._data, event._nbytes, limit)
+        if size > 0:
+            event._nbytes = size
+        return size
+
     def event(self, name: Any, ts_ns: Any, data: Any, size: int = 0, limit: int = 0) -> int:
         """Add event ``[name, ts_ns, data]`` (encoded now: ``data`` may change afterwards); returns its
         estimated size (not added if over ``limit`` > 0), 0 when closed, -1 when the caller must validate and

@@ -206,3 +206,43 @@ def test_check_data_matches_the_python_check() -> None:
             assert c == data and c is not data
             assert c == events._check_data_slow(data)
     assert _pubfast.check_data([("a", 1)]) is None
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(5))
+def test_logging_event_objects_puts_the_same_bytes_on_both_outboxes(seed: int) -> None:
+    import datetime
+
+    from shmstat.events import Event
+
+    rnd = random.Random(seed)
+    events = []
+    for i in range(300):
+        data = {f"k{j}": rnd.choice([1, -5, 2.5, "s", True, "é" * rnd.randrange(3)]) for j in range(rnd.randrange(4))}
+        if rnd.random() < 0.3:
+            events.append(Event._from_ns(rnd.choice(NAMES), rnd.randrange(1 << 62), data))
+        else:
+            when = datetime.datetime(2026, 1, 1) + datetime.timedelta(seconds=rnd.randrange(20_000), microseconds=i)
+            if rnd.random() < 0.2:
+                when = when.replace(tzinfo=datetime.timezone(datetime.timedelta(hours=rnd.randrange(-5, 6))))
+            events.append(Event(rnd.choice(NAMES), when, data))
+
+    def run(ob: Any) -> list[Any]:
+        sends = random.Random(seed + 1000)
+        out = []
+        for ev in events:
+            ev._ts_ns, ev._nbytes = None if ev._ts is not None else ev._ts_ns, 0  # as built, both times
+            size = ob.log(ev, wire.MAX_EVENT_BYTES)
+            if size < 0:  # what log_event then does itself
+                size = ob.event(ev._name, ev._timestamp_ns(), ev._data, 0, wire.MAX_EVENT_BYTES)
+            out.append((size, ev._timestamp_ns()))
+            while (frames := ob.head(wire.MAX_TOPIC)) is not None and sends.random() < 0.3:
+                out.append(frames)
+                ob.pop()
+        while (frames := ob.head(wire.MAX_TOPIC)) is not None:
+            out.append(frames)
+            ob.pop()
+        return out
+
+    big = dict(ARGS, max_items=10**6, max_bytes=10**9)
+    assert run(new_outbox(pure=False, **big)) == run(Outbox(**big))
