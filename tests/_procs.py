@@ -142,12 +142,6 @@ def wait_file(path: str, timeout_s: float = 30.0) -> None:
     wait_for(lambda: os.path.exists(path), timeout_s, what=path)
 
 
-def sleep_until_next_window(window_ms: int) -> None:
-    """Not used for assertions: only to start a phase near a window boundary."""
-    w = window_ms / 1000
-    time.sleep(w - (time.time() % w))
-
-
 def assert_rank_workers_reconcile(rows: list[dict], tmp_path, ranks: int, stat: str = "steps") -> None:
     """The ``rank_worker`` tallies ``r<rank>.json`` in ``tmp_path`` match the jsonl rows exactly: every
     (rank, window) count, and the merged total (a window missing or emitted twice fails)."""

@@ -9,17 +9,13 @@ import socket
 import time
 from collections.abc import Iterator
 from enum import IntEnum
-from pathlib import Path
 
 import pytest
-from _fake_collector import FakeCollector
-from _support import unique_job
 
 from elastic import events
 from elastic.events import handlers
-from shmstat import attach
 from shmstat._state import STATE
-from shmstat.segment import Segment
+from shmstat.testing import ShmstatJob
 
 PUBLIC = [
     "Event",
@@ -67,18 +63,10 @@ def rdzv_records(monkeypatch: pytest.MonkeyPatch) -> Iterator[Records]:
 
 
 @pytest.fixture
-def attached(tmp_path: Path) -> Iterator[FakeCollector]:
-    """This process attached as rank 0 of a fresh job, publishing to a fake collector."""
-    fake = FakeCollector(f"ipc://{tmp_path}/ingest")
-    job = unique_job("ev")
-    attach.init(job, rank=0, endpoint=fake.endpoint, max_ranks=2, max_stats=4)
-    try:
-        yield fake
-    finally:
-        attach.shutdown(flush_timeout_s=0.5)
-        Segment.unlink(job)
-        fake.sock.close(linger=0)
-        fake.ctx.term()
+def attached(shmstat_job: ShmstatJob) -> ShmstatJob:
+    """This process attached as rank 0 of a fresh job with a real collector (the shmstat.testing plugin)."""
+    shmstat_job.attach_here()
+    return shmstat_job
 
 
 def marker() -> None:
@@ -218,7 +206,7 @@ def test_construct_and_record_rdzv_event_does_nothing_by_default(monkeypatch: py
 # ------------------------------------------------------------------------------------ publishing
 
 
-def test_recorded_event_is_published_when_attached(attached: FakeCollector) -> None:
+def test_recorded_event_is_published_when_attached(attached: ShmstatJob) -> None:
     class Level(IntEnum):
         HIGH = 2
 
@@ -235,12 +223,9 @@ def test_recorded_event_is_published_when_attached(attached: FakeCollector) -> N
     events.record(
         events.Event("torchelastic.worker.status.START", events.EventSource.WORKER, 1_700_000_000_123, metadata)
     )
-    topic = "event/torchelastic.worker.status.START"
-    attached.receive_until(attached.has(topic))
-    name, ts_ns, data = attached.items(topic)[0]
-    assert name == "torchelastic.worker.status.START"
-    assert ts_ns == 1_700_000_000_123 * 1_000_000
-    assert data == {
+    (ev,) = attached.wait_for_event("torchelastic.worker.status.START")
+    assert ev.timestamp_ns == 1_700_000_000_123 * 1_000_000
+    assert ev.data == {
         "rank": 1,
         "ok": True,
         "t": 0.5,
@@ -253,19 +238,17 @@ def test_recorded_event_is_published_when_attached(attached: FakeCollector) -> N
     }
 
 
-def test_event_without_timestamp_gets_the_recording_time(attached: FakeCollector) -> None:
+def test_event_without_timestamp_gets_the_recording_time(attached: ShmstatJob) -> None:
     before = time.time_ns()
     events.record(events.Event("now", events.EventSource.AGENT), "console")
-    attached.receive_until(attached.has("event/now"))
-    _, ts_ns, data = attached.items("event/now")[0]
-    assert before <= ts_ns <= time.time_ns() and data == {"source": "AGENT"}
+    (ev,) = attached.wait_for_event("now")
+    assert before <= ev.timestamp_ns <= time.time_ns() and ev.data == {"source": "AGENT"}
 
 
-def test_rdzv_event_is_published_with_its_fields(attached: FakeCollector) -> None:
+def test_rdzv_event_is_published_with_its_fields(attached: ShmstatJob) -> None:
     events.record_rdzv_event(events.RdzvEvent("rdzv", "run", "msg", "host", 12, events.NodeState.SUCCEEDED, rank=0))
-    attached.receive_until(attached.has("event/rdzv"))
-    _, _, data = attached.items("event/rdzv")[0]
-    assert data == {
+    (ev,) = attached.wait_for_event("rdzv")
+    assert ev.data == {
         "run_id": "run",
         "message": "msg",
         "hostname": "host",
@@ -278,19 +261,18 @@ def test_rdzv_event_is_published_with_its_fields(attached: FakeCollector) -> Non
     }
 
 
-def test_construct_and_record_rdzv_event_publishes_when_attached(attached: FakeCollector) -> None:
+def test_construct_and_record_rdzv_event_publishes_when_attached(attached: ShmstatJob) -> None:
     events.construct_and_record_rdzv_event("run", "joined", events.NodeState.RUNNING, name="join", hostname="h")
-    topic = "event/test_elastic_events.py:join"
-    attached.receive_until(attached.has(topic))
-    assert attached.items(topic)[0][2]["pid"] == os.getpid()
+    (ev,) = attached.wait_for_event("test_elastic_events.py:join")
+    assert ev.data["pid"] == os.getpid()
 
 
-def test_unknown_destination_publishes_nothing(attached: FakeCollector) -> None:
+def test_unknown_destination_publishes_nothing(attached: ShmstatJob) -> None:
     with pytest.raises(KeyError):
         events.record(events.Event("lost", events.EventSource.AGENT), "nowhere")
     marker()
-    attached.receive_until(attached.has("event/marker"))
-    assert [m.topic for m in attached.seen] == ["event/marker"]
+    attached.wait_for_event("marker")
+    assert [e.name for e in attached.events()] == ["marker"]
 
 
 # ------------------------------------------------------------------------------------ against torch itself

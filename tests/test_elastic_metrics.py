@@ -9,21 +9,15 @@ import pickle
 import re
 import time
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from _fake_collector import FakeCollector
-from _support import unique_job
 
 import elastic
 import elastic.metrics as metrics
 from elastic.metrics import _registry, api
-from shmstat import attach
 from shmstat._state import STATE
-from shmstat.runtime import ingest_endpoint
-from shmstat.segment import Segment
+from shmstat.testing import ShmstatJob
 
 PUBLIC = [
     "CollectorMetricHandler",
@@ -69,22 +63,19 @@ def _no_job_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def collector(tmp_path: Path) -> Iterator[FakeCollector]:
-    fake = FakeCollector(f"ipc://{tmp_path}/ingest")
-    yield fake
-    fake.close()
+def attached(shmstat_job: ShmstatJob) -> ShmstatJob:
+    """This process attached as rank 0 of a fresh job with a real collector (the shmstat.testing plugin)."""
+    shmstat_job.attach_here()
+    return shmstat_job
 
 
-@pytest.fixture
-def attached(collector: FakeCollector) -> Iterator[FakeCollector]:
-    """This process attached as rank 0 of a fresh job, publishing to ``collector``."""
-    job = unique_job("em")
-    attach.init(job, rank=0, endpoint=collector.endpoint, max_ranks=2, max_stats=4)
-    try:
-        yield collector
-    finally:
-        attach.shutdown(flush_timeout_s=0.5)
-        Segment.unlink(job)
+def _topics(job: ShmstatJob) -> list[str]:
+    """The topics of the metrics the collector relayed, in arrival order."""
+    return [f"metric/{m.group}/{m.name}" for m in job.metrics()]
+
+
+def _values(job: ShmstatJob, group: str, name: str) -> list[object]:
+    return [m.value for m in job.metrics(name, group=group)]
 
 
 def marker(name: str = "end") -> None:
@@ -410,49 +401,46 @@ def test_publish_metric_warns_and_publishes() -> None:
 # ------------------------------------------------------------------------------------ routing to the collector
 
 
-def test_put_metric_goes_to_the_collector_when_attached(attached: FakeCollector) -> None:
+def test_put_metric_goes_to_the_collector_when_attached(attached: ShmstatJob) -> None:
     before = time.time()
     metrics.put_metric("x", 3, "trainer")
-    attached.receive_until(attached.has("metric/trainer/x"))
-    (msg,) = [m for m in attached.seen if m.topic == "metric/trainer/x"]
-    assert msg.kind == "metric" and msg.rank == 0
-    group, name, value, ts = msg.items[0]
-    assert (group, name, value) == ("trainer", "x", 3)
-    assert before <= ts <= time.time()
+    (m,) = attached.wait_for_metric("x", group="trainer")
+    assert (m.group, m.name, m.value, m.rank) == ("trainer", "x", 3, 0)
+    assert before <= m.timestamp <= time.time()
 
 
-def test_stream_prof_and_deprecated_names_route_too(attached: FakeCollector) -> None:
+def test_stream_prof_and_deprecated_names_route_too(attached: ShmstatJob) -> None:
     metrics.getStream("s").add_value("v", 1.5)
     metrics.prof(plain, group="p")()
     with pytest.warns(FutureWarning):
         metrics.publish_metric("d", "n", True)
     metrics.put_metric("default", 1)
-    attached.receive_until(attached.has("metric/torchelastic/default"))
-    assert attached.items("metric/s/v")[0][:3] == ["s", "v", 1.5]
-    assert attached.items("metric/p/test_elastic_metrics.plain.success")[0][2] == 1
-    assert len(attached.items("metric/p/test_elastic_metrics.plain.duration.ms")) == 1
-    assert attached.items("metric/d/n")[0][2] is True
+    attached.wait_for_metric("default", group="torchelastic")
+    assert _values(attached, "s", "v") == [1.5]
+    assert _values(attached, "p", "test_elastic_metrics.plain.success") == [1]
+    assert len(_values(attached, "p", "test_elastic_metrics.plain.duration.ms")) == 1
+    assert _values(attached, "d", "n")[0] is True
 
 
-def test_in_process_configure_wins_over_routing(attached: FakeCollector) -> None:
+def test_in_process_configure_wins_over_routing(attached: ShmstatJob) -> None:
     mine = Recorder()
     metrics.configure(mine, "trainer")
     metrics.put_metric("x", 1, "trainer")
     metrics.put_metric("y", 2, "routed")
     marker()
-    attached.receive_until(attached.has("metric/marker/end"))
+    attached.wait_for_metric("end", group="marker")
     assert mine.triples() == [("trainer", "x", 1)]
-    assert [m.topic for m in attached.seen] == ["metric/routed/y", "metric/marker/end"]
+    assert _topics(attached) == ["metric/routed/y", "metric/marker/end"]
 
 
-def test_configured_default_wins_for_every_group(attached: FakeCollector) -> None:
+def test_configured_default_wins_for_every_group(attached: ShmstatJob) -> None:
     default = Recorder()
     metrics.configure(default)
     metrics.put_metric("x", 1, "a")
     metrics.prof(plain, group="b")()
     marker()
-    attached.receive_until(attached.has("metric/marker/end"))
-    assert [m.topic for m in attached.seen] == ["metric/marker/end"]
+    attached.wait_for_metric("end", group="marker")
+    assert _topics(attached) == ["metric/marker/end"]
     assert [n for _, n, _ in default.triples()] == [
         "x",
         "test_elastic_metrics.plain.success",
@@ -460,18 +448,18 @@ def test_configured_default_wins_for_every_group(attached: FakeCollector) -> Non
     ]
 
 
-def test_configuring_the_builtin_default_back_restores_routing(attached: FakeCollector) -> None:
+def test_configuring_the_builtin_default_back_restores_routing(attached: ShmstatJob) -> None:
     builtin = metrics.getStream("g").handler
     metrics.configure(Recorder(), "g")
     metrics.configure(builtin, "g")
     metrics.configure(Recorder())
     metrics.configure(builtin)
     metrics.put_metric("x", 1, "g")
-    attached.receive_until(attached.has("metric/g/x"))
+    attached.wait_for_metric("x", group="g")
 
 
 def test_values_the_wire_cannot_carry_are_converted_or_dropped(
-    attached: FakeCollector, caplog: pytest.LogCaptureFixture
+    attached: ShmstatJob, caplog: pytest.LogCaptureFixture
 ) -> None:
     class Index:
         def __index__(self) -> int:
@@ -485,33 +473,25 @@ def test_values_the_wire_cannot_carry_are_converted_or_dropped(
         metrics.put_metric("none", None, "c")  # type: ignore[arg-type]
     metrics.put_metric(7, 1, None)  # type: ignore[arg-type]
     marker()
-    attached.receive_until(attached.has("metric/marker/end"))
-    assert attached.items("metric/c/dec")[0][2] == 1.5
-    assert attached.items("metric/c/idx")[0][2] == 7
-    assert attached.items("metric/c/big")[0][2] == float(1 << 70)
-    assert attached.items("metric/None/7")[0][:3] == ["None", "7", 1]
-    assert not attached.items("metric/c/text") and not attached.items("metric/c/none")
+    attached.wait_for_metric("end", group="marker")
+    assert _values(attached, "c", "dec") == [1.5]
+    assert _values(attached, "c", "idx") == [7]
+    assert _values(attached, "c", "big") == [float(1 << 70)]
+    assert _values(attached, "None", "7") == [1]
+    assert not _values(attached, "c", "text") and not _values(attached, "c", "none")
     assert _registry.REGISTRY.dropped == 2
     assert len([r for r in caplog.records if "dropped" in r.getMessage()]) == 1
 
 
-def test_attaches_lazily_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = unique_job("env")
-    monkeypatch.setenv("SHMSTAT_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setenv("SHMSTAT_JOB", job)
-    monkeypatch.setenv("SHMSTAT_RANK", "1")
-    monkeypatch.setenv("SHMSTAT_WORLD_SIZE", "2")
-    fake = FakeCollector(ingest_endpoint(job))
-    try:
-        assert STATE.publisher is None and not STATE.auto_init_done  # nothing happened at import
-        metrics.put_metric("lazy", 1, "env")
-        assert STATE.publisher is not None
-        fake.receive_until(fake.has("metric/env/lazy"))
-        assert fake.seen[0].rank == 1
-    finally:
-        attach.shutdown(flush_timeout_s=0.5)
-        Segment.unlink(job)
-        fake.close()
+def test_attaches_lazily_from_the_environment(shmstat_job: ShmstatJob, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in shmstat_job.rank_env(1, 2).items():
+        if name.startswith("SHMSTAT_"):
+            monkeypatch.setenv(name, value)
+    assert STATE.publisher is None and not STATE.auto_init_done  # nothing happened at import
+    metrics.put_metric("lazy", 1, "env")
+    assert STATE.publisher is not None
+    (m,) = shmstat_job.wait_for_metric("lazy", group="env")
+    assert m.rank == 1
 
 
 def test_a_bad_environment_is_logged_once_and_metrics_stay_local(

@@ -135,6 +135,15 @@ class ShmstatJob:
         """:meth:`start_ranks`, then wait for them all; fails if one does not exit 0 within ``timeout``."""
         return self.start_ranks(target, nranks, args).wait(timeout)
 
+    def attach_here(self, rank: int = 0, world_size: int = 1, **init_kwargs: Any) -> None:
+        """Attach the test process itself as ``rank`` of this job (``shmstat.init``; detached again at
+        :meth:`close`), for tests of code that logs from the test process."""
+        from ..attach import init
+
+        self._saved_runtime_dir = os.environ.get("SHMSTAT_RUNTIME_DIR")
+        os.environ["SHMSTAT_RUNTIME_DIR"] = self.runtime_dir
+        init(self.job, rank=rank, local_rank=rank, world_size=world_size, **init_kwargs)
+
     # -- what was captured -------------------------------------------------------------------------------------
     def rows(self, stat: str | None = None, agg: str | None = None, *, group: str | None = None,
              rank: int | None = _ANY) -> list[Row]:
@@ -237,6 +246,17 @@ class ShmstatJob:
         self._closed = True
         for group in self._groups:
             group.kill()
+        from ..attach import shutdown
+        from ..segment import Segment
+        from ._collector_main import cleanup
+
+        if _attached_job() == self.job:  # detached while the collector still takes what it flushes
+            shutdown(flush_timeout_s=0.5)
+        if hasattr(self, "_saved_runtime_dir"):
+            if self._saved_runtime_dir is None:
+                os.environ.pop("SHMSTAT_RUNTIME_DIR", None)
+            else:
+                os.environ["SHMSTAT_RUNTIME_DIR"] = self._saved_runtime_dir
         proc = getattr(self, "_collector", None)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -253,12 +273,6 @@ class ShmstatJob:
         tap = getattr(self, "_tap", None)
         if tap is not None:
             tap.close()
-        from ..attach import shutdown
-        from ..segment import Segment
-        from ._collector_main import cleanup
-
-        if _attached_job() == self.job:
-            shutdown()
         Segment.unlink(self.job)
         cleanup(self.job, self.runtime_dir, wait_s=0)
         with _LIVE_LOCK:
