@@ -40,3 +40,12 @@ def forever_rank(rank: int, ready_dir: str) -> None:
 
 if __name__ == "__main__":  # a script rank: python _plugin_ranks.py SAMPLES
     counting_rank(int(os.environ["SHMSTAT_RANK"]), int(sys.argv[1]))
+
+
+def mp_rank(rank: int, samples: int) -> None:
+    """A multiprocessing child: the job comes from the environment it inherited, the rank from its argument."""
+    shmstat.init(rank=rank, world_size=2)
+    step = shmstat.Stat("mp_step", [shmstat.Aggregation.COUNT], 0.05)
+    for _ in range(samples):
+        step.add(1.0)
+    shmstat.shutdown()

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _plugin_ranks import counting_rank, failing_rank
+from _plugin_ranks import counting_rank, failing_rank, mp_rank
 from _procs import REPO
 from _support import wait_for
 
@@ -47,6 +47,21 @@ def test_subprocess_ranks_started_by_the_test_itself_need_only_the_env(shmstat_j
              for r in range(2)]
     assert [p.wait(60) for p in procs] == [0, 0]
     shmstat_job.wait_for_rows("step_ms", "count", total=600)
+
+
+def test_multiprocessing_children_started_inside_environ_join_the_job(shmstat_job):
+    import multiprocessing as mp
+
+    with shmstat_job.environ():
+        procs = [mp.get_context("spawn").Process(target=mp_rank, args=(r, 250)) for r in range(2)]
+        for p in procs:
+            p.start()
+    assert "SHMSTAT_RUNTIME_DIR" not in os.environ or os.environ["SHMSTAT_RUNTIME_DIR"] != shmstat_job.runtime_dir
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    shmstat_job.wait_for_rows("mp_step", "count", total=500)
+    assert shmstat_job.per_rank("mp_step") == {0: 250, 1: 250}
 
 
 def test_a_failing_rank_fails_with_its_exit_code_and_output(shmstat_job):

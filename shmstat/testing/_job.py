@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ._ranks import RankGroup, start_command_ranks, start_function_ranks
@@ -134,6 +134,23 @@ class ShmstatJob:
                   timeout: float = 60.0) -> list:
         """:meth:`start_ranks`, then wait for them all; fails if one does not exit 0 within ``timeout``."""
         return self.start_ranks(target, nranks, args).wait(timeout)
+
+    @contextlib.contextmanager
+    def environ(self) -> Iterator[dict[str, str]]:
+        """Within the block, ``os.environ`` names this job (``SHMSTAT_JOB``, ``SHMSTAT_RUNTIME_DIR``): processes
+        started there (``multiprocessing`` included) join it; each still needs its rank (``SHMSTAT_RANK`` in its
+        environment, or ``shmstat.init(rank=...)``). Restored afterwards."""
+        names = ("SHMSTAT_JOB", "SHMSTAT_RUNTIME_DIR")
+        saved = {n: os.environ.get(n) for n in names}
+        os.environ.update({n: self.env[n] for n in names})
+        try:
+            yield self.env
+        finally:
+            for n, v in saved.items():
+                if v is None:
+                    os.environ.pop(n, None)
+                else:
+                    os.environ[n] = v
 
     def attach_here(self, rank: int = 0, world_size: int = 1, **init_kwargs: Any) -> None:
         """Attach the test process itself as ``rank`` of this job (``shmstat.init``; detached again at
