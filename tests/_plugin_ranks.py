@@ -38,8 +38,6 @@ def forever_rank(rank: int, ready_dir: str) -> None:
         time.sleep(0.001)
 
 
-if __name__ == "__main__":  # a script rank: python _plugin_ranks.py SAMPLES
-    counting_rank(int(os.environ["SHMSTAT_RANK"]), int(sys.argv[1]))
 
 
 def mp_rank(rank: int, samples: int) -> None:
@@ -49,3 +47,19 @@ def mp_rank(rank: int, samples: int) -> None:
     for _ in range(samples):
         step.add(1.0)
     shmstat.shutdown()
+
+
+def torchrun_main() -> None:
+    """A torchrun worker: nothing shmstat-specific but the Stat; job from SHMSTAT_JOB, rank from torchrun's RANK."""
+    step = shmstat.Stat("tr_step", [shmstat.Aggregation.COUNT], 0.05)
+    for _ in range(300):
+        step.add(1.0)
+    shmstat.log_event(shmstat.Event("tr.done", datetime.datetime.now(), {"rank": int(os.environ["RANK"])}))
+    shmstat.shutdown()
+
+
+if __name__ == "__main__":  # a script rank: python _plugin_ranks.py SAMPLES | torchrun
+    if sys.argv[1:] == ["torchrun"]:
+        torchrun_main()
+    else:
+        counting_rank(int(os.environ["SHMSTAT_RANK"]), int(sys.argv[1]))

@@ -4,6 +4,7 @@ seen, and nothing left in /dev/shm or the runtime directory after a failed, inte
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -62,6 +63,17 @@ def test_multiprocessing_children_started_inside_environ_join_the_job(shmstat_jo
         assert p.exitcode == 0
     shmstat_job.wait_for_rows("mp_step", "count", total=500)
     assert shmstat_job.per_rank("mp_step") == {0: 250, 1: 250}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (torchrun)")
+def test_torchrun_ranks_need_only_the_jobs_env(shmstat_job):
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        RANKS_MODULE, "torchrun"], env=shmstat_job.env, cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    shmstat_job.wait_for_rows("tr_step", "count", total=600)
+    assert shmstat_job.per_rank("tr_step") == {0: 300, 1: 300}
+    assert sorted(e.rank for e in shmstat_job.wait_for_event("tr.done", count=2)) == [0, 1]
 
 
 def test_a_failing_rank_fails_with_its_exit_code_and_output(shmstat_job):
