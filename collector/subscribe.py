@@ -78,9 +78,7 @@ def subscribe(
                     except zmq.Again:
                         break
                     try:
-                        if len(frames) != 2:
-                            raise WireError("not two frames")
-                        msg = wire.decode(frames[0], frames[1])
+                        msg = wire.decode_frames(frames)
                     except WireError:
                         bad += 1
                         continue

@@ -62,6 +62,7 @@ __all__ = [
     "WIRE_VERSION",
     "WireMessage",
     "decode",
+    "decode_frames",
     "encode",
     "event_topic",
     "metric_topic",
@@ -371,6 +372,13 @@ def _as_bytes(frame: Any, what: str) -> bytes:
         return bytes(memoryview(frame))
     except TypeError:
         _fail(f"the {what} frame is a {type(frame).__name__}, not bytes")
+
+
+def decode_frames(frames: Sequence[Any]) -> WireMessage:
+    """:func:`decode` of a received multipart message, which must be exactly ``[topic, payload]``."""
+    if len(frames) != 2:
+        _fail(f"a message has {len(frames)} frames, not 2 (topic, payload)")
+    return decode(frames[0], frames[1])
 
 
 def decode(topic: bytes, payload: bytes) -> WireMessage:

@@ -114,9 +114,7 @@ class StreamTap:
                     except zmq.Again:
                         break
                     try:
-                        if len(frames) != 2:
-                            raise WireError("not two frames")
-                        msg = wire.decode(frames[0], frames[1])
+                        msg = wire.decode_frames(frames)
                     except WireError:
                         self.malformed += 1
                         continue
