@@ -175,6 +175,8 @@ def _percentiles(count: np.ndarray, lo: np.ndarray, hi: np.ndarray, hist: np.nda
     rows = np.flatnonzero(keeps & (count > 0) & (hist != None))  # noqa: E711
     if len(rows):
         hs, los, his = hist[rows].tolist(), lo[rows].tolist(), hi[rows].tolist()
-        for a, q in PERCENTILES.items():
-            out[a][rows] = [h.quantile(q, x, y) for h, x, y in zip(hs, los, his, strict=True)]
+        qs = tuple(PERCENTILES.values())
+        table = np.array([h.quantiles(qs, x, y) for h, x, y in zip(hs, los, his, strict=True)], np.float64)
+        for j, a in enumerate(PERCENTILES):
+            out[a][rows] = table[:, j]
     return out

@@ -148,6 +148,10 @@ class Histogram:
         """The ``q``-quantile (0 < q <= 1) of the counted samples, within :func:`error_bound` of the exact
         order statistic of rank ``ceil(q * n)``; clamped to ``[lo, hi]`` (the window's exact min and max) when
         given. 0.0 for an empty histogram."""
+        return self.quantiles((q,), lo, hi)[0]
+
+    def quantiles(self, qs: Iterable[float], lo: float | None = None, hi: float | None = None) -> list[float]:
+        """:meth:`quantile` of each of ``qs``, in one go (one cumulative count for all of them)."""
         cdf = self._cdf
         if cdf is None:  # built once per histogram: several quantiles cost one sort
             cum: list[int] = []
@@ -168,23 +172,26 @@ class Histogram:
             cdf = self._cdf = (cum, buckets)
         cum, buckets = cdf
         if not cum:
-            return 0.0
-        rank = max(1, math.ceil(q * cum[-1] - 1e-9))
-        sign, i = buckets[min(bisect_left(cum, rank), len(cum) - 1)]
-        estimate = 0.0 if sign == 0 else sign * self._estimate(i)
-        if lo is not None and estimate < lo:
-            estimate = lo
-        if hi is not None and estimate > hi:
-            estimate = hi
-        return estimate
-
-    def _estimate(self, index: int) -> float:
-        """``2 lo hi / (lo + hi)`` of positive bucket ``index``: ``lo`` times a factor of the scale alone."""
+            return [0.0 for _ in qs]
+        total, last = cum[-1], len(cum) - 1
         step, factor = _STEP_FACTOR[self.scale]
-        try:
-            return min(2.0 ** (index * step) * factor, _DBL_MAX)
-        except OverflowError:
-            return _DBL_MAX
+        out = []
+        for q in qs:
+            rank = max(1, math.ceil(q * total - 1e-9))
+            sign, i = buckets[min(bisect_left(cum, rank), last)]
+            if sign == 0:
+                estimate = 0.0
+            else:
+                try:
+                    estimate = sign * min(2.0 ** (i * step) * factor, _DBL_MAX)
+                except OverflowError:
+                    estimate = sign * _DBL_MAX
+            if lo is not None and estimate < lo:
+                estimate = lo
+            if hi is not None and estimate > hi:
+                estimate = hi
+            out.append(estimate)
+        return out
 
     def to_wire(self) -> dict[str, object]:
         """A compact map for the wire: ``scale``, ``zero``, and per sign ``[offset, [counts...]]``."""
