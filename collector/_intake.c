@@ -51,10 +51,15 @@ be(const uint8_t *p, int n)
 }
 
 /* Strict UTF-8, as Python's decoder: no overlongs, no surrogates, nothing past U+10FFFF. */
-static int
+static inline int
 utf8_ok(const uint8_t *s, size_t n)
 {
     size_t i = 0;
+    if (n <= 16) { /* the common short key or name: all ASCII? */
+        uint8_t any = 0;
+        for (size_t j = 0; j < n; j++) any |= s[j];
+        if (!(any & 0x80)) return 1;
+    }
     while (i < n) {
         while (i + 8 <= n) {
             uint64_t w;
@@ -105,45 +110,58 @@ take(Rd *r, size_t n, const uint8_t **at)
 /* What the next object is. */
 enum { T_NIL, T_BOOL, T_INT, T_FLOAT, T_STR, T_BIN, T_ARRAY, T_MAP, T_EXT, T_NEVER };
 
-static int
-type_of(uint8_t c)
+static uint8_t TYPES[256]; /* type of each first byte, filled at import */
+
+static void
+init_types(void)
 {
-    if (c <= 0x7f || c >= 0xe0) return T_INT;
-    if (c <= 0x8f) return T_MAP;
-    if (c <= 0x9f) return T_ARRAY;
-    if (c <= 0xbf) return T_STR;
-    switch (c) {
-    case 0xc0: return T_NIL;
-    case 0xc1: return T_NEVER;
-    case 0xc2: case 0xc3: return T_BOOL;
-    case 0xc4: case 0xc5: case 0xc6: return T_BIN;
-    case 0xca: case 0xcb: return T_FLOAT;
-    case 0xcc: case 0xcd: case 0xce: case 0xcf: case 0xd0: case 0xd1: case 0xd2: case 0xd3: return T_INT;
-    case 0xd9: case 0xda: case 0xdb: return T_STR;
-    case 0xdc: case 0xdd: return T_ARRAY;
-    case 0xde: case 0xdf: return T_MAP;
-    default: return T_EXT; /* 0xc7-0xc9, 0xd4-0xd8 */
+    for (int c = 0; c < 256; c++) {
+        int t;
+        if (c <= 0x7f || c >= 0xe0) t = T_INT;
+        else if (c <= 0x8f) t = T_MAP;
+        else if (c <= 0x9f) t = T_ARRAY;
+        else if (c <= 0xbf) t = T_STR;
+        else if (c == 0xc0) t = T_NIL;
+        else if (c == 0xc1) t = T_NEVER;
+        else if (c <= 0xc3) t = T_BOOL;
+        else if (c <= 0xc6) t = T_BIN;
+        else if (c <= 0xc9) t = T_EXT;
+        else if (c <= 0xcb) t = T_FLOAT;
+        else if (c <= 0xd3) t = T_INT;
+        else if (c <= 0xd8) t = T_EXT;
+        else if (c <= 0xdb) t = T_STR;
+        else if (c <= 0xdd) t = T_ARRAY;
+        else t = T_MAP;
+        TYPES[c] = (uint8_t)t;
     }
 }
 
-static int
+static inline int
 peek(Rd *r, int *t)
 {
     if (r->p >= r->end) return fail(r, BAD, "the payload is not a valid msgpack document (truncated)");
-    *t = type_of(*r->p);
+    *t = TYPES[*r->p];
     if (*t == T_EXT) return fail(r, BAD, "the payload contains a msgpack ext type, which is refused");
     if (*t == T_NEVER) return fail(r, BAD, "the payload is not a valid msgpack document (byte 0xc1)");
     return OK;
 }
 
 /* Reads a str or bin (the caller peeked its type): its bytes, UTF-8 checked for a str. */
-static int
+static inline int
 read_raw(Rd *r, const uint8_t **s, size_t *n)
 {
     uint8_t c = *r->p++;
     const uint8_t *h;
     size_t len;
-    if (c >= 0xa0 && c <= 0xbf) { len = c & 0x1f; }
+    if (c >= 0xa0 && c <= 0xbf) { /* fixstr, the common case */
+        len = c & 0x1f;
+        if ((size_t)(r->end - r->p) < len) return fail(r, BAD, "the payload is not a valid msgpack document (truncated)");
+        *s = r->p;
+        r->p += len;
+        *n = len;
+        if (!utf8_ok(*s, len)) return fail(r, BAD, "the payload is not a valid msgpack document (a string is not UTF-8)");
+        return OK;
+    }
     else {
         int w = (c == 0xd9 || c == 0xc4) ? 1 : (c == 0xda || c == 0xc5) ? 2 : 4;
         if (take(r, (size_t)w, &h) != OK) return BAD;
@@ -158,7 +176,7 @@ read_raw(Rd *r, const uint8_t **s, size_t *n)
 }
 
 /* Reads a container header (the caller peeked its type): its number of entries. */
-static int
+static inline int
 read_len(Rd *r, size_t *n)
 {
     uint8_t c = *r->p++;
@@ -171,7 +189,7 @@ read_len(Rd *r, size_t *n)
 }
 
 /* Reads an int (the caller peeked T_INT): *neg and the magnitude-or-value in *u (as int64 when *neg). */
-static int
+static inline int
 read_int(Rd *r, int *neg, uint64_t *u)
 {
     uint8_t c = *r->p++;
@@ -189,7 +207,7 @@ read_int(Rd *r, int *neg, uint64_t *u)
     return OK;
 }
 
-static int
+static inline int
 skip_scalar(Rd *r, int t)
 {
     const uint8_t *h;
@@ -228,7 +246,7 @@ skip(Rd *r, int depth)
 }
 
 /* Reads a str where decode wants one: SEM if the next object is something else (left unread). */
-static int
+static inline int
 want_str(Rd *r, const uint8_t **s, size_t *n, const char *why)
 {
     int t, rc;
@@ -237,7 +255,7 @@ want_str(Rd *r, const uint8_t **s, size_t *n, const char *why)
     return read_raw(r, s, n);
 }
 
-static int
+static inline int
 want_int(Rd *r, int *neg, uint64_t *u, const char *why)
 {
     int t, rc;
@@ -246,7 +264,7 @@ want_int(Rd *r, int *neg, uint64_t *u, const char *why)
     return read_int(r, neg, u);
 }
 
-static int
+static inline int
 want_array(Rd *r, size_t want, const char *why)
 {
     int t, rc;
@@ -337,7 +355,7 @@ check(PyObject *self, PyObject *args)
     const char *sem_why = NULL;
     unsigned seen = 0;
     int64_t rank = 0;
-    uint64_t hv[4] = {0, 0, 0, 0}, u; /* pid, incarnation, seq; hv[3] unused */
+    uint64_t hv[3] = {0, 0, 0}, u = 0; /* pid, incarnation, seq */
     size_t nkeys, n_items = 0;
     if ((rc = peek(r, &t)) != OK) goto verdict;
     if (t != T_MAP) { rc = fail(r, BAD, "the payload is not a msgpack map"); goto verdict; }
@@ -436,5 +454,6 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__intake(void)
 {
+    init_types();
     return PyModule_Create(&module);
 }
