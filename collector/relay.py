@@ -2,8 +2,9 @@
 
 The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
 everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
-validated with :func:`shmstat.wire.decode`; valid messages are re-published unchanged, invalid ones are
-counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
+validated as :func:`shmstat.wire.decode` would (:func:`collector.intake.inspect`: event and metric messages by
+the optional C check, without decoding their items); valid messages are re-published unchanged, invalid ones
+are counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
 by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
 rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), a subscriber's queue
 at most ``sndhwm`` such messages (a slow subscriber loses its own messages past it); a subscription topic is
