@@ -23,13 +23,14 @@ import zmq
 
 from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
-from shmstat.errors import CollectorError
+from shmstat.errors import CollectorError, WireError
 from shmstat.layout import RankState
 from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.segment import Segment, pid_alive
 
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
 from .dispatch import ThreadedDispatcher
+from .intake import Received
 from .liveness import Lifecycle, Liveness
 from .passes import emit_scan
 from .prometheus import PrometheusExporter, start_exporter
@@ -272,9 +273,17 @@ class Collector:
     def _emit_scan(self, now: int, *, final: bool) -> None:
         emit_scan(self, now, final=final)  # collector/passes.py
 
-    def _dispatch_put_metrics(self, msg: wire.WireMessage) -> None:
+    def _dispatch_put_metrics(self, msg: Received) -> None:
         discards, exporter = self.dispatcher.discards, self.exporter
-        for group, name, value, ts in msg.items:
+        if exporter is None and all(map(discards, _candidate_groups(msg.raw_topic))):
+            return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
+        try:
+            items = msg.items
+        except WireError:  # the C check let through what decode refuses (a bug): count it, never stop
+            self.relay_counters.rejected += 1
+            _log.error("a metric message on %r passed the intake check but not wire.decode", msg.topic)
+            return
+        for group, name, value, ts in items:
             point = _point(float(ts), group, name, value, msg.rank, self.config.job)
             if exporter is not None:
                 exporter.observe_metric(self.config.job, point, msg.rank)
@@ -329,6 +338,13 @@ class Collector:
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
         }
+
+
+def _candidate_groups(topic: bytes) -> list[str]:
+    """Every group a valid ``metric/<group>/<name>`` message on ``topic`` may carry: each item's group is the
+    part of the topic before one of its slashes (group and name may both hold slashes)."""
+    rest = bytes(topic)[len(b"metric/"):].decode("utf-8")
+    return [rest[:i] for i, ch in enumerate(rest) if ch == "/"]
 
 
 def _point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:

@@ -2,8 +2,9 @@
 
 The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
 everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
-validated with :func:`shmstat.wire.decode`; valid messages are re-published unchanged, invalid ones are
-counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
+validated as :func:`shmstat.wire.decode` would (:func:`collector.intake.inspect`: event and metric messages by
+the optional C check, without decoding their items); valid messages are re-published unchanged, invalid ones
+are counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
 by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
 rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), a subscriber's queue
 at most ``sndhwm`` such messages (a slow subscriber loses its own messages past it); a subscription topic is
@@ -24,6 +25,8 @@ import zmq
 
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
+
+from .intake import Received, inspect
 
 __all__ = ["Relay", "RelayCounters"]
 
@@ -109,57 +112,72 @@ class Relay:
             self.xsub.send(b"\x01")
             self.ranks_subscribed = True
 
-    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[wire.WireMessage]:
+    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[Received]:
         """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
-        valid ones and yield them one by one (a generator, so a round never holds more than one decoded message:
-        a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes)."""
+        valid ones and yield them one by one (a generator, so a round never holds more than one message's items:
+        a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes).
+
+        Messages are checked by :func:`collector.intake.inspect` (what :func:`shmstat.wire.decode` accepts, without
+        decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
+        yielded message decodes its ``items`` when the caller reads them."""
         c = self.counters
         self._drain_subscriptions()
+        recv = self.xsub.recv_multipart
         items = 0
         for _ in range(limit):
             if items >= max_items:
                 break
             try:
-                frames = self.xsub.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = recv(zmq.NOBLOCK, copy=True)
             except zmq.Again:
                 break
             if len(frames) != 2:
                 c.rejected += 1
                 continue
+            topic = frames[0]
+            if topic == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
+                self._held(frames)
+                continue
             try:
-                msg = wire.decode(frames[0], frames[1])
+                msg = inspect(topic, frames[1])
             except WireError:
                 c.rejected += 1
                 continue
-            if frames[0] == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
-                key = (msg.rank, msg.pid, msg.incarnation)
-                self.held.add(key)
-                expected = self._next_seq.get(key)
-                if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
-                    c.gaps += msg.seq - expected
-                    self._next_seq[key] = msg.seq
-                with contextlib.suppress(zmq.ZMQError):
-                    self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
-                continue
             c.messages += 1
+            n = msg.n_items
             if msg.kind == "event":
-                c.events += len(msg.items)
+                c.events += n
             elif msg.kind == "metric":
-                c.metrics += len(msg.items)
-            items += len(msg.items)
+                c.metrics += n
+            items += n
             self._track_seq(msg)
             self._send(frames)
             yield msg
         self._drain_subscriptions()
 
-    def _track_seq(self, msg: wire.WireMessage) -> None:
+    def _held(self, frames: list[bytes]) -> None:
+        try:
+            msg = wire.decode(frames[0], frames[1])
+        except WireError:
+            self.counters.rejected += 1
+            return
+        key = (msg.rank, msg.pid, msg.incarnation)
+        self.held.add(key)
+        expected = self._next_seq.get(key)
+        if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
+            self.counters.gaps += msg.seq - expected
+            self._next_seq[key] = msg.seq
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
+
+    def _track_seq(self, msg: Received) -> None:
         key = (msg.rank, msg.pid, msg.incarnation)
         expected = self._next_seq.get(key)
         if expected is not None and msg.seq > expected:
             self.counters.gaps += msg.seq - expected
         if expected is None and len(self._next_seq) >= _MAX_TRACKED:
             self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
-        self._next_seq[key] = msg.seq + len(msg.items)
+        self._next_seq[key] = msg.seq + msg.n_items
 
     def update_subscriptions(self) -> None:
         """Take the subscription changes the XPUB has queued (also done by every :meth:`receive`)."""
@@ -233,7 +251,7 @@ class Relay:
         self.ranks_subscribed = False
 
     def hand_over(self, live_ranks: Callable[[], set[tuple[int, int, int]]], budget_s: float = 3.0,
-                  quiet_s: float = 0.1) -> Iterator[wire.WireMessage]:
+                  quiet_s: float = 0.1) -> Iterator[Received]:
         """Before closing: ask the ranks for the hand-over and yield what they sent before answering.
 
         Every publisher answers with a marker behind its last message (a closed one sent it already). Waits for

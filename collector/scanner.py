@@ -170,7 +170,9 @@ class Scanner:
 
     def due(self, now_ns: int) -> bool:
         """Whether some window length has a window that closed since the last pass."""
-        return any(now_ns >= t for t in self._next_due.values()) or not self._next_due
+        if not self._next_due:  # no window length known yet: a pass is useful only once slots appeared
+            return self._dirty or self._table is None
+        return any(now_ns >= t for t in self._next_due.values())
 
     def next_due_ns(self) -> int | None:
         """Wall-clock ns when the next window closes (None if no stat is known yet)."""
