@@ -889,8 +889,9 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         ("Stat.add attached, pure Python", "ours.add.attached_py", "prometheus Counter.inc", "prom.inc", 5.0,
          "(>= 5x)"),
         ("Stat.add in-process", "ours.add.local", "torch.monitor Stat.add", "torch.add", None, ""),
+        # issue 14's target is the Event(now) row below; a prebuilt Event costs torch.monitor no conversion at all
         ("log_event to the collector", "ours.log_event.collector", "torch.monitor log_event, one handler",
-         "torch.log_event.handler", 3.0, ">= 3x"),
+         "torch.log_event.handler", None, ""),
         ("log_event to the collector", "ours.log_event.collector", "torch.monitor log_event, no handler",
          "torch.log_event.none", None, ""),
         ("Event(now) built + logged to the collector", "ours.log_event.fresh_collector",
