@@ -813,7 +813,12 @@ EventBase_init(EventBaseObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"name", "timestamp", "data", NULL};
     PyObject *name, *ts, *data;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Event", kwlist, &name, &ts, &data)) return -1;
+    if (kwds == NULL && PyTuple_GET_SIZE(args) == 3) {  /* the common call: positional arguments */
+        name = PyTuple_GET_ITEM(args, 0);
+        ts = PyTuple_GET_ITEM(args, 1);
+        data = PyTuple_GET_ITEM(args, 2);
+    }
+    else if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Event", kwlist, &name, &ts, &data)) return -1;
     if (check_name_py == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_event_checks was not called");
         return -1;
@@ -921,11 +926,183 @@ set_event_checks(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------------------------ log_event */
+
+/* log_event(event): shmstat.events.log_event's common case in C (see its docstring for what it promises). The
+ * state, the Event class and the Python helpers it needs come from set_log_state; anything but a C Outbox goes
+ * to the Python publish path (``slow(event, publisher)``). */
+static PyObject *ls_state, *ls_event_type, *ls_failed, *ls_attach, *ls_slow, *ls_too_large, *ls_max;
+static PyObject *s_handler_tuple, *s_publisher, *s_auto_init_done, *s_outbox, *s_started, *s_start, *s_name;
+
+static PyObject *
+set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *a[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6])) return NULL;
+    if (!PyType_Check(a[1]) || !PyType_IsSubtype((PyTypeObject *)a[1], &EventBaseType)) {
+        PyErr_SetString(PyExc_TypeError, "set_log_state: the Event class must derive from EventBase");
+        return NULL;
+    }
+    PyObject **slots[7] = {&ls_state, &ls_event_type, &ls_failed, &ls_attach, &ls_slow, &ls_too_large, &ls_max};
+    for (int i = 0; i < 7; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    if (s_handler_tuple == NULL) {
+        s_handler_tuple = PyUnicode_InternFromString("handler_tuple");
+        s_publisher = PyUnicode_InternFromString("publisher");
+        s_auto_init_done = PyUnicode_InternFromString("auto_init_done");
+        s_outbox = PyUnicode_InternFromString("_outbox");
+        s_started = PyUnicode_InternFromString("_started");
+        s_start = PyUnicode_InternFromString("_start");
+        s_name = PyUnicode_InternFromString("_name");
+        if (!s_handler_tuple || !s_publisher || !s_auto_init_done || !s_outbox || !s_started || !s_start || !s_name)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+run_handlers(PyObject *event)
+{
+    PyObject *handlers = PyObject_GetAttr(ls_state, s_handler_tuple);
+    if (handlers == NULL) return -1;
+    if (!PyTuple_Check(handlers)) {
+        Py_DECREF(handlers);
+        PyErr_SetString(PyExc_TypeError, "the handler registry is not a tuple");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(handlers); i++) {
+        PyObject *cb = PyTuple_GET_ITEM(handlers, i);
+        PyObject *r = PyObject_CallOneArg(cb, event);
+        if (r != NULL) {
+            Py_DECREF(r);
+            continue;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {  /* KeyboardInterrupt, SystemExit: not the handler's */
+            Py_DECREF(handlers);
+            return -1;
+        }
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+        PyObject *done = PyObject_CallFunctionObjArgs(ls_failed, cb, value ? value : Py_None, NULL);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        if (done == NULL) {
+            Py_DECREF(handlers);
+            return -1;
+        }
+        Py_DECREF(done);
+    }
+    Py_DECREF(handlers);
+    return 0;
+}
+
+static PyObject *
+c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (nargs + nkw != 1 || (nkw == 1 && !_PyUnicode_EqualToASCIIString(PyTuple_GET_ITEM(kwnames, 0), "event"))) {
+        PyErr_SetString(PyExc_TypeError, "log_event() takes exactly one argument, event");
+        return NULL;
+    }
+    PyObject *event = args[0];
+    if (ls_state == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_log_state was not called");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(event, (PyTypeObject *)ls_event_type)) {
+        PyErr_Format(PyExc_TypeError, "log_event expects an Event, not %s", _PyType_Name(Py_TYPE(event)));
+        return NULL;
+    }
+    if (run_handlers(event) < 0) return NULL;
+    PyObject *pub = PyObject_GetAttr(ls_state, s_publisher);
+    if (pub == NULL) return NULL;
+    if (pub == Py_None) {
+        PyObject *done = PyObject_GetAttr(ls_state, s_auto_init_done);
+        if (done == NULL) {
+            Py_DECREF(pub);
+            return NULL;
+        }
+        int is_done = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (is_done < 0) {
+            Py_DECREF(pub);
+            return NULL;
+        }
+        if (!is_done) {
+            Py_DECREF(pub);
+            pub = PyObject_CallNoArgs(ls_attach);
+            if (pub == NULL) return NULL;
+        }
+    }
+    if (pub == Py_None) {
+        Py_DECREF(pub);
+        Py_RETURN_NONE;
+    }
+    PyObject *outbox = PyObject_GetAttr(pub, s_outbox);
+    if (outbox == NULL) PyErr_Clear();
+    if (outbox == NULL || Py_TYPE(outbox) != &OutboxType) {
+        Py_XDECREF(outbox);
+        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
+        Py_DECREF(pub);
+        return r;
+    }
+    PyObject *call[2] = {event, ls_max};
+    PyObject *res = Outbox_log((Outbox *)outbox, call, 2);
+    Py_DECREF(outbox);
+    if (res == NULL) {
+        Py_DECREF(pub);
+        return NULL;
+    }
+    long long size = PyLong_AsLongLong(res), max = PyLong_AsLongLong(ls_max);
+    Py_DECREF(res);
+    if (PyErr_Occurred()) {
+        Py_DECREF(pub);
+        return NULL;
+    }
+    if (size < 0) {  /* the fast encoder declined it: the Python path does the rest */
+        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
+        Py_DECREF(pub);
+        return r;
+    }
+    PyObject *started = PyObject_GetAttr(pub, s_started);
+    int is_started = started == NULL ? -1 : PyObject_IsTrue(started);
+    Py_XDECREF(started);
+    if (is_started == 0) {
+        PyObject *r = PyObject_CallMethodNoArgs(pub, s_start);
+        if (r == NULL) is_started = -1;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(pub);
+    if (is_started < 0) return NULL;
+    if (size > max) {
+        PyObject *name = PyObject_GetAttr(event, s_name);
+        if (name == NULL) return NULL;
+        PyObject *exc = PyObject_CallFunction(ls_too_large, "OL", name, size);
+        Py_DECREF(name);
+        if (exc == NULL) return NULL;
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"check_data", check_data, METH_O, "A copy of plain event data, or None (see events._check_data)."},
     {"naive_local_ns", naive_local_ns, METH_O, "A naive local datetime as Unix ns, or None (see events)."},
     {"remember_offset", remember_offset, METH_VARARGS, "Record a local quarter hour's UTC offset (see events)."},
     {"set_event_checks", set_event_checks, METH_VARARGS, "Register the Python checks EventBase falls back to."},
+    {"set_log_state", set_log_state, METH_VARARGS, "Register what log_event needs (see shmstat.events)."},
+    {"log_event", (PyCFunction)(void (*)(void))c_log_event, METH_FASTCALL | METH_KEYWORDS,
+     "log_event($module, event)\n--\n\n"
+     "Pass ``event`` (the same object) to every registered handler, in order, then to the job's collector.\n\n"
+     "With no handlers and no job attached this is a no-op; a job configured by the environment is attached on\n"
+     "the first call, as by a Stat. A handler's exception is logged and counted, never raised, and the\n"
+     "remaining handlers still run; a handler may itself call ``log_event``. Raises TypeError if ``event`` is\n"
+     "not an Event and EventTooLargeError if it is to be published and is over shmstat.wire.MAX_EVENT_BYTES\n"
+     "(after the local handlers saw it). (The C twin of shmstat.events._py_log_event.)"},
     {NULL, NULL, 0, NULL},
 };
 

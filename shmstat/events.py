@@ -387,30 +387,36 @@ def log_event(event: Event) -> None:
     if pub is None and not STATE.auto_init_done:
         pub = _attach_from_env()
     if pub is not None:
-        outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
-        if outbox is not None:
-            size = outbox.log(event, MAX_EVENT_BYTES)  # fields read, checked, encoded and queued in one call
-            if size >= 0:
-                if not pub._started:
-                    pub._start()
-                if size > MAX_EVENT_BYTES:
-                    raise _too_large(event._name, size)
-                return
-        ts_ns = event._ts_ns
-        if ts_ns is None:
-            ts_ns = event._timestamp_ns()
-        # the outbox checks, encodes and queues it in one call (size -1: its fast path declined it)
-        size = -1 if outbox is None else outbox.event(event._name, ts_ns, event._data, event._nbytes,
-                                                      MAX_EVENT_BYTES)
-        if size < 0:
-            size = event._nbytes or item_bytes(event._name, event._data)
-            if size <= MAX_EVENT_BYTES:
-                pub.publish_event(event._name, ts_ns, event._data, size)
-        elif not pub._started:
-            pub._start()
-        if size > MAX_EVENT_BYTES:
-            raise _too_large(event._name, size)
-        event._nbytes = size
+        _publish(event, pub)
+
+
+def _publish(event: Event, pub: Any) -> None:
+    """The publishing half of :func:`log_event` (the C one calls it for what its fast path declines)."""
+    outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
+    if outbox is not None:
+        size = outbox.log(event, MAX_EVENT_BYTES)  # fields read, checked, encoded and queued in one call
+        if size >= 0:
+            if not pub._started:
+                pub._start()
+            if size > MAX_EVENT_BYTES:
+                raise _too_large(event._name, size)
+            return
+    # stand-in publishers, and what the outbox's fast path declined
+    ts_ns = event._ts_ns
+    if ts_ns is None:
+        ts_ns = event._timestamp_ns()
+    # the outbox checks, encodes and queues it in one call (size -1: its fast path declined it)
+    size = -1 if outbox is None else outbox.event(event._name, ts_ns, event._data, event._nbytes,
+                                                  MAX_EVENT_BYTES)
+    if size < 0:
+        size = event._nbytes or item_bytes(event._name, event._data)
+        if size <= MAX_EVENT_BYTES:
+            pub.publish_event(event._name, ts_ns, event._data, size)
+    elif not pub._started:
+        pub._start()
+    if size > MAX_EVENT_BYTES:
+        raise _too_large(event._name, size)
+    event._nbytes = size
 
 
 def _too_large(name: str, size: int) -> EventTooLargeError:
@@ -438,3 +444,13 @@ def _dispatch_local(event: Event) -> None:
             callback(event)
         except Exception as exc:
             _handler_failed(callback, exc)
+
+
+_py_log_event = log_event
+if _c_check_data is not None and _EventStorage is not _PyEventStorage:
+    with contextlib.suppress(ImportError):
+        from ._pubfast import log_event as _c_log_event
+        from ._pubfast import set_log_state
+
+        set_log_state(STATE, Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
+        log_event = _c_log_event  # type: ignore[assignment]  # the same function, in C (tests/test_event_paths.py)

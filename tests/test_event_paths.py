@@ -75,3 +75,57 @@ def test_the_c_and_python_event_constructors_agree():
             continue  # a wrong number of arguments: both refuse, in their own words
         assert a == b, (i, a, b)
     assert c[0][0] == "ok" and c[3] == ["error", "TypeError", "Event name must be a str, not int"]
+
+
+_LOG_CASES = r"""
+import datetime, json, logging
+import shmstat
+from shmstat import events
+from shmstat._state import STATE
+logging.disable(logging.CRITICAL)
+out = []
+now = datetime.datetime(2026, 1, 2, 3, 4, 5)
+seen = []
+def ok(e): seen.append(("ok", e.name))
+def bad(e): raise ValueError("handler broke")
+def reenter(e):
+    if e.name == "outer":
+        shmstat.log_event(shmstat.Event("inner", now, {}))
+    seen.append(("re", e.name))
+class Stop(BaseException): pass
+def stop(e): raise Stop()
+hs = [shmstat.register_event_handler(h) for h in (ok, bad, reenter)]
+shmstat.log_event(shmstat.Event("outer", now, {"a": 1}))
+out.append(seen[:])
+out.append(type(STATE).__name__)
+for arg in (5, None, "x"):
+    try:
+        shmstat.log_event(arg)
+    except TypeError as exc:
+        out.append(str(exc))
+h = shmstat.register_event_handler(stop)
+try:
+    shmstat.log_event(shmstat.Event("x", now, {}))
+    out.append("no stop")
+except Stop:
+    out.append("stop propagated")
+shmstat.unregister_event_handler(h)
+seen.clear()
+shmstat.log_event(event=shmstat.Event("kw", now, {}))
+out.append(seen[:])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("shmstat._pubfast") is None, reason="the C publish path is not built")
+def test_the_c_and_python_log_event_agree_on_handlers_errors_and_reentry():
+    def run(pure: str) -> list:
+        r = subprocess.run([sys.executable, "-c", _LOG_CASES], cwd=REPO, capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, SHMSTAT_PURE_PYTHON=pure, PYTHONPATH=REPO))
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    c, py = run("0"), run("1")
+    assert c == py
+    assert c[0] == [["ok", "outer"], ["ok", "inner"], ["re", "inner"], ["re", "outer"]]
+    assert "stop propagated" in c and "log_event expects an Event, not int" in c
