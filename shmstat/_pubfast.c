@@ -35,11 +35,8 @@ typedef struct {
 } Buf;
 
 static int
-buf_reserve(Buf *b, Py_ssize_t extra)
+buf_grow(Buf *b, Py_ssize_t extra)
 {
-    if (b->len + extra <= b->cap) {
-        return 0;
-    }
     Py_ssize_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra) {
         cap *= 2;
@@ -52,6 +49,12 @@ buf_reserve(Buf *b, Py_ssize_t extra)
     b->p = p;
     b->cap = cap;
     return 0;
+}
+
+static inline int
+buf_reserve(Buf *b, Py_ssize_t extra)
+{
+    return b->len + extra <= b->cap ? 0 : buf_grow(b, extra);
 }
 
 static inline void
@@ -129,7 +132,20 @@ static int
 pk_str(Buf *b, PyObject *s, Py_ssize_t *n8)
 {
     Py_ssize_t n;
-    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    const char *u;
+    if (PyUnicode_IS_COMPACT_ASCII(s)) {  /* the common case: the characters are the UTF-8 bytes */
+        n = PyUnicode_GET_LENGTH(s);
+        if (n < 32 && b->len + n + 1 <= b->cap) {
+            char *p = b->p + b->len;
+            p[0] = (char)(0xa0 | (int)n);
+            memcpy(p + 1, PyUnicode_1BYTE_DATA(s), (size_t)n);
+            b->len += n + 1;
+            if (n8) *n8 = n;
+            return 1;
+        }
+        u = (const char *)PyUnicode_1BYTE_DATA(s);
+    }
+    else u = PyUnicode_AsUTF8AndSize(s, &n);
     if (u == NULL) {
         if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
             PyErr_Clear();
@@ -311,35 +327,26 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
     return 0;
 }
 
-static PyObject *
-Outbox_event(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+/* Encode and queue an event: its size (as item_bytes estimates it, or ``size`` if given) once queued (or when over
+ * ``limit`` > 0: not queued), 0 once the outbox is closed, -1 when the fast encoder declines it, -2 on error. */
+static long long
+outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
 {
-    if (nargs < 3 || nargs > 5) {
-        PyErr_SetString(PyExc_TypeError, "event(name, ts_ns, data, size=0, limit=0)");
-        return NULL;
-    }
-    PyObject *name = args[0], *ts = args[1], *data = args[2];
-    long long size = 0, limit = 0;
-    if (nargs > 3 && ((size = PyLong_AsLongLong(args[3])) == -1 && PyErr_Occurred())) return NULL;
-    if (nargs > 4 && ((limit = PyLong_AsLongLong(args[4])) == -1 && PyErr_Occurred())) return NULL;
     if (self->closed) {
         self->late += 1;
-        return PyLong_FromLong(0);
+        return 0;
     }
-    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data)) {
-        return PyLong_FromLong(-1);
-    }
+    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || Py_TYPE(ts) != &PyLong_Type) return -1;
     Buf *b = &self->scratch;
     b->len = 0;
     int r;
     Py_ssize_t name8 = 0;
-    if (buf_reserve(b, 1) < 0) return NULL;
+    if (buf_reserve(b, 64) < 0) return -2;
     b->p[b->len++] = (char)0x93;
     if ((r = pk_str(b, name, &name8)) != 1) goto fallback;
-    if (Py_TYPE(ts) != &PyLong_Type) { r = 0; goto fallback; }
     if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
     Py_ssize_t nd = PyDict_GET_SIZE(data);
-    if (pk_map(b, nd) < 0) return NULL;
+    if (pk_map(b, nd) < 0) return -2;
     /* item_bytes(): 128 + len(name) + 16 * len(data) + sum(len(key)) + sum(len(str value)) in code points,
      * recounted in UTF-8 bytes past 4096 */
     long long est = 128 + PyUnicode_GET_LENGTH(name) + 16 * (long long)nd, est8 = 128 + name8 + 16 * (long long)nd;
@@ -359,12 +366,25 @@ Outbox_event(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (est > 4096) est = est8;
     if (size <= 0) size = est;
-    if (limit > 0 && size > limit) return PyLong_FromLongLong(size);
-    if (add_item(self, K_EVENT, name, NULL, size) < 0) return NULL;
-    return PyLong_FromLongLong(size);
+    if (limit > 0 && size > limit) return size;
+    if (add_item(self, K_EVENT, name, NULL, size) < 0) return -2;
+    return size;
 fallback:
-    if (r < 0) return NULL;
-    return PyLong_FromLong(-1);
+    return r < 0 ? -2 : -1;
+}
+
+static PyObject *
+Outbox_event(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "event(name, ts_ns, data, size=0, limit=0)");
+        return NULL;
+    }
+    long long size = 0, limit = 0;
+    if (nargs > 3 && ((size = PyLong_AsLongLong(args[3])) == -1 && PyErr_Occurred())) return NULL;
+    if (nargs > 4 && ((limit = PyLong_AsLongLong(args[4])) == -1 && PyErr_Occurred())) return NULL;
+    long long res = outbox_event(self, args[0], args[1], args[2], size, limit);
+    return res == -2 ? NULL : PyLong_FromLongLong(res);
 }
 
 static PyObject *
@@ -808,17 +828,14 @@ typedef struct {
 
 static PyObject *check_data(PyObject *module, PyObject *data);
 
+/* What log_event and the Event class need from the Python side (set_log_state), and interned names. */
+static PyObject *ls_event_type, *ls_failed, *ls_attach, *ls_slow, *ls_too_large;
+static long long ls_max;
+static PyObject *s_outbox, *s_started, *s_start, *s_name;
+
 static int
-EventBase_init(EventBaseObject *self, PyObject *args, PyObject *kwds)
+event_fill(EventBaseObject *self, PyObject *name, PyObject *ts, PyObject *data)
 {
-    static char *kwlist[] = {"name", "timestamp", "data", NULL};
-    PyObject *name, *ts, *data;
-    if (kwds == NULL && PyTuple_GET_SIZE(args) == 3) {  /* the common call: positional arguments */
-        name = PyTuple_GET_ITEM(args, 0);
-        ts = PyTuple_GET_ITEM(args, 1);
-        data = PyTuple_GET_ITEM(args, 2);
-    }
-    else if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Event", kwlist, &name, &ts, &data)) return -1;
     if (check_name_py == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_event_checks was not called");
         return -1;
@@ -836,6 +853,55 @@ EventBase_init(EventBaseObject *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->data, d);
     Py_XSETREF(self->nbytes, PyLong_FromLong(0));
     return self->nbytes == NULL ? -1 : 0;
+}
+
+static int
+EventBase_init(EventBaseObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "timestamp", "data", NULL};
+    PyObject *name, *ts, *data;
+    if (kwds == NULL && PyTuple_GET_SIZE(args) == 3) {  /* the common call: positional arguments */
+        name = PyTuple_GET_ITEM(args, 0);
+        ts = PyTuple_GET_ITEM(args, 1);
+        data = PyTuple_GET_ITEM(args, 2);
+    }
+    else if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Event", kwlist, &name, &ts, &data)) return -1;
+    return event_fill(self, name, ts, data);
+}
+
+/* Calling the Event class registered with set_log_state: Event(name, timestamp, data) is allocated and filled
+ * here, as type_call would through tp_new and tp_init, minus the argument tuple. Anything else (keywords, a
+ * subclass, an __init__ or __new__ assigned later) goes through type_call. */
+static PyObject *
+event_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyTypeObject *type = (PyTypeObject *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (callable == ls_event_type && kwnames == NULL && nargs == 3 && type->tp_init == (initproc)EventBase_init
+        && type->tp_new == PyType_GenericNew) {
+        PyObject *self = type->tp_alloc(type, 0);
+        if (self == NULL) return NULL;
+        if (event_fill((EventBaseObject *)self, args[0], args[1], args[2]) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        return self;
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    PyObject *tuple = PyTuple_New(nargs), *kwargs = NULL, *res = NULL;
+    if (tuple == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nargs; i++) PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    if (nkw > 0) {
+        if ((kwargs = PyDict_New()) == NULL) goto done;
+        for (Py_ssize_t i = 0; i < nkw; i++) {
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) goto done;
+        }
+    }
+    res = PyType_Type.tp_call(callable, tuple, kwargs);
+done:
+    Py_DECREF(tuple);
+    Py_XDECREF(kwargs);
+    return res;
 }
 
 static void
@@ -875,6 +941,42 @@ static PyTypeObject EventBaseType = {
  * quarter-hour offset) and cached in the event, and the size is cached in it once queued. -1 when anything is
  * unusual (not an EventBase, an aware timestamp, an unknown offset, data the fast encoder declines): the caller
  * then takes the Python path, which does the same. */
+static long long
+outbox_log(Outbox *self, PyObject *event, long long limit)
+{
+    if (!PyObject_TypeCheck(event, &EventBaseType)) return -1;
+    EventBaseObject *e = (EventBaseObject *)event;
+    if (e->name == NULL || e->data == NULL || e->ts_ns == NULL || e->nbytes == NULL) return -1;
+    PyObject *ts_ns = e->ts_ns;
+    int made = 0;
+    if (ts_ns == Py_None) {
+        if (e->ts == NULL) return -1;
+        ts_ns = naive_local_ns(NULL, e->ts);
+        if (ts_ns == NULL) return -2;
+        if (ts_ns == Py_None) {
+            Py_DECREF(ts_ns);
+            return -1;
+        }
+        made = 1;
+    }
+    long long nbytes = PyLong_AsLongLong(e->nbytes);
+    if (nbytes == -1 && PyErr_Occurred()) {
+        if (made) Py_DECREF(ts_ns);
+        return -2;
+    }
+    long long size = outbox_event(self, e->name, ts_ns, e->data, nbytes, limit);
+    if (made) {
+        if (size != -2) Py_SETREF(e->ts_ns, ts_ns);
+        else Py_DECREF(ts_ns);
+    }
+    if (size > 0 && size != nbytes) {
+        PyObject *n = PyLong_FromLongLong(size);
+        if (n == NULL) return -2;
+        Py_SETREF(e->nbytes, n);
+    }
+    return size;
+}
+
 static PyObject *
 Outbox_log(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -882,36 +984,10 @@ Outbox_log(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "log(event, limit)");
         return NULL;
     }
-    if (!PyObject_TypeCheck(args[0], &EventBaseType)) return PyLong_FromLong(-1);
-    EventBaseObject *e = (EventBaseObject *)args[0];
-    if (e->name == NULL || e->data == NULL || e->ts_ns == NULL || e->nbytes == NULL) return PyLong_FromLong(-1);
-    PyObject *ts_ns = e->ts_ns, *made = NULL;
-    if (ts_ns == Py_None) {
-        if (e->ts == NULL) return PyLong_FromLong(-1);
-        made = naive_local_ns(NULL, e->ts);
-        if (made == NULL) return NULL;
-        if (made == Py_None) {
-            Py_DECREF(made);
-            return PyLong_FromLong(-1);
-        }
-        ts_ns = made;
-    }
-    PyObject *call[5] = {e->name, ts_ns, e->data, e->nbytes, args[1]};
-    PyObject *res = Outbox_event(self, call, 5);
-    if (res != NULL && made != NULL) {
-        Py_SETREF(e->ts_ns, made);
-        made = NULL;
-    }
-    Py_XDECREF(made);
-    if (res != NULL) {
-        long long size = PyLong_AsLongLong(res);
-        if (size == -1 && PyErr_Occurred()) {
-            Py_DECREF(res);
-            return NULL;
-        }
-        if (size > 0) Py_SETREF(e->nbytes, Py_NewRef(res));
-    }
-    return res;
+    long long limit = PyLong_AsLongLong(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    long long size = outbox_log(self, args[0], limit);
+    return size == -2 ? NULL : PyLong_FromLongLong(size);
 }
 
 /* set_event_checks(check_name, check_timestamp, check_data): the Python checks for the uncommon arguments. */
@@ -929,46 +1005,69 @@ set_event_checks(PyObject *Py_UNUSED(module), PyObject *args)
 /* ------------------------------------------------------------------------------------------ log_event */
 
 /* log_event(event): shmstat.events.log_event's common case in C (see its docstring for what it promises). The
- * state, the Event class and the Python helpers it needs come from set_log_state; anything but a C Outbox goes
- * to the Python publish path (``slow(event, publisher)``). */
-static PyObject *ls_state, *ls_event_type, *ls_failed, *ls_attach, *ls_slow, *ls_too_large, *ls_max;
-static PyObject *s_handler_tuple, *s_publisher, *s_auto_init_done, *s_outbox, *s_started, *s_start, *s_name;
+ * Event class and the Python helpers it needs come from set_log_state; anything but a C Outbox goes to the
+ * Python publish path (``slow(event, publisher)``).
+ *
+ * What it reads on every call (the handlers, the publisher and its outbox, whether the environment was
+ * consulted) is a copy of shmstat._state.STATE kept here by sync_log_state, which GlobalState.__setattr__ calls
+ * whenever one of those fields is assigned: no attribute lookups on the hot path. */
+
+static PyObject *fs_handlers;  /* STATE.handler_tuple */
+static PyObject *fs_pub;       /* STATE.publisher (or None) */
+static PyObject *fs_outbox;    /* fs_pub._outbox when it is a C Outbox, else NULL */
+static int fs_auto_init_done;  /* STATE.auto_init_done */
+static int fs_started;         /* fs_pub._started was seen true (it never goes back) */
 
 static PyObject *
 set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *a[7];
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6])) return NULL;
-    if (!PyType_Check(a[1]) || !PyType_IsSubtype((PyTypeObject *)a[1], &EventBaseType)) {
+    PyObject *a[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5])) return NULL;
+    if (!PyType_Check(a[0]) || !PyType_IsSubtype((PyTypeObject *)a[0], &EventBaseType)) {
         PyErr_SetString(PyExc_TypeError, "set_log_state: the Event class must derive from EventBase");
         return NULL;
     }
-    PyObject **slots[7] = {&ls_state, &ls_event_type, &ls_failed, &ls_attach, &ls_slow, &ls_too_large, &ls_max};
-    for (int i = 0; i < 7; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
-    if (s_handler_tuple == NULL) {
-        s_handler_tuple = PyUnicode_InternFromString("handler_tuple");
-        s_publisher = PyUnicode_InternFromString("publisher");
-        s_auto_init_done = PyUnicode_InternFromString("auto_init_done");
-        s_outbox = PyUnicode_InternFromString("_outbox");
-        s_started = PyUnicode_InternFromString("_started");
-        s_start = PyUnicode_InternFromString("_start");
-        s_name = PyUnicode_InternFromString("_name");
-        if (!s_handler_tuple || !s_publisher || !s_auto_init_done || !s_outbox || !s_started || !s_start || !s_name)
-            return NULL;
+    long long max = PyLong_AsLongLong(a[5]);
+    if (max == -1 && PyErr_Occurred()) return NULL;
+    PyObject **slots[5] = {&ls_event_type, &ls_failed, &ls_attach, &ls_slow, &ls_too_large};
+    for (int i = 0; i < 5; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    ls_max = max;
+    /* Event(name, timestamp, data) without the argument tuple and type_call (see event_vectorcall) */
+    ((PyTypeObject *)a[0])->tp_vectorcall = event_vectorcall;
+    Py_RETURN_NONE;
+}
+
+/* sync_log_state(handler_tuple, publisher, auto_init_done): STATE's fields changed (see above). */
+static PyObject *
+sync_log_state(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyTuple_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "sync_log_state(handler_tuple: tuple, publisher, auto_init_done)");
+        return NULL;
     }
+    int done = PyObject_IsTrue(args[2]);
+    if (done < 0) return NULL;
+    PyObject *pub = args[1], *outbox = NULL;
+    if (pub != Py_None) {
+        outbox = PyObject_GetAttr(pub, s_outbox);
+        if (outbox == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+            PyErr_Clear();
+        }
+        else if (Py_TYPE(outbox) != &OutboxType) Py_CLEAR(outbox);
+    }
+    if (pub != fs_pub) fs_started = 0;
+    Py_XSETREF(fs_handlers, Py_NewRef(args[0]));
+    Py_XSETREF(fs_pub, Py_NewRef(pub));
+    Py_XSETREF(fs_outbox, outbox);
+    fs_auto_init_done = done;
     Py_RETURN_NONE;
 }
 
 static int
 run_handlers(PyObject *event)
 {
-    PyObject *handlers = PyObject_GetAttr(ls_state, s_handler_tuple);
-    if (handlers == NULL) return -1;
-    if (!PyTuple_Check(handlers)) {
-        Py_DECREF(handlers);
-        PyErr_SetString(PyExc_TypeError, "the handler registry is not a tuple");
-        return -1;
-    }
+    PyObject *handlers = Py_NewRef(fs_handlers);  /* a handler may (un)register handlers: keep this snapshot */
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(handlers); i++) {
         PyObject *cb = PyTuple_GET_ITEM(handlers, i);
         PyObject *r = PyObject_CallOneArg(cb, event);
@@ -998,6 +1097,61 @@ run_handlers(PyObject *event)
     return 0;
 }
 
+/* The publisher's thread runs once anything was queued: start it the first time (pub._start()). */
+static int
+ensure_started(PyObject *pub)
+{
+    PyObject *started = PyObject_GetAttr(pub, s_started);
+    if (started == NULL) return -1;
+    int is_started = PyObject_IsTrue(started);
+    Py_DECREF(started);
+    if (is_started < 0) return -1;
+    if (is_started) {
+        if (pub == fs_pub) fs_started = 1;
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(pub, s_start);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+publish_event(PyObject *event)
+{
+    if (fs_pub == Py_None && !fs_auto_init_done) {
+        PyObject *attached = PyObject_CallNoArgs(ls_attach);  /* assigns STATE.publisher: fs_* follow */
+        if (attached == NULL) return NULL;
+        Py_DECREF(attached);
+    }
+    if (fs_pub == Py_None) Py_RETURN_NONE;
+    PyObject *pub = Py_NewRef(fs_pub);
+    if (fs_outbox == NULL) {  /* a stand-in publisher, or the pure-Python outbox */
+        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
+        Py_DECREF(pub);
+        return r;
+    }
+    long long size = outbox_log((Outbox *)fs_outbox, event, ls_max);
+    if (size == -1) {  /* the fast encoder declined it: the Python path does the rest */
+        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
+        Py_DECREF(pub);
+        return r;
+    }
+    if (size == -2 || (!(fs_started && pub == fs_pub) && ensure_started(pub) < 0)) {
+        Py_DECREF(pub);
+        return NULL;
+    }
+    Py_DECREF(pub);
+    if (size > ls_max) {
+        PyObject *exc = PyObject_CallFunction(ls_too_large, "OL", ((EventBaseObject *)event)->name, size);
+        if (exc == NULL) return NULL;
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -1007,86 +1161,16 @@ c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     PyObject *event = args[0];
-    if (ls_state == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_log_state was not called");
+    if (ls_event_type == NULL || fs_handlers == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "shmstat._pubfast.set_log_state/sync_log_state were not called");
         return NULL;
     }
     if (!PyObject_TypeCheck(event, (PyTypeObject *)ls_event_type)) {
         PyErr_Format(PyExc_TypeError, "log_event expects an Event, not %s", _PyType_Name(Py_TYPE(event)));
         return NULL;
     }
-    if (run_handlers(event) < 0) return NULL;
-    PyObject *pub = PyObject_GetAttr(ls_state, s_publisher);
-    if (pub == NULL) return NULL;
-    if (pub == Py_None) {
-        PyObject *done = PyObject_GetAttr(ls_state, s_auto_init_done);
-        if (done == NULL) {
-            Py_DECREF(pub);
-            return NULL;
-        }
-        int is_done = PyObject_IsTrue(done);
-        Py_DECREF(done);
-        if (is_done < 0) {
-            Py_DECREF(pub);
-            return NULL;
-        }
-        if (!is_done) {
-            Py_DECREF(pub);
-            pub = PyObject_CallNoArgs(ls_attach);
-            if (pub == NULL) return NULL;
-        }
-    }
-    if (pub == Py_None) {
-        Py_DECREF(pub);
-        Py_RETURN_NONE;
-    }
-    PyObject *outbox = PyObject_GetAttr(pub, s_outbox);
-    if (outbox == NULL) PyErr_Clear();
-    if (outbox == NULL || Py_TYPE(outbox) != &OutboxType) {
-        Py_XDECREF(outbox);
-        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
-        Py_DECREF(pub);
-        return r;
-    }
-    PyObject *call[2] = {event, ls_max};
-    PyObject *res = Outbox_log((Outbox *)outbox, call, 2);
-    Py_DECREF(outbox);
-    if (res == NULL) {
-        Py_DECREF(pub);
-        return NULL;
-    }
-    long long size = PyLong_AsLongLong(res), max = PyLong_AsLongLong(ls_max);
-    Py_DECREF(res);
-    if (PyErr_Occurred()) {
-        Py_DECREF(pub);
-        return NULL;
-    }
-    if (size < 0) {  /* the fast encoder declined it: the Python path does the rest */
-        PyObject *r = PyObject_CallFunctionObjArgs(ls_slow, event, pub, NULL);
-        Py_DECREF(pub);
-        return r;
-    }
-    PyObject *started = PyObject_GetAttr(pub, s_started);
-    int is_started = started == NULL ? -1 : PyObject_IsTrue(started);
-    Py_XDECREF(started);
-    if (is_started == 0) {
-        PyObject *r = PyObject_CallMethodNoArgs(pub, s_start);
-        if (r == NULL) is_started = -1;
-        Py_XDECREF(r);
-    }
-    Py_DECREF(pub);
-    if (is_started < 0) return NULL;
-    if (size > max) {
-        PyObject *name = PyObject_GetAttr(event, s_name);
-        if (name == NULL) return NULL;
-        PyObject *exc = PyObject_CallFunction(ls_too_large, "OL", name, size);
-        Py_DECREF(name);
-        if (exc == NULL) return NULL;
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_DECREF(exc);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    if (PyTuple_GET_SIZE(fs_handlers) && run_handlers(event) < 0) return NULL;
+    return publish_event(event);
 }
 
 static PyMethodDef module_methods[] = {
@@ -1095,6 +1179,8 @@ static PyMethodDef module_methods[] = {
     {"remember_offset", remember_offset, METH_VARARGS, "Record a local quarter hour's UTC offset (see events)."},
     {"set_event_checks", set_event_checks, METH_VARARGS, "Register the Python checks EventBase falls back to."},
     {"set_log_state", set_log_state, METH_VARARGS, "Register what log_event needs (see shmstat.events)."},
+    {"sync_log_state", (PyCFunction)(void (*)(void))sync_log_state, METH_FASTCALL,
+     "Copy STATE's handler_tuple, publisher and auto_init_done for log_event (see shmstat._state)."},
     {"log_event", (PyCFunction)(void (*)(void))c_log_event, METH_FASTCALL | METH_KEYWORDS,
      "log_event($module, event)\n--\n\n"
      "Pass ``event`` (the same object) to every registered handler, in order, then to the job's collector.\n\n"
@@ -1121,6 +1207,11 @@ PyInit__pubfast(void)
     if (PyDateTimeAPI == NULL) return NULL;
     if (PyType_Ready(&OutboxType) < 0) return NULL;
     if (PyType_Ready(&EventBaseType) < 0) return NULL;
+    s_outbox = PyUnicode_InternFromString("_outbox");
+    s_started = PyUnicode_InternFromString("_started");
+    s_start = PyUnicode_InternFromString("_start");
+    s_name = PyUnicode_InternFromString("_name");
+    if (!s_outbox || !s_started || !s_start || !s_name) return NULL;
     PyObject *m = PyModule_Create(&pubfast_module);
     if (m == NULL) return NULL;
     Py_INCREF(&EventBaseType);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +39,27 @@ class GlobalState:
     """Whether the environment was consulted for a job (done lazily, once)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assign, and pass the fields ``log_event``'s C twin reads on every call to it (see set_sync_hook)."""
+        object.__setattr__(self, name, value)
+        if name in _SYNCED and _sync_hook is not None:
+            _sync_hook(self.handler_tuple, self.publisher, self.auto_init_done)
+
+
+_SYNCED = frozenset({"handler_tuple", "publisher", "auto_init_done"})
+_sync_hook: Callable[[tuple[Any, ...], Any, bool], None] | None = None
 
 STATE = GlobalState()
+
+
+def set_sync_hook(hook: Callable[[tuple[Any, ...], Any, bool], None]) -> None:
+    """Call ``hook(handler_tuple, publisher, auto_init_done)`` now and whenever one of them is assigned.
+
+    The C ``log_event`` keeps its own copy of these fields rather than looking them up on every call.
+    """
+    global _sync_hook
+    _sync_hook = hook
+    hook(STATE.handler_tuple, STATE.publisher, STATE.auto_init_done)
 
 
 def reset() -> None:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from . import _state
 from ._eventdata import (
     _NS_PER_S,
     _c_check_data,
@@ -337,7 +338,8 @@ _py_log_event = log_event
 if _c_check_data is not None and _EventStorage is not _PyEventStorage:
     with contextlib.suppress(ImportError):
         from ._pubfast import log_event as _c_log_event
-        from ._pubfast import set_log_state
+        from ._pubfast import set_log_state, sync_log_state
 
-        set_log_state(STATE, Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
+        set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
+        _state.set_sync_hook(sync_log_state)  # the C log_event reads its copy of STATE's fields
         log_event = _c_log_event  # type: ignore[assignment]  # the same function, in C (tests/test_event_paths.py)

@@ -54,6 +54,19 @@ try:
     out.append(["keywords ok"])
 except TypeError as exc:
     out.append(["keywords", str(exc)])
+class Sub(Event):
+    __slots__ = ()
+class WithInit(Event):
+    def __init__(self, name, timestamp, data, extra):
+        super().__init__(name, timestamp, data)
+        self.extra = extra
+for make in (lambda: Sub("s", now, {"a": 1}), lambda: Sub("s", now, data={"a": 1}), lambda: Sub(1, now, {}),
+             lambda: WithInit("w", now, {"a": 1}, extra=5), lambda: Event("n", timestamp=now, data={})):
+    try:
+        e = make()
+        out.append(["ok", type(e).__name__, e.name, e.data, getattr(e, "extra", None)])
+    except Exception as exc:
+        out.append(["error", type(exc).__name__, str(exc)])
 print(json.dumps(out))
 """
 
@@ -68,13 +81,16 @@ def _outcomes(pure: str) -> list:
 @pytest.mark.skipif(importlib.util.find_spec("shmstat._pubfast") is None, reason="the C publish path is not built")
 def test_the_c_and_python_event_constructors_agree():
     c, py = _outcomes("0"), _outcomes("1")
-    assert len(c) == len(py) == 27
+    assert len(c) == len(py) == 32
     for i, (a, b) in enumerate(zip(c, py, strict=True)):
         if a[0] == b[0] == "TypeError" or (a[0] == "error" and b[0] == "error" and a[1] == b[1] == "TypeError"
                                            and "argument" in a[2]):
             continue  # a wrong number of arguments: both refuse, in their own words
         assert a == b, (i, a, b)
     assert c[0][0] == "ok" and c[3] == ["error", "TypeError", "Event name must be a str, not int"]
+    assert c[27:] == [["ok", "Sub", "s", {"a": 1}, None], ["ok", "Sub", "s", {"a": 1}, None],
+                      ["error", "TypeError", "Event name must be a str, not int"], ["ok", "WithInit", "w", {"a": 1}, 5],
+                      ["ok", "Event", "n", {}, None]]
 
 
 _LOG_CASES = r"""
@@ -113,6 +129,24 @@ shmstat.unregister_event_handler(h)
 seen.clear()
 shmstat.log_event(event=shmstat.Event("kw", now, {}))
 out.append(seen[:])
+class StandIn:  # a publisher assigned to STATE directly, as tests and embedders do
+    def __init__(self):
+        self.got = []
+    def publish_event(self, name, ts_ns, data, size):
+        self.got.append([name, data])
+first, second = StandIn(), StandIn()
+STATE.publisher = first
+shmstat.log_event(shmstat.Event("to first", now, {"a": 1}))
+def swap(e):
+    if e.name == "swap":
+        STATE.publisher = second
+hs.append(shmstat.register_event_handler(swap))
+shmstat.log_event(shmstat.Event("swap", now, {}))  # the handler swaps publishers before the event is published
+shmstat.log_event(shmstat.Event("to second", now, {}))
+from shmstat import _state
+_state.reset()  # no publisher, no handlers
+shmstat.log_event(shmstat.Event("nowhere", now, {}))
+out.append([first.got, second.got])
 print(json.dumps(out))
 """
 
@@ -129,3 +163,4 @@ def test_the_c_and_python_log_event_agree_on_handlers_errors_and_reentry():
     assert c == py
     assert c[0] == [["ok", "outer"], ["ok", "inner"], ["re", "inner"], ["re", "outer"]]
     assert "stop propagated" in c and "log_event expects an Event, not int" in c
+    assert c[-1] == [[["to first", {"a": 1}]], [["swap", {}], ["to second", {}]]]
