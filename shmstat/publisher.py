@@ -10,24 +10,7 @@ metrics — still travel in large messages). A daemon thread, started on the fir
 does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
 them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
 
-What the ``XPUB`` tells us (measured on libzmq 4.3.5 and written into the socket options below):
-
-- An ``XPUB`` silently discards messages no subscriber has asked for. So until the collector's subscribe-all
-  frame has arrived (``subscribed`` is False) items are held here, in order, in a bounded backlog.
-- With the default ``ZMQ_IMMEDIATE=0`` the socket's pipe to the collector's endpoint outlives the connection:
-  when the collector dies the ``XPUB`` reports *nothing* (no unsubscribe frame), keeps the subscription, and
-  queues what we send in that pipe (up to ``SNDHWM`` messages; ``ZMQ_XPUB_NODROP`` makes a full pipe answer
-  ``EAGAIN`` instead of discarding); when a collector binds the endpoint again, libzmq reconnects and delivers
-  that queue to it. (With ``ZMQ_IMMEDIATE=1`` the ``XPUB`` reports ``b"\\x00"`` on disconnect but silently
-  discards everything sent to the dead pipe before that frame is read, and the whole pipe content: more loss,
-  so it is not used.)
-- A collector that shuts down cleanly sends the hand-over request (``wire.HANDOVER_REQUEST``, a user message
-  upstream; not an unsubscribe, which libzmq applies inside a later ``send()`` and so silently discards that
-  message although it was counted as sent). The thread answers with a hand-over marker on
-  ``wire.HELD_TOPIC``, behind everything it sent (the collector stops reading once it has every marker), and
-  from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
-  frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
-  (``b"\\x00"``) also makes the thread hold items.
+What the ``XPUB`` reports, and how the thread answers it, is in :mod:`shmstat.xpub`.
 
 Guarantees:
 
@@ -63,22 +46,20 @@ within a bounded time.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextlib
 import logging
-import multiprocessing.util
 import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import zmq
 
-from . import _state, wire
+from . import _pubprocess, wire
+from ._pubprocess import after_fork_in_child
 from .backlog import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
@@ -102,10 +83,6 @@ __all__ = [
 
 _log = logging.getLogger("shmstat")
 
-_EXIT_BUDGET_S = 2.0
-
-_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
-_FORK_ORPHANS: list[Any] = []  # zmq objects inherited by a forked child: kept alive, never closed, never used
 
 
 @dataclass(frozen=True)
@@ -239,7 +216,7 @@ class Publisher(_SocketProtocol):
                 self._ctx.term()
             raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
         self._sock: zmq.Socket[Any] | None = sock
-        _LIVE.add(self)
+        _pubprocess.register(self)
 
     # ------------------------------------------------------------------------------------- caller side
 
@@ -320,7 +297,7 @@ class Publisher(_SocketProtocol):
         with self._lock:
             if self._started or self._closed or self._dead:
                 return
-            _ensure_exit_hooks()
+            _pubprocess.ensure_exit_hooks()
             self._first_publish = time.monotonic()
             thread = threading.Thread(target=self._run, name=f"shmstat-publisher-r{self.rank}", daemon=True)
             thread.start()
@@ -379,7 +356,7 @@ class Publisher(_SocketProtocol):
             thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
             if thread.is_alive():  # pragma: no cover - the loop never blocks for long
                 _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
-                _LIVE.discard(self)
+                _pubprocess.forget(self)
                 return
         elif self._sock is not None:
             self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
@@ -388,7 +365,7 @@ class Publisher(_SocketProtocol):
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.term()
-        _LIVE.discard(self)
+        _pubprocess.forget(self)
 
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (see :class:`PublisherStats`); consistent at any time."""
@@ -411,7 +388,7 @@ class Publisher(_SocketProtocol):
         """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
         self._dead = True
         self._started = True
-        _FORK_ORPHANS.append((self._sock, self._ctx, self._outbox))  # never closed, never garbage-collected here
+        _pubprocess.keep_fork_orphans(self._sock, self._ctx, self._outbox)
         self._sock = None
         self._thread = None
         self._lock = threading.Lock()
@@ -420,51 +397,3 @@ class Publisher(_SocketProtocol):
         self._flush_requests = collections.deque()
         self._flush_waiting = []
         self._subscribed = False
-
-# ----------------------------------------------------------------------------------------- process hooks
-
-
-def after_fork_in_child() -> None:
-    """Make every publisher inherited from the parent process unusable, and clear ``STATE.publisher``.
-
-    Runs automatically in a child made by ``os.fork()`` (registered with :func:`os.register_at_fork`);
-    idempotent. Inherited publishers never touch the parent's socket, context or thread again; their
-    ``publish*`` calls become no-ops counted as dropped. Publishers created in this process are untouched.
-    """
-    me = os.getpid()
-    for pub in list(_LIVE):
-        if pub._owner_pid != me and not pub._dead:
-            pub._mark_dead_in_child()
-            _LIVE.discard(pub)
-    st = _state.STATE
-    if st.publisher is not None and st.publisher._owner_pid != me:
-        st.publisher = None
-
-
-_hooks_pid = -1
-
-
-def _ensure_exit_hooks() -> None:
-    """Register the exit flush for this process (once per process; a forked child registers its own)."""
-    global _hooks_pid
-    if _hooks_pid == os.getpid():
-        return
-    _hooks_pid = os.getpid()
-    # multiprocessing children leave through os._exit (fork) and skip atexit: close from its finalizers too
-    multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=100)
-
-
-def _close_all_at_exit() -> None:
-    """Flush and close this process's live publishers, within about two seconds in total (best effort)."""
-    deadline = time.monotonic() + _EXIT_BUDGET_S
-    me = os.getpid()
-    for pub in list(_LIVE):
-        if pub._owner_pid != me or pub.closed:
-            continue
-        remaining_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-        with contextlib.suppress(Exception):
-            pub.close(linger_ms=remaining_ms)
-
-
-os.register_at_fork(after_in_child=after_fork_in_child)
-atexit.register(_close_all_at_exit)

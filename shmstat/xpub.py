@@ -2,7 +2,27 @@
 blocking, reads the collector's subscription and hand-over frames, and marks the end of what it sent.
 
 These are the publisher thread's methods (a mixin of :class:`shmstat.publisher.Publisher`, which owns the
-state they use; the module docstring of :mod:`shmstat.publisher` says what the ``XPUB`` reports and why).
+state they use).
+
+What the ``XPUB`` tells us (measured on libzmq 4.3.5; the socket options :class:`~shmstat.publisher.Publisher`
+sets follow from it):
+
+- An ``XPUB`` silently discards messages no subscriber has asked for. So until the collector's subscribe-all
+  frame has arrived (``subscribed`` is False) items are held in the publisher's bounded backlog, in order.
+- With the default ``ZMQ_IMMEDIATE=0`` the socket's pipe to the collector's endpoint outlives the connection:
+  when the collector dies the ``XPUB`` reports *nothing* (no unsubscribe frame), keeps the subscription, and
+  queues what we send in that pipe (up to ``SNDHWM`` messages; ``ZMQ_XPUB_NODROP`` makes a full pipe answer
+  ``EAGAIN`` instead of discarding); when a collector binds the endpoint again, libzmq reconnects and delivers
+  that queue to it. (With ``ZMQ_IMMEDIATE=1`` the ``XPUB`` reports ``b"\\x00"`` on disconnect but silently
+  discards everything sent to the dead pipe before that frame is read, and the whole pipe content: more loss,
+  so it is not used.)
+- A collector that shuts down cleanly sends the hand-over request (``wire.HANDOVER_REQUEST``, a user message
+  upstream; not an unsubscribe, which libzmq applies inside a later ``send()`` and so silently discards that
+  message although it was counted as sent). The thread answers with a hand-over marker on
+  ``wire.HELD_TOPIC``, behind everything it sent (the collector stops reading once it has every marker), and
+  from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
+  frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
+  (``b"\\x00"``) also makes the thread hold items.
 """
 
 from __future__ import annotations
