@@ -10,7 +10,9 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("shmstat._fastpath", ["shmstat/_fastpath.c"], optional=True, extra_compile_args=["-O2"]),
-        Extension("shmstat._pubfast", ["shmstat/_pubfast.c"], optional=True, extra_compile_args=["-O2"]),
+        Extension("shmstat._pubfast", ["shmstat/_pubfast.c"], optional=True, extra_compile_args=["-O2"],
+                  depends=[f"shmstat/_c/{part}.h" for part in ("pack", "outbox_publish", "outbox_send", "event",
+                                                               "log_event")]),
         Extension("collector._intake", ["collector/_intake.c"], optional=True, extra_compile_args=["-O2"]),
     ],
 )

@@ -1,0 +1,291 @@
+/* The Outbox's caller side: batches per topic, the bounds, and encoding events and metrics. Part of shmstat/_pubfast.c, which includes it (one compilation unit). */
+#ifndef SHMSTAT_OUTBOX_PUBLISH_H
+#define SHMSTAT_OUTBOX_PUBLISH_H
+
+/* ------------------------------------------------------------------------------------------ Outbox */
+
+typedef struct Chunk {
+    struct Chunk *next;
+    int kind;               /* K_EVENT.., or K_GAP */
+    PyObject *key1, *key2;  /* event: name; metric: group, name; stat/rank: topic (owned references) */
+    long long taken;        /* publish index of the first item */
+    long long n;            /* items (or dropped items for a gap) */
+    long long nbytes;       /* estimated bytes (item_bytes / METRIC_BYTES) */
+    Buf buf;                /* the encoded items */
+    PyObject *frames;       /* (topic, payload) once sealed */
+} Chunk;
+
+typedef struct {
+    PyObject_HEAD
+    long long rank, pid, incarnation;
+    long long batch_max, max_items, max_bytes, max_batch_bytes, metric_bytes;
+    Chunk *head, *tail;
+    Chunk *open[MAX_OPEN];
+    int nopen;
+    int open_kind;
+    long long index;        /* publish calls so far (accepted, refused or invalid) */
+    long long held, held_bytes;
+    long long wire_seq;     /* the next sequence number on the wire */
+    long long sent_items, sent_messages, dropped, invalid, late;
+    int closed;
+    Buf scratch;
+} Outbox;
+
+static void
+chunk_free(Chunk *c)
+{
+    Py_XDECREF(c->key1);
+    Py_XDECREF(c->key2);
+    Py_XDECREF(c->frames);
+    PyMem_Free(c->buf.p);
+    PyMem_Free(c);
+}
+
+static void
+forget_open(Outbox *self)
+{
+    self->nopen = 0;
+    self->open_kind = K_GAP;
+}
+
+static int
+add_gap(Outbox *self, long long n)
+{
+    Chunk *t = self->tail;
+    forget_open(self);
+    self->dropped += n;
+    self->index += n;
+    if (t != NULL && t->kind == K_GAP) {
+        t->n += n;
+        return 0;
+    }
+    Chunk *c = PyMem_Calloc(1, sizeof(Chunk));
+    if (c == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->kind = K_GAP;
+    c->taken = self->index - n;
+    c->n = n;
+    if (t == NULL) self->head = c; else t->next = c;
+    self->tail = c;
+    return 0;
+}
+
+static int
+same_key(PyObject *a, PyObject *b)
+{
+    if (a == b) return 1;
+    if (a == NULL || b == NULL) return 0;
+    return PyUnicode_Compare(a, b) == 0;  /* compares contents; never calls Python code */
+}
+
+/* Add the item encoded in self->scratch to the open batch of its topic (or a new one). */
+static int
+add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+{
+    if (self->held >= self->max_items || self->held_bytes + size > self->max_bytes) {
+        return add_gap(self, 1);
+    }
+    Py_ssize_t len = self->scratch.len;
+    Chunk *c = NULL;
+    if (self->open_kind == kind) {
+        for (int i = 0; i < self->nopen; i++) {
+            Chunk *o = self->open[i];
+            if (same_key(o->key1, key1) && same_key(o->key2, key2)) {
+                if (o->frames == NULL && o->n < self->batch_max && o->buf.len + len <= self->max_batch_bytes) {
+                    c = o;
+                } else {  /* full or sealed: a new batch of this topic replaces it in the open set */
+                    self->open[i] = self->open[--self->nopen];
+                }
+                break;
+            }
+        }
+        if (PyErr_Occurred()) return -1;
+    }
+    if (c == NULL) {
+        c = PyMem_Calloc(1, sizeof(Chunk));
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->kind = kind;
+        Py_XINCREF(key1);
+        Py_XINCREF(key2);
+        c->key1 = key1;
+        c->key2 = key2;
+        c->taken = self->index;
+        if (self->tail == NULL) self->head = c; else self->tail->next = c;
+        self->tail = c;
+        if (self->open_kind != kind || self->nopen >= MAX_OPEN) {
+            forget_open(self);
+            self->open_kind = kind;
+        }
+        self->open[self->nopen++] = c;
+    }
+    if (buf_reserve(&c->buf, len) < 0) return -1;
+    memcpy(c->buf.p + c->buf.len, self->scratch.p, (size_t)len);
+    c->buf.len += len;
+    c->n += 1;
+    c->nbytes += size;
+    self->held += 1;
+    self->held_bytes += size;
+    self->index += 1;
+    return 0;
+}
+
+/* Encode and queue an event: its size (as item_bytes estimates it, or ``size`` if given) once queued (or when over
+ * ``limit`` > 0: not queued), 0 once the outbox is closed, -1 when the fast encoder declines it, -2 on error. */
+static long long
+outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
+{
+    if (self->closed) {
+        self->late += 1;
+        return 0;
+    }
+    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || Py_TYPE(ts) != &PyLong_Type) return -1;
+    Buf *b = &self->scratch;
+    b->len = 0;
+    int r;
+    Py_ssize_t name8 = 0;
+    if (buf_reserve(b, 64) < 0) return -2;
+    b->p[b->len++] = (char)0x93;
+    if ((r = pk_str(b, name, &name8)) != 1) goto fallback;
+    if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
+    Py_ssize_t nd = PyDict_GET_SIZE(data);
+    if (pk_map(b, nd) < 0) return -2;
+    /* item_bytes(): 128 + len(name) + 16 * len(data) + sum(len(key)) + sum(len(str value)) in code points,
+     * recounted in UTF-8 bytes past 4096 */
+    long long est = 128 + PyUnicode_GET_LENGTH(name) + 16 * (long long)nd, est8 = 128 + name8 + 16 * (long long)nd;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(data, &pos, &k, &v)) {
+        Py_ssize_t k8 = 0, v8 = 0;
+        if (!PyUnicode_CheckExact(k)) { r = 0; goto fallback; }
+        if ((r = pk_str(b, k, &k8)) != 1) goto fallback;
+        if ((r = pk_scalar(b, v, 1, &v8)) != 1) goto fallback;
+        est += PyUnicode_GET_LENGTH(k);
+        est8 += k8;
+        if (Py_TYPE(v) == &PyUnicode_Type) {
+            est += PyUnicode_GET_LENGTH(v);
+            est8 += v8;
+        }
+    }
+    if (est > 4096) est = est8;
+    if (size <= 0) size = est;
+    if (limit > 0 && size > limit) return size;
+    if (add_item(self, K_EVENT, name, NULL, size) < 0) return -2;
+    return size;
+fallback:
+    return r < 0 ? -2 : -1;
+}
+
+static PyObject *
+Outbox_event(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "event(name, ts_ns, data, size=0, limit=0)");
+        return NULL;
+    }
+    long long size = 0, limit = 0;
+    if (nargs > 3 && ((size = PyLong_AsLongLong(args[3])) == -1 && PyErr_Occurred())) return NULL;
+    if (nargs > 4 && ((limit = PyLong_AsLongLong(args[4])) == -1 && PyErr_Occurred())) return NULL;
+    long long res = outbox_event(self, args[0], args[1], args[2], size, limit);
+    return res == -2 ? NULL : PyLong_FromLongLong(res);
+}
+
+static PyObject *
+Outbox_metric(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "metric(group, name, value, ts)");
+        return NULL;
+    }
+    if (self->closed) {
+        self->late += 1;
+        Py_RETURN_NONE;
+    }
+    PyObject *group = args[0], *name = args[1], *value = args[2], *ts = args[3];
+    PyTypeObject *tt = Py_TYPE(ts);
+    if (!PyUnicode_CheckExact(group) || !PyUnicode_CheckExact(name) || Py_TYPE(value) == &PyUnicode_Type
+        || (tt != &PyFloat_Type && tt != &PyLong_Type)) {
+        return PyLong_FromLong(-1);
+    }
+    Buf *b = &self->scratch;
+    b->len = 0;
+    int r;
+    if (buf_reserve(b, 1) < 0) return NULL;
+    b->p[b->len++] = (char)0x94;
+    if ((r = pk_str(b, group, NULL)) != 1 || (r = pk_str(b, name, NULL)) != 1
+        || (r = pk_scalar(b, value, 0, NULL)) != 1 || (r = pk_scalar(b, ts, 0, NULL)) != 1) {
+        if (r < 0) return NULL;
+        return PyLong_FromLong(-1);
+    }
+    if (add_item(self, K_METRIC, group, name, self->metric_bytes) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* raw(kind, key1, key2, encoded, size): an item validated and encoded by the caller (the slow path). */
+static PyObject *
+Outbox_raw(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyLong_Check(args[0]) || !PyBytes_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "raw(kind: int, key1, key2, encoded: bytes, size: int)");
+        return NULL;
+    }
+    if (self->closed) {
+        self->late += 1;
+        Py_RETURN_NONE;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    long long size = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (kind < 0 || kind > 3) {
+        PyErr_SetString(PyExc_ValueError, "raw: kind must be 0..3");
+        return NULL;
+    }
+    PyObject *k1 = args[1] == Py_None ? NULL : args[1], *k2 = args[2] == Py_None ? NULL : args[2];
+    if ((k1 != NULL && !PyUnicode_Check(k1)) || (k2 != NULL && !PyUnicode_Check(k2))) {
+        PyErr_SetString(PyExc_TypeError, "raw: keys must be str or None");
+        return NULL;
+    }
+    Buf *b = &self->scratch;
+    b->len = 0;
+    Py_ssize_t n = PyBytes_GET_SIZE(args[3]);
+    if (buf_reserve(b, n) < 0) return NULL;
+    memcpy(b->p, PyBytes_AS_STRING(args[3]), (size_t)n);
+    b->len = n;
+    if (add_item(self, (int)kind, k1, k2, size) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* invalid(n=1): n items that cannot be sent were published here: dropped, counted, numbered. */
+static PyObject *
+Outbox_invalid(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long n = 1;
+    if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
+    if (self->closed) {
+        self->late += n;
+        Py_RETURN_NONE;
+    }
+    self->invalid += n;
+    if (add_gap(self, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* refused(n=1): n items refused (over a bound) by the caller: dropped, counted, numbered. */
+static PyObject *
+Outbox_refused(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long n = 1;
+    if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
+    if (self->closed) {
+        self->late += n;
+        Py_RETURN_NONE;
+    }
+    if (add_gap(self, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+#endif /* SHMSTAT_OUTBOX_PUBLISH_H */
