@@ -259,9 +259,10 @@ Outbox_raw(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* invalid(n=1): n items that cannot be sent were published here: dropped, counted, numbered. */
+/* n (args[0], default 1) items published here are dropped, counted and numbered; ``invalid``: because they cannot
+ * be sent (else the caller refused them, over a bound). */
 static PyObject *
-Outbox_invalid(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+drop_published(Outbox *self, PyObject *const *args, Py_ssize_t nargs, int invalid)
 {
     long long n = 1;
     if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
@@ -269,23 +270,23 @@ Outbox_invalid(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
         self->late += n;
         Py_RETURN_NONE;
     }
-    self->invalid += n;
+    if (invalid) self->invalid += n;
     if (add_gap(self, n) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* invalid(n=1): n items that cannot be sent were published here: dropped, counted, numbered. */
+static PyObject *
+Outbox_invalid(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return drop_published(self, args, nargs, 1);
 }
 
 /* refused(n=1): n items refused (over a bound) by the caller: dropped, counted, numbered. */
 static PyObject *
 Outbox_refused(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    long long n = 1;
-    if (nargs > 0 && ((n = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())) return NULL;
-    if (self->closed) {
-        self->late += n;
-        Py_RETURN_NONE;
-    }
-    if (add_gap(self, n) < 0) return NULL;
-    Py_RETURN_NONE;
+    return drop_published(self, args, nargs, 0);
 }
 
 #endif /* SHMSTAT_OUTBOX_PUBLISH_H */
