@@ -15,12 +15,24 @@ import multiprocessing.util
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import _state
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .publisher import Publisher
+
+class Publisher(Protocol):
+    """What this module needs of a :class:`shmstat.publisher.Publisher` (named here by shape, not imported:
+    the publisher imports this module)."""
+
+    _owner_pid: int
+    _dead: bool
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _mark_dead_in_child(self) -> None: ...
+
+    def close(self, linger_ms: int = ...) -> None: ...
 
 __all__ = ["EXIT_BUDGET_S", "after_fork_in_child", "ensure_exit_hooks", "forget", "keep_fork_orphans", "register"]
 
