@@ -5,20 +5,22 @@ one of its writers'), and the stats they belong to as :class:`StatTable`. :func:
 the per-row path's order and merges them with the rules of :func:`collector.merge.merge_all`, exactly: counts
 and sums added in the same order (so float sums are bit-identical), min/max over non-empty parts, the value of
 the part with the latest timestamp (the first such part on a tie), torn if any part is, histograms merged
-with :func:`shmstat.histogram.merge_histograms`. A rank's writers give that rank one row; all parts of a window
-give its merged row. Only histograms are Python objects.
+on arrays (:meth:`collector.hist_batch.HistBatch.merge_groups`, exactly
+:func:`shmstat.histogram.merge_histograms`). A rank's writers give that rank one row; all parts of a window give
+its merged row. No Python object is made per row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from shmstat.aggregation import PERCENTILES, Aggregation
-from shmstat.histogram import merge_histograms
 
 from .columns import PERCENTILE_COLUMNS, Columns
+from .hist_batch import HistBatch
 
 __all__ = ["Parts", "StatTable", "merge_parts"]
 
@@ -59,16 +61,17 @@ class Parts:
     last: np.ndarray
     last_ts: np.ndarray
     torn: np.ndarray
-    hist: np.ndarray
-    """Object array: Histogram or None."""
+    hist: HistBatch
+    """Each entry's histogram, if its stat keeps percentiles and it could be read."""
 
     @staticmethod
     def concat(parts: list[Parts]) -> Parts:
         """One Parts holding all of ``parts`` in order."""
         if len(parts) == 1:
             return parts[0]
-        names = Parts.__dataclass_fields__
-        return Parts(**{n: np.concatenate([getattr(p, n) for p in parts]) for n in names})
+        names = [n for n in Parts.__dataclass_fields__ if n != "hist"]
+        return Parts(**{n: np.concatenate([getattr(p, n) for p in parts]) for n in names},
+                     hist=HistBatch.concat([p.hist for p in parts]))
 
     def take(self, index: np.ndarray) -> Parts:
         """The entries selected by ``index``."""
@@ -97,10 +100,11 @@ def merge_parts(job: str, parts: Parts, stats: StatTable) -> Columns:
     key = np.empty(total, np.int64)
     key[merged_pos], key[rank_pos] = p.key[win_start], p.key[rank_start]
     out: dict[str, np.ndarray] = {}
-    for name in ("count", "sum", "min", "max", "last", "last_ts", "torn", "hist"):
+    for name in ("count", "sum", "min", "max", "last", "last_ts", "torn"):
         col = np.empty(total, merged[name].dtype)
         col[merged_pos], col[rank_pos] = merged[name], ranked[name]
         out[name] = col
+    hist = HistBatch.assemble(total, [(merged_pos, merged["hist"]), (rank_pos, ranked["hist"])])
     wid = np.empty(total, np.int64)
     wid[merged_pos], wid[rank_pos] = p.wid[win_start], p.wid[rank_start]
     rank = np.empty(total, np.int64)
@@ -110,16 +114,16 @@ def merge_parts(job: str, parts: Parts, stats: StatTable) -> Columns:
     count = out["count"]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(count > 0, out["sum"] / np.maximum(count, 1), 0.0)
-    pct = _percentiles(count, out["min"], out["max"], out["hist"], stats.keeps_hist[key])
+    pct = _percentiles(count, out["min"], out["max"], hist, stats.keeps_hist[key])
     return Columns(
         job, stats.group[key], stats.name[key], rank, ranks, wid, stats.window_ms[key], stats.agg_mask[key],
         count, out["sum"], out["min"], out["max"], out["last"], out["last_ts"], mean,
         pct[Aggregation.P50], pct[Aggregation.P90], pct[Aggregation.P99], pct[Aggregation.P999], out["torn"],
-        stats.higher_is_better[key], out["hist"],
+        stats.higher_is_better[key], hist,
     )
 
 
-def _reduce(p: Parts, start: np.ndarray, *, single_raw: bool) -> dict[str, np.ndarray]:
+def _reduce(p: Parts, start: np.ndarray, *, single_raw: bool) -> dict[str, Any]:
     """Merge the runs of ``p`` beginning at ``start`` (sorted; each run one row) as ``merge_all`` does; with
     ``single_raw`` a run of one part is that part as it is (the per-rank row of a rank with one writer)."""
     n, groups = len(p.wid), len(start)
@@ -149,34 +153,25 @@ def _reduce(p: Parts, start: np.ndarray, *, single_raw: bool) -> dict[str, np.nd
     last_ts = np.zeros(groups, np.int64)
     last[which], last_ts[which] = p.last[hit[first]], p.last_ts[hit[first]]
     torn = np.logical_or.reduceat(p.torn, start)
-    hist = np.full(groups, None, object)
-    with_hist = np.flatnonzero(np.add.reduceat((p.hist != None) & nonempty, start) > 0)  # noqa: E711
-    part_hist, part_nonempty = p.hist.tolist(), nonempty.tolist()
-    bounds = np.append(start, n).tolist()
-    for g in with_hist.tolist():
-        hs = [part_hist[j] for j in range(bounds[g], bounds[g + 1]) if part_nonempty[j] and part_hist[j] is not None]
-        hist[g] = hs[0] if len(hs) == 1 else merge_histograms(hs)
-    if single_raw:
-        one = size == 1
-        if one.any():
-            s = start[one]
-            total[one], lo[one], hi[one] = p.sum[s], p.min[s], p.max[s]
-            last[one], last_ts[one], torn[one], count[one] = p.last[s], p.last_ts[s], p.torn[s], p.count[s]
-            hist[one] = p.hist[s]
+    one = size == 1 if single_raw else np.zeros(groups, bool)
+    # the non-empty parts' histograms merged; a run of one part keeps its own (single_raw)
+    hist = p.hist.merge_groups(gid, groups, nonempty | one[gid])
+    if one.any():
+        s = start[one]
+        total[one], lo[one], hi[one] = p.sum[s], p.min[s], p.max[s]
+        last[one], last_ts[one], torn[one], count[one] = p.last[s], p.last_ts[s], p.torn[s], p.count[s]
     return {"count": count, "sum": total, "min": lo, "max": hi, "last": last, "last_ts": last_ts, "torn": torn,
             "hist": hist}
 
 
-def _percentiles(count: np.ndarray, lo: np.ndarray, hi: np.ndarray, hist: np.ndarray,
+def _percentiles(count: np.ndarray, lo: np.ndarray, hi: np.ndarray, hist: HistBatch,
                  keeps: np.ndarray) -> dict[Aggregation, np.ndarray]:
     """Each percentile column: NaN for stats that keep none; else what ``aggregate`` gives (0.0 for an empty
     window or a missing histogram)."""
     out = {a: np.where(keeps, 0.0, np.nan) for a in PERCENTILE_COLUMNS}
-    rows = np.flatnonzero(keeps & (count > 0) & (hist != None))  # noqa: E711
+    rows = np.flatnonzero(keeps & (count > 0) & hist.present)
     if len(rows):
-        hs, los, his = hist[rows].tolist(), lo[rows].tolist(), hi[rows].tolist()
-        qs = tuple(PERCENTILES.values())
-        table = np.array([h.quantiles(qs, x, y) for h, x, y in zip(hs, los, his, strict=True)], np.float64)
+        table = hist[rows].quantiles(tuple(PERCENTILES.values()), lo[rows], hi[rows])
         for j, a in enumerate(PERCENTILES):
             out[a][rows] = table[:, j]
     return out

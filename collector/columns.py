@@ -3,8 +3,7 @@
 Every figure is a NumPy array with one entry per row; a row is one window of one stat, merged across ranks or of
 one rank, in the order the per-row path emits them (windows by window id then stat; each window's merged row
 first, then one row per rank by rank). The arrays are built straight from the scanner's vectorised read
-(:func:`collector.column_merge.merge_parts`): no Python object is made per row, except the histograms of stats
-that keep percentiles.
+(:func:`collector.column_merge.merge_parts`): no Python object is made per row.
 
 Conventions:
 
@@ -14,8 +13,10 @@ Conventions:
   for an empty window (possible only on a window flagged ``torn``) ``mean`` is 0.0, as torch.monitor reports;
 - ``p50``, ``p90``, ``p99``, ``p999`` are float64: NaN where the stat keeps no percentiles, otherwise exactly what
   a per-row handler gets for ``<stat>.p50``.. (0.0 for an empty window or a histogram lost to an overwrite), for
-  all four, whichever of them the stat asked for; ``hist`` holds the window's :class:`shmstat.histogram.Histogram`
-  (None where there is none), for handlers that export whole histograms;
+  all four, whichever of them the stat asked for; ``hists`` holds every row's histogram as arrays
+  (:class:`collector.hist_batch.HistBatch`, no object per row) and ``hist`` the same as
+  :class:`shmstat.histogram.Histogram` objects (None where there is none, built on first use), for handlers
+  that export whole histograms;
 - ``agg_mask`` says which aggregations each row's stat asked for (bit ``1 << int(Aggregation)``; see
   :meth:`Columns.aggregations`); ``wid`` and ``window_ms`` give the window (``start_ns``, ``end_ns``,
   ``window_start``, ``window_end`` derive from them).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,7 @@ import numpy as np
 from elastic.metrics import StatMetricData
 from shmstat.aggregation import Aggregation, aggregation_key
 
+from .hist_batch import HistBatch
 from .merge import Summary, WindowRow, _ordered
 
 __all__ = ["PERCENTILE_COLUMNS", "Columns"]
@@ -84,17 +87,23 @@ class Columns:
     """True where the window may be incomplete (a writer died in the middle of an ``add``)."""
     higher_is_better: np.ndarray
     """What each row's stat declared (bool)."""
-    hist: np.ndarray
-    """Each row's histogram (object array; None where the stat keeps none or it could not be read)."""
+    hists: HistBatch
+    """Each row's histogram as arrays (none where the stat keeps none or it could not be read)."""
 
     @classmethod
     def empty(cls, job: str) -> Columns:
         """A pass with no rows."""
-        arrays: dict[str, np.ndarray] = {}
+        arrays: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name != "job":
+            if f.name not in ("job", "hists"):
                 arrays[f.name] = np.empty(0, _DTYPES.get(f.name, np.float64))
-        return cls(job, **arrays)
+        return cls(job, hists=HistBatch.empty(0), **arrays)
+
+    @cached_property
+    def hist(self) -> np.ndarray:
+        """Each row's :class:`shmstat.histogram.Histogram` (object array; None where there is none), built from
+        :attr:`hists` on first use."""
+        return self.hists.histograms()
 
     def __len__(self) -> int:
         """Number of rows."""
@@ -212,7 +221,7 @@ def _plan(stat: str, mask: int) -> tuple[tuple[str, int], ...]:
     return plan
 
 
-_DTYPES: dict[str, Any] = {"group": object, "stat": object, "hist": object, "rank": np.int64, "ranks": np.int64,
+_DTYPES: dict[str, Any] = {"group": object, "stat": object, "rank": np.int64, "ranks": np.int64,
                            "wid": np.int64, "window_ms": np.int64, "agg_mask": np.int64, "count": np.int64,
                            "last_ts": np.int64, "torn": bool, "higher_is_better": bool}
 

@@ -37,6 +37,7 @@ from shmstat.segment import Segment
 
 from .column_merge import Parts, StatTable, merge_parts
 from .columns import Columns
+from .hist_batch import HistBatch
 from .hist_reader import read_histograms
 from .merge import WindowRow
 
@@ -351,32 +352,28 @@ class Scanner:
                  rank_of: np.ndarray) -> Parts:
         """The found windows of the vectorised read as :class:`Parts` (histograms read for stats keeping them)."""
         n = len(slot_idx)
-        hist = np.full(n, None, object)
-        for k, h in self._histograms(t, slot_idx, fdata, fgrow).items():
-            hist[k] = h
-        need = np.flatnonzero((t.hist[slot_idx] >= 0) & (hist == None))  # noqa: E711 - read again one by one
-        for k in need.tolist():
-            hist[k] = self._read_hist(t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
+        sel = np.flatnonzero(t.hist[slot_idx] >= 0)
+        hist = self._histograms(t, slot_idx[sel], fdata[sel], fgrow[sel])
+        need = np.flatnonzero(~hist.present)  # read again one by one
+        if len(need):
+            again = [self._read_hist(t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
+                     for k in sel[need].tolist()]
+            hist = HistBatch.assemble(len(sel), [(np.flatnonzero(hist.present), hist[hist.present]),
+                                                 (need, HistBatch.from_histograms(again))])
         f = fdata.view(np.float64)
         return Parts(t.key_id[slot_idx], rank_of[t.lr[slot_idx]], slot_idx, fdata[:, L.B_WID], fcount,
                      f[:, L.B_SUM], f[:, L.B_MIN], f[:, L.B_MAX], f[:, L.B_LAST], fdata[:, L.B_TS],
-                     np.zeros(n, bool), hist)
+                     np.zeros(n, bool), HistBatch.assemble(n, [(sel, hist)]))
 
-    def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray,
-                    fgrow: np.ndarray) -> dict[int, Histogram | None]:
-        """The histograms of the found windows of stats that keep percentiles, read in one vectorised pass
-        (:func:`collector.hist_reader.read_histograms`), by position in the found windows."""
-        h = t.hist[slot_idx]
-        sel = np.flatnonzero(h >= 0)
-        if not len(sel):
-            return {}
+    def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fgrow: np.ndarray) -> HistBatch:
+        """The histograms of found windows of stats that keep percentiles (one row each), read in one vectorised
+        pass (:func:`collector.hist_reader.read_histograms`); a row without one is to be read again."""
         geo = self.segment.geometry
-        wid = fdata[sel, L.B_WID]
-        hist_off = geo.hist_base + ((t.lr[slot_idx[sel]] * geo.hist_slots + h[sel]) * geo.banks
+        wid = fdata[:, L.B_WID]
+        hist_off = geo.hist_base + ((t.lr[slot_idx] * geo.hist_slots + t.hist[slot_idx]) * geo.banks
                                     + wid % geo.banks) * L.HIST_SIZE
-        bank_off = geo.bank_base + fgrow[sel] * L.BANK_SIZE
-        got = read_histograms(self.segment.buf, geo, hist_off, bank_off, fdata[sel, L.B_SEQ], wid)
-        return dict(zip(sel.tolist(), got, strict=True))
+        bank_off = geo.bank_base + fgrow * L.BANK_SIZE
+        return read_histograms(self.segment.buf, geo, hist_off, bank_off, fdata[:, L.B_SEQ], wid)
 
     def _read_hist(self, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
         """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the
@@ -408,13 +405,12 @@ class Scanner:
             result.windows_read += 1
             result.torn += w.torn
             if wanted:
-                hist = np.empty(1, object)
-                hist[0] = w.hist
                 collected.append(Parts(
                     t.key_id[i:i + 1], np.array([w.rank], np.int64), np.array([i], np.int64),
                     np.array([w.wid], np.int64), np.array([w.count], np.int64), np.array([w.sum], np.float64),
                     np.array([w.min], np.float64), np.array([w.max], np.float64), np.array([w.last], np.float64),
-                    np.array([w.last_ts], np.int64), np.array([w.torn], bool), hist))
+                    np.array([w.last_ts], np.int64), np.array([w.torn], bool),
+                    HistBatch.from_histograms([w.hist])))
             else:
                 skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64),
                                 np.array([w.rank], np.int64)))

@@ -199,7 +199,7 @@ class StragglerDetector:
         self._latest_ns = max(self._latest_ns, int(cols.end_ns.max()))
         block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
         with np.errstate(invalid="ignore"):
-            fig = np.where(cols.hist != None, cols.p50, cols.mean)  # noqa: E711 - figure(): p50 if a histogram
+            fig = np.where(cols.hists.present, cols.p50, cols.mean)  # figure(): p50 if a histogram
             rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig))
         b, f = block[rows], fig[rows]
         order = np.lexsort((f, b))

@@ -30,10 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
+    "FACTORS",
+    "FRACTIONS",
     "MAX_BUCKETS",
     "MAX_SCALE",
     "MIN_SCALE",
     "Histogram",
+    "bucket_estimate",
     "error_bound",
     "index_at_max_scale",
     "merge_histograms",
@@ -56,10 +59,28 @@ def index_at_max_scale(magnitude: float) -> int:
     return math.ceil(math.log2(magnitude) * 256.0) - 1
 
 
-_STEP_FACTOR = {s: (2.0 ** -s, 2.0 * 2.0 ** (2.0 ** -s) / (1.0 + 2.0 ** (2.0 ** -s)))
-                for s in range(MIN_SCALE, MAX_SCALE + 1)}
-"""Per scale: the exponent step ``2**-s`` and ``2 base / (1 + base)``, the estimate of a bucket over its
-lower bound."""
+FRACTIONS: dict[int, tuple[float, ...]] = {s: tuple(2.0 ** (k / 2.0 ** s) for k in range(2 ** max(s, 0)))
+                                          for s in range(MIN_SCALE, MAX_SCALE + 1)}
+"""Per scale ``s``: ``2 ** (k / 2**s)`` for ``k < 2**s`` (just ``(1.0,)`` below scale 1). The lower bound of
+bucket ``i`` is ``ldexp(FRACTIONS[s][i % 2**s], i >> s)`` at ``s >= 0``, ``ldexp(1.0, i << -s)`` below: one
+rounding, the same in Python and in the collector's NumPy reader of many windows at once."""
+
+FACTORS: dict[int, float] = {s: 2.0 * 2.0 ** (2.0 ** -s) / (1.0 + 2.0 ** (2.0 ** -s))
+                             for s in range(MIN_SCALE, MAX_SCALE + 1)}
+"""Per scale: ``2 base / (1 + base)``, a bucket's reported value over its lower bound."""
+
+
+def bucket_estimate(scale: int, index: int) -> float:
+    """The value reported for positive bucket ``index`` at ``scale``: ``2 lo hi / (lo + hi)`` of its bounds,
+    computed as ``lower bound * FACTORS[scale]`` (at most the largest double)."""
+    if scale >= 0:
+        mantissa, exponent = FRACTIONS[scale][index & ((1 << scale) - 1)], index >> scale
+    else:
+        mantissa, exponent = 1.0, index << -scale
+    try:
+        return min(math.ldexp(mantissa, exponent) * FACTORS[scale], _DBL_MAX)
+    except OverflowError:
+        return _DBL_MAX
 
 
 def error_bound(scale: int) -> float:
@@ -173,19 +194,12 @@ class Histogram:
         cum, buckets = cdf
         if not cum:
             return [0.0 for _ in qs]
-        total, last = cum[-1], len(cum) - 1
-        step, factor = _STEP_FACTOR[self.scale]
+        total, last, scale = cum[-1], len(cum) - 1, self.scale
         out = []
         for q in qs:
             rank = max(1, math.ceil(q * total - 1e-9))
             sign, i = buckets[min(bisect_left(cum, rank), last)]
-            if sign == 0:
-                estimate = 0.0
-            else:
-                try:
-                    estimate = sign * min(2.0 ** (i * step) * factor, _DBL_MAX)
-                except OverflowError:
-                    estimate = sign * _DBL_MAX
+            estimate = 0.0 if sign == 0 else sign * bucket_estimate(scale, i)
             if lo is not None and estimate < lo:
                 estimate = lo
             if hi is not None and estimate > hi:

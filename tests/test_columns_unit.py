@@ -8,6 +8,7 @@ import numpy as np
 
 from collector import Columns, takes_columns
 from collector.column_merge import Parts, StatTable, merge_parts
+from collector.hist_batch import HistBatch
 from collector.merge import Summary, merge_all
 from collector.straggler import StragglerDetector
 from elastic.metrics import MetricHandler
@@ -39,9 +40,7 @@ def _random_pass(rng: random.Random, wid: int) -> Columns:
                              max(vals, default=0.0), vals[-1] if vals else 0.0, rng.randint(1, 10**6),
                              rng.random() < 0.05 and n == 0, hist))
     cols = list(zip(*rows, strict=True))
-    hist = np.empty(len(rows), object)
-    hist[:] = list(cols[11])
-    parts = Parts(*(np.array(c) for c in cols[:11]), hist)
+    parts = Parts(*(np.array(c) for c in cols[:11]), HistBatch.from_histograms(list(cols[11])))
     return merge_parts("job", parts, stats)
 
 
