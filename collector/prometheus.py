@@ -40,6 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
+import numpy as np
+
 from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
@@ -170,18 +172,20 @@ class PrometheusExporter:
         self._fold(job, updates)
 
     def observe_columns(self, cols: Columns) -> None:
-        """Fold one pass given as columns (what the collector hands over: no row objects are built)."""
+        """Fold one pass given as columns (what the collector hands over: no row objects are built; histogram
+        objects only for the merged rows, whose buckets are exported)."""
         job = cols.job
         pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
+        exported = np.flatnonzero((cols.rank < 0) & cols.hists.present)
+        classic = dict(zip(exported.tolist(), map(_classic, cols.hists[exported].histograms()), strict=True))
         updates = []
-        for i, (group, stat, rank, n, total, mean, lo, hi, hist) in enumerate(zip(
+        for i, (group, stat, rank, n, total, mean, lo, hi, has_hist) in enumerate(zip(
                 cols.group.tolist(), cols.stat.tolist(), cols.rank.tolist(), cols.count.tolist(),
-                cols.sum.tolist(), cols.mean.tolist(), cols.min.tolist(), cols.max.tolist(), cols.hist.tolist(),
-                strict=True)):
-            merged = rank < 0
-            pct = None if hist is None else (pcts[0][i], pcts[1][i], pcts[2][i], pcts[3][i])
-            updates.append(((job, group, stat, None if merged else rank), n, total, mean, lo, hi, pct,
-                            _classic(hist) if hist is not None and merged else None))
+                cols.sum.tolist(), cols.mean.tolist(), cols.min.tolist(), cols.max.tolist(),
+                cols.hists.present.tolist(), strict=True)):
+            pct = (pcts[0][i], pcts[1][i], pcts[2][i], pcts[3][i]) if has_hist else None
+            updates.append(((job, group, stat, None if rank < 0 else rank), n, total, mean, lo, hi, pct,
+                            classic.get(i)))
         self._fold(job, updates)
 
     def _fold(self, job: str, updates: list[tuple]) -> None:
