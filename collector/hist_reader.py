@@ -45,13 +45,17 @@ def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray,
     counts = raw[:, _COUNTS_FROM:_COUNTS_FROM + 2 * _M]  # the positive ring, then the negative
     scale, zero = heads[:, 0], heads[:, 1]
     pos_lo, pos_hi, neg_lo, neg_hi = heads[:, 2], heads[:, 3], heads[:, 4], heads[:, 5]
-    with np.errstate(over="ignore"):
-        sane = ((scale >= MIN_SCALE) & (scale <= MAX_SCALE) & (zero >= 0)
-                & ((pos_lo > pos_hi) | (pos_hi - pos_lo < _M)) & ((neg_lo > neg_hi) | (neg_hi - neg_lo < _M)))
+    with np.errstate(over="ignore"):  # a span past 2**63 wraps negative: refused like any span over M
+        pos_span, neg_span = pos_hi - pos_lo, neg_hi - neg_lo
+    sane = ((scale >= MIN_SCALE) & (scale <= MAX_SCALE) & (zero >= 0)
+            & ((pos_lo > pos_hi) | ((pos_span >= 0) & (pos_span < _M)))
+            & ((neg_lo > neg_hi) | ((neg_span >= 0) & (neg_span < _M))))
     ok = sane & (again[:, 0] == seq_bits) & (again[:, 1] == wid)
     # non-zero counts found two at a time (as 64-bit words), then split
-    rows, pairs = np.nonzero(raw.view(np.uint64)[ok, _COUNTS_FROM // 2:(_COUNTS_FROM + 2 * _M) // 2])
-    rows = np.flatnonzero(ok)[rows]
+    found = np.flatnonzero(raw.view(np.uint64))  # the whole copy at once (headers too, dropped just below)
+    rows, pairs = np.divmod(found, _BLOCK_WORDS // 2)
+    mine = (pairs >= _COUNTS_FROM // 2) & ok[rows]
+    rows, pairs = rows[mine], pairs[mine] - _COUNTS_FROM // 2
     rows, cols = np.repeat(rows, 2), (2 * pairs[:, None] + (0, 1)).ravel()
     keep = counts[rows, cols] != 0
     rows, cols = rows[keep], cols[keep]

@@ -196,6 +196,16 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
             want.append(snap.hist)
     assert len(want) > 12 and all(h is not None for h in want)
     wids[0] += 1  # as if the bank had moved on to another window since it was copied
-    got = read_histograms(seg.buf, geo, *(np.array(a, np.int64) for a in (hist_off, bank_off, seq_bits, wids)))
+    args = [np.array(a, np.int64) for a in (hist_off, bank_off, seq_bits, wids)]
+    got = read_histograms(seg.buf, geo, *args)
     assert got.present.tolist() == [False] + [True] * (len(want) - 1)
     assert list(got.histograms())[1:] == want[1:]
+    # headers no writer produces (scale out of range; a span past 2**63 that wraps; a span of M + 1; negative
+    # zero count) are refused, the other rows still read
+    bad = bytearray(seg.buf)
+    heads = [(99, 0, 0, 1, 1, 0), (3, 0, -(2**63), 2**62, 1, 0), (3, 0, 5, 5 + MAX_BUCKETS, 1, 0), (3, -1, 0, 1, 1, 0)]
+    for k, head in enumerate(heads, start=1):
+        bad[hist_off[k]:hist_off[k] + 48] = np.array(head, np.int64).tobytes()
+    got = read_histograms(memoryview(bad), geo, *args)
+    assert got.present.tolist() == [False] * 5 + [True] * (len(want) - 5)
+    assert list(got.histograms())[5:] == want[5:]
