@@ -188,10 +188,7 @@ class Columns:
     def to_metrics(self) -> list[StatMetricData]:
         """What per-row handlers receive for these rows: one :class:`StatMetricData` per aggregation each stat
         asked for, named ``<stat>.<aggregation>``, timestamp = window end, in row order."""
-        job = self.job
-        return [StatMetricData(end, group, key, value, rank=rank, window_start=start, window_end=end, torn=torn,
-                               job=job)
-                for end, group, key, value, rank, start, torn in self.flat()]
+        return StatMetricData._from_figures(self.flat(), self.job)
 
     def flat(self) -> Iterator[tuple[float, str, str, float, int | None, float, bool]]:
         """The figures of :meth:`to_metrics` as plain tuples ``(window_end, group, "<stat>.<aggregation>", value,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ from collector.column_merge import Parts, StatTable, merge_parts
 from collector.hist_batch import HistBatch
 from collector.merge import Summary, merge_all
 from collector.straggler import StragglerDetector
-from elastic.metrics import MetricHandler
+from elastic.metrics import MetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
 from shmstat.histogram import Histogram
@@ -74,6 +75,10 @@ def test_columns_helpers():
     flat = list(cols.flat())
     assert len(metrics) == len(flat)
     assert all(m.name == f[2] and m.value == f[3] for m, f in zip(metrics, flat, strict=True))
+    built = [StatMetricData(end, group, name, value, rank=rank, window_start=start, window_end=end, torn=torn,
+                            job="job") for end, group, name, value, rank, start, torn in flat]
+    assert metrics == built and [vars(m) for m in metrics] == [vars(b) for b in built]
+    assert [pickle.loads(pickle.dumps(m)) for m in metrics[:5]] == metrics[:5]
     assert len(Columns.empty("j")) == 0 and Columns.empty("j").to_metrics() == []
     assert Summary(1, 1.0, 1.0, 1.0, 1.0, 1).count == 1
 

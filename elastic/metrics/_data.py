@@ -63,6 +63,21 @@ class StatMetricData(MetricData):
         return self
 
     @classmethod
+    def _from_figures(cls, figures: Iterable[tuple[float, str, str, Any, int | None, float, bool]],
+                      job: str | None) -> list[StatMetricData]:
+        """Rows from ``(window_end, group_name, name, value, rank, window_start, torn)`` tuples, the timestamp
+        being the window's end (what the collector builds for a whole pass: the same rows as ``__new__``, without
+        its keyword handling per row)."""
+        new = tuple.__new__
+        out = []
+        append = out.append
+        for end, group, name, value, rank, start, torn in figures:
+            row = new(cls, (end, group, name, value))
+            row.__dict__ = {"rank": rank, "window_start": start, "window_end": end, "torn": torn, "job": job}
+            append(row)
+        return out
+
+    @classmethod
     def _make(  # type: ignore[override]
         cls,
         iterable: Iterable[Any],
