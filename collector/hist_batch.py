@@ -201,14 +201,13 @@ class HistBatch:
         first, last = starts[rows], starts[rows + 1] - 1
         before = np.where(first > 0, cum[first - 1], 0)
         total = (cum[last] - before).astype(np.float64)
-        scale = self.scale[rows]
+        scale, lo_r, hi_r = self.scale[rows], lo[rows], hi[rows]
         for j, q in enumerate(qs):
             rank = np.maximum(1.0, np.ceil(q * total - 1e-9))
             at = np.minimum(np.searchsorted(cum, before + rank, side="left"), last)
             c, i = cls[at], np.where(cls[at] == 0, -key[at], key[at])
             est = _estimate(scale, i)
             est = np.where(c == 1, 0.0, np.where(c == 0, -est, est))
-            lo_r, hi_r = lo[rows], hi[rows]
             est = np.where(est < lo_r, lo_r, est)
             out[rows, j] = np.where(est > hi_r, hi_r, est)
         return out

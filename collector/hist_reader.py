@@ -57,11 +57,12 @@ def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray,
     mine = (pairs >= _COUNTS_FROM // 2) & ok[rows]
     rows, pairs = rows[mine], pairs[mine] - _COUNTS_FROM // 2
     rows, cols = np.repeat(rows, 2), (2 * pairs[:, None] + (0, 1)).ravel()
-    keep = counts[rows, cols] != 0
-    rows, cols = rows[keep], cols[keep]
+    values = counts[rows, cols]
+    keep = values != 0
+    rows, cols, values = rows[keep], cols[keep], values[keep]
     negative = cols >= _M
     position = cols % _M
     lo = np.where(negative, neg_lo[rows], pos_lo[rows])
     index = lo + (position - lo) % _M  # the one index in [lo, lo + M) stored at that position of the ring
     return HistBatch(ok, np.where(ok, scale, 0), np.where(ok, zero, 0), rows, negative, index,
-                     counts[rows, cols].astype(np.int64))
+                     values.astype(np.int64))

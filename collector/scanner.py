@@ -354,16 +354,16 @@ class Scanner:
         n = len(slot_idx)
         sel = np.flatnonzero(t.hist[slot_idx] >= 0)
         hist = self._histograms(t, slot_idx[sel], fdata[sel], fgrow[sel])
-        need = np.flatnonzero(~hist.present)  # read again one by one
+        pieces = [(sel, hist)]
+        need = sel[~hist.present]  # read again one by one
         if len(need):
             again = [self._read_hist(t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
-                     for k in sel[need].tolist()]
-            hist = HistBatch.assemble(len(sel), [(np.flatnonzero(hist.present), hist[hist.present]),
-                                                 (need, HistBatch.from_histograms(again))])
+                     for k in need.tolist()]
+            pieces = [(sel[hist.present], hist[hist.present]), (need, HistBatch.from_histograms(again))]
         f = fdata.view(np.float64)
         return Parts(t.key_id[slot_idx], rank_of[t.lr[slot_idx]], slot_idx, fdata[:, L.B_WID], fcount,
                      f[:, L.B_SUM], f[:, L.B_MIN], f[:, L.B_MAX], f[:, L.B_LAST], fdata[:, L.B_TS],
-                     np.zeros(n, bool), HistBatch.assemble(n, [(sel, hist)]))
+                     np.zeros(n, bool), HistBatch.assemble(n, pieces))
 
     def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fgrow: np.ndarray) -> HistBatch:
         """The histograms of found windows of stats that keep percentiles (one row each), read in one vectorised

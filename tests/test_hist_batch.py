@@ -209,3 +209,36 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
     got = read_histograms(memoryview(bad), geo, *args)
     assert got.present.tolist() == [False] * 5 + [True] * (len(want) - 5)
     assert list(got.histograms())[5:] == want[5:]
+
+
+def test_windows_the_vectorised_read_cannot_confirm_are_read_again_one_by_one(job, monkeypatch):
+    """The scanner re-reads, bank by bank, every histogram read_histograms left out (a bank that moved on in the
+    meantime): the pass is the same as when all were confirmed at once."""
+    import shmstat
+    from collector import scanner as scanner_module
+    from collector.scanner import Scanner
+    from shmstat import Aggregation
+
+    shmstat.init(job, rank=0, publish=False)
+    t = [1_700_000_000_000_000_000]
+    rng = random.Random(4)
+    for k in range(5):
+        s = shmstat.Stat(f"h{k}", [Aggregation.COUNT, Aggregation.P50, Aggregation.P99], 0.05, clock=lambda: t[0])
+        for _ in range(40):
+            s.add(rng.uniform(0.5, 8.0))
+    seg = shmstat._state.STATE.attachment.segment
+    now = t[0] + 10**9
+    want = Scanner(seg, 0).scan(now).columns
+    real = scanner_module.read_histograms
+
+    def unconfirmed(*args):
+        b = real(*args)
+        drop = np.zeros(len(b), bool)
+        drop[::2] = True  # every other row as if its bank had changed since it was copied
+        return HistBatch.assemble(len(b), [(np.flatnonzero(~drop), b[~drop])])
+
+    monkeypatch.setattr(scanner_module, "read_histograms", unconfirmed)
+    got = Scanner(seg, 0).scan(now).columns
+    assert len(got) == len(want) == 10 and got.hists.present.all()  # 5 stats: merged and per-rank rows
+    assert list(got.hist) == list(want.hist)
+    assert got.p50.tolist() == want.p50.tolist() and got.p99.tolist() == want.p99.tolist()
