@@ -84,6 +84,13 @@ bump_u64(char *p)
     __atomic_store_n((uint64_t *)p, n + 1, __ATOMIC_RELAXED);
 }
 
+/* Counter shared by several processes (the drop counters): one locked read-modify-write. */
+static inline void
+add_shared_u64(char *p, uint64_t n)
+{
+    __atomic_fetch_add((uint64_t *)p, n, __ATOMIC_RELAXED);
+}
+
 /* Python's // and % for a positive divisor. */
 static inline int64_t
 floor_div(int64_t a, int64_t b)
@@ -236,6 +243,7 @@ typedef struct {
     int busy;            /* an add with an injected clock is in progress (the clock call may switch threads) */
     char *hist0;         /* NULL, or bank 0's histogram (a stat with percentiles) */
     char *hist;          /* the open window's histogram (hist0 before the first roll) */
+    char *drop_p;        /* NULL, or (drop mode: no slot) a counter that every add bumps atomically instead */
 } SlotWriter;
 
 /* Bumped in the child of every fork: a writer bound before the fork must not write its parent's slot. */
@@ -461,6 +469,10 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
             }
         }
     }
+    if (self->drop_p != NULL) {
+        add_shared_u64(self->drop_p, 1); /* no slot: the sample is dropped and counted */
+        Py_RETURN_NONE;
+    }
     Rolled rolled = {0};
     int rc;
     if (self->clock == NULL) {
@@ -507,6 +519,7 @@ bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t 
     self->seq = self->sum = self->min = self->max = self->last = 0.0;
     self->busy = 0;
     self->generation = fork_generation;
+    self->drop_p = NULL;
 }
 
 /* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off, hist0=-1): write another slot of the same
@@ -529,6 +542,51 @@ SlotWriter_rebind(SlotWriter *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* drop(counter_off): drop mode (the process has no slot for this stat): from now on every add (after the value
+ * is checked) only adds 1 to the u64 at ``counter_off`` atomically, until a rebind(). */
+static PyObject *
+SlotWriter_drop(SlotWriter *self, PyObject *arg)
+{
+    Py_ssize_t off = PyLong_AsSsize_t(arg);
+    if (off == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (check_word("counter_off", off, self->view.len, 8) < 0) {
+        return NULL;
+    }
+    self->drop_p = (char *)self->view.buf + off;
+    self->wend = 0;
+    self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    self->generation = fork_generation;
+    Py_RETURN_NONE;
+}
+
+/* add_u64(buf, offset, n): add ``n`` to the u64 at byte ``offset`` of ``buf`` with one atomic read-modify-write
+ * (the drop counters, which several processes bump). */
+static PyObject *
+fastpath_add_u64(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *buf;
+    Py_ssize_t off;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "OnK:add_u64", &buf, &off, &n)) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) {
+        return NULL;
+    }
+    if (((uintptr_t)view.buf) % 8 != 0 || check_word("offset", off, view.len, 8) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "buf is not 8-byte aligned");
+        }
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    add_shared_u64((char *)view.buf + off, (uint64_t)n);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
 
 static PyObject *
 SlotWriter_state(SlotWriter *self, PyObject *Py_UNUSED(ignored))
@@ -676,6 +734,8 @@ static PyMethodDef SlotWriter_methods[] = {
     {"add", (PyCFunction)SlotWriter_add, METH_O, "add(v): add a sample to the open window (see Stat.add)."},
     {"rebind", (PyCFunction)SlotWriter_rebind, METH_VARARGS,
      "rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot from now on."},
+    {"drop", (PyCFunction)SlotWriter_drop, METH_O,
+     "drop(counter_off): no slot; every add from now on only adds 1 to the counter at counter_off (atomic)."},
     {"state", (PyCFunction)SlotWriter_state, METH_NOARGS,
      "state() -> (seq, sum, min, max, last): this writer's copy of the open window (for tests)."},
     {NULL, NULL, 0, NULL},
@@ -706,8 +766,15 @@ static PyTypeObject SlotWriterType = {
     .tp_getset = SlotWriter_getset,
 };
 
+static PyMethodDef fastpath_functions[] = {
+    {"add_u64", (PyCFunction)fastpath_add_u64, METH_VARARGS,
+     "add_u64(buf, offset, n): add n to the u64 at byte offset of buf with one atomic read-modify-write."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef fastpath_module = {
     PyModuleDef_HEAD_INIT,
+    .m_methods = fastpath_functions,
     .m_name = "shmstat._fastpath",
     .m_doc = "C hot path of an attached shmstat Stat (optional; the pure-Python path is the fallback).",
     .m_size = -1,

@@ -72,3 +72,6 @@ def reset() -> None:
         with contextlib.suppress(Exception):
             old.attachment.detach()
     STATE.__init__()  # in place: other modules hold a reference to STATE
+    from ._drops import reset_warnings
+
+    reset_warnings()

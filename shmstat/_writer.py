@@ -6,6 +6,9 @@ Threads: the C add runs without giving up the GIL (Python callbacks such as the 
 bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Forks: a
 binding taken before a fork re-binds, in the child, to a slot of the child's own writer entry on its first
 add (a fork generation checked per add), so a child never writes its parent's slot.
+No slot (the stat or percentile table is full, or the process holds no entry of the job): the writer is in *drop
+mode*: ``add`` still checks the value, then only counts the sample as dropped in the segment (its rank's entry,
+or the header) with an atomic add, so nothing raises and ``shmstat ls`` and a collector can show the loss.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import _state
 from . import layout as L
+from ._drops import add_counter
 from .aggregation import Aggregation, aggregate
+from .errors import CapacityError
 from .histogram import MAX_SCALE, Histogram, index_at_max_scale
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,9 +88,10 @@ class SlotBinding:
         self.job = att.segment.job
         self.owner = att.owner_local_rank
         self.att = att
-        self.index = att.allocate_stat(*key, flags=flags)
         self.flags = flags
-        self.hist0 = att.hist_offset(self.index)
+        self.index = _allocate(att, key, flags)
+        """The slot's descriptor index in ``att``'s entry; -1 in drop mode (no slot)."""
+        self.hist0 = att.hist_offset(self.index) if self.index >= 0 else -1
         self._gen = _generation[0]
         self.add: Callable[[float], None]
         self.count: Callable[[], int]
@@ -103,6 +109,8 @@ class SlotBinding:
                 want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
                 None if clock is time.time_ns else clock, self.rebind, self.hist0,
             )
+            if self.index < 0:
+                self._c.drop(att.drop_offset)
             self.add = self._c.add
             self.count = lambda: self._c.count
         else:
@@ -110,13 +118,24 @@ class SlotBinding:
         _all.add(self)
         att.writers[key] = self
 
+    @property
+    def dropping(self) -> bool:
+        """Whether this writer has no slot (every sample is dropped and counted)."""
+        return self.index < 0
+
     def _slot_words(self, att: RankAttachment) -> tuple[int, int, int, int]:
-        """(first word of the slot, nan word, discarded word, heartbeat word) of this binding in ``att``."""
+        """(first word of the slot, nan word, discarded word, heartbeat word) of this binding in ``att``; in drop
+        mode every word is the drop counter (never written as a slot)."""
+        if self.index < 0:
+            return 0, att.drop_offset // 8, att.drop_offset // 8, att.drop_offset // 8
         slot0 = att.segment.geometry.slot_offset(att.local_rank, self.index) // 8
         return slot0, att.word(L.R_NAN), att.word(L.R_DISCARDED), att.word(L.R_HEARTBEAT)
 
     def on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
-        """A window closed in this process (called after the bank is consistent): remember it, log it locally."""
+        """A window closed in this process (called after the bank is consistent): remember it, log it locally;
+        at most once a second, check that the segment is still there (:func:`check_removed`)."""
+        if time.monotonic() >= _next_check[0]:
+            check_removed(self.att)
         hist = self._closed_hist(t) if n and self.hist0 >= 0 else None
         self.last = Summary(n, total, lo, hi, lastv, hist) if n else Summary()
         if n and _state.STATE.handler_tuple:
@@ -142,26 +161,107 @@ class SlotBinding:
         """In a forked child, on the first add: write a slot of the child's own writer entry from now on."""
         from .attach import ensure_init  # late: attach imports the publisher
 
-        att = ensure_init()
+        try:
+            att = ensure_init()
+        except Exception:  # telemetry's state never raises into an add: drop and count in the parent's segment
+            att = None
         if att is None or att.segment.job != self.job:
-            raise RuntimeError("a Stat bound before fork() has no job to write to in the child")
+            drop_inherited(self)
+            return
         adopt(self, att)
 
 
+def _allocate(att: RankAttachment, key: StatKey, flags: int) -> int:
+    """The descriptor index of ``key`` in ``att``, or -1 (drop mode) when there is no room, counted and reported,
+    or the segment was removed."""
+    if check_removed(att):
+        return -1
+    try:
+        return att.allocate_stat(*key, flags=flags)
+    except CapacityError as exc:
+        att.refuse_stat(key[0], bool(key[4] & L.PERCENTILE_BITS), str(exc))
+        return -1
+
+
 def adopt(binding: SlotBinding, att: RankAttachment) -> None:
-    """Make ``binding`` (inherited from the parent) the writer of its key in ``att``, a fresh slot of the child."""
+    """Make ``binding`` (inherited from the parent) the writer of its key in ``att``, a fresh slot of the child
+    (or drop mode when there is no room)."""
     _inherited.pop((binding.job, binding.owner, binding.key), None)
     binding.att = att
-    binding.index = att.allocate_stat(*binding.key, flags=binding.flags)
-    binding.hist0 = att.hist_offset(binding.index)
+    binding.index = _allocate(att, binding.key, binding.flags)
+    binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
     binding.last = Summary()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
     if binding._c is not None:
         binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
+        if binding.index < 0:
+            binding._c.drop(att.drop_offset)
     else:
         binding._repoint(att, slot0, nan_w, disc_w, beat_w)
     att.writers[binding.key] = binding
+
+
+def drop_inherited(binding: SlotBinding) -> None:
+    """In a forked child that could not attach at all: keep ``binding`` on the parent's mapping, in drop mode
+    (counted in its rank's entry there, which ``shmstat ls`` reads if the segment still exists)."""
+    _inherited.pop((binding.job, binding.owner, binding.key), None)
+    _drop_mode(binding)
+
+
+def _drop_mode(binding: SlotBinding) -> None:
+    """Put ``binding`` in drop mode on its attachment's mapping (counted in its rank's ``dropped``)."""
+    binding.index = -1
+    binding.hist0 = -1
+    binding._gen = _generation[0]
+    binding.last = Summary()
+    if binding._c is not None:
+        binding._c.drop(binding.att.drop_offset)
+    else:
+        slot0, nan_w, disc_w, beat_w = binding._slot_words(binding.att)
+        binding._repoint(binding.att, slot0, nan_w, disc_w, beat_w)
+
+
+_next_check = [0.0]  # time.monotonic() of the next check that the segment is still in /dev/shm
+
+
+def check_removed(att: RankAttachment) -> bool:
+    """Whether the job's segment was removed from /dev/shm (``shmstat clean``, by hand) while this process writes
+    it and no collector still reads this mapping; the first time, every writer of this process goes to drop
+    mode (samples counted in the orphaned mapping, as :func:`shmstat.stats` shows) and the process warns once.
+    Costs one ``stat()``; callers run it at most once a second and when a Stat is created."""
+    _next_check[0] = time.monotonic() + 1.0
+    if att.gone:
+        return True
+    seg = att.segment
+    if seg.inode < 0:
+        return False
+    from .runtime import segment_name
+    from .segment import pid_alive
+
+    try:
+        if os.stat("/dev/shm" + segment_name(seg.job)).st_ino == seg.inode:
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        header = seg.header()
+    except ValueError:  # unmapped: detached
+        return False
+    if header.collector_pid and pid_alive(header.collector_pid):
+        return False  # a collector mapped it before the removal and still reads it
+    att.gone = True
+    for binding in list(att.writers.values()):
+        if binding.att is att and binding.index >= 0:
+            _drop_mode(binding)
+    from ._drops import warn_once
+
+    warn_once("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs (by "
+              "'shmstat clean' or by hand); this process's samples are dropped and counted (shmstat.stats()); "
+              "restart the job to collect it again")
+    return True
 
 
 def binding_for(att: RankAttachment, key: StatKey, window_ns: int, want_last: bool, clock: Clock,
@@ -192,6 +292,8 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
     base = slot0
     lock = threading.Lock()
     gen = [_generation[0]]
+    seg = att.segment
+    drop_at = att.drop_offset if binding.index < 0 else -1  # drop mode: the counter's byte offset
 
     def roll(v: float, t: int) -> tuple[int, float, float, float, float, int] | None:
         # Slow path, once per window: start the window of ``t``. The new bank is marked before the clock is read
@@ -238,6 +340,9 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
             binding.rebind()
         if type(v) is not float:
             v = coerce_value(v)
+        if drop_at >= 0:
+            add_counter(seg, drop_at)
+            return
         with lock:
             b = base
             if wend:
@@ -276,8 +381,10 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
 
     def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_disc: int, new_beat: int) -> None:
         nonlocal f, q, u, slot0, nan_word, disc_word, beat_word, inc, seq, sm, mn, mx, lastv, wend, base, lock
-        nonlocal hist0, hist
+        nonlocal hist0, hist, seg, drop_at
         f, q, u = new_att.segment.f64, new_att.segment.i64, new_att.segment.u32
+        seg = new_att.segment
+        drop_at = new_att.drop_offset if binding.index < 0 else -1
         hist0, hist = binding.hist0, -1
         slot0, nan_word, disc_word, beat_word = new_slot0, new_nan, new_disc, new_beat
         inc = new_att.incarnation

@@ -24,7 +24,12 @@ are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks
      56  collector_pid    i64  pid of the collector serving the job, 0 if none
      64  collector_beat   i64  collector heartbeat, wall-clock ns
      72  hist_slots       u64  H
-     80  reserved ... 256
+     80  dropped          u64  samples dropped by processes that got no entry of their own (their rank did not fit
+                               the table, or its entry was held); atomic adds (several processes)
+     88  ranks_refused    u64  rank processes that got no entry
+     96  warned           u64  kinds of degradation a process of the job has reported already (bit mask, written
+                               under the job lock: the job warns once per kind, not once per worker)
+    104  reserved ... 256
 
     rank entry (128 bytes)
       0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
@@ -42,7 +47,12 @@ are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks
                                writer entry (a forked child or a spawned worker of that rank: its own slots,
                                summed into its rank's rows by the collector)
      96  nhist            u64  histograms handed out so far (high-water mark, at most H)
-    104  reserved ... 128
+    104  dropped          u64  samples of this rank that no slot holds: added to a Stat that got no slot (stat or
+                               percentile table full, or a writer of the rank that got no entry), plus the
+                               unemitted samples of a dead writer of this rank whose entry was taken over; atomic
+                               adds (the rank and its writers), counted on the rank's own entry only
+    112  stats_refused    u64  Stats of this rank (or its writers) that got no slot (one per process and stat key)
+    120  writers_refused  u64  writer processes of this rank that got no entry
 
     stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
@@ -99,7 +109,10 @@ Concurrency guarantees:
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
 - Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat._joblock``); a
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
-- ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank.
+- ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank,
+  except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
+  ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
+  header's ``warned``, written under the job lock.
 """
 
 from __future__ import annotations
@@ -190,12 +203,15 @@ PERCENTILE_BITS = 0xF << 10  # P50, P90, P99, P999: a stat with any keeps a hist
 # Header fields (byte offsets).
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
 H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT, H_HIST_SLOTS = 48, 56, 64, 72
-_HEADER = struct.Struct("<8sQQQQQqqqQ")
+H_DROPPED, H_RANKS_REFUSED, H_WARNED = 80, 88, 96
+_HEADER = struct.Struct("<8sQQQQQqqqQQQ")
 
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
 R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
+R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED = 104, 112, 120
 _RANK = struct.Struct("<QqQqqqqqQQQQ")
+_RANK_DROPS = struct.Struct("<QQQ")  # dropped, stats_refused, writers_refused
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
@@ -302,6 +318,10 @@ class Header:
     collector_pid: int
     collector_beat_ns: int
     hist_slots: int = DEFAULT_HIST_SLOTS
+    dropped: int = 0
+    """Samples dropped by processes that got no entry of the job."""
+    ranks_refused: int = 0
+    """Rank processes that got no entry of the job."""
 
     @property
     def geometry(self) -> Geometry:
@@ -326,6 +346,12 @@ class RankInfo:
     discarded: int
     writer_of: int = 0
     """0 for a rank; ``1 + local rank`` of the rank this writer entry writes for."""
+    dropped: int = 0
+    """Samples of this rank that no slot holds (see the layout above)."""
+    stats_refused: int = 0
+    """Stats of this rank that got no slot."""
+    writers_refused: int = 0
+    """Writer processes of this rank that got no entry."""
 
     @property
     def is_writer(self) -> bool:
@@ -391,17 +417,18 @@ def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
     """Write a fresh header; the magic is written last so a half-initialised segment is never trusted."""
     _HEADER.pack_into(
         buf, 0, b"\x00" * 8, LAYOUT_VERSION, geometry.max_ranks, geometry.max_stats, geometry.banks,
-        geometry.total_size, created_ns, 0, 0, geometry.hist_slots,
+        geometry.total_size, created_ns, 0, 0, geometry.hist_slots, 0, 0,
     )
     struct.pack_into("<8s", buf, H_MAGIC, MAGIC)
 
 
 def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
     """Decode rank entry ``local_rank``."""
-    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc, writer_of) = _RANK.unpack_from(
-        buf, geometry.rank_offset(local_rank)
-    )
-    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of)
+    off = geometry.rank_offset(local_rank)
+    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc, writer_of) = _RANK.unpack_from(buf, off)
+    dropped, stats_refused, writers_refused = _RANK_DROPS.unpack_from(buf, off + R_DROPPED)
+    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of, dropped,
+                    stats_refused, writers_refused)
 
 
 def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:

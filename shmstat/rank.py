@@ -6,6 +6,12 @@ that inherited the rank's environment, as DataLoader workers do) takes a *writer
 own, taken from the top of the table, whose ``writer_of`` names the rank. The collector sums a rank's writer
 entries into that rank's rows, so per-rank figures stay per rank and nothing is written by two processes.
 
+Room runs out: a writer takes a free entry, or that of a writer that exited whose windows were emitted, or, when
+there is neither, that of a writer that exited before a collector emitted its windows (non-persistent DataLoader
+workers with no collector: a new writer every epoch), counting the samples it held as dropped in its rank's
+entry. A process that finds no entry at all gets an attachment *without* one (``local_rank == -1``): its Stats
+count their samples as dropped (:func:`shmstat._drops.add_counter`) and nothing raises.
+
 Within one process a stat key (name, group, window, max_samples, aggregations) has one slot and one writer:
 a Stat re-created under the same key continues it, so closing and re-creating Stats loses nothing, and a slot
 is never handed to another stat while this process lives (a kept bound ``add`` may still write it).
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import layout as L
+from ._drops import add_counter, warn_once
 from .errors import CapacityError, ConfigError
 from .segment import Segment, pid_alive
 
@@ -50,11 +57,35 @@ class RankAttachment:
     """Published descriptors of this entry by key (built once at registration; O(1) allocation after)."""
     writers: dict[int, Any] = field(default_factory=dict)
     """The one writer of each slot in this process (shared by every Stat and bound ``add`` of that key)."""
+    gone: bool = False
+    """Set once the segment was found removed from /dev/shm while this process wrote it (every writer drops)."""
 
     @property
     def owner_local_rank(self) -> int:
-        """The local rank whose rows this process's samples count in."""
+        """The local rank whose rows this process's samples count in (-1: a rank that got no entry)."""
         return self.local_rank if self.writer_of < 0 else self.writer_of
+
+    @property
+    def has_entry(self) -> bool:
+        """Whether this process holds an entry (else every sample it adds is dropped and counted)."""
+        return self.local_rank >= 0
+
+    @property
+    def drop_offset(self) -> int:
+        """Byte offset of the counter this process's dropped samples go to: its rank's ``dropped``, or the
+        header's when its rank has no entry."""
+        owner = self.owner_local_rank
+        return L.H_DROPPED if owner < 0 else self.segment.geometry.rank_offset(owner) + L.R_DROPPED
+
+    @classmethod
+    def without_entry(cls, segment: Segment, *, rank: int, world_size: int, writer_of: int = -1) -> RankAttachment:
+        """An attachment holding no entry (the table is full): counts this process as refused (its rank's
+        ``writers_refused``, or the header's ``ranks_refused`` for a rank) and drops every sample it adds."""
+        if writer_of >= 0:
+            add_counter(segment, segment.geometry.rank_offset(writer_of) + L.R_WRITERS_REFUSED)
+        else:
+            add_counter(segment, L.H_RANKS_REFUSED)
+        return cls(segment, -1, rank, world_size, os.getpid(), 0, writer_of)
 
     @classmethod
     def register(
@@ -95,27 +126,57 @@ class RankAttachment:
     def register_writer(cls, segment: Segment, *, owner_local_rank: int) -> RankAttachment:
         """Take a writer entry for this process, writing samples for rank entry ``owner_local_rank``.
 
-        Writer entries come from the top of the table: a free entry, or the entry of a writer that exited and
-        whose windows were all emitted. Raises :class:`CapacityError` when there is none.
+        Never raises for lack of room. Writer entries come from the top of the table: a free entry, or that of
+        a writer whose process is gone and whose windows were all emitted; when there is neither, the entry of
+        a gone writer holding the fewest samples no collector emitted yet (those samples are counted as
+        dropped in its rank's entry, and the job warns once). With no entry left at all (every one held by a
+        live process) the attachment returned holds none: the process's samples are dropped and counted.
         """
         geo = segment.geometry
         pid, now = os.getpid(), time.time_ns()
         with segment.locked():
             owner = segment.rank(owner_local_rank)
+            chosen: tuple[int, L.RankInfo] | None = None
+            fallback: tuple[int, int, L.RankInfo] | None = None  # (samples lost, entry, info)
             for i in range(geo.max_ranks - 1, -1, -1):
                 if i == owner_local_rank:
                     continue
                 info = segment.rank(i)
-                if info.state == L.RankState.FREE or (info.is_writer and _recyclable(segment, info)):
-                    att = cls._take(segment, i, info, owner.rank, owner.world_size, pid, now,
-                                    writer_of=owner_local_rank)
+                if info.state == L.RankState.FREE:
+                    chosen = (i, info)
                     break
-            else:
-                raise CapacityError(
-                    f"no free entry in job {segment.job!r} for another writer of rank {owner.rank} (a forked child "
-                    f"or worker; {geo.max_ranks} entries in use, exited writers are reused once a collector has "
-                    "emitted their windows); start the job with a larger --max-ranks"
-                )
+                if not info.is_writer or pid_alive(info.pid):
+                    continue
+                lost = _unemitted(segment, info)
+                if lost == 0:
+                    chosen = (i, info)
+                    break
+                if fallback is None or lost < fallback[0]:
+                    fallback = (lost, i, info)
+            if chosen is None and fallback is not None:
+                lost, i, info = fallback
+                gone_owner = info.writer_of - 1
+                if 0 <= gone_owner < geo.max_ranks:
+                    add_counter(segment, geo.rank_offset(gone_owner) + L.R_DROPPED, lost)
+                warn_once("takeover", (
+                    f"job {segment.job!r} has no free entry for another writer of rank {owner.rank} (forked or "
+                    f"spawned workers; {geo.max_ranks} entries) and no collector emitted the windows of the "
+                    f"workers that exited: their entries are reused and their {lost} unemitted samples counted as "
+                    f"dropped (see 'shmstat ls'); run 'shmstat collect' on the node, or start the job with "
+                    f"SHMSTAT_MAX_RANKS={2 * geo.max_ranks}"), segment)
+                chosen = (i, info)
+            if chosen is None:
+                warn_once("writers", (
+                    f"job {segment.job!r} has no free entry for another writer of rank {owner.rank} (a forked or "
+                    f"spawned worker): all {geo.max_ranks} entries are held by live processes; this worker's "
+                    f"samples are dropped and counted (see 'shmstat ls'); start the job with "
+                    f"SHMSTAT_MAX_RANKS={2 * geo.max_ranks}"), segment)
+                return cls.without_entry(segment, rank=owner.rank, world_size=owner.world_size,
+                                         writer_of=owner_local_rank)
+            i, info = chosen
+            if info.state != L.RankState.FREE:
+                _forget_unemitted(segment, info)  # none but a bank left odd by a death, or the ones counted above
+            att = cls._take(segment, i, info, owner.rank, owner.world_size, pid, now, writer_of=owner_local_rank)
         att.prefault()
         return att
 
@@ -135,6 +196,8 @@ class RankAttachment:
 
     def prefault(self) -> None:
         """Touch every page of this entry's slots once, so no ``Stat.add`` pays a page fault."""
+        if self.local_rank < 0:
+            return
         for start, end in (self.segment.geometry.rank_slots_span(self.local_rank),
                            self.segment.geometry.rank_hist_span(self.local_rank)):
             bytes(self.segment.buf[start:end:mmap.PAGESIZE])
@@ -147,7 +210,8 @@ class RankAttachment:
         stat with a percentile aggregation gets a histogram of the entry's table too. ``flags`` (e.g.
         :data:`~shmstat.layout.FLAG_HIGHER_IS_BETTER`) are those of the first Stat of the key.
 
-        Raises :class:`CapacityError` when the entry's stat or histogram table is full; nothing is written then.
+        Raises :class:`CapacityError` when the entry's stat or histogram table is full, or the process holds no
+        entry; nothing is written then (the caller counts the refusal, see :meth:`refuse_stat`).
         """
         key = (name, group, window_ms, max_samples, agg_mask)
         found = self.index.get(key)
@@ -156,12 +220,15 @@ class RankAttachment:
         name_b = L.encode_name(name, L.MAX_NAME_BYTES, "stat name")
         group_b = L.encode_name(group, L.MAX_GROUP_BYTES, "stat group")
         seg, geo = self.segment, self.segment.geometry
+        if self.local_rank < 0:
+            raise CapacityError(f"this process holds no entry of job {seg.job!r}")
         with seg.locked():
             nstats = min(seg.rank(self.local_rank).nstats, geo.max_stats)
             if nstats >= geo.max_stats:
                 raise CapacityError(
                     f"rank {self.rank} has used all {geo.max_stats} stat slots of job {seg.job!r}; "
-                    "create fewer distinct stats or start the job with a larger --max-stats"
+                    f"start the job with SHMSTAT_MAX_STATS={2 * geo.max_stats} (shmstat collect/run: "
+                    f"--max-stats {2 * geo.max_stats})"
                 )
             hist = -1
             if agg_mask & L.PERCENTILE_BITS:
@@ -170,8 +237,8 @@ class RankAttachment:
                 if hist >= geo.hist_slots:
                     raise CapacityError(
                         f"rank {self.rank} keeps percentiles for {geo.hist_slots} stats of job {seg.job!r} "
-                        "already; ask for percentiles on fewer stats or start the job with a larger "
-                        "--max-percentile-stats"
+                        f"already; start the job with SHMSTAT_MAX_PERCENTILE_STATS={max(2 * geo.hist_slots, 16)} "
+                        f"(shmstat collect/run: --max-percentile-stats {max(2 * geo.hist_slots, 16)})"
                     )
                 struct.pack_into("<Q", seg.buf, entry + L.R_NHIST, hist + 1)
             L.write_descriptor(
@@ -181,6 +248,22 @@ class RankAttachment:
             struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
         self.index[key] = nstats
         return nstats
+
+    def refuse_stat(self, name: str, percentiles: bool, why: str) -> None:
+        """Count a Stat that got no slot (its rank's ``stats_refused``) and report it once per job."""
+        owner = self.owner_local_rank
+        seg = self.segment
+        if owner >= 0:
+            add_counter(seg, seg.geometry.rank_offset(owner) + L.R_STATS_REFUSED)
+        if self.local_rank < 0:
+            return  # the process itself got no entry: that was reported already
+        kind = "percentiles" if percentiles else "stats"
+        try:
+            with seg.locked():
+                warn_once(kind, f"Stat {name!r} gets no slot and its samples are dropped and counted (see 'shmstat "
+                          f"ls'): {why}", seg)
+        except Exception:  # the lock file is unusable: report it from this process anyway
+            warn_once(kind, f"Stat {name!r} gets no slot and its samples are dropped and counted: {why}")
 
     def hist_offset(self, index: int) -> int:
         """Byte offset of bank 0's histogram of descriptor ``index`` of this entry, -1 if it keeps none."""
@@ -194,11 +277,12 @@ class RankAttachment:
 
     def heartbeat(self, now_ns: int) -> None:
         """Record that this process is alive (done on window roll-over, never per sample)."""
-        self.segment.i64[self.word(L.R_HEARTBEAT)] = now_ns
+        if self.local_rank >= 0:
+            self.segment.i64[self.word(L.R_HEARTBEAT)] = now_ns
 
     def mark_exited(self) -> None:
         """Mark this entry as cleanly exited (its windows stay readable)."""
-        if self.segment.rank(self.local_rank).pid == self.pid:
+        if self.local_rank >= 0 and self.segment.rank(self.local_rank).pid == self.pid:
             self.segment.set_rank_state(self.local_rank, L.RankState.EXITED)
 
     def detach(self) -> None:
@@ -208,17 +292,33 @@ class RankAttachment:
         self.segment.close()
 
 
-def _recyclable(segment: Segment, info: L.RankInfo) -> bool:
-    """A writer entry whose process is gone and whose every window with data was emitted by a collector."""
-    if pid_alive(info.pid):
-        return False
+def _unemitted_banks(segment: Segment, info: L.RankInfo) -> list[tuple[int, int]]:
+    """(byte offset of the bank, samples it holds) of every bank of a gone writer's entry that holds data no
+    collector emitted (the writer is gone: nothing changes these banks meanwhile)."""
     geo = segment.geometry
+    f64, i64 = segment.f64, segment.i64
+    out = []
     for d in segment.descriptors(info.local_rank):
+        slot = geo.slot_offset(info.local_rank, d.index)
         for b in range(geo.banks):
-            snap = segment.read_bank(info.local_rank, d.index, b)
-            if (snap.count > 0 or snap.torn) and snap.wid > d.emitted_wid:
-                return False
-    return True
+            off = slot + b * L.BANK_SIZE
+            seq = f64[off // 8 + L.B_SEQ]
+            if seq >= 1.0 and seq == seq and i64[off // 8 + L.B_WID] > d.emitted_wid:
+                out.append((off, int(seq) >> 1 if seq < 2.0**62 else 0))
+    return out
+
+
+def _unemitted(segment: Segment, info: L.RankInfo) -> int:
+    """Samples in a gone writer's entry that no collector emitted (a bank the writer died writing counts its
+    complete samples)."""
+    return sum(n for _off, n in _unemitted_banks(segment, info))
+
+
+def _forget_unemitted(segment: Segment, info: L.RankInfo) -> None:
+    """Empty the banks of a gone writer whose entry is taken over (their samples were counted as dropped), so a
+    collector never emits them under the new writer's rank."""
+    for off, _n in _unemitted_banks(segment, info):
+        segment.f64[off // 8 + L.B_SEQ] = 0.0
 
 
 def _is_ancestor(pid: int) -> bool:

@@ -61,14 +61,18 @@ class Segment:
         self.i64 = self.buf.cast("q")
         self.u32 = self.buf.cast("I")  # histogram bucket counts (index = byte offset // 4)
         self._lock: JobLock | None = None
+        self.inode = -1
+        """Inode of the segment file this maps (tells it from one created again under the same name)."""
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, job: str, *, create: bool = True, geometry: L.Geometry | None = None,
-             wait: bool = True) -> Segment:
+             wait: bool = True, create_geometry: L.Geometry | None = None) -> Segment:
         """Attach to the job's segment, creating it with ``geometry`` (or the defaults) if it does not exist.
 
         ``geometry`` given explicitly must match an existing segment; ``None`` accepts what is there.
+        ``create_geometry`` (with ``geometry`` None) is used only to create a segment (e.g. capacities from the
+        environment), never checked against an existing one.
         Raises :class:`SegmentError` if the segment is missing (``create=False``), unsafe or unusable, and
         :class:`LayoutMismatchError` if it is not ours or of another layout version or capacity. ``wait=False``
         (with ``create=False``: a look, as ``shmstat ls`` takes) does not wait for the job lock, so another job's
@@ -77,6 +81,8 @@ class Segment:
         validate_job(job)
         if geometry is not None:
             _check_geometry(geometry)
+        if create_geometry is not None:
+            _check_geometry(create_geometry)
         path = "/dev/shm" + segment_name(job)
         if not create and not os.path.exists(path):  # checked before the lock file is made: nothing left behind
             raise SegmentError(f"no shared memory segment exists for job {job!r}; start its collector or a rank first")
@@ -85,7 +91,7 @@ class Segment:
         lock = job_lock(job)
         try:
             with lock.held():
-                seg = cls._open_locked(job, create, geometry)
+                seg = cls._open_locked(job, create, geometry, create_geometry)
         except BaseException:
             lock.close()
             if not os.path.exists(path):  # no segment (e.g. no room to create it): no lock file either,
@@ -95,10 +101,11 @@ class Segment:
         return seg
 
     @classmethod
-    def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None) -> Segment:
+    def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None,
+                     create_geometry: L.Geometry | None = None) -> Segment:
         name = segment_name(job)
         if create:
-            geo = geometry or L.Geometry()
+            geo = geometry or create_geometry or L.Geometry()
             try:
                 shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=0)
             except posix_ipc.ExistentialError:
@@ -116,7 +123,7 @@ class Segment:
         except posix_ipc.PermissionsError:
             raise SegmentError(f"segment {name} belongs to another user; pick another job id") from None
         try:
-            _check_owner(shm.fd, name)
+            inode = _check_owner(shm.fd, name)
             if shm.size < L.HEADER_SIZE:
                 raise LayoutMismatchError(
                     f"segment {name} is too small to be a shmstat segment; remove it with 'shmstat clean {job}'"
@@ -130,7 +137,9 @@ class Segment:
         except LayoutMismatchError:
             mm.close()
             raise
-        return cls(job, mm, header.geometry, created=False)
+        seg = cls(job, mm, header.geometry, created=False)
+        seg.inode = inode
+        return seg
 
     @classmethod
     def _initialise(cls, job: str, shm: posix_ipc.SharedMemory, geo: L.Geometry) -> Segment:
@@ -145,6 +154,7 @@ class Segment:
                     "free space in /dev/shm or lower --max-ranks/--max-stats"
                 ) from exc
             mm = mmap.mmap(shm.fd, geo.total_size)
+            inode = os.fstat(shm.fd).st_ino
         except BaseException:
             shm.close_fd()
             with contextlib.suppress(posix_ipc.ExistentialError):
@@ -152,7 +162,9 @@ class Segment:
             raise
         shm.close_fd()
         L.write_header(memoryview(mm), geo, time.time_ns())
-        return cls(job, mm, geo, created=True)
+        seg = cls(job, mm, geo, created=True)
+        seg.inode = inode
+        return seg
 
     # -- locking ---------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -266,6 +278,34 @@ class Segment:
         return True
 
     @staticmethod
+    def remove_if_last(segment: Segment, local_rank: int, pid: int) -> bool:
+        """Mark entry ``local_rank`` (held by ``pid``; -1 for none) exited and, when no collector serves the job
+        and no other entry is active with a live process, remove the job's segment and lock file; True if
+        removed. All under the job lock, so two processes exiting together cannot both leave it: the first
+        marks itself exited, and an entry marked exited counts as gone even while its process still runs.
+        A segment replaced under the same name (removed and created again) is left to its own
+        processes. The mapping stays open (a Stat kept after this may still add to it, harmlessly)."""
+        job = segment.job
+        path = "/dev/shm" + segment_name(job)
+        removed = False
+        with segment.locked():
+            if local_rank >= 0 and segment.rank(local_rank).pid == pid:
+                segment.set_rank_state(local_rank, L.RankState.EXITED)
+            try:
+                same = os.stat(path).st_ino == segment.inode
+            except OSError:
+                same = False
+            if same and _unserved(segment, pid):
+                with contextlib.suppress(posix_ipc.ExistentialError):
+                    posix_ipc.unlink_shared_memory(segment_name(job))
+                removed = True
+            elif not os.path.exists(path):
+                removed = True  # removed by someone else: only the lock file may be left
+        if removed:
+            _remove_lock_file_if_free(lock_path(job))
+        return removed
+
+    @staticmethod
     def leftover_jobs() -> list[str]:
         """Jobs with a lock file, or a semaphore of an older version, in /dev/shm but no segment."""
         try:
@@ -291,6 +331,14 @@ class Segment:
             if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
                 jobs.append(n[len("shmstat.") :])
         return jobs
+
+
+def _unserved(segment: Segment, pid: int) -> bool:
+    """No live collector serves the job and no entry but ``pid``'s is active with a live process."""
+    header = segment.header()
+    if header.collector_pid and pid_alive(header.collector_pid):
+        return False
+    return not any(r.state == L.RankState.ACTIVE and r.pid != pid and pid_alive(r.pid) for r in segment.ranks())
 
 
 def _remove_lock_file_if_free(path: str) -> None:
@@ -325,12 +373,14 @@ def _check_geometry(geo: L.Geometry) -> None:
         )
 
 
-def _check_owner(fd: int, name: str) -> None:
+def _check_owner(fd: int, name: str) -> int:
+    """Refuse a segment of another user or open to others; returns its inode."""
     st = os.fstat(fd)
     if st.st_uid != os.getuid():
         raise SegmentError(f"segment {name} belongs to uid {st.st_uid}, not you; pick another job id")
     if st.st_mode & 0o077:
         raise SegmentError(f"segment {name} is accessible to other users (mode {st.st_mode & 0o777:o}); refusing it")
+    return st.st_ino
 
 
 def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | None) -> None:

@@ -20,6 +20,8 @@ class ProcessStats:
     handler_errors: int
     nan_samples: int
     discarded_samples: int
+    dropped_samples: int
+    """Samples of this process's rank that no slot holds (a full table, the segment removed: see shmstat ls)."""
     events_queued: int
     events_sent: int
     events_dropped: int
@@ -30,10 +32,15 @@ def stats() -> ProcessStats:
     """A snapshot of this process's counters (NaN and max_samples discards are per rank, from the segment)."""
     st = _state.STATE
     att, pub = st.attachment, st.publisher
-    nan = discarded = 0
+    nan = discarded = dropped = 0
     if att is not None:
-        info = att.segment.rank(att.local_rank)
-        nan, discarded = info.nan_count, info.discarded
+        if att.local_rank >= 0:
+            info = att.segment.rank(att.local_rank)
+            nan, discarded = info.nan_count, info.discarded
+        if att.owner_local_rank >= 0:
+            dropped = att.segment.rank(att.owner_local_rank).dropped
+        else:
+            dropped = att.segment.header().dropped
     ps = pub.stats() if pub is not None else None
     return ProcessStats(
         attached=att is not None,
@@ -43,6 +50,7 @@ def stats() -> ProcessStats:
         handler_errors=st.handler_errors,
         nan_samples=nan,
         discarded_samples=discarded,
+        dropped_samples=dropped,
         events_queued=ps.queued if ps is not None else 0,
         events_sent=ps.sent_items if ps is not None else 0,
         events_dropped=ps.dropped if ps is not None else 0,

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 import shmstat
 from shmstat import Aggregation as A
 from shmstat import layout as L
-from shmstat.errors import CapacityError
 from shmstat.histogram import MAX_BUCKETS, MIN_SCALE, Histogram, error_bound, merge_histograms
 from shmstat.segment import Segment
 
@@ -164,15 +163,18 @@ def test_a_reader_never_sees_a_torn_histogram(job, tmp_path):
     assert p.exitcode == 0 and checked > 100
 
 
-def test_percentile_stats_past_the_table_are_a_clear_error_that_writes_nothing(job):
+def test_percentile_stats_past_the_table_are_dropped_counted_and_write_nothing(job, caplog):
     shmstat.init(job, rank=0, max_ranks=2, max_stats=64, banks=4)
     stats = [shmstat.Stat(f"p{i}", [A.P99], 1.0) for i in range(L.DEFAULT_HIST_SLOTS)]
-    with pytest.raises(CapacityError, match="--max-percentile-stats"):
-        shmstat.Stat("one-too-many", [A.P50], 1.0)
+    extra = shmstat.Stat("one-too-many", [A.P50], 1.0)  # no histogram left: drop mode, nothing raises
+    for v in (1.0, 2.0):
+        extra.add(v)
     shmstat.Stat("plain", [A.MEAN], 1.0)  # stats without percentiles still fit
     seg = shmstat._state.STATE.attachment.segment
     names = [d.name for d in seg.descriptors(0)]
     assert "one-too-many" not in names and "plain" in names and len(stats) == L.DEFAULT_HIST_SLOTS
+    assert (seg.rank(0).dropped, seg.rank(0).stats_refused) == (2, 1)
+    assert "--max-percentile-stats" in caplog.text and "SHMSTAT_MAX_PERCENTILE_STATS" in caplog.text
 
 
 def test_a_descriptor_with_a_histogram_out_of_range_is_refused():

@@ -5,13 +5,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 
-import pytest
 from _support import MS, FakeClock
 
 from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
 from shmstat.attach import init, shutdown
-from shmstat.errors import CapacityError
 from shmstat.reader import SegmentReader
 from shmstat.segment import Segment
 from shmstat.stat import Stat
@@ -96,18 +94,22 @@ def test_max_samples_nan_and_infinities_in_shared_memory(job):
     assert (info.nan_count, info.discarded) == (2, 2)
 
 
-def test_capacity_error_leaves_existing_stats_working(job):
+def test_a_full_stat_table_drops_and_counts_and_leaves_existing_stats_working(job, caplog):
     init(job, rank=0, publish=False, max_ranks=1, max_stats=2, banks=4)
     clock = FakeClock()
     clock.to_window(100)
     a = Stat("a", [A.SUM], 0.1, clock=clock)
     b = Stat("b", [A.SUM], 0.1, clock=clock)
-    with pytest.raises(CapacityError, match="max-stats"):
-        Stat("c", [A.SUM], 0.1, clock=clock)
+    c = Stat("c", [A.SUM], 0.1, clock=clock)  # no slot left: drop mode, nothing raises
     a.add(1.0)
     b.add(2.0)
+    for _ in range(3):
+        c.add(5.0)
     got = read_all(job, now=clock.now + 100 * MS)
     assert {k: sum(w[1] for w in v.values()) for k, v in got.items()} == {(0, "a"): 1.0, (0, "b"): 2.0}
+    info = Segment.open(job, create=False).rank(0)
+    assert (info.dropped, info.stats_refused) == (3, 1)
+    assert "SHMSTAT_MAX_STATS=4" in caplog.text
 
 
 def _rank_main(job: str, rank: int, seed: int, start_ns: int, n: int) -> None:
