@@ -27,6 +27,10 @@ class SegmentInfo:
     collector_pid: int
     collector_alive: bool
     error: str | None = None
+    dropped: int = 0
+    """Samples the job's processes could not write (no room, segment removed): header and rank entries."""
+    refused: tuple[int, int, int] = (0, 0, 0)
+    """(ranks, writer processes, stats) that got no room in the segment."""
 
     @property
     def live(self) -> bool:
@@ -47,7 +51,10 @@ def segment_info(job: str) -> SegmentInfo:
         ranks = seg.ranks()
         alive = sum(1 for r in ranks if r.state == RankState.ACTIVE and pid_alive(r.pid))
         h = seg.header()
-        return SegmentInfo(job, h.total_size, alive, len(ranks), h.collector_pid, pid_alive(h.collector_pid))
+        dropped = h.dropped + sum(r.dropped for r in ranks)
+        refused = (h.ranks_refused, sum(r.writers_refused for r in ranks), sum(r.stats_refused for r in ranks))
+        return SegmentInfo(job, h.total_size, alive, len(ranks), h.collector_pid, pid_alive(h.collector_pid),
+                           dropped=dropped, refused=refused)
     finally:
         seg.close()
 
@@ -58,12 +65,16 @@ def list_segments() -> int:
     if not jobs:
         print("no shmstat segments on this node")
         return 0
-    print(f"{'JOB':40s} {'RANKS':>9s} {'COLLECTOR':>12s} {'SIZE':>10s}")
+    print(f"{'JOB':40s} {'RANKS':>9s} {'COLLECTOR':>12s} {'SIZE':>10s} {'DROPPED':>9s}")
     for job in jobs:
         i = segment_info(job)
         coll = f"{i.collector_pid} up" if i.collector_alive else "-"
         note = f"  ({i.error})" if i.error else ""
-        print(f"{job:40s} {i.ranks_alive:>4d}/{i.ranks_total:<4d} {coll:>12s} {i.size / 2**20:>8.1f}MB{note}")
+        if any(i.refused):
+            ranks, writers, stats = i.refused
+            note += f"  (no room for {ranks} rank(s), {writers} worker(s), {stats} stat(s))"
+        print(f"{job:40s} {i.ranks_alive:>4d}/{i.ranks_total:<4d} {coll:>12s} {i.size / 2**20:>8.1f}MB "
+              f"{i.dropped:>9d}{note}")
     return 0
 
 

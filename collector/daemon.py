@@ -337,7 +337,22 @@ class Collector:
             "windows_torn": self.torn,
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
+            **self._drop_counters(),
         }
+
+    def _drop_counters(self) -> dict[str, int]:
+        """What the job's processes could not write (read from the segment: header and rank entries)."""
+        seg = self.segment
+        if seg is None:
+            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+        try:
+            h = seg.header()
+            ranks = seg.ranks()
+        except (ValueError, TypeError):  # released at shutdown
+            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+        return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
+                "no_room_workers": sum(r.writers_refused for r in ranks),
+                "no_room_stats": sum(r.stats_refused for r in ranks)}
 
 
 def _candidate_groups(topic: bytes) -> list[str]:

@@ -186,7 +186,8 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     if pub is not None:
         with contextlib.suppress(Exception):
             pub.close(linger_ms=int(flush_timeout_s * 1000))
-    if att is not None and att.pid == os.getpid():
+    if att is not None and att.pid == os.getpid() and att.has_entry:
+        # (a process without an entry cannot tell whether others without one still run: it removes nothing)
         from .segment import Segment
 
         with contextlib.suppress(Exception):
