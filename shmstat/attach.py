@@ -177,6 +177,7 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
 
     When no collector serves the job and no other process of its table is alive, the job's segment and lock file
     are removed (see :meth:`shmstat.segment.Segment.remove_if_last`): a job nobody collects leaves nothing.
+    ``SHMSTAT_KEEP_SEGMENT=1`` keeps it (to read it afterwards: ``shmstat top``, a collector started later).
     """
     st = _state.STATE
     pub, att = st.publisher, st.attachment
@@ -186,12 +187,15 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     if pub is not None:
         with contextlib.suppress(Exception):
             pub.close(linger_ms=int(flush_timeout_s * 1000))
-    if att is not None and att.pid == os.getpid() and att.has_entry:
-        # (a process without an entry cannot tell whether others without one still run: it removes nothing)
+    if att is not None and att.pid == os.getpid():
         from .segment import Segment
 
         with contextlib.suppress(Exception):
-            Segment.remove_if_last(att.segment, att.local_rank, att.pid)
+            # (a process without an entry cannot tell whether others without one still run: it removes nothing)
+            if not att.has_entry or os.environ.get("SHMSTAT_KEEP_SEGMENT") == "1":
+                att.mark_exited()
+            else:
+                Segment.remove_if_last(att.segment, att.local_rank, att.pid)
 
 
 def _after_fork_in_child() -> None:

@@ -53,7 +53,8 @@ def test_a_rank_attaches_from_the_environment_without_code_changes():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     old = dict(os.environ)
-    os.environ.update({"TORCHELASTIC_RUN_ID": job, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
+    os.environ.update({"TORCHELASTIC_RUN_ID": job, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4",
+                       "SHMSTAT_KEEP_SEGMENT": "1"})  # kept at the rank's exit, to be read here
     try:
         p = ctx.Process(target=_child, args=(job, q))
         p.start()

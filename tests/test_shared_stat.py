@@ -123,7 +123,8 @@ def _rank_main(job: str, rank: int, seed: int, start_ns: int, n: int) -> None:
     shutdown()
 
 
-def test_four_rank_processes_reader_rebuilds_every_window_exactly(job):
+def test_four_rank_processes_reader_rebuilds_every_window_exactly(job, monkeypatch):
+    monkeypatch.setenv("SHMSTAT_KEEP_SEGMENT", "1")  # read here once the ranks, its only processes, are gone
     seg = Segment.open(job, geometry=L.Geometry(max_ranks=4, max_stats=4, banks=64))
     start = FakeClock().now
     ctx = mp.get_context("spawn")
