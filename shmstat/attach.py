@@ -142,14 +142,16 @@ def ensure_init() -> RankAttachment | None:
         if env is None:
             st.auto_init_done = True
             return None
+        from .rank import EntryHeldError
+
         try:
             return init(env.job, env.rank, env.local_rank, env.world_size)
-        except ConfigError as exc:
-            if "held by live pid" not in str(exc):
-                raise
-            reason = exc
+        except EntryHeldError as exc:  # not a bad value: the table's state (e.g. a stale process of the job)
+            reason: Exception = exc
+        except ConfigError:
+            raise
         except (ShmstatError, OSError) as exc:
-            reason = exc  # type: ignore[assignment]
+            reason = exc
         warn_once("attach", f"this process cannot attach to job {env.job!r} ({reason}); its Stats work in-process "
                   "only and its events and metrics stay local")
         st.auto_init_done = True

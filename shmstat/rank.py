@@ -32,7 +32,11 @@ from ._drops import add_counter, warn_once
 from .errors import CapacityError, ConfigError
 from .segment import Segment, pid_alive
 
-__all__ = ["RankAttachment", "StatKey"]
+__all__ = ["EntryHeldError", "RankAttachment", "StatKey"]
+
+
+class EntryHeldError(ConfigError):
+    """The rank entry asked for is held by another live process (two processes given the same LOCAL_RANK)."""
 
 StatKey = tuple[str, str, int, int, int]
 """(name, group, window_ms, max_samples, agg_mask): what makes two Stats of one process the same stat."""
@@ -96,14 +100,15 @@ class RankAttachment:
 
         A process whose ancestor holds the entry (a worker started by the rank that inherited its environment)
         becomes a writer of that rank instead (see :meth:`register_writer`). Raises :class:`CapacityError` if
-        ``local_rank`` is beyond the segment's rank capacity and :class:`ConfigError` if another live process
-        holds the entry.
+        ``local_rank`` is beyond the segment's rank capacity (:func:`shmstat.init` then attaches the rank without
+        an entry) and :class:`ConfigError` if another live process holds the entry.
         """
         geo = segment.geometry
         if not 0 <= local_rank < geo.max_ranks:
             raise CapacityError(
                 f"local rank {local_rank} does not fit the segment of job {segment.job!r} (max {geo.max_ranks} "
-                "ranks per node); start the job with a larger --max-ranks"
+                f"ranks per node); start the job with SHMSTAT_MAX_RANKS={max(2 * geo.max_ranks, local_rank + 1)} "
+                "(shmstat collect/run: --max-ranks)"
             )
         own = pid is None
         pid = os.getpid() if pid is None else pid
@@ -114,7 +119,7 @@ class RankAttachment:
                 if own and _is_ancestor(info.pid):
                     owner = info.writer_of - 1 if info.is_writer else local_rank
                     return cls.register_writer(segment, owner_local_rank=owner)
-                raise ConfigError(
+                raise EntryHeldError(
                     f"local rank {local_rank} of job {segment.job!r} is held by live pid {info.pid}; "
                     "give each process its own LOCAL_RANK"
                 )

@@ -160,7 +160,8 @@ def test_collector_killed_and_restarted_loses_no_window_and_repeats_none(job, tm
     _check_reconciles(rows, {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(2)})
 
 
-def test_collector_started_after_the_ranks_picks_up_their_data(job, tmp_path):
+def test_collector_started_after_the_ranks_picks_up_their_data(job, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHMSTAT_KEEP_SEGMENT", "1")  # the rank ends before any collector: keep what it wrote
     out = str(tmp_path / "m.jsonl")
     seg = Segment.open(job)  # ranks come first and create the segment
     ready = str(tmp_path / "ready")
