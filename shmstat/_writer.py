@@ -24,7 +24,7 @@ from . import _state
 from . import layout as L
 from ._drops import add_counter
 from .aggregation import Aggregation, aggregate
-from .errors import CapacityError
+from .errors import CapacityError, SegmentError
 from .histogram import MAX_SCALE, Histogram, index_at_max_scale
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -179,7 +179,11 @@ def _allocate(att: RankAttachment, key: StatKey, flags: int) -> int:
     try:
         return att.allocate_stat(*key, flags=flags)
     except CapacityError as exc:
-        att.refuse_stat(key[0], bool(key[4] & L.PERCENTILE_BITS), str(exc))
+        full = "percentiles" if "percentile" in str(exc) else "stats"
+        att.refuse_stat(key[0], full, str(exc))
+        return -1
+    except (SegmentError, OSError) as exc:  # the job lock cannot be taken (its file was replaced or removed)
+        att.refuse_stat(key[0], "lock", f"the job lock cannot be taken ({exc})")
         return -1
 
 

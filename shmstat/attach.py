@@ -192,12 +192,14 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     if att is not None and att.pid == os.getpid():
         from .segment import Segment
 
-        with contextlib.suppress(Exception):
+        try:
             # (a process without an entry cannot tell whether others without one still run: it removes nothing)
-            if not att.has_entry or os.environ.get("SHMSTAT_KEEP_SEGMENT") == "1":
-                att.mark_exited()
-            else:
+            if att.has_entry and os.environ.get("SHMSTAT_KEEP_SEGMENT") != "1":
                 Segment.remove_if_last(att.segment, att.local_rank, att.pid)
+        except Exception:  # e.g. the job lock cannot be taken: leave the segment, still say this entry exited
+            pass
+        with contextlib.suppress(Exception):
+            att.mark_exited()
 
 
 def _after_fork_in_child() -> None:

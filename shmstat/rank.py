@@ -254,15 +254,15 @@ class RankAttachment:
         self.index[key] = nstats
         return nstats
 
-    def refuse_stat(self, name: str, percentiles: bool, why: str) -> None:
-        """Count a Stat that got no slot (its rank's ``stats_refused``) and report it once per job."""
+    def refuse_stat(self, name: str, kind: str, why: str) -> None:
+        """Count a Stat that got no slot (its rank's ``stats_refused``) and report it once per job and ``kind``
+        (``stats``, ``percentiles``, ``lock``)."""
         owner = self.owner_local_rank
         seg = self.segment
         if owner >= 0:
             add_counter(seg, seg.geometry.rank_offset(owner) + L.R_STATS_REFUSED)
         if self.local_rank < 0:
             return  # the process itself got no entry: that was reported already
-        kind = "percentiles" if percentiles else "stats"
         try:
             with seg.locked():
                 warn_once(kind, f"Stat {name!r} gets no slot and its samples are dropped and counted (see 'shmstat "

@@ -127,7 +127,8 @@ def api_everywhere(n: int, threads: int) -> dict[str, Any]:
 
 def _stats() -> dict[str, Any]:
     s = shmstat.stats()
-    seg = Segment.open(_job(), create=False) if os.path.exists("/dev/shm/shmstat." + _job()) else None
+    path = "/dev/shm/shmstat." + _job()
+    seg = Segment.open(_job(), create=False, wait=False) if os.path.exists(path) else None  # a look: no lock
     out: dict[str, Any] = {"process_dropped": s.dropped_samples, "attached": s.attached}
     if seg is not None:
         try:
@@ -179,6 +180,24 @@ def removed(n: int, threads: int) -> dict[str, Any]:
     for _ in range(n):
         before.add(1.0)
     result["after"] = shmstat.stats().dropped_samples
+    return result
+
+
+def lock_unusable(n: int, threads: int) -> dict[str, Any]:
+    """Adds, then the job's lock file is replaced by one open to other users (which shmstat refuses to lock),
+    then the API everywhere."""
+    from shmstat.runtime import lock_path
+
+    before = shmstat.Stat("before", [A.COUNT], 60.0)
+    before.add(1.0)
+    path = lock_path(_job())
+    os.unlink(path)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    os.fchmod(fd, 0o644)
+    os.close(fd)
+    result = api_everywhere(n, threads)
+    for _ in range(n):
+        before.add(1.0)  # a slot taken before: still written
     return result
 
 

@@ -101,10 +101,12 @@ def test_full_writer_table_drops_and_counts_the_samples_of_the_workers_left_out(
     assert _leftovers(job_id) == []
 
 
-def test_full_stat_and_percentile_tables_drop_and_count(job_id):
+@pytest.mark.parametrize("pure", [False, True], ids=["c", "pure-python"])
+def test_full_stat_and_percentile_tables_drop_and_count(job_id, pure):
     n, threads = 40, 3
     got, err = _run(job_id, "api_everywhere", n, threads,
-                    env={"SHMSTAT_MAX_STATS": "2", "SHMSTAT_MAX_PERCENTILE_STATS": "0"})
+                    env={"SHMSTAT_MAX_STATS": "2", "SHMSTAT_MAX_PERCENTILE_STATS": "0",
+                         "SHMSTAT_PURE_PYTHON": "1" if pure else "0"})
     assert got["codes"] == [0, 0]
     st = got["stats"]
     # the plain Stat fits every process's table; the percentile one fits none: its samples are all dropped
@@ -124,6 +126,18 @@ def test_the_segment_removed_mid_run_stops_nothing_and_leaves_nothing(job_id):
     assert got["after"] == 2 * n * (1 + threads + 1) + n, got
     assert err.count("was removed from /dev/shm while the job runs") == 1, err
     assert _leftovers(job_id) == []
+
+
+def test_an_unusable_lock_file_mid_run_stops_nothing(job_id):
+    n, threads = 20, 2
+    got, err = _run(job_id, "lock_unusable", n, threads)
+    assert got["codes"] == [0, 0]
+    st = got["stats"]
+    # new Stats of the rank, its threads and its fork child cannot take the lock: dropped and counted without it
+    # (the spawn child cannot attach at all and stays in-process); the slot taken before keeps working
+    assert st["rank_dropped"] == st["process_dropped"] == 2 * n * (1 + threads + 1), st
+    assert st["writers_refused"] == 1  # the fork child
+    assert "lock file" in err
 
 
 def test_a_two_rank_job_without_a_collector_leaves_nothing(job_id):
