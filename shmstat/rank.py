@@ -166,9 +166,8 @@ class RankAttachment:
                 warn_once("takeover", (
                     f"job {segment.job!r} has no free entry for another writer of rank {owner.rank} (forked or "
                     f"spawned workers; {geo.max_ranks} entries) and no collector emitted the windows of the "
-                    f"workers that exited: their entries are reused and their {lost} unemitted samples counted as "
-                    f"dropped (see 'shmstat ls'); run 'shmstat collect' on the node, or start the job with "
-                    f"SHMSTAT_MAX_RANKS={2 * geo.max_ranks}"), segment)
+                    "workers that exited: their entries are reused and the samples they held are counted as "
+                    "dropped (see 'shmstat ls'); run 'shmstat collect' on the node to keep them"), segment)
                 chosen = (i, info)
             if chosen is None:
                 warn_once("writers", (

@@ -60,7 +60,7 @@ def _epochs(job: str, n_epochs: int) -> None:
     assert got["dropped"] + got["held"] == got["added"] == n_epochs * workers * k, got
     assert got["dropped"] > 0
     assert err.count(_TAKEOVER) == 1, err  # one warning for the whole job, not one per worker
-    assert "SHMSTAT_MAX_RANKS=128" in err and "shmstat collect" in err
+    assert "run 'shmstat collect' on the node" in err
     assert _leftovers(job) == []  # the rank was the job's last process: segment and lock file removed
     print(f"{n_epochs} epochs x {workers} workers: {took:.1f} s")
 
