@@ -19,6 +19,10 @@ may move, windows lost to a ring that wrapped) is computed on the arrays with ex
 (``tests/test_scanner_vectorised.py`` checks that), and only the windows of groups someone consumes become
 Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
 no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
+
+Slots of windows over an hour (:attr:`shmstat.layout.StatDescriptor.is_long`) are read one by one with
+``read_slot`` every ``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's
+end (:mod:`shmstat.layout`), so they are not left waiting for a wall-clock end days away.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ StatKey = tuple[str, str, int, int]
 """(group, name, window_ms, agg_mask): the stats that merge across ranks."""
 
 _WORDS = L.BANK_WORDS
+_LONG_NS = L.LONG_WINDOW_MS * 1_000_000
+_LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
 
 
 @dataclass
@@ -93,6 +99,8 @@ class _Table:
         self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
         self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
+        self.long = np.fromiter((s.desc.is_long for s in slots), bool, n)
+        """Slots of windows over an hour: read one by one, they also close by count and by their writer's end."""
         self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
         """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
@@ -193,7 +201,10 @@ class Scanner:
         if table.slots:
             self._scan_table(table, now_ns, final, want, result)
         for wns in table.window_lengths:
-            self._next_due[wns] = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
+            due = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
+            if wns > _LONG_NS:  # closed by count or by the writer's end too: looked at every LONG_POLL_MS
+                due = min(due, now_ns + _LONG_POLL_NS)
+            self._next_due[wns] = due
         return result
 
     # -- the vectorised pass ------------------------------------------------------------------------------------
@@ -201,12 +212,13 @@ class Scanner:
                     result: ScanResult) -> None:
         banks = self.segment.geometry.banks
         wns = t.wns
+        # Long-window slots go the slow way (read_slot decides which of their windows the writer closed).
         if final:  # every window with data, the open one too: read_slot's ``at = (now // wns + 2) * wns + grace``
             newest = now_ns // wns + 1
-            todo = newest > t.after
+            todo = (newest > t.after) | t.long
         else:
             newest = (now_ns - self.grace_ns) // wns - 1
-            todo = newest > t.after
+            todo = (newest > t.after) | t.long
             for w in t.window_lengths:
                 if now_ns < self._next_due.get(w, 0):
                     todo &= wns != w
@@ -217,10 +229,11 @@ class Scanner:
         n = len(idx)
         # The banks that can hold a window in (after, newest]: bank w % K of each such w (all K once the gap
         # reaches K). In steady state that is one bank per slot.
-        depth = np.minimum(newest - after, banks)
+        is_long = t.long[idx]
+        depth = np.where(is_long, 0, np.minimum(newest - after, banks))
         parts = [np.flatnonzero(depth > d) for d in range(int(depth.max()))]
-        pos = np.concatenate(parts)
-        bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)])
+        pos = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)]) if parts else pos
         grow = t.row0[idx[pos]] + bank  # bank numbers counted from BANK_BASE
         first, data, second = self._read_banks(grow)
         seq_bits = data[:, L.B_SEQ]
@@ -233,7 +246,7 @@ class Scanner:
             & (first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
         )
         count >>= 1
-        slow = np.zeros(n, bool)  # slots left to read_slot (a bank stayed torn while holding a candidate)
+        slow = is_long.copy()  # slots left to read_slot (long windows; a bank stayed torn holding a candidate)
         wid = data[:, L.B_WID]
         if not ok.all():
             cand = (wid > after[pos]) & (wid <= newest[pos])
@@ -276,7 +289,7 @@ class Scanner:
             i = int(idx[pos])
             safe_wid = self._read_python(t, i, now_ns, final, result, collected, skipped, pend_idx, pend_wid,
                                          wanted_group)
-            if safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
+            if not is_long[pos] and safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
                 kid = int(t.key_id[i])
                 held[kid] = min(held.get(kid, safe_wid + 1), safe_wid + 1)
         pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)

@@ -1,8 +1,10 @@
 """Reading closed windows out of a job's segment (what the collector, ``shmstat top`` and tests use).
 
 A window ``W`` of a stat with window length ``w`` ends at ``(W + 1) * w`` ns; it is *closed* once ``now`` is
-past its end plus a grace period. Only closed windows are returned, each at most once per ``after_wid``
-watermark the caller keeps (the collector keeps it in the descriptor's ``emitted_wid``).
+past its end plus a grace period, or, for a window longer than an hour, once its writer closed it (by
+``max_samples``, by moving to a later window, or by ending: see :mod:`shmstat.layout`). Only closed windows are
+returned, each at most once per ``after_wid`` watermark the caller keeps (the collector keeps it in the
+descriptor's ``emitted_wid``).
 """
 
 from __future__ import annotations
@@ -121,13 +123,17 @@ class SegmentReader:
         """
         wns = desc.window_ns
         newest_closed = (now_ns - grace_ns) // wns - 1
-        if newest_closed <= after_wid:
+        if newest_closed <= after_wid and not desc.is_long:
             return SlotRead([], after_wid, 0)
         banks = self.geometry.banks
         base = self.geometry.slot_offset(info.local_rank, desc.index)
         hist0 = self.geometry.hist_offset(info.local_rank, desc.hist) if desc.hist >= 0 else None
         snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
                              hist_offset=None if hist0 is None else hist0 + b * L.HIST_SIZE) for b in range(banks)]
+        if desc.is_long:
+            newest_closed = max(newest_closed, _closed_by_writer(info, desc, snaps, writer_alive))
+            if newest_closed <= after_wid:
+                return SlotRead([], after_wid, 0)
         safe = newest_closed
         found: list[L.BankSnapshot] = []
         for snap in snaps:
@@ -156,3 +162,22 @@ class SegmentReader:
             if snap.wid <= safe
         ]
         return SlotRead(windows, safe, overwritten)
+
+
+def _closed_by_writer(info: L.RankInfo, desc: L.StatDescriptor, snaps: list[L.BankSnapshot],
+                      writer_alive: bool | None) -> int:
+    """The newest window of a long-window slot (:attr:`shmstat.layout.StatDescriptor.is_long`) that its writer
+    has closed before the wall-clock end: every window once the writer is gone (entry exited or died, process
+    dead), else every window before the writer's newest one (a writer never goes back to an older window), and
+    that newest one too once it holds ``max_samples`` samples (the writer discards the window's later adds)."""
+    top = max(snap.wid for snap in snaps)
+    if top < 0:
+        return -1
+    alive = writer_alive
+    if alive is None:
+        alive = info.state == L.RankState.ACTIVE and pid_alive(info.pid)
+    if not alive:
+        return top
+    newest = next(snap for snap in snaps if snap.wid == top)
+    full = not newest.torn and newest.count >= desc.max_samples
+    return top if full else top - 1

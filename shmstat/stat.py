@@ -9,7 +9,10 @@ Two cores share one face:
   :mod:`shmstat.layout`) without a lock, allocation or system call beyond the clock, and the node's collector
   closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over.
 
-Windows are aligned to the wall clock (``window id = time_ns // window_ns``) so ranks and nodes line up.
+Windows are aligned to the wall clock (``window id = time_ns // window_ns``, int64) so ranks and nodes line up.
+Any window from 1 ms to 2**62 ns (~146 years) is accepted. In a job, a window longer than an hour is also closed,
+for this process, by ``max_samples`` (as torch.monitor logs it at once) and by this process's end, so the collector
+emits it then rather than at its wall-clock end (see :mod:`shmstat.layout`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ Clock = Callable[[], int]
 
 
 def _window_ns(window_size: Any) -> int:
-    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one outside 1 ms..1 h."""
+    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one under 1 ms or over
+    :data:`shmstat.layout.MAX_WINDOW_MS` (2**62 ns, ~146 years: the longest that int64 window ends hold)."""
     if isinstance(window_size, _dt.timedelta):
         ms = window_size // _dt.timedelta(milliseconds=1)
     elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
@@ -57,8 +61,8 @@ def _window_ns(window_size: Any) -> int:
         raise ConfigError(f"window_size {window_size!r} is under 1 ms; use a window of at least 1 ms")
     if ms > L.MAX_WINDOW_MS:
         raise ConfigError(
-            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS // 1000} s; "
-            "use a shorter window (log rarer values as events)"
+            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS} ms (about 146 years); "
+            "use a shorter window"
         )
     return ms * 1_000_000
 
