@@ -20,6 +20,7 @@ __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
 
 _log = logging.getLogger("shmstat")
 _MAX_WARNED = 10_000  # entries remembered for count-once and warn-once
+_MAX_COUNT = 1 << 61  # samples a bank's seq (a float64, 2 * count) can count exactly
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ class SegmentReader:
         safe = newest_closed
         found: list[L.BankSnapshot] = []
         for snap in snaps:
-            if not after_wid < snap.wid <= newest_closed:
-                continue
+            if not after_wid < snap.wid <= newest_closed or not 0 <= snap.count < _MAX_COUNT:
+                continue  # (a count no writer reaches: garbage written into the segment, read as empty)
             if snap.torn:
                 alive = pid_alive(info.pid) if writer_alive is None else writer_alive
                 if alive:  # a live writer mid-add (or stopped there): read it again on a later pass
