@@ -38,7 +38,8 @@ def test_longest_window_is_accepted():
     assert shmstat.Stat("t", [A.SUM], window_size=longest)._window_ns == L.MAX_WINDOW_MS * 1_000_000
     assert L.MAX_WINDOW_MS * 1_000_000 <= L.MAX_WINDOW_NS == 2**62
     for window in (dt.timedelta(hours=1, milliseconds=1), dt.timedelta(hours=100), dt.timedelta(days=365 * 100)):
-        assert shmstat.Stat("t", [A.SUM], window_size=window)._window_ns == window // dt.timedelta(milliseconds=1) * 10**6
+        ms = window // dt.timedelta(milliseconds=1)
+        assert shmstat.Stat("t", [A.SUM], window_size=window)._window_ns == ms * 10**6
 
 
 @pytest.mark.parametrize("window", [*TOO_LONG, 0.001, 0.010, 0.049])
