@@ -64,6 +64,62 @@ def test_fixed_count_stat_in_process_equals_real_torch_monitor():
     assert ours[-1][2] == [{"asdf.count": 3.0, "asdf.sum": 6.0}]
 
 
+@pytest.fixture(params=["c", "python"])
+def writer_path(request, monkeypatch) -> str:
+    """The attached writer's path: the C SlotWriter or its pure-Python twin."""
+    if request.param == "python":
+        monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1")
+    return request.param
+
+
+def test_fixed_count_stat_attached_gives_torch_monitors_values(job, writer_path):
+    """In a job (the collector aside), the Stat's own view is torch.monitor's too: the add that fills the window
+    logs it to the local handlers at once, ``count`` drops to 0, ``get()`` returns it."""
+    in_process, handle = _fixed_count_sequence(shmstat.Stat, A, shmstat.register_event_handler)
+    shmstat.unregister_event_handler(handle)
+    assert shmstat.init(job, rank=0, publish=False) is not None
+    attached, _ = _fixed_count_sequence(shmstat.Stat, A, shmstat.register_event_handler)
+    assert attached == in_process
+    assert attached[2] == (0, {"SUM": 6.0, "COUNT": 3.0}, [{"asdf.count": 3.0, "asdf.sum": 6.0}])
+
+
+@pytest.mark.torch
+def test_fixed_count_stat_attached_equals_real_torch_monitor(job):
+    monitor = pytest.importorskip("torch.monitor")
+    shmstat.init(job, rank=0, publish=False)
+    ours, _ = _fixed_count_sequence(shmstat.Stat, A, shmstat.register_event_handler)
+    theirs, h = _fixed_count_sequence(monitor.Stat, monitor.Aggregation, monitor.register_event_handler)
+    monitor.unregister_event_handler(h)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("max_samples", [1, 2, 3, 2**63 - 1])
+def test_attached_windows_close_as_in_process_windows_do(job, writer_path, max_samples):
+    """Over several windows of a stepped clock (100 h each, some skipped), attached and in-process Stats give the
+    same count, get() and local events after every add, for every max_samples."""
+    def run() -> list:
+        now = [10**18 // H100_NS * H100_NS]
+        events: list[dict] = []
+        handle = shmstat.register_event_handler(lambda e: events.append(dict(e.data)))
+        s = shmstat.Stat("m", [A.COUNT, A.SUM, A.MAX, A.P50], HOURS_100, max_samples, clock=lambda: now[0])
+        seen = []
+        for step in (1, 1, 2, 1, 5):
+            for v in range(1, 6):
+                s.add(float(v))
+                seen.append((s.count, dict(s.get()), list(events)))
+            now[0] += step * H100_NS
+        s.add(9.0)
+        seen.append((s.count, dict(s.get()), list(events)))
+        shmstat.unregister_event_handler(handle)
+        return seen
+
+    in_process = run()
+    assert shmstat.init(job, rank=0, publish=False) is not None
+    attached = run()
+    assert attached == in_process
+    assert any(e for _, _, e in in_process)
+
+
 @pytest.mark.parametrize("window", [HOURS_100, dt.timedelta(days=365 * 100), dt.timedelta(milliseconds=L.MAX_WINDOW_MS),
                                     L.MAX_WINDOW_MS / 1000 - 1, 3.0e9])
 def test_windows_up_to_the_longest_are_accepted_in_process(window):
