@@ -20,9 +20,10 @@ may move, windows lost to a ring that wrapped) is computed on the arrays with ex
 Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
 no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
 
-Slots of windows over an hour (:attr:`shmstat.layout.StatDescriptor.is_long`) are read one by one with
-``read_slot`` every ``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's
-end (:mod:`shmstat.layout`), so they are not left waiting for a wall-clock end days away.
+Slots of windows over an hour (:attr:`shmstat.layout.StatDescriptor.is_long`) are looked at every
+``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's end
+(:mod:`shmstat.layout`), so they are not left waiting for a wall-clock end days away. One gather over their banks
+finds those with such a window (:mod:`collector.long_windows`); only these are read one by one with ``read_slot``.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from shmstat.aggregation import PERCENTILE_MASK
 from shmstat.histogram import Histogram
 from shmstat.layout import RankInfo, RankState, StatDescriptor
 from shmstat.reader import SegmentReader
-from shmstat.segment import Segment
+from shmstat.segment import Segment, pid_alive
 
 from .column_merge import Parts, StatTable, merge_parts
 from .columns import Columns
 from .hist_batch import HistBatch
 from .hist_reader import read_histograms
+from .long_windows import long_slots_to_read
 from .merge import WindowRow
 
 __all__ = ["ScanResult", "Scanner"]
@@ -101,6 +103,7 @@ class _Table:
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
         self.long = np.fromiter((s.desc.is_long for s in slots), bool, n)
         """Slots of windows over an hour: read one by one, they also close by count and by their writer's end."""
+        self.max_samples = np.fromiter((s.desc.max_samples for s in slots), np.int64, n)
         self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
         """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
@@ -222,6 +225,10 @@ class Scanner:
             for w in t.window_lengths:
                 if now_ns < self._next_due.get(w, 0):
                     todo &= wns != w
+        li = np.flatnonzero(todo & t.long)
+        if len(li):  # only the long-window slots with a window closed past their watermark are read
+            todo[li] = long_slots_to_read(self._read_banks, banks, t.row0[li], t.max_samples[li], t.after[li],
+                                          newest[li], self._writers_gone()[t.lr[li]])
         idx = np.flatnonzero(todo)
         if not len(idx):
             return
@@ -303,6 +310,14 @@ class Scanner:
             result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
         if found is not None and len(found.wid):
             result.columns = merge_parts(self.segment.job, found, t.stats)
+
+    def _writers_gone(self) -> np.ndarray:
+        """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone)."""
+        alive = self.is_alive or pid_alive
+        gone = np.ones(self.segment.geometry.max_ranks, bool)
+        for lr, info in self._infos.items():
+            gone[lr] = info.state != RankState.ACTIVE or not alive(info.pid)
+        return gone
 
     @staticmethod
     def _hold_back(t: _Table, held: dict[int, int], found: Parts | None,

@@ -304,3 +304,50 @@ def test_scanner_survives_random_banks_of_long_window_slots(job):
                 assert all(0 <= r.summary.count < 2**61 for r in rows)
     finally:
         seg.close()
+
+
+def test_idle_long_window_slots_are_not_read_one_by_one(job):
+    """500 long-window slots of a live writer, each with an open window: after the first pass, a poll reads none
+    of them one by one; when one fills up (max_samples) or its writer exits, only those are read, and emitted."""
+    from collector.scanner import Scanner
+
+    n = 500
+    seg = Segment.open(job, geometry=L.Geometry(max_ranks=2, max_stats=n))
+    try:
+        buf, geo, now = seg.buf, seg.geometry, time.time_ns()
+        wid = now // H100_NS
+
+        def put(stat: int, count: int, total: float) -> None:
+            off = geo.slot_offset(0, stat) + wid % geo.banks * L.BANK_SIZE
+            struct.pack_into("<dqddddqQ", buf, off, 2.0 * count, wid, total, 1.0, 1.0, 1.0, now, 1)
+
+        struct.pack_into("<QqQqqqqqQQQQ", buf, geo.rank_offset(0), L.RankState.ACTIVE, os.getpid(), 1, 0, 0, 1, now,
+                         now, n, 0, 0, 0)
+        for j in range(n):
+            L.write_descriptor(buf, geo, 0, j, name=b"s%d" % j, group=b"g", window_ms=H100_NS // 10**6,
+                               max_samples=4, agg_mask=0b11000, incarnation=1)
+            put(j, 2, 2.0)
+        scanner = Scanner(seg, 10_000_000)
+        reads = []
+        read_slot = scanner.reader.read_slot
+        scanner.reader.read_slot = lambda *a, **k: reads.append(a[1].index) or read_slot(*a, **k)
+        poll = L.LONG_POLL_MS * 1_000_000
+        assert scanner.scan(now).rows == [] and len(reads) == n  # the first pass settles the watermarks
+        scanner.commit()
+        reads.clear()
+        assert scanner.scan(now + poll).rows == [] and reads == []
+        scanner.commit()
+        put(7, 4, 4.0)  # full
+        got = scanner.scan(now + 2 * poll).rows
+        scanner.commit()
+        assert reads == [7]
+        assert [(r.name, r.rank, r.summary.count, r.summary.sum) for r in got] == [("s7", None, 4, 4.0),
+                                                                                   ("s7", 0, 4, 4.0)]
+        reads.clear()
+        seg.set_rank_state(0, L.RankState.EXITED)
+        got = scanner.scan(now + 3 * poll).rows
+        scanner.commit()
+        assert sorted(reads) == [j for j in range(n) if j != 7]
+        assert sum(r.summary.count for r in got if r.rank is not None) == 2 * (n - 1)
+    finally:
+        seg.close()
