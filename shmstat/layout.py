@@ -46,7 +46,9 @@ are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks
 
     stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
-      8  window_ms        u64
+      8  window_ms        u64  1 .. MAX_WINDOW_MS (2**62 ns); a reader refuses others (0, "negative", 2**62 ms).
+                               Over LONG_WINDOW_MS (1 h) each writer's window also closes by count or by the
+                               writer's end (see the window constants below)
      16  max_samples      i64
      24  agg_mask         u64  bit (1 << Aggregation value)
      32  emitted_wid      i64  written by the collector only: the newest window it has emitted (-1 none)

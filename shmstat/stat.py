@@ -7,7 +7,8 @@ Two cores share one face:
   events with torch.monitor's data keys (``<name>.<aggregation>``), exactly as torch.monitor does;
 - attached (a job is configured): ``add`` writes into this rank's slot of the segment (see
   :mod:`shmstat.layout`) without a lock, allocation or system call beyond the clock, and the node's collector
-  closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over.
+  closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over (or
+  fills up).
 
 Windows are aligned to the wall clock (``window id = time_ns // window_ns``, int64) so ranks and nodes line up.
 Any window from 1 ms to 2**62 ns (~146 years) is accepted. In a job, a window longer than an hour is also closed,
@@ -71,7 +72,9 @@ class Stat:
     """Summary statistics of values added over fixed windows (``torch.monitor.Stat`` compatible).
 
     ``Stat(name, aggregations, window_size, max_samples=2**63-1)``; ``window_size`` is a ``timedelta`` or
-    seconds, truncated to milliseconds (at least 1 ms). Keyword-only extras: ``group`` (the metric group the
+    seconds, truncated to milliseconds (1 ms to 2**62 ns, about 146 years; in a job at least
+    :func:`shmstat.layout.min_window_ms`). The add that brings a window to ``max_samples`` logs it at once and
+    the window's later adds are discarded, as in torch.monitor. Keyword-only extras: ``group`` (the metric group the
     collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
     flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
     ``Aggregation.P50``/``P90``/``P99``/``P999`` keep an exponential histogram per window (same figures
