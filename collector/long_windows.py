@@ -22,10 +22,12 @@ _MIN = np.iinfo(np.int64).min
 
 
 def long_slots_to_read(read_banks: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]], banks: int,
-                       row0: np.ndarray, max_samples: np.ndarray, after: np.ndarray, newest: np.ndarray,
-                       gone: np.ndarray) -> np.ndarray:
-    """For long-window slots (first bank ``row0``, ``max_samples``, watermark ``after``, newest window closed on
-    the wall clock ``newest``, writer ``gone``): whether each has a closed window past its watermark.
+                       row0: np.ndarray, max_samples: np.ndarray, after: np.ndarray, after_inc: np.ndarray,
+                       newest: np.ndarray, gone: np.ndarray, entry_inc: np.ndarray) -> np.ndarray:
+    """For long-window slots (first bank ``row0``, ``max_samples``, watermark ``after`` written by incarnation
+    ``after_inc``, newest window closed on the wall clock ``newest``, writer ``gone``, entry incarnation
+    ``entry_inc``): whether each has a closed window past its watermark, or its watermark window re-written by a
+    restarted rank (see :meth:`shmstat.reader.SegmentReader.read_slot`).
 
     ``read_banks(rows)`` is the scanner's seqlock gather: ``(seq, wid)`` words, the banks, ``(seq, wid)`` again.
     """
@@ -46,5 +48,7 @@ def long_slots_to_read(read_banks: Callable[[np.ndarray], tuple[np.ndarray, np.n
     top = wid[rows, top_bank]
     top_at = rows * banks + top_bank
     full = ok[top_at] & ((count[top_at] >> 1) >= max_samples)
-    closed = np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1)  # a writer never goes back to a window
-    return np.maximum(closed, newest) > after
+    closed = np.maximum(np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1), newest)  # a writer never goes
+    top_inc = data[:, L.B_INC][top_at] & np.int64(2**63 - 1)  # back to an older window
+    reopened = (after_inc >= 0) & (top == after) & (top_inc != after_inc) & (top_inc == entry_inc) & (top_inc != 0)
+    return (closed > after) | (reopened & (closed >= after))

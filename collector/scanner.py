@@ -86,6 +86,8 @@ class ScanResult:
 class _Slot:
     desc: StatDescriptor
     after_wid: int
+    after_inc: int = -1
+    """Long windows: the incarnation that wrote window ``after_wid`` when it was emitted (-1: unknown)."""
 
 
 class _Table:
@@ -107,6 +109,7 @@ class _Table:
         self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
         """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
+        self.after_inc = np.fromiter((s.after_inc for s in slots), np.int64, n)
         keys: dict[StatKey, int] = {}
         self.keys = keys
         """Stat key -> its id in :attr:`key_id`."""
@@ -133,8 +136,8 @@ class _Table:
 
     def sync_back(self) -> None:
         """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
-        for slot, after in zip(self.slots, self.after.tolist(), strict=True):
-            slot.after_wid = after
+        for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
+            slot.after_wid, slot.after_inc = after, inc
 
 
 class Scanner:
@@ -152,6 +155,7 @@ class Scanner:
         self._table: _Table | None = None
         self._dirty = True
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
+        self._pending_inc: dict[int, int] = {}  # long-window slot -> incarnation of its emitted newest window
 
     def refresh(self) -> list[RankInfo]:
         """Pick up new ranks and newly published descriptors; returns the current rank entries."""
@@ -200,6 +204,7 @@ class Scanner:
         self.refresh()
         result = ScanResult()
         self._pending = None
+        self._pending_inc = {}
         table = self._current_table()
         if table.slots:
             self._scan_table(table, now_ns, final, want, result)
@@ -227,8 +232,9 @@ class Scanner:
                     todo &= wns != w
         li = np.flatnonzero(todo & t.long)
         if len(li):  # only the long-window slots with a window closed past their watermark are read
+            gone, inc = self._writers()
             todo[li] = long_slots_to_read(self._read_banks, banks, t.row0[li], t.max_samples[li], t.after[li],
-                                          newest[li], self._writers_gone()[t.lr[li]])
+                                          t.after_inc[li], newest[li], gone[t.lr[li]], inc[t.lr[li]])
         idx = np.flatnonzero(todo)
         if not len(idx):
             return
@@ -311,13 +317,16 @@ class Scanner:
         if found is not None and len(found.wid):
             result.columns = merge_parts(self.segment.job, found, t.stats)
 
-    def _writers_gone(self) -> np.ndarray:
-        """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone)."""
+    def _writers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone),
+        and the entry's incarnation."""
         alive = self.is_alive or pid_alive
         gone = np.ones(self.segment.geometry.max_ranks, bool)
+        inc = np.zeros(self.segment.geometry.max_ranks, np.int64)
         for lr, info in self._infos.items():
             gone[lr] = info.state != RankState.ACTIVE or not alive(info.pid)
-        return gone
+            inc[lr] = info.incarnation & (2**63 - 1)
+        return gone, inc
 
     @staticmethod
     def _hold_back(t: _Table, held: dict[int, int], found: Parts | None,
@@ -426,7 +435,14 @@ class Scanner:
         at = now_ns if not final else (now_ns // wns + 2) * wns + self.grace_ns
         info = self._infos[desc.local_rank]
         alive = False if info.state == RankState.DIED else None
-        read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive)
+        read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive,
+                                     after_inc=int(t.after_inc[i]))
+        if desc.is_long:  # which incarnation the slot's newest settled window is of, once committed
+            at_safe = [w.incarnation for w in read.windows if w.wid == read.safe_wid]
+            if at_safe:
+                self._pending_inc[i] = at_safe[-1] & (2**63 - 1)  # (u64 in the bank: garbage may be larger)
+            elif read.safe_wid > after:
+                self._pending_inc[i] = -1
         result.overwritten += read.overwritten
         wanted = bool(wanted_group[t.group_id[i]])
         for w in read.windows:
@@ -450,8 +466,13 @@ class Scanner:
     def commit(self) -> None:
         """Record in the segment that the last scan's windows were emitted."""
         pending, self._pending = self._pending, None
+        pending_inc, self._pending_inc = self._pending_inc, {}
         t = self._table
+        if t is not None and pending_inc:
+            t.after_inc[list(pending_inc)] = list(pending_inc.values())
         if pending is None or t is None or not len(pending[0]):
+            if t is not None and pending_inc and self._dirty:
+                t.sync_back()
             return
         which, wids = pending
         t.after[which] = wids

@@ -115,12 +115,17 @@ class SegmentReader:
 
     def read_slot(
         self, info: L.RankInfo, desc: L.StatDescriptor, now_ns: int, grace_ns: int, after_wid: int,
-        writer_alive: bool | None = None,
+        writer_alive: bool | None = None, after_inc: int = -1,
     ) -> SlotRead:
         """Closed windows of one slot newer than ``after_wid``, oldest first.
 
         A bank that stays torn while its writer lives is not returned, and ``safe_wid`` stops before it,
         so it is read again on a later pass; a dead writer's torn bank is returned flagged ``torn``.
+
+        ``after_inc`` (long windows only): the incarnation that wrote window ``after_wid`` when it was emitted
+        (-1: unknown). A rank restarted inside a long window its predecessor's end closed writes that window
+        again from empty; that bank (of the entry's current incarnation) is returned once more, closed by the
+        same rules, so the restarted rank's samples are emitted too (as a second row of that window).
         """
         wns = desc.window_ns
         newest_closed = (now_ns - grace_ns) // wns - 1
@@ -131,14 +136,18 @@ class SegmentReader:
         hist0 = self.geometry.hist_offset(info.local_rank, desc.hist) if desc.hist >= 0 else None
         snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
                              hist_offset=None if hist0 is None else hist0 + b * L.HIST_SIZE) for b in range(banks)]
+        lowest = after_wid + 1  # the oldest window to look at
         if desc.is_long:
             newest_closed = max(newest_closed, _closed_by_writer(info, desc, snaps, writer_alive))
-            if newest_closed <= after_wid:
+            if after_inc >= 0 and any(snap.wid == after_wid and snap.incarnation not in (after_inc, 0)
+                                      and snap.incarnation == info.incarnation for snap in snaps):
+                lowest = after_wid  # re-opened by a restarted rank
+            if newest_closed < lowest:
                 return SlotRead([], after_wid, 0)
         safe = newest_closed
         found: list[L.BankSnapshot] = []
         for snap in snaps:
-            if not after_wid < snap.wid <= newest_closed or not 0 <= snap.count < _MAX_COUNT:
+            if not lowest <= snap.wid <= newest_closed or not 0 <= snap.count < _MAX_COUNT:
                 continue  # (a count no writer reaches: garbage written into the segment, read as empty)
             if snap.torn:
                 alive = pid_alive(info.pid) if writer_alive is None else writer_alive

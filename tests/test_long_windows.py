@@ -351,3 +351,26 @@ def test_idle_long_window_slots_are_not_read_one_by_one(job):
         assert sum(r.summary.count for r in got if r.rank is not None) == 2 * (n - 1)
     finally:
         seg.close()
+
+
+def test_a_rank_restarted_inside_a_long_window_its_predecessor_closed_is_emitted_too(job, tmp_path):
+    """Rank 0 adds 1..40 to a 100 h Stat and exits: its window is emitted. Rank 0 restarts (same entry, next
+    incarnation) inside the same window, adds 1..25 and exits: that window is emitted too, as a second row of the
+    same window; no sample is lost or counted twice."""
+    out = str(tmp_path / "m.jsonl")
+    coll = start_collector(job, "--handler", "*=jsonl:" + out, "--grace-ms", "10")
+    try:
+        start = _window_start()
+        for run, n in enumerate((40, 25)):
+            p = spawn(_long_window_rank, job, coll.ingest, n, str(tmp_path / f"ready{run}"), "exit")
+            p.join(60)
+            assert p.exitcode == 0
+            wait_for(lambda k=run: len(_rows(out, "lw").get((0, start), {}).get("count", [])) == k + 1, 20,
+                     what=f"run {run}'s window")
+        time.sleep(0.5)  # two more long-window polls: nothing else may come out
+    finally:
+        assert coll.stop() == 0
+    rows = _rows(out, "lw")
+    assert sorted(rows[(0, start)]["count"]) == [25.0, 40.0]
+    assert sorted(rows[(0, start)]["sum"]) == [325.0, 820.0]
+    assert sorted(rows[(None, start)]["count"]) == [25.0, 40.0]
