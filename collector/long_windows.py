@@ -48,7 +48,8 @@ def long_slots_to_read(read_banks: Callable[[np.ndarray], tuple[np.ndarray, np.n
     top = wid[rows, top_bank]
     top_at = rows * banks + top_bank
     full = ok[top_at] & ((count[top_at] >> 1) >= max_samples)
-    closed = np.maximum(np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1), newest)  # a writer never goes
-    top_inc = data[:, L.B_INC][top_at] & np.int64(2**63 - 1)  # back to an older window
+    # a writer never goes back to an older window: all but its newest are closed, that one too when full or gone
+    closed = np.maximum(np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1), newest)
+    top_inc = data[:, L.B_INC][top_at] & np.int64(2**63 - 1)
     reopened = (after_inc >= 0) & (top == after) & (top_inc != after_inc) & (top_inc == entry_inc) & (top_inc != 0)
     return (closed > after) | (reopened & (closed >= after))
