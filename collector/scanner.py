@@ -19,6 +19,11 @@ may move, windows lost to a ring that wrapped) is computed on the arrays with ex
 (``tests/test_scanner_vectorised.py`` checks that), and only the windows of groups someone consumes become
 Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
 no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
+
+Slots of windows over an hour (:attr:`shmstat.layout.StatDescriptor.is_long`) are looked at every
+``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's end
+(:mod:`shmstat.layout`), so they are not left waiting for a wall-clock end days away. One gather over their banks
+finds those with such a window (:mod:`collector.long_windows`); only these are read one by one with ``read_slot``.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from shmstat.aggregation import PERCENTILE_MASK
 from shmstat.histogram import Histogram
 from shmstat.layout import RankInfo, RankState, StatDescriptor
 from shmstat.reader import SegmentReader
-from shmstat.segment import Segment
+from shmstat.segment import Segment, pid_alive
 
 from .column_merge import Parts, StatTable, merge_parts
 from .columns import Columns
 from .hist_batch import HistBatch
 from .hist_reader import read_histograms
+from .long_windows import long_slots_to_read
 from .merge import WindowRow
 
 __all__ = ["ScanResult", "Scanner"]
@@ -47,6 +53,8 @@ StatKey = tuple[str, str, int, int]
 """(group, name, window_ms, agg_mask): the stats that merge across ranks."""
 
 _WORDS = L.BANK_WORDS
+_LONG_NS = L.LONG_WINDOW_MS * 1_000_000
+_LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
 
 
 @dataclass
@@ -78,6 +86,8 @@ class ScanResult:
 class _Slot:
     desc: StatDescriptor
     after_wid: int
+    after_inc: int = -1
+    """Long windows: the incarnation that wrote window ``after_wid`` when it was emitted (-1: unknown)."""
 
 
 class _Table:
@@ -93,9 +103,13 @@ class _Table:
         self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
         self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
         self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
+        self.long = np.fromiter((s.desc.is_long for s in slots), bool, n)
+        """Slots of windows over an hour: read one by one, they also close by count and by their writer's end."""
+        self.max_samples = np.fromiter((s.desc.max_samples for s in slots), np.int64, n)
         self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
         """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
+        self.after_inc = np.fromiter((s.after_inc for s in slots), np.int64, n)
         keys: dict[StatKey, int] = {}
         self.keys = keys
         """Stat key -> its id in :attr:`key_id`."""
@@ -122,8 +136,8 @@ class _Table:
 
     def sync_back(self) -> None:
         """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
-        for slot, after in zip(self.slots, self.after.tolist(), strict=True):
-            slot.after_wid = after
+        for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
+            slot.after_wid, slot.after_inc = after, inc
 
 
 class Scanner:
@@ -141,6 +155,7 @@ class Scanner:
         self._table: _Table | None = None
         self._dirty = True
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
+        self._pending_inc: dict[int, int] = {}  # long-window slot -> incarnation of its emitted newest window
 
     def refresh(self) -> list[RankInfo]:
         """Pick up new ranks and newly published descriptors; returns the current rank entries."""
@@ -189,11 +204,15 @@ class Scanner:
         self.refresh()
         result = ScanResult()
         self._pending = None
+        self._pending_inc = {}
         table = self._current_table()
         if table.slots:
             self._scan_table(table, now_ns, final, want, result)
         for wns in table.window_lengths:
-            self._next_due[wns] = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
+            due = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
+            if wns > _LONG_NS:  # closed by count or by the writer's end too: looked at every LONG_POLL_MS
+                due = min(due, now_ns + _LONG_POLL_NS)
+            self._next_due[wns] = due
         return result
 
     # -- the vectorised pass ------------------------------------------------------------------------------------
@@ -201,15 +220,21 @@ class Scanner:
                     result: ScanResult) -> None:
         banks = self.segment.geometry.banks
         wns = t.wns
+        # Long-window slots go the slow way (read_slot decides which of their windows the writer closed).
         if final:  # every window with data, the open one too: read_slot's ``at = (now // wns + 2) * wns + grace``
             newest = now_ns // wns + 1
-            todo = newest > t.after
+            todo = (newest > t.after) | t.long
         else:
             newest = (now_ns - self.grace_ns) // wns - 1
-            todo = newest > t.after
+            todo = (newest > t.after) | t.long
             for w in t.window_lengths:
                 if now_ns < self._next_due.get(w, 0):
                     todo &= wns != w
+        li = np.flatnonzero(todo & t.long)
+        if len(li):  # only the long-window slots with a window closed past their watermark are read
+            gone, inc = self._writers()
+            todo[li] = long_slots_to_read(self._read_banks, banks, t.row0[li], t.max_samples[li], t.after[li],
+                                          t.after_inc[li], newest[li], gone[t.lr[li]], inc[t.lr[li]])
         idx = np.flatnonzero(todo)
         if not len(idx):
             return
@@ -217,10 +242,11 @@ class Scanner:
         n = len(idx)
         # The banks that can hold a window in (after, newest]: bank w % K of each such w (all K once the gap
         # reaches K). In steady state that is one bank per slot.
-        depth = np.minimum(newest - after, banks)
+        is_long = t.long[idx]
+        depth = np.where(is_long, 0, np.minimum(newest - after, banks))
         parts = [np.flatnonzero(depth > d) for d in range(int(depth.max()))]
-        pos = np.concatenate(parts)
-        bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)])
+        pos = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)]) if parts else pos
         grow = t.row0[idx[pos]] + bank  # bank numbers counted from BANK_BASE
         first, data, second = self._read_banks(grow)
         seq_bits = data[:, L.B_SEQ]
@@ -233,7 +259,7 @@ class Scanner:
             & (first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
         )
         count >>= 1
-        slow = np.zeros(n, bool)  # slots left to read_slot (a bank stayed torn while holding a candidate)
+        slow = is_long.copy()  # slots left to read_slot (long windows; a bank stayed torn holding a candidate)
         wid = data[:, L.B_WID]
         if not ok.all():
             cand = (wid > after[pos]) & (wid <= newest[pos])
@@ -276,7 +302,7 @@ class Scanner:
             i = int(idx[pos])
             safe_wid = self._read_python(t, i, now_ns, final, result, collected, skipped, pend_idx, pend_wid,
                                          wanted_group)
-            if safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
+            if not is_long[pos] and safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
                 kid = int(t.key_id[i])
                 held[kid] = min(held.get(kid, safe_wid + 1), safe_wid + 1)
         pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)
@@ -290,6 +316,17 @@ class Scanner:
             result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
         if found is not None and len(found.wid):
             result.columns = merge_parts(self.segment.job, found, t.stats)
+
+    def _writers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone),
+        and the entry's incarnation."""
+        alive = self.is_alive or pid_alive
+        gone = np.ones(self.segment.geometry.max_ranks, bool)
+        inc = np.zeros(self.segment.geometry.max_ranks, np.int64)
+        for lr, info in self._infos.items():
+            gone[lr] = info.state != RankState.ACTIVE or not alive(info.pid)
+            inc[lr] = info.incarnation & (2**63 - 1)
+        return gone, inc
 
     @staticmethod
     def _hold_back(t: _Table, held: dict[int, int], found: Parts | None,
@@ -398,7 +435,14 @@ class Scanner:
         at = now_ns if not final else (now_ns // wns + 2) * wns + self.grace_ns
         info = self._infos[desc.local_rank]
         alive = False if info.state == RankState.DIED else None
-        read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive)
+        read = self.reader.read_slot(info, desc, at, self.grace_ns, after, writer_alive=alive,
+                                     after_inc=int(t.after_inc[i]))
+        if desc.is_long:  # which incarnation the slot's newest settled window is of, once committed
+            at_safe = [w.incarnation for w in read.windows if w.wid == read.safe_wid]
+            if at_safe:
+                self._pending_inc[i] = at_safe[-1] & (2**63 - 1)  # (u64 in the bank: garbage may be larger)
+            elif read.safe_wid > after:
+                self._pending_inc[i] = -1
         result.overwritten += read.overwritten
         wanted = bool(wanted_group[t.group_id[i]])
         for w in read.windows:
@@ -422,8 +466,13 @@ class Scanner:
     def commit(self) -> None:
         """Record in the segment that the last scan's windows were emitted."""
         pending, self._pending = self._pending, None
+        pending_inc, self._pending_inc = self._pending_inc, {}
         t = self._table
+        if t is not None and pending_inc:
+            t.after_inc[list(pending_inc)] = list(pending_inc.values())
         if pending is None or t is None or not len(pending[0]):
+            if t is not None and pending_inc and self._dirty:
+                t.sync_back()
             return
         which, wids = pending
         t.after[which] = wids

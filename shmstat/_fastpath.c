@@ -235,6 +235,8 @@ typedef struct {
     int64_t wend;        /* end (ns, exclusive) of the open window; 0 before the first sample */
     double max2;         /* 2.0 * max_samples, the seq at which the window is full */
     double seq, sum, min, max, last;  /* this process's copy of the open window (never read back) */
+    int full_reported;   /* the open window reached max_samples and was reported to on_roll then (torch.monitor
+                          * logs a full window at once): the roll reports it no more, count() says 0 */
     int want_last;
     PyObject *on_roll;   /* NULL or callable(count, sum, min, max, last, t), called after the roll is done */
     PyObject *clock;     /* NULL (clock_gettime(CLOCK_REALTIME)) or callable() -> int ns */
@@ -314,14 +316,16 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
     if (self->on_roll != NULL && (self->seq != 0.0 || self->wend != 0)) {
         /* Python: ``if seq: core.last = _Summary(...)`` / ``elif wend: core.last = _Summary()``: an empty
          * previous window is reported as count 0 with zeros. Reported by the caller after the roll. */
+        int any = self->seq != 0.0 && !self->full_reported;
         rolled->pending = 1;
-        rolled->count = self->seq != 0.0 ? (long long)self->seq >> 1 : 0;
-        rolled->sum = self->seq != 0.0 ? self->sum : 0.0;
-        rolled->min = self->seq != 0.0 ? self->min : 0.0;
-        rolled->max = self->seq != 0.0 ? self->max : 0.0;
-        rolled->last = self->seq != 0.0 ? self->last : 0.0;
+        rolled->count = any ? (long long)self->seq >> 1 : 0;
+        rolled->sum = any ? self->sum : 0.0;
+        rolled->min = any ? self->min : 0.0;
+        rolled->max = any ? self->max : 0.0;
+        rolled->last = any ? self->last : 0.0;
         rolled->t = (long long)t;
     }
+    self->full_reported = 0;
     char *b;
     int64_t wid, wend;
     for (;;) {
@@ -371,6 +375,15 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
     self->seq = 2.0;
     st_f64_release(b + B_SEQ, 2.0); /* the data before the even seq */
     st_i64(self->beat_p, t);
+    if (2.0 >= self->max2 && self->on_roll != NULL) {
+        /* max_samples 1: the new window is full at once. The previous one, full too, was reported when it
+         * filled, so what ``rolled`` holds is only its empty report, which this one supersedes. */
+        self->full_reported = 1;
+        rolled->pending = 1;
+        rolled->count = 1;
+        rolled->sum = rolled->min = rolled->max = rolled->last = v;
+        rolled->t = (long long)t;
+    }
     return 0;
 }
 
@@ -436,6 +449,18 @@ add_locked(SlotWriter *self, double v, Rolled *rolled)
     seq += 2.0;
     self->seq = seq;
     st_f64_release(b + B_SEQ, seq); /* the data before the even seq */
+    if (seq >= self->max2 && self->on_roll != NULL) {
+        /* full: reported now, as torch.monitor logs it (the collector reads it from the bank all the same);
+         * a writer without on_roll (none in use) keeps counting it as open */
+        self->full_reported = 1;
+        rolled->pending = 1;
+        rolled->count = (long long)seq >> 1;
+        rolled->sum = self->sum;
+        rolled->min = self->min;
+        rolled->max = self->max;
+        rolled->last = self->last;
+        rolled->t = (long long)t;
+    }
     return 0;
 }
 
@@ -517,6 +542,7 @@ bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t 
     self->incarnation = incarnation;
     self->wend = 0;
     self->seq = self->sum = self->min = self->max = self->last = 0.0;
+    self->full_reported = 0;
     self->busy = 0;
     self->generation = fork_generation;
     self->drop_p = NULL;
@@ -601,7 +627,7 @@ SlotWriter_get_count(SlotWriter *self, void *Py_UNUSED(closure))
     if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
         return NULL;
     }
-    return PyLong_FromLongLong(t < self->wend ? ((long long)self->seq >> 1) : 0);
+    return PyLong_FromLongLong(t < self->wend && !self->full_reported ? ((long long)self->seq >> 1) : 0);
 }
 
 static PyObject *

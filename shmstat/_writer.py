@@ -137,20 +137,21 @@ class SlotBinding:
         at most once a second, check that the segment is still there (:func:`check_removed`)."""
         if time.monotonic() >= _next_check[0]:
             check_removed(self.att)
-        hist = self._closed_hist(t) if n and self.hist0 >= 0 else None
+        hist = self._closed_hist(t, n >= self.key[3]) if n and self.hist0 >= 0 else None
         self.last = Summary(n, total, lo, hi, lastv, hist) if n else Summary()
         if n and _state.STATE.handler_tuple:
             for stat in list(self.stats):
                 stat._log_window(self.last, t)
                 break
 
-    def _closed_hist(self, t: int) -> Histogram | None:
-        """The histogram of the window that just closed: in the bank of the newest window before ``t``'s (this
-        process is the slot's one writer, so nothing changes it meanwhile)."""
+    def _closed_hist(self, t: int, full: bool = False) -> Histogram | None:
+        """The histogram of the window that just closed: in the bank of the newest window before ``t``'s, or of
+        ``t``'s own when it closed by filling up (this process is the slot's one writer, so nothing changes it
+        meanwhile)."""
         seg = self.att.segment
         geo = seg.geometry
         slot0 = geo.slot_offset(self.att.local_rank, self.index)
-        open_wid = t // self.window_ns
+        open_wid = t // self.window_ns + (1 if full else 0)
         best = None
         for b in range(geo.banks):
             wid = seg.i64[(slot0 + b * L.BANK_SIZE) // 8 + L.B_WID]
@@ -294,6 +295,7 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
     inc = att.incarnation
     seq = sm = mn = mx = lastv = 0.0
     wend = 0
+    full_reported = False  # the open window filled up and was reported then (as the C writer's)
     base = slot0
     lock = threading.Lock()
     gen = [_generation[0]]
@@ -304,11 +306,13 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
         # Slow path, once per window: start the window of ``t``. The new bank is marked before the clock is read
         # again (the C roll() says why); if the window ended meanwhile, its bank stays empty and the sample goes
         # to the window of the later reading. Returns what the caller reports once the bank is consistent.
-        nonlocal seq, sm, mn, mx, lastv, wend, base, hist
+        nonlocal seq, sm, mn, mx, lastv, wend, base, hist, full_reported
         if v != v:
             q[nan_word] += 1
             return None
-        report = (int(seq) >> 1, sm, mn, mx, lastv, t) if seq else ((0, 0.0, 0.0, 0.0, 0.0, t) if wend else None)
+        report = ((int(seq) >> 1, sm, mn, mx, lastv, t) if seq and not full_reported
+                  else ((0, 0.0, 0.0, 0.0, 0.0, t) if wend else None))
+        full_reported = False
         while True:
             wid = t // wns
             end = (wid + 1) * wns
@@ -335,12 +339,15 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
         seq = 2.0
         f[b] = 2.0
         q[beat_word] = t
+        if seq >= max2:  # max_samples 1: full at once (the previous window was reported when it filled)
+            full_reported = True
+            return (1, v, v, v, v, t)
         return report
 
     def add(v: float) -> None:
         # The open window's bank is marked (odd seq) before the clock is read, so that a collector closing the
         # window after that reading sees the write in progress and waits for it (see _fastpath.c).
-        nonlocal seq, sm, mn, mx, lastv
+        nonlocal seq, sm, mn, mx, lastv, full_reported
         if gen[0] != _generation[0]:
             binding.rebind()
         if type(v) is not float:
@@ -370,23 +377,28 @@ def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any,
                     hist_add(q, u, hist, v)
                 seq += 2.0
                 f[b] = seq
-                return
-            if wend:
-                f[b] = seq
-            if t >= wend:
-                report = roll(v, t)
+                if seq < max2:
+                    return
+                full_reported = True  # torch.monitor logs a full window at once
+                report: tuple[int, float, float, float, float, int] | None = (int(seq) >> 1, sm, mn, mx, lastv, t)
             else:
-                q[nan_word if v != v else disc_word] += 1
-                return
+                if wend:
+                    f[b] = seq
+                if t >= wend:
+                    report = roll(v, t)
+                else:
+                    q[nan_word if v != v else disc_word] += 1
+                    return
         if report is not None:
             binding.on_roll(*report)
 
     def count() -> int:
-        return int(seq) >> 1 if clock() < wend else 0
+        return int(seq) >> 1 if clock() < wend and not full_reported else 0
 
     def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_disc: int, new_beat: int) -> None:
         nonlocal f, q, u, slot0, nan_word, disc_word, beat_word, inc, seq, sm, mn, mx, lastv, wend, base, lock
-        nonlocal hist0, hist, seg, drop_at
+        nonlocal hist0, hist, seg, drop_at, full_reported
+        full_reported = False
         f, q, u = new_att.segment.f64, new_att.segment.i64, new_att.segment.u32
         seg = new_att.segment
         drop_at = new_att.drop_offset if binding.index < 0 else -1

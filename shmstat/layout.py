@@ -56,7 +56,9 @@ are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks
 
     stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
-      8  window_ms        u64
+      8  window_ms        u64  1 .. MAX_WINDOW_MS (2**62 ns); a reader refuses others (0, "negative", 2**62 ms).
+                               Over LONG_WINDOW_MS (1 h) each writer's window also closes by count or by the
+                               writer's end (see the window constants below)
      16  max_samples      i64
      24  agg_mask         u64  bit (1 << Aggregation value)
      32  emitted_wid      i64  written by the collector only: the newest window it has emitted (-1 none)
@@ -141,11 +143,14 @@ __all__ = [
     "HIST_BUCKETS",
     "HIST_SIZE",
     "LAYOUT_VERSION",
+    "LONG_POLL_MS",
+    "LONG_WINDOW_MS",
     "MAGIC",
     "MAX_GRACE_MS",
     "MAX_GROUP_BYTES",
     "MAX_NAME_BYTES",
     "MAX_WINDOW_MS",
+    "MAX_WINDOW_NS",
     "RANK_ENTRY_SIZE",
     "RING_BUDGET_MS",
     "BankSnapshot",
@@ -179,15 +184,26 @@ DEFAULT_MAX_STATS = 512
 DEFAULT_BANKS = 4
 DEFAULT_HIST_SLOTS = 16
 
-# Window lengths a shared-memory stat may have. Bank ``w % K`` of window ``w`` is reused by window ``w + K``,
-# which starts ``(K - 1)`` windows after ``w`` ended; the collector reads ``w`` once it ended plus its grace.
-# So a window must satisfy ``(K - 2) * window >= RING_BUDGET_MS`` with the grace at most ``MAX_GRACE_MS``: the
-# collector then has at least ``RING_BUDGET_MS - MAX_GRACE_MS`` (50 ms) plus a whole window to read it, and a
-# writer stalled mid-add can be waited for up to K-2 windows. The upper bound keeps every window id and end in
-# int64 nanoseconds with room to spare and a window short enough to watch (one hour).
+# Window lengths a stat may have. Bank ``w % K`` of window ``w`` is reused by window ``w + K``, which starts
+# ``(K - 1)`` windows after ``w`` ended; the collector reads ``w`` once it ended plus its grace. So a window must
+# satisfy ``(K - 2) * window >= RING_BUDGET_MS`` with the grace at most ``MAX_GRACE_MS``: the collector then has at
+# least ``RING_BUDGET_MS - MAX_GRACE_MS`` (50 ms) plus a whole window to read it, and a writer stalled mid-add can
+# be waited for up to K-2 windows.
+#
+# The longest window is 2**62 ns (~146 years; torch.monitor takes any): window ids, starts and ends are int64 ns,
+# and with windows and wall-clock times both under 2**62 ns (until 2116) a window's end, at most ``now + window``,
+# still fits in int64 (the C writer also saturates it).
+# Windows up to ``LONG_WINDOW_MS`` (one hour) close on the wall clock. A longer window closes, for each writer
+# (a rank or a worker writing for it), at the first of: ``max_samples`` samples (torch.monitor logs a full window
+# at once and discards the window's later adds), the writer's end (its process exited or died), a later window
+# of that writer (a rank whose clock stepped), or the wall-clock end. The collector looks for such windows every
+# ``LONG_POLL_MS``; each writer's window is emitted once, and its merged row holds the ranks closed by then.
 RING_BUDGET_MS = 100
 MAX_GRACE_MS = 50
-MAX_WINDOW_MS = 3600 * 1000
+MAX_WINDOW_NS = 1 << 62
+MAX_WINDOW_MS = MAX_WINDOW_NS // 1_000_000
+LONG_WINDOW_MS = 3600 * 1000
+LONG_POLL_MS = 200
 
 
 def min_window_ms(banks: int) -> int:
@@ -391,6 +407,12 @@ class StatDescriptor:
         """Window length in nanoseconds."""
         return self.window_ms * 1_000_000
 
+    @property
+    def is_long(self) -> bool:
+        """Whether the window is longer than :data:`LONG_WINDOW_MS`: each writer's window also closes by count
+        or by the writer's end, not only on the wall clock."""
+        return self.window_ms > LONG_WINDOW_MS
+
 
 @dataclass(frozen=True)
 class BankSnapshot:
@@ -454,7 +476,7 @@ def descriptor_problem(desc: StatDescriptor, geometry: Geometry | None = None) -
     if geometry is not None and desc.hist >= geometry.hist_slots:
         return f"histogram {desc.hist} outside the table of {geometry.hist_slots}"
     if not 1 <= desc.window_ms <= MAX_WINDOW_MS:
-        return f"window of {desc.window_ms} ms outside 1..{MAX_WINDOW_MS}"
+        return f"window of {desc.window_ms} ms outside 1..{MAX_WINDOW_MS}"  # 0, "negative" (u64), 2**62 ms
     if desc.max_samples < 1:
         return f"max_samples {desc.max_samples} under 1"
     if desc.agg_mask & ~VALID_AGG_MASK:

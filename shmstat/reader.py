@@ -1,8 +1,10 @@
 """Reading closed windows out of a job's segment (what the collector, ``shmstat top`` and tests use).
 
 A window ``W`` of a stat with window length ``w`` ends at ``(W + 1) * w`` ns; it is *closed* once ``now`` is
-past its end plus a grace period. Only closed windows are returned, each at most once per ``after_wid``
-watermark the caller keeps (the collector keeps it in the descriptor's ``emitted_wid``).
+past its end plus a grace period, or, for a window longer than an hour, once its writer closed it (by
+``max_samples``, by moving to a later window, or by ending: see :mod:`shmstat.layout`). Only closed windows are
+returned, each at most once per ``after_wid`` watermark the caller keeps (the collector keeps it in the
+descriptor's ``emitted_wid``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
 
 _log = logging.getLogger("shmstat")
 _MAX_WARNED = 10_000  # entries remembered for count-once and warn-once
+_MAX_COUNT = 1 << 61  # samples a bank's seq (a float64, 2 * count) can count exactly
 
 
 @dataclass(frozen=True)
@@ -112,27 +115,40 @@ class SegmentReader:
 
     def read_slot(
         self, info: L.RankInfo, desc: L.StatDescriptor, now_ns: int, grace_ns: int, after_wid: int,
-        writer_alive: bool | None = None,
+        writer_alive: bool | None = None, after_inc: int = -1,
     ) -> SlotRead:
         """Closed windows of one slot newer than ``after_wid``, oldest first.
 
         A bank that stays torn while its writer lives is not returned, and ``safe_wid`` stops before it,
         so it is read again on a later pass; a dead writer's torn bank is returned flagged ``torn``.
+
+        ``after_inc`` (long windows only): the incarnation that wrote window ``after_wid`` when it was emitted
+        (-1: unknown). A rank restarted inside a long window its predecessor's end closed writes that window
+        again from empty; that bank (of the entry's current incarnation) is returned once more, closed by the
+        same rules, so the restarted rank's samples are emitted too (as a second row of that window).
         """
         wns = desc.window_ns
         newest_closed = (now_ns - grace_ns) // wns - 1
-        if newest_closed <= after_wid:
+        if newest_closed <= after_wid and not desc.is_long:
             return SlotRead([], after_wid, 0)
         banks = self.geometry.banks
         base = self.geometry.slot_offset(info.local_rank, desc.index)
         hist0 = self.geometry.hist_offset(info.local_rank, desc.hist) if desc.hist >= 0 else None
         snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
                              hist_offset=None if hist0 is None else hist0 + b * L.HIST_SIZE) for b in range(banks)]
+        lowest = after_wid + 1  # the oldest window to look at
+        if desc.is_long:
+            newest_closed = max(newest_closed, _closed_by_writer(info, desc, snaps, writer_alive))
+            if after_inc >= 0 and any(snap.wid == after_wid and snap.incarnation not in (after_inc, 0)
+                                      and snap.incarnation == info.incarnation for snap in snaps):
+                lowest = after_wid  # re-opened by a restarted rank
+            if newest_closed < lowest:
+                return SlotRead([], after_wid, 0)
         safe = newest_closed
         found: list[L.BankSnapshot] = []
         for snap in snaps:
-            if not after_wid < snap.wid <= newest_closed:
-                continue
+            if not lowest <= snap.wid <= newest_closed or not 0 <= snap.count < _MAX_COUNT:
+                continue  # (a count no writer reaches: garbage written into the segment, read as empty)
             if snap.torn:
                 alive = pid_alive(info.pid) if writer_alive is None else writer_alive
                 if alive:  # a live writer mid-add (or stopped there): read it again on a later pass
@@ -156,3 +172,22 @@ class SegmentReader:
             if snap.wid <= safe
         ]
         return SlotRead(windows, safe, overwritten)
+
+
+def _closed_by_writer(info: L.RankInfo, desc: L.StatDescriptor, snaps: list[L.BankSnapshot],
+                      writer_alive: bool | None) -> int:
+    """The newest window of a long-window slot (:attr:`shmstat.layout.StatDescriptor.is_long`) that its writer
+    has closed before the wall-clock end: every window once the writer is gone (entry exited or died, process
+    dead), else every window before the writer's newest one (a writer never goes back to an older window), and
+    that newest one too once it holds ``max_samples`` samples (the writer discards the window's later adds)."""
+    top = max(snap.wid for snap in snaps)
+    if top < 0:
+        return -1
+    alive = writer_alive
+    if alive is None:
+        alive = info.state == L.RankState.ACTIVE and pid_alive(info.pid)
+    if not alive:
+        return top
+    newest = next(snap for snap in snaps if snap.wid == top)
+    full = not newest.torn and newest.count >= desc.max_samples
+    return top if full else top - 1

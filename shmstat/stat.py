@@ -7,9 +7,13 @@ Two cores share one face:
   events with torch.monitor's data keys (``<name>.<aggregation>``), exactly as torch.monitor does;
 - attached (a job is configured): ``add`` writes into this rank's slot of the segment (see
   :mod:`shmstat.layout`) without a lock, allocation or system call beyond the clock, and the node's collector
-  closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over.
+  closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over (or
+  fills up).
 
-Windows are aligned to the wall clock (``window id = time_ns // window_ns``) so ranks and nodes line up.
+Windows are aligned to the wall clock (``window id = time_ns // window_ns``, int64) so ranks and nodes line up.
+Any window from 1 ms to 2**62 ns (~146 years) is accepted. In a job, a window longer than an hour is also closed,
+for this process, by ``max_samples`` (as torch.monitor logs it at once) and by this process's end, so the collector
+emits it then rather than at its wall-clock end (see :mod:`shmstat.layout`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ Clock = Callable[[], int]
 
 
 def _window_ns(window_size: Any) -> int:
-    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one outside 1 ms..1 h."""
+    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one under 1 ms or over
+    :data:`shmstat.layout.MAX_WINDOW_MS` (2**62 ns, ~146 years: the longest that int64 window ends hold)."""
     if isinstance(window_size, _dt.timedelta):
         ms = window_size // _dt.timedelta(milliseconds=1)
     elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
@@ -57,8 +62,8 @@ def _window_ns(window_size: Any) -> int:
         raise ConfigError(f"window_size {window_size!r} is under 1 ms; use a window of at least 1 ms")
     if ms > L.MAX_WINDOW_MS:
         raise ConfigError(
-            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS // 1000} s; "
-            "use a shorter window (log rarer values as events)"
+            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS} ms (about 146 years); "
+            "use a shorter window"
         )
     return ms * 1_000_000
 
@@ -67,7 +72,9 @@ class Stat:
     """Summary statistics of values added over fixed windows (``torch.monitor.Stat`` compatible).
 
     ``Stat(name, aggregations, window_size, max_samples=2**63-1)``; ``window_size`` is a ``timedelta`` or
-    seconds, truncated to milliseconds (at least 1 ms). Keyword-only extras: ``group`` (the metric group the
+    seconds, truncated to milliseconds (1 ms to 2**62 ns, about 146 years; in a job at least
+    :func:`shmstat.layout.min_window_ms`). The add that brings a window to ``max_samples`` logs it at once and
+    the window's later adds are discarded, as in torch.monitor. Keyword-only extras: ``group`` (the metric group the
     collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
     flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
     ``Aggregation.P50``/``P90``/``P99``/``P999`` keep an exponential histogram per window (same figures

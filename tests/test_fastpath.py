@@ -216,14 +216,16 @@ def test_counters_full_window_and_state():
     assert w.state() == (6.0, 9.0, 1.0, 5.0, 5.0)
     nan, discarded, beat = struct.unpack_from("<QQq", buf, 8)
     assert (nan, discarded, beat) == (1, 1, clock.now)
-    assert w.count == 3 and w.wend == clock.now + 100 * MS
+    # the add that fills the window reports it at once, as torch.monitor logs it; count is 0 from then on
+    assert w.count == 0 and w.wend == clock.now + 100 * MS
+    assert rolls == [(3, 9.0, 1.0, 5.0, 5.0, clock.now)]
     bank = L.read_bank(buf, 1024 + (clock.now // (100 * MS)) % 3 * L.BANK_SIZE)
     assert (bank.count, bank.sum, bank.min, bank.max, bank.last, bank.incarnation) == (3, 9.0, 1.0, 5.0, 5.0, 7)
     t0 = clock.now
     clock.advance_ms(250)
     assert w.count == 0
-    w.add(2.0)
-    assert rolls == [(3, 9.0, 1.0, 5.0, 5.0, clock.now)]
+    w.add(2.0)  # the roll reports the full window no more (an empty report, as after an empty window)
+    assert rolls == [(3, 9.0, 1.0, 5.0, 5.0, t0), (0, 0.0, 0.0, 0.0, 0.0, clock.now)]
     assert L.read_bank(buf, 1024 + ((t0 // (100 * MS)) + 2) % 3 * L.BANK_SIZE).count == 1
 
 
