@@ -56,9 +56,10 @@ class Skipped:
 
 def entry_problem(st: os.stat_result, *, expect: str = "file") -> str | None:
     """Why an entry (its ``lstat``) is not this user's ``expect`` (``"file"``: a regular file, as segments and
-    lock files are; ``"socket"``: a Unix socket, as collector endpoints are), or None when it is."""
-    want = _stat.S_ISSOCK if expect == "socket" else _stat.S_ISREG
-    if not want(st.st_mode):
+    lock files are; ``"socket"``: a Unix socket, as collector endpoints are, or a regular file left in their
+    place), or None when it is."""
+    ok = _stat.S_ISREG(st.st_mode) or (expect == "socket" and _stat.S_ISSOCK(st.st_mode))
+    if not ok:
         what = "a shared-memory segment or lock file" if expect == "file" else "a collector's socket"
         return f"{kind_of(st.st_mode)}, not {what}"
     if st.st_uid != os.getuid():
