@@ -10,6 +10,7 @@ touched and never a crash.
 from __future__ import annotations
 
 import os
+import pwd
 import stat as _stat
 from dataclasses import dataclass
 
@@ -35,10 +36,8 @@ def kind_of(mode: int) -> str:
 
 def _owner(uid: int) -> str:
     try:
-        import pwd
-
         return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except (KeyError, ImportError):
+    except KeyError:
         return f"uid {uid}"
 
 
@@ -60,7 +59,7 @@ def entry_problem(st: os.stat_result, *, expect: str = "file") -> str | None:
     place), or None when it is."""
     ok = _stat.S_ISREG(st.st_mode) or (expect == "socket" and _stat.S_ISSOCK(st.st_mode))
     if not ok:
-        what = "a shared-memory segment or lock file" if expect == "file" else "a collector's socket"
+        what = "a regular file (a segment or lock file)" if expect == "file" else "a collector's socket"
         return f"{kind_of(st.st_mode)}, not {what}"
     if st.st_uid != os.getuid():
         return f"owned by {_owner(st.st_uid)}, not by you"
