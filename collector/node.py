@@ -65,6 +65,7 @@ class NodeCollector:
         self._to_remove: dict[str, float] = {}  # finished job -> monotonic time to stop trying to remove it
         self._said: set[str] = set()
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
+        self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
         self._next_discovery = 0.0
         self.stop_requested = threading.Event()
 
@@ -89,7 +90,11 @@ class NodeCollector:
         now = time.monotonic()
         if now >= self._next_discovery:
             self._next_discovery = now + self.discover_interval_s
-            self.discover()
+            try:
+                self.discover()
+            except Exception as exc:  # whatever is in /dev/shm, the jobs already served go on
+                self._say_once(f"discover {exc!r}", f"shmstat collector: looking at /dev/shm failed ({exc!r})",
+                               sys.stderr)
         if poll_timeout_ms > 0:
             poller = zmq.Poller()
             for c in self.collectors.values():
@@ -121,8 +126,10 @@ class NodeCollector:
         self._remove_finished(now)
         if self.jobs is None:
             scan = scan_shm()
-            for skipped in scan.skipped:
-                self._say_once(f"skip {skipped.path} {skipped.reason}", skipped.line(), sys.stderr)
+            present = {skipped.line() for skipped in scan.skipped}
+            for line in sorted(present - self._skips_said):
+                print(line, file=sys.stderr, flush=True)
+            self._skips_said = present  # bounded by what is there now; an entry made again is said again
             self._done &= set(scan.segments)  # a job whose segment is gone and comes back is a new job
             candidates = scan.segments
         else:

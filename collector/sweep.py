@@ -47,6 +47,13 @@ def remove_if_dead(job: str, *, empty_grace_s: float | None = None) -> Verdict:
     """Remove ``job``'s segment and lock file if no process uses them (see the module docstring); never waits
     for a lock and never raises for what is in ``/dev/shm``. ``empty_grace_s`` None removes a segment with no
     rank entry at once (``shmstat clean``: the user asked)."""
+    try:
+        return _remove_if_dead(job, empty_grace_s)
+    except (OSError, ValueError, posix_ipc.Error) as exc:  # e.g. the entry changed under us
+        return Verdict(False, f"not removed ({exc})", live=True)
+
+
+def _remove_if_dead(job: str, empty_grace_s: float | None) -> Verdict:
     path = f"{SHM_DIR}/shmstat.{job}"
     try:
         seg_fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
