@@ -164,6 +164,7 @@ def main(work: str) -> None:
 
         root("root_ls", ["ls"])
         root("root_top", ["top", "--once"])
+        root("root_top_other", ["top", "--once", "--job", "o-live"])
         root("root_subscribe", ["subscribe", "--job", "y", "--timeout", "0.2"])
         root("root_collect_dir", ["collect", "--job", "o-dir"])
         root("root_collect_other", ["collect", "--job", "o-live"])

@@ -41,6 +41,19 @@ def rank_main(job: str, rank: int, ready: str) -> None:
         time.sleep(60)
 
 
+def _empty_segment(job: str, age_s: float) -> None:
+    """A segment in which no rank registered, made ``age_s`` ago (its header's creation time)."""
+    import struct
+
+    sys.path.insert(0, REPO)
+    from shmstat import layout as L
+    from shmstat.segment import Segment
+
+    seg = Segment.open(job)
+    struct.pack_into("<q", seg.buf, L.H_CREATED, time.time_ns() - int(age_s * 1e9))
+    seg.close()
+
+
 def _wait(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -56,6 +69,8 @@ def main(workdir: str, mode: str) -> None:
     env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=runtime)
     os.environ["XDG_RUNTIME_DIR"] = runtime
     job = f"killed-{uuid.uuid4().hex[:8]}"
+    tag = uuid.uuid4().hex[:8]
+    empty_old, empty_new = f"empty-old-{tag}", f"empty-new-{tag}"  # (made in mode "later")
     out = os.path.join(workdir, "m.jsonl")
     lines: list[str] = []
     coll: subprocess.Popen | None = None
@@ -77,6 +92,9 @@ def main(workdir: str, mode: str) -> None:
         if mode == "running":
             coll = start_collector()
             _wait(lambda: any("serving" in line for line in lines), 60, "the node collector to start")
+        if mode == "later":
+            _empty_segment(empty_old, age_s=120)  # no rank ever registered, two minutes ago
+            _empty_segment(empty_new, age_s=0)  # a rank may be about to register
         ctx = mp.get_context("spawn")
         ranks = []
         for r in SAMPLES:
@@ -94,6 +112,8 @@ def main(workdir: str, mode: str) -> None:
             p.join(30)  # reaped: a zombie counts as alive
         if mode == "later":
             coll = start_collector()
+            _wait(lambda: any(f"job {empty_old}'s segment removed" in line for line in lines), 60,
+                  "the old empty segment's removal")
         _wait(lambda: any(f"job {job}'s segment removed" in line for line in lines), 60, "the segment's removal")
         coll.send_signal(signal.SIGTERM)
         code = coll.wait(30)
@@ -102,7 +122,8 @@ def main(workdir: str, mode: str) -> None:
             coll.kill()
             coll.wait()
         with open(os.path.join(workdir, "result.json"), "w") as f:
-            json.dump({"job": job, "lines": lines, "code": coll.returncode if coll else None,
+            json.dump({"job": job, "empty": [empty_old, empty_new], "lines": lines,
+                   "code": coll.returncode if coll else None,
                        "samples": SAMPLES, "left_before": locals().get("left_before", []),
                        "left": sorted(os.listdir("/dev/shm")), "runtime_left": sorted(os.listdir(runtime))}, f)
         import shutil

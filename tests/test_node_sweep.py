@@ -13,7 +13,7 @@ import sys
 import pytest
 from _procs import REPO, read_jsonl
 
-_SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_sweep_kit.py "$WORK" "$MODE"'
+_SCRIPT = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/_sweep_kit.py "$WORK" "$MODE"'
 
 
 def _run(tmp_path, mode: str) -> tuple[dict, list[dict]]:
@@ -51,11 +51,28 @@ def _reconcile(result: dict, rows: list[dict]) -> None:
     assert any(f"job {job}'s segment removed" in line for line in result["lines"])
 
 
+@pytest.fixture(scope="module")
+def later(tmp_path_factory) -> tuple[dict, list[dict]]:
+    """One run of mode ``later`` (ranks killed, then the node collector started), shared by the tests below."""
+    return _run(tmp_path_factory.mktemp("later"), "later")
+
+
 def test_a_node_collector_started_after_the_ranks_were_sigkilled_emits_their_samples_and_removes_the_segment(
-        tmp_path):
-    result, rows = _run(tmp_path, "later")
+        later):
+    result, rows = later
     _reconcile(result, rows)
     assert any(f"job {result['job']} has no live process" in line for line in result["lines"])
+
+
+def test_a_node_collector_removes_a_segment_no_rank_registered_in_once_a_minute_old_and_keeps_a_fresh_one(
+        later):
+    result, _ = later
+    old, new = result["empty"]
+    assert f"shmstat.{old}" in result["left_before"] and f"shmstat.{new}" in result["left_before"]
+    assert any(f"job {old}'s segment removed (no rank ever registered" in line for line in result["lines"])
+    assert f"shmstat.{old}" not in result["left"] and f"shmstat.{old}.lock" not in result["left"]
+    assert f"shmstat.{new}" in result["left"], "a segment a rank may be about to register in is kept"
+    assert not any(f"job {new}" in line for line in result["lines"]), "never served: no rank, nothing to emit"
 
 
 def test_ranks_sigkilled_while_the_node_collector_runs_are_emitted_and_their_segment_removed(tmp_path):

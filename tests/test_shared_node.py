@@ -17,7 +17,7 @@ import sys
 import pytest
 from _procs import REPO
 
-_SCRIPT = 'mount -t tmpfs -o size=128m tmpfs /dev/shm && exec "$PY" tests/_shared_node_kit.py "$WORK"'
+_SCRIPT = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$PY" tests/_shared_node_kit.py "$WORK"'
 
 OTHER_ODD = ["shmstat.o-dir", "shmstat.o-dir2.lock", "shmstat.o-fifo", "shmstat.o-link"]
 OTHER_SEGMENTS = ["shmstat.o-idle", "shmstat.o-idle.lock", "shmstat.o-live", "shmstat.o-live.lock"]
@@ -54,7 +54,7 @@ def _names(paths: list[str]) -> list[str]:
 
 def test_no_command_crashes_as_root_or_as_another_user(runs):
     commands = {name: run for name, run in runs.items() if "argv" in run}
-    assert len(commands) == 14
+    assert len(commands) == 15
     for name, run in commands.items():
         assert "Traceback" not in run["out"] + run["err"], name
         assert run["code"] in (0, 2), (name, run)
@@ -77,6 +77,7 @@ def test_ls_and_top_show_only_your_segments_and_name_each_skipped_entry_once(run
 
 def test_a_named_entry_that_is_not_yours_is_one_line_and_exit_2(runs):
     for name, words in (("root_collect_dir", "a directory"), ("root_collect_other", "owned by uid 65534"),
+                        ("root_top_other", "owned by uid 65534"),
                         ("root_clean_other", "owned by uid 65534"), ("other_clean_root", "owned by uid 0"),
                         ("root_subscribe", "a FIFO"), ("other_subscribe", "a directory")):
         run = runs[name]
