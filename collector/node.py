@@ -143,7 +143,7 @@ class NodeCollector:
                     self._sweep_empty(job, now)
                     continue
                 if state not in ("live", "dead") or (state == "dead" and job in self._done):
-                    continue  # unreadable (said by ls), served elsewhere, or let go already and being removed
+                    continue  # unreadable (said by ls), served elsewhere, exiting, or let go and being removed
                 if state == "dead":
                     self._say_once(f"dead {job}", f"shmstat collector: job {job} has no live process: emitting "
                                    "what its rings hold, then removing its segment", self.out)
@@ -230,18 +230,22 @@ class NodeCollector:
 def _look(job: str) -> str:
     """What a job's segment holds, at a look (no lock taken): ``"live"`` (an active rank's process runs),
     ``"dead"`` (rank entries, none of them a live process, no live collector), ``"empty"`` (no rank entry, no
-    live collector), ``"served"`` (a live collector and no live rank) or ``"unreadable"``."""
+    live collector), ``"served"`` (a live collector and no live rank), ``"exiting"`` (no active rank, but a
+    process of the rank table still runs) or ``"unreadable"``."""
     try:
         seg = Segment.open(job, create=False, wait=False)
     except (ShmstatError, OSError, ValueError):
         return "unreadable"
     try:
         ranks = seg.ranks()
-        if any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks):
+        alive = [r for r in ranks if r.pid and pid_alive(r.pid)]
+        if any(r.state == RankState.ACTIVE for r in alive):
             return "live"
         collector = seg.header().collector_pid
         if collector and collector != os.getpid() and pid_alive(collector):
             return "served"
+        if alive:
+            return "exiting"  # a rank after its shutdown(): looked at again once it has gone
         return "dead" if ranks else "empty"
     finally:
         seg.close()
