@@ -86,8 +86,8 @@ def clean(job: str | None) -> int:
     scan = scan_shm()
     segments = scan.segments
     runtime, runtime_skipped = _runtime_entries()
-    leftovers = sorted((set(Segment.leftover_jobs()) | set(runtime)) - set(segments)
-                       - {s.path.rsplit("/shmstat.", 1)[-1] for s in scan.skipped})
+    leftovers = sorted(j for j in set(Segment.leftover_jobs()) | set(runtime)
+                       if not os.path.lexists(f"{SHM_DIR}/shmstat.{j}"))  # whoever's segment it is: not leftovers
     skipped = scan.skipped + runtime_skipped
     if job is not None:
         validate_job(job)
