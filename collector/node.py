@@ -6,7 +6,12 @@ is picked up (a :class:`~collector.daemon.Collector` for it, binding the job's i
 the owner-only runtime directory), within a second of its first rank attaching, whatever its id (torchrun's
 random run ids included). A job another collector serves (it holds the flock on the segment) is left alone,
 said once. A job whose ranks have all exited is let go once its windows are emitted, and its segment removed
-when no process of its rank table is alive (a job started again later gets a fresh one). Every job's rows go to
+when no process of its rank table is alive (a job started again later gets a fresh one). The same holds for a
+segment of this user that no process uses when the node collector finds it, at start or later (e.g. a job whose
+ranks were all SIGKILLed): it is picked up, every window still in its rings emitted, and removed; a segment in
+which no rank ever registered is removed once it is a minute old (:mod:`collector.sweep` says when a segment
+counts as unused). Entries of ``/dev/shm`` that are not this user's segments (another user's, a directory, a
+FIFO, a link) are skipped, each said once on stderr. Every job's rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
 streams are on its own publish endpoint (``shmstat subscribe --job JOB``).
 """
@@ -27,14 +32,17 @@ import zmq
 from shmstat.errors import CollectorError, ShmstatError
 from shmstat.layout import RankState
 from shmstat.segment import Segment, pid_alive
+from shmstat.shm_entries import scan_shm
 
 from .daemon import Collector, CollectorConfig, build_dispatcher
 from .prometheus import start_exporter
+from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
 
 _RETRY_S = 5.0  # a job another collector serves is looked at again this often (quietly)
 _REMOVE_WITHIN_S = 600.0  # a finished job's segment is removed once its processes are gone, if within this
+_EMPTY_GRACE_S = 60.0  # a segment with no rank entry is left this long (a rank may be about to register)
 
 
 class NodeCollector:
@@ -56,6 +64,8 @@ class NodeCollector:
         self._not_now: dict[str, float] = {}  # job -> monotonic time to look at it again
         self._to_remove: dict[str, float] = {}  # finished job -> monotonic time to stop trying to remove it
         self._said: set[str] = set()
+        self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
+        self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
         self._next_discovery = 0.0
         self.stop_requested = threading.Event()
 
@@ -80,7 +90,11 @@ class NodeCollector:
         now = time.monotonic()
         if now >= self._next_discovery:
             self._next_discovery = now + self.discover_interval_s
-            self.discover()
+            try:
+                self.discover()
+            except Exception as exc:  # whatever is in /dev/shm, the jobs already served go on
+                self._say_once(f"discover {exc!r}", f"shmstat collector: looking at /dev/shm failed ({exc!r})",
+                               sys.stderr)
         if poll_timeout_ms > 0:
             poller = zmq.Poller()
             for c in self.collectors.values():
@@ -100,38 +114,69 @@ class NodeCollector:
             if self.jobs is None and self._finished(c):
                 if self._release(job):
                     self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
+                self._done.add(job)
                 self.let_go.append(job)
                 print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
                       flush=True)
 
     def discover(self) -> None:
-        """Pick up the jobs that need a collector (see the module docstring)."""
+        """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the
+        module docstring). Entries of ``/dev/shm`` that are not this user's segments are skipped, each said once."""
         now = time.monotonic()
         self._remove_finished(now)
-        candidates = self.jobs if self.jobs is not None else Segment.list_jobs()
+        if self.jobs is None:
+            scan = scan_shm()
+            present = {skipped.line() for skipped in scan.skipped}
+            for line in sorted(present - self._skips_said):
+                print(line, file=sys.stderr, flush=True)
+            self._skips_said = present  # bounded by what is there now; an entry made again is said again
+            self._done &= set(scan.segments)  # a job whose segment is gone and comes back is a new job
+            candidates = scan.segments
+        else:
+            candidates = self.jobs
         for job in candidates:
             if job in self.collectors or self._not_now.get(job, 0.0) > now:
                 continue
-            if self.jobs is None and not _has_live_rank(job):
-                continue
+            if self.jobs is None:
+                state = _look(job)
+                if state == "empty":
+                    self._sweep_empty(job, now)
+                    continue
+                if state not in ("live", "dead") or (state == "dead" and job in self._done):
+                    continue  # unreadable (said by ls), served elsewhere, exiting, or let go and being removed
+                if state == "dead":
+                    self._say_once(f"dead {job}", f"shmstat collector: job {job} has no live process: emitting "
+                                   "what its rings hold, then removing its segment", self.out)
             try:
                 collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
                                       dispatcher=self.dispatcher, exporter=self.exporter)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
-                if job not in self._said:
-                    self._said.add(job)
-                    print(f"shmstat collector: leaving job {job} alone: {exc}", file=sys.stderr, flush=True)
+                self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
                 continue
-            except (ShmstatError, OSError) as exc:  # not ours to read (another user's, another layout)
+            except (ShmstatError, OSError, ValueError) as exc:  # not ours to read (another layout, a race)
                 self._not_now[job] = now + 60.0
-                if job not in self._said:
-                    self._said.add(job)
-                    print(f"shmstat collector: cannot serve job {job}: {exc}", file=sys.stderr, flush=True)
+                self._say_once(job, f"shmstat collector: cannot serve job {job}: {exc}", sys.stderr)
                 continue
+            self._done.discard(job)
             self.collectors[job] = collector
             print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)
+
+    def _say_once(self, key: str, line: str, stream: IO[str]) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            print(line, file=stream, flush=True)
+
+    def _sweep_empty(self, job: str, now: float) -> None:
+        """A segment with no rank entry: removed once it is older than :data:`_EMPTY_GRACE_S` and no process
+        uses it (a collector, a rank registering); looked at again every :data:`_RETRY_S`."""
+        verdict = remove_if_dead(job, empty_grace_s=_EMPTY_GRACE_S)
+        if verdict.removed:
+            print(f"shmstat collector: job {job}'s segment removed (no rank ever registered, no process uses it)",
+                  file=self.out, flush=True)
+        else:
+            self._not_now[job] = now + _RETRY_S
 
     def _remove_finished(self, now: float) -> None:
         """Remove the segments of jobs let go with every window emitted, once none of their processes is alive
@@ -139,9 +184,20 @@ class NodeCollector:
         for job, until in list(self._to_remove.items()):
             if job in self.collectors or now > until:
                 del self._to_remove[job]
-            elif Segment.unlink_if_unused(job):
+                continue
+            try:
+                verdict = remove_if_dead(job)
+            except Exception as exc:  # never stop serving the other jobs for one segment
+                verdict = Verdict(False, repr(exc))
+            if verdict.removed or verdict.reason == "no segment":
                 del self._to_remove[job]
+                self._done.discard(job)
+            if verdict.removed:
                 print(f"shmstat collector: job {job}'s segment removed", file=self.out, flush=True)
+            elif not verdict.live and verdict.reason != "no segment":
+                del self._to_remove[job]  # not a matter of waiting (e.g. replaced by another user's entry)
+                self._say_once(f"keep {job}", f"shmstat collector: job {job}'s segment kept: {verdict.reason}",
+                               sys.stderr)
 
     @staticmethod
     def _finished(c: Collector) -> bool:
@@ -171,13 +227,25 @@ class NodeCollector:
             self.exporter.close()
 
 
-def _has_live_rank(job: str) -> bool:
-    """Whether a process registered in ``job``'s segment still runs (a look: no lock taken)."""
+def _look(job: str) -> str:
+    """What a job's segment holds, at a look (no lock taken): ``"live"`` (an active rank's process runs),
+    ``"dead"`` (rank entries, none of them a live process, no live collector), ``"empty"`` (no rank entry, no
+    live collector), ``"served"`` (a live collector and no live rank), ``"exiting"`` (no active rank, but a
+    process of the rank table still runs) or ``"unreadable"``."""
     try:
         seg = Segment.open(job, create=False, wait=False)
-    except (ShmstatError, OSError):
-        return False
+    except (ShmstatError, OSError, ValueError):
+        return "unreadable"
     try:
-        return any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in seg.ranks())
+        ranks = seg.ranks()
+        alive = [r for r in ranks if r.pid and pid_alive(r.pid)]
+        if any(r.state == RankState.ACTIVE for r in alive):
+            return "live"
+        collector = seg.header().collector_pid
+        if collector and collector != os.getpid() and pid_alive(collector):
+            return "served"
+        if alive:
+            return "exiting"  # a rank after its shutdown(): looked at again once it has gone
+        return "dead" if ranks else "empty"
     finally:
         seg.close()

@@ -26,7 +26,7 @@ from typing import Any
 
 _log = logging.getLogger("shmstat.prometheus")
 
-__all__ = ["CHEAP_RENDER_S", "MAX_AGE_S", "MAX_RENDER_SHARE", "MetricsServer", "RenderCache"]
+__all__ = ["CHEAP_RENDER_S", "LISTEN_BACKLOG", "MAX_AGE_S", "MAX_RENDER_SHARE", "MetricsServer", "RenderCache"]
 
 CHEAP_RENDER_S = 0.1
 """A rendering that took less than this (seconds) is redone on a scrape that finds the cache stale."""
@@ -35,6 +35,10 @@ MAX_RENDER_SHARE = 0.2
 MAX_AGE_S = 10.0
 """A rendering older than this counts as stale even when no new figures arrived (the collector's own counters
 are read when rendering)."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before ``/metrics`` accepts them (socketserver's default is 5: a burst of
+scrapers past it had its connections dropped and retried after a second or more). The kernel caps it at
+``net.core.somaxconn``."""
 
 
 class RenderCache:
@@ -151,7 +155,8 @@ class RenderCache:
 
 class MetricsServer:
     """A threaded HTTP server on ``host:port`` (0: any free port) answering every GET with ``cache.body()``
-    in the Prometheus text format 0.0.4; stops on :meth:`close`."""
+    in the Prometheus text format 0.0.4, with a listen backlog of :data:`LISTEN_BACKLOG` (a burst of concurrent
+    scrapers is queued, not refused); stops on :meth:`close`."""
 
     def __init__(self, cache: RenderCache, host: str, port: int) -> None:
         from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -179,6 +184,7 @@ class MetricsServer:
         class Server(http.server.ThreadingHTTPServer):
             address_family = family
             daemon_threads = True
+            request_queue_size = LISTEN_BACKLOG
 
         self._server = Server(sockaddr[:2], Handler)
         self.port = int(self._server.server_address[1])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -13,6 +15,7 @@ import zmq
 
 from shmstat import wire
 from shmstat.errors import ConfigError, WireError
+from shmstat.shm_entries import Skipped, entry_problem
 
 __all__ = ["message_to_json", "subscribe"]
 
@@ -36,6 +39,26 @@ def message_to_json(msg: wire.WireMessage, endpoint: str) -> str:
     )
 
 
+def _usable(endpoint: str) -> bool:
+    """False (saying why, in one line on stderr) for an ``ipc://`` path that exists but is not this user's
+    socket: another user's entry, a directory, a FIFO, a link. A missing path is fine (the collector may start
+    later: zmq connects when it appears)."""
+    if not endpoint.startswith("ipc://"):
+        return True
+    path = endpoint[len("ipc://"):]
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True
+    problem = entry_problem(st, expect="socket")
+    if problem is None and not stat.S_ISSOCK(st.st_mode):
+        problem = "a regular file, not a collector's socket"
+    if problem is None:
+        return True
+    print(f"shmstat subscribe: {Skipped(path, problem).line()}", file=sys.stderr)
+    return False
+
+
 def subscribe(
     endpoints: Sequence[str], *, topics: Sequence[str] = (), count: int | None = None,
     timeout_s: float | None = None, out: IO[str] | None = None,
@@ -43,11 +66,16 @@ def subscribe(
     """Print every message from ``endpoints`` whose topic starts with one of ``topics`` (all if none).
 
     Stops after ``count`` messages or ``timeout_s`` seconds if given, else on Ctrl-C. Malformed messages are
-    counted on stderr at the end, never printed as data. Returns the exit status.
+    counted on stderr at the end, never printed as data. An ``ipc://`` endpoint whose path is not this user's
+    socket is skipped with one line (none left: :class:`ConfigError`). Returns the exit status.
     """
     out = out if out is not None else sys.stdout
     if count is not None and count < 1:
         raise ConfigError(f"--count must be at least 1, got {count}")
+    usable = [ep for ep in endpoints if _usable(ep)]
+    if not usable:
+        raise ConfigError(f"no endpoint to subscribe to: {', '.join(endpoints)} skipped")
+    endpoints = usable
     ctx = zmq.Context()
     socks: dict[zmq.Socket, str] = {}
     poller = zmq.Poller()

@@ -2,13 +2,14 @@
 terminal's alternate screen), or printed one after the other when stdout is not a terminal, or one (``--once``).
 
 Segments are only looked at: opened with ``create=False, wait=False`` (never waiting for a job's lock, never
-creating anything), re-listed every frame when no job is named so jobs that start or end come and go.
+creating anything), re-listed every frame when no job is named so jobs that start or end come and go. Only this
+user's segments are listed: entries of ``/dev/shm`` that are another user's, or not segments at all (a
+directory, a FIFO, a link), are left out silently (a line per frame would be noise; ``shmstat ls`` names them).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable
 
@@ -51,7 +52,7 @@ class _Segments:
     def current(self) -> list[Segment | SegmentReader]:
         """The segments to show now (a named job's stays mapped even once its file is removed)."""
         if self.job is None:
-            listed = [j for j in Segment.list_jobs() if _ours(j)]
+            listed = Segment.list_jobs()  # this user's segments only: another user's entries are left out
             for gone in set(self.open) - set(listed):
                 self.open.pop(gone).segment.close()
             for j in listed:
@@ -67,13 +68,6 @@ class _Segments:
             with contextlib.suppress(Exception):
                 reader.segment.close()
         self.open.clear()
-
-
-def _ours(job: str) -> bool:
-    try:
-        return os.stat(f"/dev/shm/shmstat.{job}").st_uid == os.getuid()
-    except OSError:
-        return False
 
 
 def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "name", interval_s: float = 1.0,

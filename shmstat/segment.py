@@ -25,6 +25,7 @@ from . import layout as L
 from ._joblock import JobLock, job_lock
 from .errors import ConfigError, LayoutMismatchError, SegmentError
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
+from .shm_entries import SHM_DIR, check_segment_path, scan_shm
 
 __all__ = ["Segment", "pid_alive"]
 
@@ -84,6 +85,7 @@ class Segment:
         if create_geometry is not None:
             _check_geometry(create_geometry)
         path = "/dev/shm" + segment_name(job)
+        check_segment_path(job)  # another user's directory, FIFO or link of that name: refused, nothing made
         if not create and not os.path.exists(path):  # checked before the lock file is made: nothing left behind
             raise SegmentError(f"no shared memory segment exists for job {job!r}; start its collector or a rank first")
         if not wait and not create:
@@ -307,30 +309,17 @@ class Segment:
 
     @staticmethod
     def leftover_jobs() -> list[str]:
-        """Jobs with a lock file, or a semaphore of an older version, in /dev/shm but no segment."""
-        try:
-            names = os.listdir("/dev/shm")
-        except OSError:
-            return []
-        jobs = set()
-        for n in names:
-            for prefix in ("shmstat.", "sem.shmstat."):
-                if n.startswith(prefix) and n.endswith(".lock"):
-                    jobs.add(n[len(prefix) : -len(".lock")])
-        return sorted(j for j in jobs if j and not os.path.exists(f"/dev/shm/shmstat.{j}"))
+        """Jobs with a lock file, or a semaphore of an older version, of this user in /dev/shm but no entry named
+        like their segment (entries not this user's regular files are left out: see :mod:`shmstat.shm_entries`)."""
+        scan = scan_shm()
+        return [j for j in scan.lock_jobs if not os.path.lexists(f"{SHM_DIR}/shmstat.{j}")]
 
     @staticmethod
     def list_jobs() -> list[str]:
-        """Job ids of the shmstat segments visible in /dev/shm on this node."""
-        try:
-            names = os.listdir("/dev/shm")
-        except OSError:
-            return []
-        jobs = []
-        for n in sorted(names):
-            if n.startswith("shmstat.") and not n.endswith(".lock") and not n.startswith("sem."):
-                jobs.append(n[len("shmstat.") :])
-        return jobs
+        """Job ids of this user's shmstat segments in /dev/shm on this node (regular files owned by this uid,
+        named after a valid job id); anything else named like one is left out (:func:`shmstat.shm_entries.scan_shm`
+        says what and why)."""
+        return scan_shm().segments
 
 
 def _unserved(segment: Segment, pid: int) -> bool:

@@ -1,0 +1,115 @@
+"""A shared node: another local user's entries named like shmstat's in /dev/shm (a directory, a FIFO, a link,
+a directory named like a lock file, a live segment, an idle one) and odd entries in the runtime directories
+(directories, FIFOs, links, a socket where a file is expected, another user's files). Every command (``ls``,
+``top``, ``subscribe``, ``collect`` with and without ``--job``, ``clean`` with and without a job) runs as root
+and as that user (uid 65534): none crashes, each skipped entry is one line (the node collector says it once),
+``clean`` removes only the caller's own segments with no live process, and nothing of the other user is removed.
+Runs in a private /dev/shm (a mount namespace): see ``tests/_shared_node_kit.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from _procs import REPO
+
+_SCRIPT = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$PY" tests/_shared_node_kit.py "$WORK"'
+
+OTHER_ODD = ["shmstat.o-dir", "shmstat.o-dir2.lock", "shmstat.o-fifo", "shmstat.o-link"]
+OTHER_SEGMENTS = ["shmstat.o-idle", "shmstat.o-idle.lock", "shmstat.o-live", "shmstat.o-live.lock"]
+ROOT_RT = ["v.ingest", "w.collector.lock", "x.ingest", "y.publish", "z.collector.lock"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    if os.getuid() != 0:
+        pytest.skip("needs root, to act as a second local user (uid 65534)")
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare (util-linux) for a private /dev/shm")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
+    work = tmp_path_factory.mktemp("shared")
+    env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO)
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SCRIPT], env=env,
+                          cwd=REPO, timeout=300, capture_output=True, text=True)
+    with open(work / "result.json") as f:
+        result = json.load(f)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return result
+
+
+def _skipped(run: dict) -> list[str]:
+    """The paths of the ``skipped PATH: reason`` lines a command printed."""
+    return [line.split()[1].rstrip(":") for line in run["err"].splitlines() if line.startswith("skipped ")]
+
+
+def _names(paths: list[str]) -> list[str]:
+    return sorted(os.path.basename(p) for p in paths)
+
+
+def test_no_command_crashes_as_root_or_as_another_user(runs):
+    commands = {name: run for name, run in runs.items() if "argv" in run}
+    assert len(commands) == 15
+    for name, run in commands.items():
+        assert "Traceback" not in run["out"] + run["err"], name
+        assert run["code"] in (0, 2), (name, run)
+
+
+def test_ls_and_top_show_only_your_segments_and_name_each_skipped_entry_once(runs):
+    ls = runs["root_ls"]
+    assert ls["code"] == 0 and "r-dead" in ls["out"] and "r-live" in ls["out"] and "o-" not in ls["out"]
+    assert _names(_skipped(ls)) == sorted(OTHER_ODD + OTHER_SEGMENTS)
+    assert "a directory" in ls["err"] and "a FIFO" in ls["err"] and "a symbolic link" in ls["err"]
+    assert "owned by uid 65534" in ls["err"]
+    other = runs["other_ls"]
+    assert other["code"] == 0 and "o-idle" in other["out"] and "o-live" in other["out"] and "r-" not in other["out"]
+    root_entries = ["shmstat.r-idle", "shmstat.r-idle.lock", "shmstat.r-live", "shmstat.r-live.lock"]
+    assert _names(_skipped(other)) == sorted([*OTHER_ODD, *root_entries])
+    assert "owned by uid 0" in other["err"]
+    for name, shown, hidden in (("root_top", "r-live", "o-"), ("other_top", "o-live", "r-")):
+        assert runs[name]["code"] == 0 and shown in runs[name]["out"] and hidden not in runs[name]["out"]
+
+
+def test_a_named_entry_that_is_not_yours_is_one_line_and_exit_2(runs):
+    for name, words in (("root_collect_dir", "a directory"), ("root_collect_other", "owned by uid 65534"),
+                        ("root_top_other", "owned by uid 65534"),
+                        ("root_clean_other", "owned by uid 65534"), ("other_clean_root", "owned by uid 0"),
+                        ("root_subscribe", "a FIFO"), ("other_subscribe", "a directory")):
+        run = runs[name]
+        assert run["code"] == 2 and words in run["err"], (name, run)
+        assert len(run["err"].splitlines()) <= 2 and run["out"] == "", (name, run)
+
+
+def test_clean_removes_only_your_idle_segments_never_a_live_one_nor_another_users(runs):
+    root = runs["root_clean"]
+    assert root["code"] == 0
+    assert "removed r-dead" in root["out"] and "kept r-live (live process" in root["out"]
+    assert _names(_skipped(root)) == sorted(OTHER_ODD + OTHER_SEGMENTS + ROOT_RT)
+    after = runs["after_root_clean"]
+    assert set(OTHER_ODD + OTHER_SEGMENTS) <= set(after["entries"]), "root's clean removed another user's entry"
+    assert "shmstat.r-dead" not in after["entries"] and "shmstat.r-dead.lock" not in after["entries"]
+    assert after["rt"] == ROOT_RT, "odd runtime-directory entries are left alone"
+    other = runs["other_clean"]
+    assert other["code"] == 0 and "kept o-live (live process" in other["out"] and "removed" not in other["err"]
+    assert "p.publish" in other["err"] and "q.ingest" in other["err"]
+    end = runs["end"]
+    assert {"shmstat.r-idle", "shmstat.r-idle.lock", "shmstat.r-live", "shmstat.r-live.lock"} <= set(end["entries"])
+    assert set([*OTHER_ODD, "shmstat.o-live", "shmstat.o-live.lock"]) <= set(end["entries"])
+    assert end["root_rt"] == ROOT_RT and end["other_rt"] == ["p.publish", "q.ingest"]
+
+
+def test_a_node_collector_skips_what_is_not_its_users_says_it_once_and_sweeps_only_its_own(runs):
+    for name, own_dead, own_live, foreign in (("root_node", "r-dead2", "r-live", "o-"),
+                                              ("other_node", "o-idle", "o-live", "r-")):
+        run = runs[name]
+        assert run["code"] == 0, run
+        assert f"job {own_dead}'s segment removed" in run["out"] and f"job {own_live} picked up" in run["out"]
+        assert f"job {foreign}" not in run["out"], "another user's job is never served"
+        paths = _skipped(run)
+        assert len(paths) == len(set(paths)) == 8, "each skipped entry said once, over many discoveries"
+    assert "shmstat.o-idle" not in runs["end"]["entries"]  # the other user's own node collector swept it
