@@ -20,7 +20,9 @@ a subprocess.
 from __future__ import annotations
 
 from ._job import ShmstatJob, unique_job_id
-from ._ranks import RankGroup, RankResult
+from ._ranks import RankGroup, RankResult, RanksFailed
 from ._records import EventRecord, MetricRecord, Row
 
-__all__ = ["EventRecord", "MetricRecord", "RankGroup", "RankResult", "Row", "ShmstatJob", "unique_job_id"]
+__all__ = [
+    "EventRecord", "MetricRecord", "RankGroup", "RankResult", "RanksFailed", "Row", "ShmstatJob", "unique_job_id",
+]
