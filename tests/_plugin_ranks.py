@@ -76,6 +76,15 @@ def raise_or_block_rank(rank: int, out_dir: str, ignore_sigterm: bool) -> None:
     threading.Event().wait()
 
 
+def orphaning_rank(rank: int, out_dir: str) -> None:
+    """Fork a child that sleeps for ever, note its pid, and return (exit 0) leaving it behind."""
+    child = os.fork()
+    if child == 0:
+        while True:
+            time.sleep(3600)
+    _write_atomically(os.path.join(out_dir, f"child{rank}.pid"), str(child))
+
+
 def gloo_rank(rank: int, out_dir: str) -> None:
     """Ranks 0 and 1 form a gloo group (TCPStore on a port bound to 0, its number passed through ``out_dir``);
     rank 1 blocks in ``all_reduce`` for a rank 0 that blocks in a store wait and never joins; rank 2 raises once
@@ -102,6 +111,19 @@ def gloo_rank(rank: int, out_dir: str) -> None:
         work = dist.all_reduce(torch.ones(4), async_op=True)  # in the collective from here on
         _write_atomically(os.path.join(out_dir, "rank1.in_collective"), "")
         work.wait()
+
+
+class LoadsOnlyHere:
+    """An argument that pickles here but cannot be loaded in a rank (its environment names a rank)."""
+
+    def __reduce__(self) -> tuple:
+        return (_load_outside_a_rank, ())
+
+
+def _load_outside_a_rank() -> LoadsOnlyHere:
+    if "SHMSTAT_RANK" in os.environ:
+        raise ImportError("this argument cannot be loaded in a rank")
+    return LoadsOnlyHere()
 
 
 def mp_rank(rank: int, samples: int) -> None:

@@ -16,11 +16,21 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _plugin_ranks import counting_rank, failing_rank, forever_rank, gloo_rank, mp_rank, raise_or_block_rank
+from _plugin_ranks import (
+    LoadsOnlyHere,
+    counting_rank,
+    failing_rank,
+    forever_rank,
+    gloo_rank,
+    mp_rank,
+    orphaning_rank,
+    raise_or_block_rank,
+)
 from _procs import REPO
 from _support import wait_for
 
 import shmstat
+import shmstat.testing._ranks
 from shmstat.errors import ConfigError, ShmstatError
 from shmstat.segment import Segment, pid_alive
 from shmstat.testing import RanksFailed, ShmstatJob
@@ -91,7 +101,19 @@ def test_a_failing_rank_fails_with_its_exit_code_and_output(shmstat_job):
 
 
 def _gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(p) for p in pids)
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return not any(alive(p) for p in pids)
+
+
+def test_what_a_rank_leaves_running_when_it_exits_is_ended(shmstat_job, tmp_path):
+    assert [r.exitcode for r in shmstat_job.run_ranks(orphaning_rank, 2, args=(str(tmp_path),))] == [0, 0]
+    children = [int((tmp_path / f"child{r}.pid").read_text()) for r in range(2)]
+    wait_for(lambda: _gone(children), 5, what="the children the ranks left to be gone")
 
 
 @pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["blocked", "blocked-deaf-to-sigterm"])
@@ -116,7 +138,10 @@ def test_one_rank_raising_ends_the_blocked_ones_at_once(shmstat_job, tmp_path, i
     wait_for(lambda: _gone(pids), 5, what="the ranks and their children to be gone")
 
 
-def test_wait_fails_fast_and_without_check_returns_who_was_ended(shmstat_job, tmp_path):
+@pytest.mark.parametrize("watcher", ["pidfd", "polling"])
+def test_wait_fails_fast_and_without_check_returns_who_was_ended(shmstat_job, tmp_path, monkeypatch, watcher):
+    if watcher == "polling":  # kernels before 5.3 have no pidfd_open
+        monkeypatch.setattr(shmstat.testing._ranks, "_pidfd", lambda pid: None)
     group = shmstat_job.start_ranks(raise_or_block_rank, 2, args=(str(tmp_path), False))
     results = group.wait(60, check=False)
     assert [(r.exitcode, r.stopped) for r in results] == [(1, False), (-signal.SIGTERM, True)]
@@ -133,6 +158,15 @@ def test_a_rank_still_running_at_the_timeout_fails_with_its_output(shmstat_job, 
     text = str(err.value)
     assert text.startswith("2 of 2 ranks failed: ranks 0, 1 still running after the 0.5 s timeout, so ended")
     assert "rank 1 (killed by SIGTERM), its output ends with:" in text
+    assert _gone(group.pids)
+
+
+def test_without_fail_fast_the_wait_runs_to_the_timeout_and_says_so(shmstat_job, tmp_path):
+    group = shmstat_job.start_ranks(raise_or_block_rank, 2, args=(str(tmp_path), False))
+    wait_for(lambda: (tmp_path / "failed_at").exists(), 60, what="rank 0 to fail")
+    with pytest.raises(RanksFailed, match=r"^2 of 2 ranks failed: rank 0 exit code 1 after [0-9.]+ s; rank 1 still "
+                                          r"running after the 1 s timeout, so ended\n"):
+        group.wait(1, fail_fast=False)
     assert _gone(group.pids)
 
 
@@ -189,6 +223,37 @@ def test_a_function_ranks_cannot_import_is_refused_in_one_sentence(shmstat_job):
     assert "\n" not in str(err.value)
     assert not [n for n in os.listdir(shmstat_job.runtime_dir) if n.startswith("rank")]  # no rank was started
     shmstat_job.run_ranks(_module_level, 2)  # a module-level function of the test module itself is fine
+
+
+def test_a_rank_failing_before_its_function_runs_shows_why(shmstat_job):
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks(counting_rank, 2, args=(LoadsOnlyHere(),))
+    text = str(err.value)
+    assert "ImportError: this argument cannot be loaded in a rank" in text and "Traceback" in text
+
+
+_IMPORTLIB_MODE = textwrap.dedent('''
+    def body(rank):
+        pass
+
+    def test_it(shmstat_job):
+        shmstat_job.run_ranks(body, 2)
+''')
+
+
+def test_a_function_of_a_module_off_sys_path_is_refused_in_one_sentence(tmp_path):
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "test_importlib_mode.py").write_text(_IMPORTLIB_MODE)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        "--import-mode=importlib", "--rootdir", str(tmp_path), "inner/test_importlib_mode.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=REPO))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"E +shmstat.errors.ConfigError: run_ranks needs a function defined at module level of an "
+                     r"importable module \(each rank imports it in a fresh interpreter\), got "
+                     r"inner.test_importlib_mode.body from module 'inner.test_importlib_mode', which is not on "
+                     r"sys.path \(pytest's importlib import mode\?\); use pytest's default import mode or put the "
+                     r"function in a module on sys.path\n", r.stdout), r.stdout
 
 
 def test_a_test_attached_with_attach_here_tears_down_at_once_and_keeps_every_window():

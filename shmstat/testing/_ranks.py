@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.machinery
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -85,9 +86,10 @@ def _own_group_and_die_with_parent() -> None:
     _die_with_parent()
 
 
-def _function_rank(target: Callable[..., Any], env: dict[str, str], out_path: str, rank: int,
-                   args: tuple[Any, ...]) -> None:
-    """The body of a function rank (spawned): its environment, its output file, then ``target(rank, *args)``."""
+def _function_rank(payload: bytes, env: dict[str, str], out_path: str, rank: int) -> None:
+    """The body of a function rank (spawned): its environment and output file first, so that even importing the
+    target (unpickling ``payload``: the function and its arguments) fails into the rank's output, then
+    ``target(rank, *args)``."""
     _own_group_and_die_with_parent()
     os.environ.update(env)
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -96,25 +98,55 @@ def _function_rank(target: Callable[..., Any], env: dict[str, str], out_path: st
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    target, args = pickle.loads(payload)
     target(rank, *args)
 
 
-def check_importable(target: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Refuse, in one sentence, a function a fresh interpreter cannot import (one defined inside a function, a
-    lambda, a closure, a name rebound since) or arguments that cannot be pickled, before any rank starts."""
-    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+def _findable(module: str) -> bool:
+    """Whether a fresh interpreter with this ``sys.path`` finds ``module`` (not merely this process, where it
+    may sit in ``sys.modules`` only, as with pytest's ``importlib`` import mode)."""
+    top, *subs = module.split(".")
+    if top == "__main__" or top in sys.builtin_module_names:
+        return True
+    spec = None
+    for finder in sys.meta_path:
+        if type(finder).__module__.startswith("_pytest"):  # its assertion rewriter only re-finds test files
+            continue
+        with contextlib.suppress(Exception):
+            spec = finder.find_spec(top, None)
+        if spec is not None:
+            break
+    name = top
+    for sub in subs:
+        where = spec.submodule_search_locations if spec is not None else None
+        if not where:
+            return False
+        name = f"{name}.{sub}"
+        spec = importlib.machinery.PathFinder.find_spec(name, list(where))
+    return spec is not None
+
+
+def pickled_target(target: Callable[..., Any], args: tuple[Any, ...]) -> bytes:
+    """``(target, args)`` pickled for the ranks; refused, in one sentence, when a fresh interpreter cannot
+    import the function (defined inside a function, a lambda, a closure, a name rebound since, a module off
+    ``sys.path``) or the arguments do not pickle, before any rank starts."""
+    module = getattr(target, "__module__", None) or "?"
+    name = f"{module}.{getattr(target, '__qualname__', repr(target))}"
+    rule = "run_ranks needs a function defined at module level of an importable module (each rank imports it " \
+           "in a fresh interpreter), got "
     qualname = getattr(target, "__qualname__", "")
     if "<locals>" in qualname or "<lambda>" in qualname:
-        raise ConfigError(f"run_ranks needs a function defined at module level of an importable module (each "
-                          f"rank imports it in a fresh interpreter), got {name}; move it to module level")
+        raise ConfigError(f"{rule}{name}; move it to module level")
     try:
         pickle.dumps(target)
     except Exception as exc:
-        raise ConfigError(f"run_ranks needs a function defined at module level of an importable module (each "
-                          f"rank imports it in a fresh interpreter), got {name} ({exc}); move it to module "
-                          f"level") from None
+        raise ConfigError(f"{rule}{name} ({exc}); move it to module level") from None
+    if not _findable(module):
+        raise ConfigError(f"{rule}{name} from module {module!r}, which is not on sys.path (pytest's importlib "
+                          f"import mode?); use pytest's default import mode or put the function in a module on "
+                          f"sys.path") from None
     try:
-        pickle.dumps(args)
+        return pickle.dumps((target, args))
     except Exception as exc:
         raise ConfigError(f"run_ranks sends args to each rank's fresh interpreter, so they must pickle, but "
                           f"{exc}; pass plain data (numbers, strings, paths) instead") from None
@@ -166,7 +198,10 @@ class RankGroup:
                 code = p.wait()
             else:
                 p.join()
-                code = int(p.exitcode)
+                deadline = time.monotonic() + 5.0
+                while p.exitcode is None and time.monotonic() < deadline:  # multiprocessing's own reaper (run
+                    time.sleep(0.001)  # at every Process.start) took the status and is about to record it
+                code = p.exitcode if p.exitcode is not None else 255
             self._codes[i] = code
             self._ended_at[i] = time.monotonic()
             self._cond.notify_all()
@@ -232,13 +267,13 @@ class RankGroup:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            failed = any(c not in (None, 0) for c in self._codes)
-            running = any(c is None for c in self._codes)
-        if running and ((failed and fail_fast) or check):
+            failed_fast = fail_fast and any(c not in (None, 0) for c in self._codes)
+            timed_out = not failed_fast and any(c is None for c in self._codes)
+        if failed_fast or (timed_out and check):
             self.kill()
         results = self._results()
         if check and any(r.exitcode != 0 for r in results):
-            raise RanksFailed(self._describe(results, None if failed else timeout), results)
+            raise RanksFailed(self._describe(results, timeout if timed_out else None), results)
         return results
 
     def _describe(self, results: list[RankResult], timeout: float | None) -> str:
@@ -300,11 +335,11 @@ def start_function_ranks(target: Callable[..., Any], envs: list[dict[str, str]],
                          args: tuple[Any, ...]) -> RankGroup:
     """``target(rank, *args)`` in a fresh interpreter per rank (``spawn``: ``target`` must be importable, i.e.
     defined at the top level of a module; refused with :class:`~shmstat.errors.ConfigError` otherwise)."""
-    check_importable(target, args)
+    payload = pickled_target(target, args)
     ctx = mp.get_context("spawn")
     procs, started = [], []
     for rank, (env, out) in enumerate(zip(envs, outputs, strict=True)):
-        p = ctx.Process(target=_function_rank, args=(target, env, out, rank, args), name=f"shmstat-rank-{rank}")
+        p = ctx.Process(target=_function_rank, args=(payload, env, out, rank), name=f"shmstat-rank-{rank}")
         started.append(time.monotonic())
         p.start()
         procs.append(p)
