@@ -122,8 +122,10 @@ def test_one_rank_raising_ends_the_blocked_ones_at_once(shmstat_job, tmp_path, i
     with pytest.raises(RanksFailed) as err:
         shmstat_job.run_ranks(raise_or_block_rank, 3, args=(str(tmp_path), ignore_sigterm), timeout=60)
     took = time.monotonic() - start
+    failed_after = time.time() - float((tmp_path / "failed_at").read_text())
     text = str(err.value)
-    assert took < 10, f"run_ranks took {took:.1f} s to fail (timeout 60 s): {text}"
+    assert failed_after < 10, f"run_ranks failed {failed_after:.1f} s after rank 0 raised (timeout 60 s): {text}"
+    assert took < 30, f"run_ranks took {took:.1f} s in all (timeout 60 s)"  # the ranks' start counts here
     assert text.startswith("1 of 3 ranks failed: rank 0 exit code 1 after "), text
     assert "ranks 1, 2 still running, so ended" in text
     assert "Traceback (most recent call last)" in text and "RuntimeError: rank 0 ran out of data" in text
@@ -283,6 +285,14 @@ def test_waits_fail_with_what_was_seen(shmstat_job):
         shmstat_job.wait_for_rows("step_ms", "count", total=201, timeout=0.3)
     with pytest.raises(AssertionError, match=r"5 events 'ckpt.saved': saw 2"):
         shmstat_job.wait_for_event("ckpt.saved", count=5, timeout=0.3)
+
+
+def test_a_wait_on_data_that_times_out_names_the_ranks_that_failed_meanwhile(shmstat_job):
+    group = shmstat_job.start_ranks(failing_rank, 2)
+    wait_for(lambda: group.results()[1].exitcode is not None, 60, what="rank 1 to fail")
+    with pytest.raises(AssertionError, match=r"timed out after 0.2 s waiting for .*; meanwhile rank 1 exit code 1 "
+                                             r"after [0-9.]+ s \(.*RuntimeError: rank 1 lost its data loader\)$"):
+        shmstat_job.wait_for_rows("step_ms", "count", total=1, timeout=0.2)
 
 
 def test_jobs_are_unique_and_close_removes_everything():

@@ -240,6 +240,10 @@ class RankGroup:
             time.sleep(0.01)
 
     # -- waiting and ending --------------------------------------------------------------------------------------
+    def results(self) -> list[RankResult]:
+        """Every rank's result so far (``exitcode`` None: still running), without waiting or ending any."""
+        return self._results()
+
     def _results(self) -> list[RankResult]:
         with self._cond:
             return [RankResult(i, self._codes[i], tail(self._outputs[i]),
