@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -98,6 +99,8 @@ def test_a_failing_rank_fails_with_its_exit_code_and_output(shmstat_job):
     assert text.startswith("1 of 3 ranks failed: rank 1 exit code 1 after ") and "rank 1 (exit code 1)" in text
     assert "rank 1 lost its data loader" in text and "rank 1 starting" in text
     assert [r.exitcode for r in err.value.results][1] == 1
+    again = pickle.loads(pickle.dumps(err.value))  # as a worker process would send it
+    assert str(again) == text and again.results == err.value.results
 
 
 def _gone(pids: list[int]) -> bool:

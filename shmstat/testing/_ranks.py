@@ -33,10 +33,13 @@ class RanksFailed(ShmstatError, AssertionError):
     message names each such rank with its exit status, run time and the end of its output. An
     ``AssertionError``, so pytest reports it as a failed test."""
 
-    def __init__(self, message: str, results: list[RankResult]) -> None:
+    def __init__(self, message: str, results: Sequence[RankResult] = ()) -> None:
         super().__init__(message)
-        self.results = results
+        self.results = list(results)
         """Every rank's :class:`RankResult`, by rank."""
+
+    def __reduce__(self) -> tuple[type[RanksFailed], tuple[str, list[RankResult]]]:
+        return (type(self), (str(self), self.results))
 
 
 @dataclass(frozen=True)
