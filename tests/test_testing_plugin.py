@@ -143,6 +143,19 @@ def test_one_rank_raising_ends_the_blocked_ones_at_once(shmstat_job, tmp_path, i
     wait_for(lambda: _gone(pids), 5, what="the ranks and their children to be gone")
 
 
+def test_command_ranks_fail_fast_too(shmstat_job):
+    code = ("import os, sys, time\nprint('rank', os.environ['SHMSTAT_RANK'], 'up', flush=True)\n"
+            "sys.exit(3) if os.environ['SHMSTAT_RANK'] == '0' else time.sleep(600)")
+    start = time.monotonic()
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks([sys.executable, "-c", code], 2, timeout=60)
+    assert time.monotonic() - start < 30
+    text = str(err.value)
+    assert re.match(r"1 of 2 ranks failed: rank 0 exit code 3 after [0-9.]+ s; rank 1 still running, so ended\n"
+                    r"rank 0 \(exit code 3\), its output ends with:\nrank 0 up$", text), text
+    assert [(r.exitcode, r.stopped) for r in err.value.results] == [(3, False), (-signal.SIGTERM, True)]
+
+
 @pytest.mark.parametrize("watcher", ["pidfd", "polling"])
 def test_wait_fails_fast_and_without_check_returns_who_was_ended(shmstat_job, tmp_path, monkeypatch, watcher):
     if watcher == "polling":  # kernels before 5.3 have no pidfd_open
