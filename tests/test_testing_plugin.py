@@ -6,20 +6,35 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
-from _plugin_ranks import counting_rank, failing_rank, mp_rank
+from _plugin_ranks import (
+    LoadsOnlyHere,
+    counting_rank,
+    failing_rank,
+    forever_rank,
+    gloo_rank,
+    mp_rank,
+    orphaning_rank,
+    raise_or_block_rank,
+)
 from _procs import REPO
 from _support import wait_for
 
+import shmstat
+import shmstat.testing._ranks
+from shmstat.errors import ConfigError, ShmstatError
 from shmstat.segment import Segment, pid_alive
-from shmstat.testing import ShmstatJob
+from shmstat.testing import RanksFailed, ShmstatJob
 
 RANKS_MODULE = os.path.join(REPO, "tests", "_plugin_ranks.py")
 
@@ -77,11 +92,204 @@ def test_torchrun_ranks_need_only_the_jobs_env(shmstat_job):
 
 
 def test_a_failing_rank_fails_with_its_exit_code_and_output(shmstat_job):
-    with pytest.raises(AssertionError) as err:
+    with pytest.raises(RanksFailed) as err:
         shmstat_job.run_ranks(failing_rank, 3)
     text = str(err.value)
-    assert "1 of 3 ranks failed" in text and "rank 1: exit code 1" in text
+    assert isinstance(err.value, AssertionError) and isinstance(err.value, ShmstatError)
+    assert text.startswith("1 of 3 ranks failed: rank 1 exit code 1 after ") and "rank 1 (exit code 1)" in text
     assert "rank 1 lost its data loader" in text and "rank 1 starting" in text
+    assert [r.exitcode for r in err.value.results][1] == 1
+    again = pickle.loads(pickle.dumps(err.value))  # as a worker process would send it
+    assert str(again) == text and again.results == err.value.results
+
+
+def _gone(pids: list[int]) -> bool:
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    return not any(alive(p) for p in pids)
+
+
+def test_what_a_rank_leaves_running_when_it_exits_is_ended(shmstat_job, tmp_path):
+    assert [r.exitcode for r in shmstat_job.run_ranks(orphaning_rank, 2, args=(str(tmp_path),))] == [0, 0]
+    children = [int((tmp_path / f"child{r}.pid").read_text()) for r in range(2)]
+    wait_for(lambda: _gone(children), 5, what="the children the ranks left to be gone")
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["blocked", "blocked-deaf-to-sigterm"])
+def test_one_rank_raising_ends_the_blocked_ones_at_once(shmstat_job, tmp_path, ignore_sigterm):
+    start = time.monotonic()
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks(raise_or_block_rank, 3, args=(str(tmp_path), ignore_sigterm), timeout=60)
+    took = time.monotonic() - start
+    failed_after = time.time() - float((tmp_path / "failed_at").read_text())
+    text = str(err.value)
+    assert failed_after < 10, f"run_ranks failed {failed_after:.1f} s after rank 0 raised (timeout 60 s): {text}"
+    assert took < 30, f"run_ranks took {took:.1f} s in all (timeout 60 s)"  # the ranks' start counts here
+    assert text.startswith("1 of 3 ranks failed: rank 0 exit code 1 after "), text
+    assert "ranks 1, 2 still running, so ended" in text
+    assert "Traceback (most recent call last)" in text and "RuntimeError: rank 0 ran out of data" in text
+    took_s = float(re.search(r"rank 0 exit code 1 after ([0-9.]+) s", text).group(1))
+    assert 0 < took_s < took
+    by_rank = {r.rank: r for r in err.value.results}
+    assert by_rank[0].exitcode == 1 and not by_rank[0].stopped
+    killed_by = signal.SIGKILL if ignore_sigterm else signal.SIGTERM
+    assert all(by_rank[r].stopped and by_rank[r].exitcode == -killed_by for r in (1, 2))
+    pids = [int((tmp_path / f"{what}{r}.pid").read_text()) for what, r in
+            [("rank", 0), ("rank", 1), ("rank", 2), ("child", 1), ("child", 2)]]
+    wait_for(lambda: _gone(pids), 5, what="the ranks and their children to be gone")
+
+
+def test_command_ranks_fail_fast_too(shmstat_job):
+    code = ("import os, sys, time\nprint('rank', os.environ['SHMSTAT_RANK'], 'up', flush=True)\n"
+            "sys.exit(3) if os.environ['SHMSTAT_RANK'] == '0' else time.sleep(600)")
+    start = time.monotonic()
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks([sys.executable, "-c", code], 2, timeout=60)
+    assert time.monotonic() - start < 30
+    text = str(err.value)
+    assert re.match(r"1 of 2 ranks failed: rank 0 exit code 3 after [0-9.]+ s; rank 1 still running, so ended\n"
+                    r"rank 0 \(exit code 3\), its output ends with:\nrank 0 up$", text), text
+    assert [(r.exitcode, r.stopped) for r in err.value.results] == [(3, False), (-signal.SIGTERM, True)]
+
+
+@pytest.mark.parametrize("watcher", ["pidfd", "polling"])
+def test_wait_fails_fast_and_without_check_returns_who_was_ended(shmstat_job, tmp_path, monkeypatch, watcher):
+    if watcher == "polling":  # kernels before 5.3 have no pidfd_open
+        monkeypatch.setattr(shmstat.testing._ranks, "_pidfd", lambda pid: None)
+    group = shmstat_job.start_ranks(raise_or_block_rank, 2, args=(str(tmp_path), False))
+    results = group.wait(60, check=False)
+    assert [(r.exitcode, r.stopped) for r in results] == [(1, False), (-signal.SIGTERM, True)]
+    assert results[0].seconds is not None and results[0].how == "exit code 1"
+    assert results[1].how == "killed by SIGTERM"
+    assert _gone(group.pids)
+
+
+def test_a_rank_still_running_at_the_timeout_fails_with_its_output(shmstat_job, tmp_path):
+    group = shmstat_job.start_ranks(forever_rank, 2, args=(str(tmp_path),))
+    wait_for(lambda: all((tmp_path / f"rank{r}.pid").exists() for r in range(2)), 60, what="the ranks to start")
+    with pytest.raises(RanksFailed) as err:
+        group.wait(0.5)
+    text = str(err.value)
+    assert text.startswith("2 of 2 ranks failed: ranks 0, 1 still running after the 0.5 s timeout, so ended")
+    assert "rank 1 (killed by SIGTERM), its output ends with:" in text
+    assert _gone(group.pids)
+
+
+def test_without_fail_fast_the_wait_runs_to_the_timeout_and_says_so(shmstat_job, tmp_path):
+    group = shmstat_job.start_ranks(raise_or_block_rank, 2, args=(str(tmp_path), False))
+    wait_for(lambda: (tmp_path / "failed_at").exists(), 60, what="rank 0 to fail")
+    with pytest.raises(RanksFailed, match=r"^2 of 2 ranks failed: rank 0 exit code 1 after [0-9.]+ s; rank 1 still "
+                                          r"running after the 1 s timeout, so ended\n"):
+        group.wait(1, fail_fast=False)
+    assert _gone(group.pids)
+
+
+def test_without_check_ranks_still_running_at_the_timeout_are_left_running(shmstat_job, tmp_path):
+    group = shmstat_job.start_ranks(forever_rank, 1, args=(str(tmp_path),))
+    assert [(r.exitcode, r.stopped, r.seconds) for r in group.wait(0.2, check=False)] == [(None, False, None)]
+    assert psutil.pid_exists(group.pids[0])
+    group.kill()
+    assert group.wait(0, check=False)[0].exitcode == -signal.SIGTERM and _gone(group.pids)
+
+
+@pytest.mark.torch
+def test_a_rank_raising_ends_a_rank_blocked_in_a_gloo_all_reduce(shmstat_job, tmp_path):
+    pytest.importorskip("torch.distributed")
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks(gloo_rank, 3, args=(str(tmp_path),), timeout=180)
+    failed_after = time.time() - float((tmp_path / "failed_at").read_text())
+    text = str(err.value)
+    assert failed_after < 10, f"run_ranks failed {failed_after:.1f} s after rank 2 raised: {text}"
+    assert text.startswith("1 of 3 ranks failed: rank 2 exit code 1 after ") and "ranks 0, 1 still running" in text
+    assert "RuntimeError: rank 2 hit a bad batch" in text
+    assert (tmp_path / "rank1.in_collective").exists()
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(3)]
+    wait_for(lambda: _gone(pids), 5, what="the ranks to be gone")
+
+
+def _module_level(rank: int) -> None:
+    """A rank body that is fine to run."""
+
+
+def _closure_over(n: int):
+    def body(rank: int) -> None:
+        print(rank + n)
+
+    return body
+
+
+def test_a_function_ranks_cannot_import_is_refused_in_one_sentence(shmstat_job):
+    def inside_the_test(rank: int) -> None:
+        pass
+
+    here = "test_a_function_ranks_cannot_import_is_refused_in_one_sentence.<locals>"
+    for target, qualname in [(inside_the_test, f"{here}.inside_the_test"), (lambda rank: None, f"{here}.<lambda>"),
+                             (_closure_over(3), "_closure_over.<locals>.body")]:
+        with pytest.raises(ConfigError) as err:
+            shmstat_job.run_ranks(target, 2)
+        text = str(err.value)
+        assert text.startswith("run_ranks needs a function defined at module level of an importable module")
+        assert text.endswith(f"got test_testing_plugin.{qualname}; move it to module level"), text
+        assert "\n" not in text and err.value.__cause__ is None
+    with pytest.raises(ConfigError, match=r"^run_ranks sends args to each rank's fresh interpreter, so they must "
+                                          r"pickle, but .*lambda.*; pass plain data") as err:
+        shmstat_job.run_ranks(_module_level, 2, args=(lambda: 1,))
+    assert "\n" not in str(err.value)
+    assert not [n for n in os.listdir(shmstat_job.runtime_dir) if n.startswith("rank")]  # no rank was started
+    shmstat_job.run_ranks(_module_level, 2)  # a module-level function of the test module itself is fine
+
+
+def test_a_rank_failing_before_its_function_runs_shows_why(shmstat_job):
+    with pytest.raises(RanksFailed) as err:
+        shmstat_job.run_ranks(counting_rank, 2, args=(LoadsOnlyHere(),))
+    text = str(err.value)
+    assert "ImportError: this argument cannot be loaded in a rank" in text and "Traceback" in text
+
+
+_IMPORTLIB_MODE = textwrap.dedent('''
+    def body(rank):
+        pass
+
+    def test_it(shmstat_job):
+        shmstat_job.run_ranks(body, 2)
+''')
+
+
+def test_a_function_of_a_module_off_sys_path_is_refused_in_one_sentence(tmp_path):
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "test_importlib_mode.py").write_text(_IMPORTLIB_MODE)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                        "--import-mode=importlib", "--rootdir", str(tmp_path), "inner/test_importlib_mode.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONSAFEPATH="1", PYTHONPATH=REPO))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert re.search(r"E +shmstat.errors.ConfigError: run_ranks needs a function defined at module level of an "
+                     r"importable module \(each rank imports it in a fresh interpreter\), got "
+                     r"inner.test_importlib_mode.body from module 'inner.test_importlib_mode', which is not on "
+                     r"sys.path \(pytest's importlib import mode\?\); use pytest's default import mode or put the "
+                     r"function in a module on sys.path\n", r.stdout), r.stdout
+
+
+def test_a_test_attached_with_attach_here_tears_down_at_once_and_keeps_every_window():
+    job = ShmstatJob()
+    job.attach_here()
+    samples = 5000
+    step = shmstat.Stat("here_step", [shmstat.Aggregation.COUNT], 0.05)
+    for _ in range(samples):
+        step.add(1.0)
+    collector = job._collector.pid
+    start = time.monotonic()
+    job.close()
+    took = time.monotonic() - start
+    assert took < 1.5, f"teardown took {took:.2f} s"
+    assert job.merged("here_step") == samples  # the open window too: emitted at the collector's stop
+    assert job.per_rank("here_step") == {0: samples}
+    assert not [n for n in os.listdir("/dev/shm") if job.job in n] and not os.path.exists(job.runtime_dir)
+    assert not psutil.pid_exists(collector)
 
 
 def test_waits_fail_with_what_was_seen(shmstat_job):
@@ -93,6 +301,14 @@ def test_waits_fail_with_what_was_seen(shmstat_job):
         shmstat_job.wait_for_rows("step_ms", "count", total=201, timeout=0.3)
     with pytest.raises(AssertionError, match=r"5 events 'ckpt.saved': saw 2"):
         shmstat_job.wait_for_event("ckpt.saved", count=5, timeout=0.3)
+
+
+def test_a_wait_on_data_that_times_out_names_the_ranks_that_failed_meanwhile(shmstat_job):
+    group = shmstat_job.start_ranks(failing_rank, 2)
+    wait_for(lambda: group.results()[1].exitcode is not None, 60, what="rank 1 to fail")
+    with pytest.raises(AssertionError, match=r"timed out after 0.2 s waiting for .*; meanwhile rank 1 exit code 1 "
+                                             r"after [0-9.]+ s \(.*RuntimeError: rank 1 lost its data loader\)$"):
+        shmstat_job.wait_for_rows("step_ms", "count", total=1, timeout=0.2)
 
 
 def test_jobs_are_unique_and_close_removes_everything():

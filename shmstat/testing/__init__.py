@@ -12,15 +12,18 @@ the ``shmstat_job`` fixture (a :class:`ShmstatJob`)::
         shmstat_job.run_ranks(rank_main, 2)
         shmstat_job.wait_for_rows("step_ms", "count", total=2000)
 
-Works under ``pytest -n auto`` (job ids are unique per test and worker); nothing is left in ``/dev/shm`` or
-the runtime directory after a failed or interrupted test. The collector is ``shmstat collect`` itself, run in
-a subprocess.
+As with ``torchrun``, a rank that fails ends the others at once (:class:`RanksFailed` shows its exit status,
+run time and output), even when they are blocked in a collective. Works under ``pytest -n auto`` (job ids are
+unique per test and worker); nothing is left in ``/dev/shm`` or the runtime directory after a failed or
+interrupted test. The collector is ``shmstat collect`` itself, run in a subprocess.
 """
 
 from __future__ import annotations
 
 from ._job import ShmstatJob, unique_job_id
-from ._ranks import RankGroup, RankResult
+from ._ranks import RankGroup, RankResult, RanksFailed
 from ._records import EventRecord, MetricRecord, Row
 
-__all__ = ["EventRecord", "MetricRecord", "RankGroup", "RankResult", "Row", "ShmstatJob", "unique_job_id"]
+__all__ = [
+    "EventRecord", "MetricRecord", "RankGroup", "RankResult", "RanksFailed", "Row", "ShmstatJob", "unique_job_id",
+]

@@ -2,12 +2,16 @@
 
 Runs ``shmstat collect --job JOB`` (the node side's own command line, through ``python -m collector``) so
 that it dies with the test process that started it, whatever happened to that process (a parent-death signal:
-SIGTERM, which the collector handles by flushing and exiting), and afterwards removes the job's segment once
-no rank of it is alive and the test's private runtime directory.
+SIGTERM, which the collector handles by flushing and exiting). When the test process died, it afterwards removes
+the job's segment once no rank of it is alive, and the test's private runtime directory; when the test process
+lives (its teardown stopped the collector, or the collector failed on its own), that is the test's teardown's
+job, so the collector exits at once: waiting for the rank table to empty would wait for the test process itself
+(a rank of the job after ``attach_here``) for nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -50,9 +54,22 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code
     finally:
-        cleanup(job, runtime_dir)
+        if os.getppid() != parent:  # the test process is gone (re-parented): nobody else will clean up
+            cleanup(job, runtime_dir)
     return code if isinstance(code, int) else (0 if code is None else 1)
 
 
+def _exit_now(code: int) -> None:
+    """Exit as a normal exit would, less the interpreter's teardown of every module: the collector's shutdown
+    has flushed its handlers and delivered its last messages (its sockets lingered, its ZeroMQ context ended),
+    and what is left (atexit functions, the standard streams) is done here; the module teardown would add a
+    fifth of a second (more on a loaded node) to every test's teardown, which waits for this process."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _exit_now(main(sys.argv[1:]))

@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ._ranks import RankGroup, start_command_ranks, start_function_ranks
+from ..errors import ConfigError
+from ._ranks import RankGroup, RankResult, start_command_ranks, start_function_ranks
 from ._records import EventRecord, MetricRecord, Row, StreamTap
 
 __all__ = ["ShmstatJob", "unique_job_id"]
@@ -116,10 +117,13 @@ class ShmstatJob:
     def start_ranks(self, target: Callable[..., Any] | str | Sequence[str], nranks: int,
                     args: Iterable[Any] = ()) -> RankGroup:
         """Start ``nranks`` rank processes: a function is called as ``target(rank, *args)`` in a fresh
-        interpreter (it must be importable: defined at the top of a module); a script path or command list runs
-        as a program (``args`` appended). Each has its rank's environment; output goes to a file per rank."""
+        interpreter, so it must be importable (defined at module level of a module the test can import; a
+        function defined inside the test, a lambda or a closure is refused with
+        :class:`~shmstat.errors.ConfigError` before any rank starts); a script path or command list runs as a
+        program (``args`` appended). Each rank has its rank's environment and a process group of its own;
+        output goes to a file per rank."""
         if nranks < 1:
-            raise ValueError(f"nranks must be at least 1, got {nranks}")
+            raise ConfigError(f"nranks must be at least 1, got {nranks}")
         envs = [self.rank_env(r, nranks) for r in range(nranks)]
         outputs = [os.path.join(self.runtime_dir, f"rank{r}-{len(self._groups)}.out") for r in range(nranks)]
         if callable(target):
@@ -131,8 +135,10 @@ class ShmstatJob:
         return group
 
     def run_ranks(self, target: Callable[..., Any] | str | Sequence[str], nranks: int, args: Iterable[Any] = (),
-                  timeout: float = 60.0) -> list:
-        """:meth:`start_ranks`, then wait for them all; fails if one does not exit 0 within ``timeout``."""
+                  timeout: float = 60.0) -> list[RankResult]:
+        """:meth:`start_ranks`, then :meth:`RankGroup.wait`: returns once every rank exited 0; as soon as one
+        exits non-zero the others are ended and :class:`RanksFailed` shows that rank's exit status, run time
+        and output (so does a rank still running after ``timeout`` seconds)."""
         return self.start_ranks(target, nranks, args).wait(timeout)
 
     @contextlib.contextmanager
@@ -243,8 +249,18 @@ class ShmstatJob:
                 raise AssertionError(f"the collector of job {self.job} exited ({self._collector.returncode}) "
                                      f"while waiting for {describe()}; it said: {self.collector_said}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {describe()}")
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {describe()}{self._failed_ranks()}")
             self._tap.wait(0.01)
+
+    def _failed_ranks(self) -> str:
+        """For a timed-out wait: the ranks this job started that failed meanwhile, with their last lines."""
+        notes = []
+        for group in self._groups:
+            for r in group.results():
+                if r.exitcode not in (None, 0) and not r.stopped:
+                    last = " | ".join(line for line in r.output.strip().splitlines()[-3:])
+                    notes.append(f"rank {r.rank} {r.how} after {r.seconds or 0:.2f} s ({last or 'no output'})")
+        return f"; meanwhile {'; '.join(notes)}" if notes else ""
 
     def _what(self, stat: str, agg: str, rank: int | None) -> str:
         return f"{stat}.{agg} rows ({'merged' if rank is None else f'rank {rank}'})"
