@@ -261,7 +261,9 @@ def run_job(args: argparse.Namespace) -> int:
     _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace)
     config = collector_config(args, job)  # before anything is made
     stopped: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _f: stopped.append(signum)) for sig in STOP_SIGNALS}
+    # a signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a job started with & by a script)
+    handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, lambda signum, _f: stopped.append(signum)) for sig in handled}
     try:
         collector = Collector(config)
         cmd = [sys.executable, "-u", args.script, *args.script_args]
@@ -271,7 +273,7 @@ def run_job(args: argparse.Namespace) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         raise
-    for sig in STOP_SIGNALS:
+    for sig in handled:
         signal.signal(sig, agent.on_signal)
     for sig in stopped:  # a signal that came while the collector was being made
         agent.on_signal(sig)

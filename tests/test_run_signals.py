@@ -167,3 +167,27 @@ def test_a_signal_before_the_ranks_start_ends_the_run_with_its_status(tmp_path):
             run.communicate()
         pids = pids_of(tmp_path, 2) if all((tmp_path / f"pids-{r}").exists() for r in range(2)) else []
         cleanup(job, pids)
+
+
+def test_a_signal_ignored_when_run_started_stays_ignored_as_under_nohup(tmp_path):
+    job = unique_job("nohup")
+    env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, MODE="save")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "1", "--monitor-interval",
+         "0.05", "--handler", "*=null", SCRIPT], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    pids: list[int] = []
+    try:
+        wait_for(lambda: os.path.exists(tmp_path / "ready-0"), 60, what="the rank")
+        pids = pids_of(tmp_path, 1)
+        run.send_signal(signal.SIGHUP)  # ignored, as nohup asked; had it counted, the run would end with 129
+        run.send_signal(signal.SIGINT)
+        code, _out, err = finish(run)
+        assert code == 130 and "interrupted by SIGINT" in err, err
+        assert (tmp_path / "saved-0").read_text().split()[0] == "SIGINT"
+        assert running(pids) == [] and left_behind(job) == []
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        cleanup(job, pids)
