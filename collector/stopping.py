@@ -39,10 +39,10 @@ def stop_group(procs: Sequence[subprocess.Popen], first: int, grace_s: float, *,
     steps = [first] + ([signal.SIGTERM] if first != signal.SIGTERM else []) + [signal.SIGKILL]
     sent: list[int] = []
     for sig in steps:
+        seen = insisted()  # read before sending: a signal the user sends as soon as ours lands is insisting
         _note_descendants(procs, known)
         _signal_all(groups, known, sig)
         sent.append(sig)
-        seen = insisted()
         deadline = time.monotonic() + (_KILL_WAIT_S if sig == signal.SIGKILL else grace_s)
         while _remaining(procs, groups, known):
             if time.monotonic() >= deadline or insisted() != seen:

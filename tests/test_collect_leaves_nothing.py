@@ -45,7 +45,7 @@ def stop(proc: subprocess.Popen, sig: int) -> int:
         proc.stdout.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_job_nobody_ever_ran_leaves_nothing(tmp_path, sig):
     job = unique_job("typo")
     proc = start(job, tmp_path, "--handler", "*=null")
@@ -60,7 +60,7 @@ def test_a_job_nobody_ever_ran_leaves_nothing(tmp_path, sig):
         Segment.unlink(job)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_finished_job_is_emitted_whole_then_removed(tmp_path, sig):
     job = unique_job("done")
     out = str(tmp_path / "m.jsonl")

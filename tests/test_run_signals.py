@@ -5,6 +5,7 @@ runtime directory once every window was emitted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -57,22 +58,28 @@ def running(pids: list[int]) -> list[int]:
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
+    """Wait for ``shmstat run`` to exit and return its status and output; a run that does not end fails the
+    test (its ranks hold its pipes: the caller's :func:`cleanup` kills them)."""
     try:
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout)
+        out, err = proc.communicate(timeout=timeout)  # EOF only once every rank closed the pipes too
     except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"shmstat run did not end: {err}") from None
+        raise AssertionError("shmstat run or one of its ranks did not end") from None
     return proc.returncode, out, err
 
 
-def cleanup(job: str, pids: list[int]) -> None:
+def cleanup(job: str, run: subprocess.Popen, pids: list[int]) -> None:
+    """Kill what a failed test left running (the run, then every process it started) and remove the job."""
+    if run.poll() is None:
+        run.kill()
     for pid in running(pids):
         os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        run.communicate(timeout=10)
     Segment.unlink(job)
 
 
-@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_the_signal_received_reaches_the_ranks_which_save_and_every_sample_is_emitted(tmp_path, sig, status):
     job = unique_job("sig")
     out = str(tmp_path / "m.jsonl")
@@ -99,10 +106,7 @@ def test_the_signal_received_reaches_the_ranks_which_save_and_every_sample_is_em
         per_rank = {k: sum(r["value"] for r in rows if r["name"] == "work.count" and r["rank"] == k) for k in range(2)}
         assert per_rank == saved and merged == sum(saved.values())  # every sample a rank added, counted once
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        cleanup(job, pids)
+        cleanup(job, run, pids)
 
 
 def test_a_rank_ignoring_sigint_and_sigterm_is_killed_with_its_children(tmp_path):
@@ -123,10 +127,7 @@ def test_a_rank_ignoring_sigint_and_sigterm_is_killed_with_its_children(tmp_path
         assert running(pids) == [], "a rank, its child or its grandchild outlived shmstat run"
         assert left_behind(job) == []
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        cleanup(job, pids)
+        cleanup(job, run, pids)
 
 
 def test_a_second_ctrl_c_cuts_the_grace_period_short(tmp_path):
@@ -145,10 +146,7 @@ def test_a_second_ctrl_c_cuts_the_grace_period_short(tmp_path):
         assert code == 130 and "SIGINT, then SIGTERM, then SIGKILL" in err, err
         assert running(pids) == []
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        cleanup(job, pids)
+        cleanup(job, run, pids)
 
 
 def test_a_signal_before_the_ranks_start_ends_the_run_with_its_status(tmp_path):
@@ -162,11 +160,8 @@ def test_a_signal_before_the_ranks_start_ends_the_run_with_its_status(tmp_path):
         assert "Traceback" not in err
         wait_for(lambda: not left_behind(job), 10, what="nothing left")
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
         pids = pids_of(tmp_path, 2) if all((tmp_path / f"pids-{r}").exists() for r in range(2)) else []
-        cleanup(job, pids)
+        cleanup(job, run, pids)
 
 
 def test_a_signal_ignored_when_run_started_stays_ignored_as_under_nohup(tmp_path):
@@ -187,7 +182,4 @@ def test_a_signal_ignored_when_run_started_stays_ignored_as_under_nohup(tmp_path
         assert (tmp_path / "saved-0").read_text().split()[0] == "SIGINT"
         assert running(pids) == [] and left_behind(job) == []
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        cleanup(job, pids)
+        cleanup(job, run, pids)
