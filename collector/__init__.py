@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .columns import Columns
+from .compact import CompactWindowHandler
 from .daemon import PLATFORM_GROUP, Collector, CollectorConfig
 from .handlers import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
 from .merge import Summary, WindowRow, merge, merge_all
@@ -12,6 +13,7 @@ __all__ = [
     "Collector",
     "CollectorConfig",
     "Columns",
+    "CompactWindowHandler",
     "Dispatcher",
     "JsonlMetricHandler",
     "Summary",

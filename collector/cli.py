@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-restarts", type=int, default=0)
     r.add_argument("--monitor-interval", type=float, default=0.1, help="seconds between checks of the ranks")
     r.add_argument("--role", default="default")
+    r.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this long "
+                        "each (default 10)")
     add_collector_options(r)
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
@@ -104,7 +107,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .daemon import Collector
 
         if len(args.job) == 1:
-            return Collector(collector_config(args, args.job[0])).run()
+            collector = Collector(collector_config(args, args.job[0]))
+            status = collector.run()
+            kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
+            if kept:
+                print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
+            return status
         from shmstat.runtime import validate_job
 
         from .node import NodeCollector

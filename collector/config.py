@@ -29,11 +29,12 @@ class CollectorConfig:
     publish: str | None = None
     """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
     handlers: dict[str, str] = field(default_factory=dict)
-    """``{group: spec}``; ``*`` is the default for other groups (console if absent)."""
+    """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
+    window)."""
     grace_ms: int = 20
     usage_interval_s: float = 1.0
-    status_interval_s: float = 30.0
-    """Seconds between one-line progress reports on stderr (0: none)."""
+    status_interval_s: float = 10.0
+    """Seconds between one-line status reports on stderr (:func:`collector.compact.status_line`; 0: none)."""
     publish_buffer_bytes: int = 256 * 1024 * 1024
     """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
     gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``

@@ -28,6 +28,7 @@ from shmstat.layout import RankState
 from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.segment import Segment, pid_alive
 
+from .compact import status_line
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
 from .dispatch import ThreadedDispatcher
 from .intake import Received
@@ -90,6 +91,8 @@ class Collector:
         self.lifecycle: list[Lifecycle] = []
         self.emitted_everything = False
         """Set by :meth:`shutdown` once no rank was alive and every window holding data was emitted."""
+        self.not_emitted = ""
+        """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
         self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
@@ -124,7 +127,7 @@ class Collector:
         )
         self.serve()
         if self.config.status_interval_s > 0:
-            self._print_status([])
+            self.print_status([])
         return 0
 
     def serve(self) -> None:
@@ -184,7 +187,7 @@ class Collector:
             self._emit_usage(now, ranks)
         if self.config.status_interval_s > 0 and mono >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
-            self._print_status(ranks)
+            self.print_status(ranks)
         self.segment.set_collector(os.getpid(), now)
 
     def shutdown(self) -> None:
@@ -192,7 +195,7 @@ class Collector:
         alive, every window that holds data), flush handlers, release everything."""
         if self.relay is None:
             return
-        with contextlib.suppress(Exception):
+        try:
             self._drain_ingest()
             self._drain_submitted()
             now = self.clock()
@@ -200,18 +203,39 @@ class Collector:
                 self._lifecycle(change)
             # A live rank still adds to its open windows: they stay in the ring for the next collector (emitting
             # them now would commit their watermark and lose every sample added after this moment).
-            live = any(r.state == RankState.ACTIVE for r in self.scanner.refresh())
+            live = sorted({r.rank for r in self.scanner.refresh() if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
             self.emitted_everything = not live
+            if live:
+                self.not_emitted = (f"the open windows of rank{'s' if len(live) > 1 else ''} "
+                                    f"{', '.join(map(str, live))}, still running")
+        except Exception as exc:  # whatever happens, the sockets and files below are released
+            self.not_emitted = f"the last pass, which failed ({exc!r})"
         if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
             try:
                 self.dispatcher.close()
-            except Exception:
+            except Exception as exc:
                 self.emitted_everything = False
+                self.not_emitted = f"rows queued for handlers, which failed to close ({exc!r})"
         if self.segment is not None:
             with contextlib.suppress(Exception):
                 self.segment.set_collector(0, self.clock())
         self._release()
+
+    def finish(self) -> str:
+        """After :meth:`shutdown`: remove the job's segment and lock file if every window was emitted and no
+        process of the job's rank table lives (``shmstat run`` and ``shmstat collect --job`` call it on every
+        exit); returns "" then, otherwise one line saying what was kept, why, and how to look and clean."""
+        job = self.config.job
+        how = f"(inspect: shmstat top --job {job}; remove: shmstat clean {job})"
+        if not self.emitted_everything:
+            return f"job {job}'s segment kept: {self.not_emitted or 'not every window was emitted'} {how}"
+        if not os.path.exists("/dev/shm" + segment_name(job)):
+            Segment.unlink(job)  # the lock file alone (its last rank may have removed the segment)
+            return ""
+        if Segment.unlink_if_unused(job):
+            return ""
+        return f"job {job}'s segment kept: a process of the job started or is still running {how}"
 
     def _drain_ingest(self) -> None:
         """The hand-over (:meth:`Relay.hand_over`): the ranks' last messages, put metrics dispatched."""
@@ -263,7 +287,8 @@ class Collector:
         while self._submitted:
             item = self._submitted.popleft()
             if isinstance(item, MetricData):
-                self.dispatcher.emit(item)
+                if not self.dispatcher.discards_points(item.group_name):
+                    self.dispatcher.emit(item)
                 topic = wire.metric_topic(item.group_name, item.name)
                 self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):
@@ -274,7 +299,7 @@ class Collector:
         emit_scan(self, now, final=final)  # collector/passes.py
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
-        discards, exporter = self.dispatcher.discards, self.exporter
+        discards, exporter = self.dispatcher.discards_points, self.exporter
         if exporter is None and all(map(discards, _candidate_groups(msg.raw_topic))):
             return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
         try:
@@ -315,15 +340,11 @@ class Collector:
                           "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
         self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
 
-    def _print_status(self, ranks: list) -> None:
-        c = self.counters()
-        active = sum(1 for r in ranks if r.state_name == "active" and not r.is_writer)
-        print(
-            f"shmstat collector: {active} ranks active, {c['windows_emitted']} windows, {c['events_relayed']} events, "
-            f"{c['metrics_relayed']} metrics relayed, {c['frames_rejected']} frames rejected, "
-            f"{c['handler_errors']} handler errors",
-            file=sys.stderr, flush=True,
-        )
+    def print_status(self, ranks: list | None = None) -> None:
+        """Print the one-line status (:func:`collector.compact.status_line`) on stderr; ``ranks`` as the scanner
+        last read them (None: none alive, as after :meth:`shutdown`)."""
+        alive = sum(1 for r in ranks or () if r.state_name == "active" and not r.is_writer)
+        print(status_line(self.counters(), ranks_alive=alive, job=self.config.job), file=sys.stderr, flush=True)
 
     def counters(self) -> dict[str, int]:
         """The collector's own counters (also emitted in the platform group)."""

@@ -182,6 +182,10 @@ class ThreadedDispatcher:
         """Whether ``group``'s handler is a plain null handler (see :meth:`Dispatcher.discards`)."""
         return self.inner.discards(group)
 
+    def discards_points(self, group: str) -> bool:
+        """Whether ``group``'s handler has no use for metrics outside windows (:meth:`Dispatcher.discards_points`)."""
+        return self.inner.discards_points(group)
+
     def handler_for(self, group: str) -> MetricHandler:
         """The handler that receives metrics of ``group``."""
         return self.inner.handler_for(group)

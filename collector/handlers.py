@@ -1,10 +1,12 @@
 """Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
 
-A SPEC names a handler: ``console``, ``null``, ``jsonl:PATH``, ``tensorboard:DIR`` (see
-:mod:`collector.sink_tensorboard`), ``otlp:ENDPOINT`` (:mod:`collector.sink_otlp`), or ``pkg.module:Class`` for a
-user's own ``MetricHandler`` subclass, with keyword arguments after commas: ``pkg.module:Class,key=value,key2=value2``
-builds ``Class(key=value, key2=value2)`` (see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC``
-binds it to a group; the group ``*`` is the default for groups nobody configured (``console`` unless given).
+A SPEC names a handler: ``compact`` (:mod:`collector.compact`: one line per merged window), ``console``, ``null``,
+``jsonl:PATH``, ``tensorboard:DIR`` (see :mod:`collector.sink_tensorboard`), ``otlp:ENDPOINT``
+(:mod:`collector.sink_otlp`), or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword
+arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)``
+(see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC`` binds it to a group; the group ``*`` is the
+default for groups nobody configured (``compact`` unless given: merged windows only, so a job's put metrics and
+``@prof`` calls are printed only for groups bound to ``console``).
 
 A handler that defines ``emit_columns(columns: Columns)`` (:func:`takes_columns`) receives each collector pass
 once, as one :class:`collector.columns.Columns` holding the rows of all the groups it serves (arrays per figure),
@@ -27,6 +29,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
 from shmstat.errors import ConfigError
+
+from .compact import CompactWindowHandler
 
 if TYPE_CHECKING:
     from .columns import Columns
@@ -111,6 +115,8 @@ def _json_number(value: Any) -> Any:
 def build_handler(spec: str) -> MetricHandler:
     """The handler a SPEC names; raises :class:`ConfigError` with one sentence for a bad SPEC."""
     kind, _, arg = spec.partition(":")
+    if spec == "compact":
+        return CompactWindowHandler()
     if spec == "console":
         return ConsoleMetricHandler()
     if spec == "null":
@@ -131,7 +137,7 @@ def build_handler(spec: str) -> MetricHandler:
     if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
         return _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {})
     raise ConfigError(
-        f"unknown handler spec {spec!r}; use console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
+        f"unknown handler spec {spec!r}; use compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
         "pkg.module:Class[,key=value...]"
     )
 
@@ -284,7 +290,7 @@ class Dispatcher:
 
     def __init__(self, handlers: dict[str, MetricHandler], default: MetricHandler | None = None) -> None:
         self.handlers = dict(handlers)
-        self.default = default if default is not None else self.handlers.pop("*", None) or ConsoleMetricHandler()
+        self.default = default if default is not None else self.handlers.pop("*", None) or CompactWindowHandler()
         self.errors = 0
         self.emitted = 0
         self._warned: set[tuple[int, type]] = set()
@@ -304,6 +310,12 @@ class Dispatcher:
         """Whether ``group``'s handler is a plain null handler (its ``emit`` is NullMetricHandler's, which does
         nothing): the collector then builds no metric for it."""
         return type(self.handlers.get(group, self.default)).emit is NullMetricHandler.emit
+
+    def discards_points(self, group: str) -> bool:
+        """Whether ``group``'s handler has no use for metrics that belong to no window (put by ranks, ``@prof``):
+        it :meth:`discards` everything, or says so with ``takes_points = False`` (the compact handler)."""
+        handler = self.handlers.get(group, self.default)
+        return type(handler).emit is NullMetricHandler.emit or getattr(handler, "takes_points", True) is False
 
     def emit(self, metric: MetricData) -> None:
         """Hand one metric to its group's handler; exceptions are logged once per handler and type, counted."""

@@ -3,9 +3,12 @@
 The agent plays torchelastic's local agent on one node: it sets the environment torchrun sets (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
 ...), watches the worker group, restarts the whole group when a worker fails (up to ``--max-restarts``
-times; each restart is a new incarnation of every rank), forwards SIGINT/SIGTERM and exits with the
-workers' status. It emits the agent's metrics in group ``torchelastic`` under torchelastic's names and the
-``torchelastic.worker.status.<STATE>`` events, through the collector it runs in a thread of its own.
+times; each restart is a new incarnation of every rank) and exits with the workers' status. Signals are handled
+as torchrun's agent does (:mod:`collector.stopping`): the signal received (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is
+forwarded to every worker's process group, then SIGTERM and SIGKILL follow after ``stop_grace_s`` each, and the
+launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. It emits the
+agent's metrics in group ``torchelastic`` under torchelastic's names and the ``torchelastic.worker.status.<STATE>``
+events, through the collector it runs in a thread of its own.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ from dataclasses import dataclass, field
 from elastic import metrics
 from shmstat.errors import ConfigError
 from shmstat.runtime import validate_job
-from shmstat.segment import Segment
 
 from .daemon import Collector
+from .stopping import stop_group
 
 __all__ = ["Agent", "AgentResult", "run_job"]
 
 AGENT_GROUP = "torchelastic"
-_TERM_GRACE_S = 10.0
+DEFAULT_STOP_GRACE_S = 10.0
+"""Seconds a worker group is given after each stopping signal before the next, stronger one."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""The signals ``shmstat run`` forwards to its workers (torchrun's agent's)."""
 
 
 @dataclass
@@ -46,7 +52,8 @@ class AgentResult:
     """How the run ended."""
 
     state: str
-    """``SUCCEEDED`` or ``FAILED``."""
+    """``SUCCEEDED``, ``FAILED``, or ``INTERRUPTED`` (a signal stopped the run: ``exit_code`` is 128 + its
+    number)."""
     exit_code: int
     restarts: int
     failures: list[tuple[int, int]] = field(default_factory=list)
@@ -69,8 +76,9 @@ class Agent:
     def __init__(
         self, collector: Collector, job: str, cmd: list[str], nproc: int, *, max_restarts: int = 0,
         monitor_interval_s: float = 0.1, role: str = "default", env: dict[str, str] | None = None,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
     ) -> None:
-        _check_agent_options(nproc, max_restarts, monitor_interval_s)
+        _check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s)
         self.collector = collector
         self.job = job
         self.cmd = cmd
@@ -82,7 +90,12 @@ class Agent:
         self.base_env = dict(os.environ if env is None else env)
         self.workers: list[_Worker] = []
         self.restart_count = 0
+        self.stop_grace_s = stop_grace_s
         self.stop_signal: int | None = None
+        """The first stopping signal received (set by :meth:`on_signal`)."""
+        self.signals_received = 0
+        self.signals_sent: list[int] = []
+        """What stopping the group took, for the final report (e.g. SIGINT, then SIGTERM)."""
         self.master_port = _free_port()
         metrics.configure(_ToCollector(collector), AGENT_GROUP)
 
@@ -109,22 +122,25 @@ class Agent:
             self.workers.append(_Worker(r, proc, time.time()))
             self._status_event("START", r, proc.pid, None)
 
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        """Record a stopping signal (safe in a signal handler): the run loop stops the group with it; a further
+        one cuts the current grace period short."""
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        self.signals_received += 1
+
     @metrics.prof(group=AGENT_GROUP)
-    def _stop_workers(self) -> None:
-        for w in self.workers:
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + _TERM_GRACE_S
-        for w in self.workers:
-            try:
-                w.proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
+    def _stop_workers(self, sig: int = signal.SIGTERM) -> None:
+        sent = stop_group([w.proc for w in self.workers], sig, self.stop_grace_s,
+                          insisted=lambda: self.signals_received)
+        if sent:
+            self.signals_sent = sent
 
     @metrics.prof(group=AGENT_GROUP)
     def _restart_workers(self) -> None:
         self._stop_workers()
+        if self.stop_signal is not None:
+            return  # a signal came while the group stopped: the run loop ends it, nothing new is started
         self.restart_count += 1
         self._start_workers()
 
@@ -151,24 +167,30 @@ class Agent:
 
     # -- the run ---------------------------------------------------------------------------------------------
     def run(self) -> AgentResult:
-        """Start the group, watch it, restart on failure; returns when the group succeeded or gave up."""
+        """Start the group, watch it, restart on failure; returns when the group succeeded, gave up or was
+        stopped by a signal, with no process of the group left on any of these paths."""
+        try:
+            result = self._run()
+        finally:
+            self._stop_workers()  # children a finished rank left behind, or everything after an exception
+        self._record_final(result)
+        return result
+
+    def _run(self) -> AgentResult:
         failures: list[tuple[int, int]] = []
         self._start_workers()
         role = self.role
         while True:
             time.sleep(self.monitor_interval_s)
             if self.stop_signal is not None:
-                self._forward_and_stop(self.stop_signal)
-                result = AgentResult("FAILED", 128 + self.stop_signal, self.restart_count, failures)
-                break
+                return self._interrupted(failures)
             state, failed = self._monitor_workers()
             metrics.put_metric(f"workers.{role}.remaining_restarts", self.remaining_restarts, AGENT_GROUP)
             metrics.put_metric(f"workers.{role}.{state.lower()}", 1, AGENT_GROUP)
             if state == "SUCCEEDED":
                 for w in self.workers:
                     self._status_event("SUCCEEDED", w.local_rank, w.proc.pid, 0)
-                result = AgentResult("SUCCEEDED", 0, self.restart_count, failures)
-                break
+                return AgentResult("SUCCEEDED", 0, self.restart_count, failures)
             if state == "FAILED":
                 failures.extend(failed)
                 for r, code in failed:
@@ -181,21 +203,22 @@ class Agent:
                     self._restart_workers()
                     continue
                 self._stop_workers()
-                result = AgentResult("FAILED", failed[0][1] if failed[0][1] > 0 else 1, self.restart_count, failures)
-                break
-        self._record_final(result)
-        return result
+                if self.stop_signal is not None:
+                    return self._interrupted(failures)
+                return AgentResult("FAILED", failed[0][1] if failed[0][1] > 0 else 1, self.restart_count, failures)
 
-    def _forward_and_stop(self, sig: int) -> None:
+    def _interrupted(self, failures: list[tuple[int, int]]) -> AgentResult:
+        sig = self.stop_signal
+        assert sig is not None
         for w in self.workers:
             if w.proc.poll() is None:
-                w.proc.send_signal(sig)
                 self._status_event("TERMINATED", w.local_rank, w.proc.pid, None)
-        self._stop_workers()
+        self._stop_workers(sig)
+        return AgentResult("INTERRUPTED", 128 + sig, self.restart_count, failures)
 
     def _record_final(self, result: AgentResult) -> None:
         role = self.role
-        if result.state == "FAILED":
+        if result.state != "SUCCEEDED":
             flakiness = 100
         else:
             flakiness = int(100 - 100 * (self.remaining_restarts + 1) / (self.max_restarts + 1))
@@ -209,13 +232,15 @@ class Agent:
             metrics.put_metric(f"workers.{role}.{name}", 1 if name == outcome else 0, AGENT_GROUP)
 
 
-def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float) -> None:
+def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float) -> None:
     if not 1 <= nproc <= 4096:
         raise ConfigError(f"--nproc-per-node must be between 1 and 4096, got {nproc}")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must not be negative, got {max_restarts}")
     if not 0 < monitor_interval_s <= 3600:
         raise ConfigError(f"--monitor-interval must be more than 0 and at most 3600 seconds, got {monitor_interval_s}")
+    if not 0 <= stop_grace_s <= 3600:
+        raise ConfigError(f"--stop-grace must be between 0 and 3600 seconds, got {stop_grace_s}")
 
 
 def _free_port() -> int:
@@ -225,25 +250,35 @@ def _free_port() -> int:
 
 
 def run_job(args: argparse.Namespace) -> int:
-    """``shmstat run``: collector in a thread, agent in the main thread; returns the workers' exit status."""
+    """``shmstat run``: collector in a thread, agent in the main thread; returns the workers' exit status (128 +
+    the signal's number when a signal stopped the run). The job's segment and lock file are removed on every
+    exit once the collector emitted every window; otherwise one line says what was not emitted and how to look."""
     from .options import collector_config  # options imports the daemon: late, as cli does
 
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
     if not os.path.exists(args.script):
         raise ConfigError(f"script {args.script!r} does not exist")
-    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval)  # before anything is made
-    collector = Collector(collector_config(args, job))
-    cmd = [sys.executable, "-u", args.script, *args.script_args]
-    agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
-                  monitor_interval_s=args.monitor_interval, role=args.role)
+    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace)
+    config = collector_config(args, job)  # before anything is made
+    stopped: list[int] = []
+    # a signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a job started with & by a script)
+    handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, lambda signum, _f: stopped.append(signum)) for sig in handled}
+    try:
+        collector = Collector(config)
+        cmd = [sys.executable, "-u", args.script, *args.script_args]
+        agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
+                      monitor_interval_s=args.monitor_interval, role=args.role, stop_grace_s=args.stop_grace)
+    except BaseException:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        raise
+    for sig in handled:
+        signal.signal(sig, agent.on_signal)
+    for sig in stopped:  # a signal that came while the collector was being made
+        agent.on_signal(sig)
     print(f"shmstat run: job {job}, {args.nproc_per_node} workers, collector publish {collector.publish_endpoint}",
           file=sys.stderr, flush=True)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        agent.stop_signal = signum
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
     thread = threading.Thread(target=collector.serve, name="shmstat-collector", daemon=True)
     thread.start()
     try:
@@ -251,22 +286,19 @@ def run_job(args: argparse.Namespace) -> int:
     finally:
         collector.request_stop()
         thread.join(30)
-    print(f"shmstat run: {result.state.lower()} after {result.restarts} restart(s), exit code {result.exit_code}",
-          file=sys.stderr, flush=True)
-    _remove_if_done(job, result, collector, thread)
-    return result.exit_code
-
-
-def _remove_if_done(job: str, result: AgentResult, collector: Collector, thread: threading.Thread) -> None:
-    """A job that succeeded, and whose every window the collector emitted, leaves nothing behind: its segment
-    and lock file go (the collector removed its sockets when it closed). A failed job's segment is kept for a
-    look (``shmstat top``/``ls``) until ``shmstat clean``."""
-    if result.state != "SUCCEEDED":
-        print(f"shmstat run: job {job}'s segment kept for inspection (remove it with: shmstat clean {job})",
+    if collector.config.status_interval_s > 0:
+        collector.print_status()
+    if result.state == "INTERRUPTED":
+        how = ", then ".join(signal.Signals(s).name for s in agent.signals_sent) or "nothing (no worker was left)"
+        assert agent.stop_signal is not None
+        print(f"shmstat run: interrupted by {signal.Signals(agent.stop_signal).name}; sent the workers {how}; "
+              f"exit code {result.exit_code}", file=sys.stderr, flush=True)
+    else:
+        print(f"shmstat run: {result.state.lower()} after {result.restarts} restart(s), exit code {result.exit_code}",
               file=sys.stderr, flush=True)
-        return
-    if thread.is_alive() or not collector.emitted_everything:
-        print(f"shmstat run: job {job}'s segment kept: the collector did not emit every window "
-              f"(remove it with: shmstat clean {job})", file=sys.stderr, flush=True)
-        return
-    Segment.unlink(job)
+    kept = collector.finish() if not thread.is_alive() else (
+        f"job {job}'s segment kept: the collector did not finish within 30 s, so its last windows may not be emitted "
+        f"(inspect: shmstat ls; remove: shmstat clean {job})")
+    if kept:
+        print(f"shmstat run: {kept}", file=sys.stderr, flush=True)
+    return result.exit_code

@@ -34,7 +34,9 @@ from shmstat.layout import RankState
 from shmstat.segment import Segment, pid_alive
 from shmstat.shm_entries import scan_shm
 
+from .compact import CompactWindowHandler, status_line
 from .daemon import Collector, CollectorConfig, build_dispatcher
+from .dispatch import ThreadedDispatcher
 from .prometheus import start_exporter
 from .sweep import Verdict, remove_if_dead
 
@@ -51,11 +53,13 @@ class NodeCollector:
 
     def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
                  discover_interval_s: float = 0.2) -> None:
-        self.config = config
+        self.config = dataclasses.replace(config, status_interval_s=0.0)  # one status line for the node, not per job
+        self.status = _NodeStatus(config.status_interval_s)
         self.jobs = list(jobs) if jobs else None
         self.out = out if out is not None else sys.stdout
         self.discover_interval_s = discover_interval_s
         self.dispatcher = build_dispatcher(config)
+        self.status.name_jobs(self.dispatcher)
         self.exporter = start_exporter(config, self.out) if config.prometheus else None
         """One Prometheus endpoint for every job of the node (``--prometheus``)."""
         self.collectors: dict[str, Collector] = {}
@@ -95,6 +99,7 @@ class NodeCollector:
             except Exception as exc:  # whatever is in /dev/shm, the jobs already served go on
                 self._say_once(f"discover {exc!r}", f"shmstat collector: looking at /dev/shm failed ({exc!r})",
                                sys.stderr)
+        self.status.tick(self)
         if poll_timeout_ms > 0:
             poller = zmq.Poller()
             for c in self.collectors.values():
@@ -213,6 +218,7 @@ class NodeCollector:
             self.exporter.retire_job(job)
         try:
             collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+            self.status.let_go(collector)
         except Exception:
             return False
         return collector.emitted_everything
@@ -220,11 +226,59 @@ class NodeCollector:
     def close(self) -> None:
         """Let every job go (each emits what it holds), then close the handlers."""
         for job in list(self.collectors):
-            self._release(job)
+            if self._release(job):
+                Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
+        self.status.print(self, final=True)
         with contextlib.suppress(Exception):
             self.dispatcher.close()
         if self.exporter is not None:
             self.exporter.close()
+
+
+class _NodeStatus:
+    """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
+    (:func:`collector.compact.status_line`); and its compact default handler names each line's job."""
+
+    _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected")
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.next = time.monotonic() + interval_s
+        self.done = dict.fromkeys(self._SUMMED, 0)  # what the jobs let go had counted
+        self.served: set[str] = set()
+
+    @staticmethod
+    def name_jobs(dispatcher: ThreadedDispatcher) -> None:
+        default = dispatcher.inner.default
+        if isinstance(default, CompactWindowHandler):
+            default.show_job = True
+
+    def let_go(self, collector: Collector) -> None:
+        self.served.add(collector.config.job)
+        counters = collector.counters()
+        for key in self._SUMMED:
+            self.done[key] += counters[key]
+
+    def tick(self, node: NodeCollector) -> None:
+        if self.interval_s > 0 and time.monotonic() >= self.next:
+            self.next = time.monotonic() + self.interval_s
+            self.print(node)
+
+    def print(self, node: NodeCollector, *, final: bool = False) -> None:
+        """One status line: the jobs served now (``final``: over the node collector's life) and their figures."""
+        if self.interval_s <= 0:
+            return
+        totals = dict(self.done)
+        alive = 0
+        for c in node.collectors.values():
+            counters = c.counters()
+            for key in self._SUMMED:
+                totals[key] += counters[key]
+            alive += sum(1 for r in c.scanner.refresh() if r.state_name == "active" and not r.is_writer)
+        totals["handler_dropped"] = node.dispatcher.dropped  # one dispatcher for every job: counted once
+        totals["handler_errors"] = node.dispatcher.errors
+        jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
+        print(status_line(totals, ranks_alive=alive, jobs=jobs), file=sys.stderr, flush=True)
 
 
 def _look(job: str) -> str:

@@ -35,8 +35,9 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="allow --publish on an address other than loopback (anyone who reaches it reads every "
                         "stream)")
     p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
-                   help="handler for a metric group: console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT, "
-                        "pkg.module:Class[,key=value...]; GROUP * = default")
+                   help="handler for a metric group: compact, console, null, jsonl:PATH, tensorboard:DIR, "
+                        "otlp:ENDPOINT, pkg.module:Class[,key=value...]; GROUP * = default (default: compact, one "
+                        "line per merged window; put metrics and @prof calls of a group only with GROUP=console)")
     p.add_argument("--grace-ms", type=int, default=20,
                    help=f"wait this long after a window ends before reading it (default 20, at most {MAX_GRACE_MS})")
     p.add_argument("--publish-buffer-mb", type=float, default=256.0,
@@ -47,8 +48,9 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold-ms", type=int, default=300,
                    help="at start-up, hold the ranks' events up to this long for subscribers to reconnect "
                         "(default 300)")
-    p.add_argument("--status-interval", type=float, default=30.0,
-                   help="seconds between progress lines on stderr (default 30, 0 = none)")
+    p.add_argument("--status-interval", type=float, default=10.0,
+                   help="seconds between status lines on stderr: ranks alive, windows emitted, events relayed, "
+                        "drops (default 10, 0 = none)")
     p.add_argument("--straggler-threshold", type=float, default=DEFAULT_THRESHOLD, metavar="SCORE",
                    help="a rank scoring under this against the node's median is slow in that window (median / its "
                         f"figure for a time; between 0 and 1, default {DEFAULT_THRESHOLD})")

@@ -270,6 +270,13 @@ def _sigkill_rounds(job: str, tmp_path, rounds: int) -> None:
         survivor.join(60)
         assert survivor.exitcode == 0
         assert coll.proc.poll() is None  # the collector never stopped
+        seg = Segment.open(job, create=False)  # read before the collector stops: it removes the segment then
+        try:
+            wait_for(lambda: seg.rank(1).state_name == "died" and seg.rank(2).state_name == "died", 10,
+                     what="both victims marked died")
+            assert seg.rank(1).incarnation == rounds
+        finally:
+            seg.close()
     finally:
         open(stop, "w").close()
         assert coll.stop() == 0
@@ -280,12 +287,7 @@ def _sigkill_rounds(job: str, tmp_path, rounds: int) -> None:
     for wid, n in counts_from(read_json(str(tmp_path / "r0.json"))).items():
         assert per_rank.get((0, wid)) == n
     assert any(rank in (1, 2) for rank, _ in per_rank)
-    seg = Segment.open(job, create=False)
-    try:
-        assert seg.rank(1).state_name == "died" and seg.rank(2).state_name == "died"
-        assert seg.rank(1).incarnation == rounds
-    finally:
-        seg.close()
+    assert not os.path.exists("/dev/shm" + segment_name(job)), "no process of the job lives: removed on exit"
     print(f"\nsigkill: {2 * rounds} kills mid-add, {torn} windows flagged torn")
 
 

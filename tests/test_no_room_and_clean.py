@@ -43,7 +43,7 @@ def test_clean_keeps_a_live_job_and_ls_lists_it(job):
         assert job in listed.stdout and f"{coll.proc.pid} up" in listed.stdout
     finally:
         assert coll.stop() == 0
-    assert os.path.exists(f"/dev/shm/shmstat.{job}")
+    assert not os.path.exists(f"/dev/shm/shmstat.{job}")  # no process of the job lives: removed on exit
 
 
 def test_socket_paths_too_long_for_unix_sockets_get_short_names(monkeypatch):
