@@ -83,14 +83,15 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
                 now: float | None = None) -> str:
     """The one-line status: which job (or how many jobs), ranks alive, windows emitted, events relayed, and what
     was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read), with
-    rejected frames and handler errors when there are any."""
+    samples the ranks dropped for want of room, rejected frames and handler errors when there are any."""
     stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now is None else now))
     who = f"job {job}" if job is not None else f"{jobs} job{'' if jobs == 1 else 's'}"
     dropped = counters["handler_dropped"] + counters["seq_gaps"] + counters["windows_overwritten"]
     line = (f"[{stamp}] shmstat: {who}, {ranks_alive} rank{'' if ranks_alive == 1 else 's'} alive, "
             f"{counters['windows_emitted']} windows emitted, {counters['events_relayed']} events relayed, "
             f"{dropped} dropped")
-    for key, label in (("frames_rejected", "frames rejected"), ("handler_errors", "handler errors")):
+    for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
+                       ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors")):
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line

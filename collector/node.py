@@ -239,7 +239,8 @@ class _NodeStatus:
     """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
     (:func:`collector.compact.status_line`); and its compact default handler names each line's job."""
 
-    _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected")
+    _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
+               "samples_dropped")
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s

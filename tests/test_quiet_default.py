@@ -111,3 +111,14 @@ def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_fo
             proc.communicate()
         for job in jobs:
             Segment.unlink(job)
+
+
+def test_the_status_line_counts_what_the_ranks_dropped_for_want_of_room() -> None:
+    from collector.compact import status_line
+
+    base = {"windows_emitted": 7, "events_relayed": 3, "handler_dropped": 1, "seq_gaps": 2, "windows_overwritten": 0,
+            "handler_errors": 0, "frames_rejected": 0, "samples_dropped": 0}
+    quiet = status_line(base, ranks_alive=2, job="j", now=0)
+    assert "7 windows emitted" in quiet and "3 dropped" in quiet and "samples dropped" not in quiet
+    loud = status_line({**base, "samples_dropped": 41}, ranks_alive=2, job="j", now=0)
+    assert "41 samples dropped by ranks" in loud and "shmstat ls" in loud
