@@ -203,8 +203,10 @@ class Collector:
                 self._lifecycle(change)
             # A live rank still adds to its open windows: they stay in the ring for the next collector (emitting
             # them now would commit their watermark and lose every sample added after this moment).
-            live = sorted({r.rank for r in self.scanner.refresh() if r.state == RankState.ACTIVE})
+            ranks = self.scanner.refresh()
+            live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
+            self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:
                 self.not_emitted = (f"the open windows of rank{'s' if len(live) > 1 else ''} "
