@@ -220,8 +220,8 @@ class Collector:
                 self.emitted_everything = False
                 self.not_emitted = f"rows queued for handlers, which failed to close ({exc!r})"
         if self.segment is not None:
-            with contextlib.suppress(Exception):
-                self.segment.set_collector(0, self.clock())
+            with contextlib.suppress(Exception):  # -1: windows left for the next collector (ranks keep the segment)
+                self.segment.set_collector(0 if self.emitted_everything else -1, self.clock())
         self._release()
 
     def finish(self) -> str:
@@ -400,7 +400,8 @@ def _take_instance_lock(segment: Segment) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        holder = segment.header().collector_pid or "?"
+        holder = segment.header().collector_pid
+        holder = holder if holder > 0 else "?"
         raise CollectorError(
             f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
         ) from None

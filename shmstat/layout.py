@@ -21,7 +21,8 @@ are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks
      32  banks            u64  K
      40  total_size       u64  bytes of the whole segment
      48  created_ns       i64  wall-clock ns at creation
-     56  collector_pid    i64  pid of the collector serving the job, 0 if none
+     56  collector_pid    i64  pid of the collector serving the job, 0 if none, -1 when the last one stopped with
+                               windows left to emit (ranks then keep the segment for the next collector)
      64  collector_beat   i64  collector heartbeat, wall-clock ns
      72  hist_slots       u64  H
      80  dropped          u64  samples dropped by processes that got no entry of their own (their rank did not fit

@@ -323,9 +323,11 @@ class Segment:
 
 
 def _unserved(segment: Segment, pid: int) -> bool:
-    """No live collector serves the job and no entry but ``pid``'s is active with a live process."""
-    header = segment.header()
-    if header.collector_pid and pid_alive(header.collector_pid):
+    """No collector serves the job or left windows in it for the next one, and no entry but ``pid``'s is active
+    with a live process. A collector that died (SIGKILL) leaves its pid in the header, and one that stopped while
+    ranks ran leaves -1: either way the windows wait for the next collector (a node collector sweeps the segment
+    once they are emitted), as when a collector is restarted."""
+    if segment.header().collector_pid != 0:
         return False
     return not any(r.state == L.RankState.ACTIVE and r.pid != pid and pid_alive(r.pid) for r in segment.ranks())
 

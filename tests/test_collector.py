@@ -140,6 +140,27 @@ def test_rank_killed_with_sigkill_is_reported_died_others_still_aggregated(job, 
     ctx.term()
 
 
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
+def test_ranks_ending_while_their_collector_is_away_leave_the_segment_to_the_next(job, tmp_path, how):
+    # The ranks end while no collector runs: a SIGKILLed collector left its pid in the header, a stopped one
+    # -1 (windows left to emit), so the last rank keeps the segment and the next collector emits every window.
+    out = str(tmp_path / "m.jsonl")
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "64",
+                           "--max-ranks", "4", "--max-stats", "8", "--status-interval", "0")
+    procs = [spawn(rank_worker, job, r, 2, 3.0, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
+    wait_for(lambda: len(read_jsonl(out)) > 0, 20, what="first windows")
+    assert all(p.is_alive() for p in procs)
+    coll.stop(how)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert job in Segment.list_jobs()  # kept by the ranks: their last windows wait for the next collector
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
+    assert coll.stop() == 0
+    _check_reconciles(read_jsonl(out), {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(2)})
+    assert job not in Segment.list_jobs()  # every window emitted, no process left: the collector removed it
+
+
 def test_collector_killed_and_restarted_loses_no_window_and_repeats_none(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "32",
