@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
-__all__ = ["FASTPATH_API", "NAMES", "PUBFAST_API", "VARIABLE", "Backend", "backend", "c_available", "use"]
+__all__ = ["FASTPATH_API", "NAMES", "PUBFAST_API", "VARIABLE", "Backend", "backend", "c_available", "load", "use"]
 
 VARIABLE = "SHMSTAT_PURE_PYTHON"
 """The environment variable that asks for the pure-Python backend (``1``)."""
@@ -101,8 +101,9 @@ def _extension(name: str, api: tuple[str, ...]) -> ModuleType | None:
     return module if all(hasattr(module, part) for part in api) else None
 
 
-def _load(name: BackendName) -> Backend:
-    """The backend called ``name`` (loaded once); ``"c"`` with only the extensions that are built."""
+def load(name: BackendName) -> Backend:
+    """The backend called ``name``, without choosing it (loaded once): ``"c"`` holds the extensions that are built
+    (the ``"python"`` backend if none is); a name not in :data:`NAMES` is a :class:`ValueError`."""
     if name not in NAMES:
         raise ValueError(f"unknown backend {name!r}: expected one of {', '.join(NAMES)}")
     if name == "python":
@@ -122,14 +123,14 @@ def backend() -> Backend:
     """The backend this process runs: chosen on the first call (see the module docstring), then the same."""
     if _current:
         return _current[0]
-    chosen = _load("python" if os.environ.get(VARIABLE) == "1" else "c")
+    chosen = load("python" if os.environ.get(VARIABLE) == "1" else "c")
     _current.append(chosen)
     return chosen
 
 
 def c_available() -> bool:
     """Whether every C extension of shmstat is built (and provides its API)."""
-    c = _load("c")
+    c = load("c")
     return all(getattr(c, part) is not None for part in FASTPATH_API + PUBFAST_API)
 
 
@@ -137,7 +138,7 @@ def c_available() -> bool:
 def use(name: BackendName) -> Iterator[Backend]:
     """For tests: within the block, :func:`backend` is ``name`` (what is chosen at construction follows; what
     shmstat bound at import does not). Raises :class:`LookupError` if ``"c"`` is asked and not built."""
-    chosen = _load(name)
+    chosen = load(name)
     if chosen.name != name:
         raise LookupError("the C extensions of shmstat are not built")
     saved = list(_current)

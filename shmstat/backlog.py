@@ -36,7 +36,8 @@ def item_bytes(name: str, data: dict[str, Any]) -> int:
             n += len(value)
     if n > _RECOUNT_BYTES:  # long text: count UTF-8 bytes, not characters
         n = _ITEM_OVERHEAD + len(name.encode("utf-8", "replace")) + sum(
-            _KEY_BYTES + len(k.encode("utf-8", "replace")) + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
+            _KEY_BYTES + len(k.encode("utf-8", "replace"))
+            + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
             for k, v in data.items() if type(k) is str
         )
     return n

@@ -15,9 +15,9 @@ two frames, the payload being the wire header, the array header and the encoded 
 frames, forgets it (:meth:`Outbox.pop`). Sequence numbers are assigned in send order; a gap consumes its numbers
 when it reaches the head, so a receiver's gap of ``n`` is ``n`` dropped items.
 
-This module is the pure-Python implementation (``SHMSTAT_PURE_PYTHON=1``, or no C compiler at install time) and
-the reference for ``shmstat._pubfast.Outbox``, the C one: both put the same bytes on the wire. Every method of
-the C one is atomic under the GIL; here a lock makes them so. :func:`new_outbox` picks one.
+This module is the pure-Python implementation (the ``"python"`` backend of :mod:`shmstat._backend`) and the
+reference for its C twin, ``Backend.Outbox``: both put the same bytes on the wire. Every method of the C one is
+atomic under the GIL; here a lock makes them so. :func:`new_outbox` builds the backend's.
 """
 
 from __future__ import annotations
