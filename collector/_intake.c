@@ -21,8 +21,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_TOPIC 4096
-#define MAX_PAYLOAD (16 * 1024 * 1024)
+#include "../shmstat/_c/layout.h" /* MAX_TOPIC, MAX_PAYLOAD, WIRE_VERSION: generated from shmstat/wire.py */
+#define STR_(x) #x
+#define STR(x) STR_(x)
 #define MAX_DEPTH 512 /* msgpack-python refuses 1024; deeper than this we leave to decode */
 
 enum { OK = 0, BAD, SEM, UNSURE };
@@ -383,8 +384,10 @@ check(PyObject *self, PyObject *args)
         size_t n;
         switch (idx) {
         case 0: /* v */
-            rc = want_int(r, &neg, &u, "the payload has a wire version other than 1");
-            if (rc == OK && (neg || u != 1)) rc = fail(r, SEM, "the payload has a wire version other than 1");
+            rc = want_int(r, &neg, &u, "the payload has a wire version other than " STR(WIRE_VERSION));
+            if (rc == OK && (neg || u != WIRE_VERSION)) {
+                rc = fail(r, SEM, "the payload has a wire version other than " STR(WIRE_VERSION));
+            }
             break;
         case 1: /* k */
             rc = want_str(r, &s, &n, "the payload kind does not match the topic prefix");

@@ -5,28 +5,19 @@ collector at a few hundred thousand items per second, and the collector needs no
 items: :func:`inspect` validates event and metric messages with the optional C check ``collector._intake`` (which
 accepts exactly what ``decode`` accepts, tests/test_intake.py checks that) and returns a :class:`Received` whose
 ``items`` are decoded only when read. Other kinds, and the payloads the C check leaves undecided, go through
-``decode``; so does everything when the extension is missing or ``SHMSTAT_PURE_PYTHON=1``.
+``decode``; so does everything on shmstat's pure-Python backend (:mod:`collector._backend`).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Final
+from typing import Any
 
 from shmstat import wire
 from shmstat.errors import WireError
 
-__all__ = ["C_CHECK", "Received", "inspect"]
+from ._backend import intake_check
 
-_check: Any = None
-if os.environ.get("SHMSTAT_PURE_PYTHON") != "1":
-    try:
-        from ._intake import check as _check
-    except ImportError:  # no compiler at install time: the pure-Python path
-        _check = None
-
-C_CHECK: Final = _check is not None
-"""Whether :func:`inspect` uses the C check (else every message is decoded in Python)."""
+__all__ = ["Received", "inspect"]
 
 
 class Received:
@@ -77,10 +68,11 @@ def _decoded(topic: Any, payload: Any) -> Received:
 def inspect(topic: Any, payload: Any) -> Received:
     """Validate one ``[topic, payload]`` message as :func:`shmstat.wire.decode` does and return it as a
     :class:`Received`; raise :class:`WireError` if ``decode`` would. Frames may be ``bytes`` or any buffer."""
-    if _check is None:
+    check = intake_check()  # None: the pure-Python backend, or the extension is not built
+    if check is None:
         return _decoded(topic, payload)
     try:
-        got = _check(topic, payload)
+        got = check(topic, payload)
     except TypeError:  # not a buffer: decode says why
         return _decoded(topic, payload)
     if got is None:
@@ -90,10 +82,3 @@ def inspect(topic: Any, payload: Any) -> Received:
     kind, rank, pid, incarnation, seq, n_items = got
     return Received(topic, payload, kind, rank, pid, incarnation, seq, n_items)
 
-
-def check_c(topic: Any, payload: Any) -> tuple[str, int, int, int, int, int] | str | None:
-    """The C check's raw answer (for tests): the header tuple, the reason decode would refuse, or None when
-    decode must judge. Raises :class:`RuntimeError` if the extension is not in use."""
-    if _check is None:
-        raise RuntimeError("collector._intake is not in use")
-    return _check(topic, payload)

@@ -158,12 +158,9 @@ def machine_lines() -> list[str]:
             versions.append(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{dist} missing")
-    try:
-        from shmstat import _fastpath  # noqa: F401
+    from shmstat._backend import backend
 
-        fast = "built"
-    except ImportError:
-        fast = "not built (pure Python Stat.add)"
+    fast = "built" if backend().SlotWriter is not None else "not built (pure Python Stat.add)"
     return [
         f"- date: {dt.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {model}, {os.cpu_count()} cores ({platform.machine()}, {platform.system()} "
@@ -378,9 +375,10 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
 
     rnd = random.Random(3)
     env["vals"] = itertools.cycle([rnd.lognormvariate(3.0, 1.0) for _ in range(4096)])  # step times, ms
-    os.environ["SHMSTAT_PURE_PYTHON"] = "1"
-    env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
-    del os.environ["SHMSTAT_PURE_PYTHON"]
+    from shmstat._backend import use
+
+    with use("python"):  # this Stat's writer is the pure-Python twin (it keeps the backend it was built on)
+        env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
     res["ours.add.c_path"] = env["shared"]._core.binding._c is not None

@@ -13,9 +13,10 @@ import logging
 import os
 import struct
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import layout as L
+from ._backend import backend
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,19 +31,6 @@ CAPACITY_VARIABLES = ("SHMSTAT_MAX_RANKS", "SHMSTAT_MAX_STATS", "SHMSTAT_MAX_PER
 
 _warned: set[str] = set()  # kinds this process has reported (inherited by a forked child: it said it already)
 _plain_lock = threading.Lock()
-_c_add: list[Any] = []  # [add_u64 or None], resolved on first use (the environment is not read at import)
-
-
-def _add_u64() -> Any:
-    if not _c_add:
-        fn = None
-        if os.environ.get("SHMSTAT_PURE_PYTHON") != "1":
-            try:
-                from ._fastpath import add_u64 as fn
-            except ImportError:  # pragma: no cover - the C path is optional
-                fn = None
-        _c_add.append(fn)
-    return _c_add[0]
 
 # Bits of the header's ``warned`` word: a kind reported by one process of the job is not reported again by the
 # others (a DataLoader starts new workers every epoch: one warning per job, not one per worker).
@@ -56,7 +44,7 @@ def add_counter(segment: Segment, offset: int, n: int = 1) -> None:
     if n <= 0:
         return
     try:
-        c_add = _add_u64()
+        c_add = backend().add_u64  # None: the pure-Python add below
         if c_add is not None:
             c_add(segment.buf, offset, n)
             return

@@ -4,12 +4,11 @@ The C publish path (``shmstat._pubfast``) does the common cases; these are the P
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._backend import backend
 from .errors import ConfigError
 
 data_value_t = str | float | int | bool
@@ -19,14 +18,10 @@ _NS_PER_S = 1_000_000_000
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 
-_c_check_data: Callable[[Any], dict[str, Any] | None] | None = None
-_c_naive_ns: Callable[[datetime], int | None] | None = None
-_c_remember_offset: Callable[[datetime, int], None] | None = None
-if os.environ.get("SHMSTAT_PURE_PYTHON") != "1":
-    with contextlib.suppress(ImportError):  # optional C publish path; else the Python code below
-        from ._pubfast import check_data as _c_check_data
-        from ._pubfast import naive_local_ns as _c_naive_ns  # noqa: F401 - used by events (Event._timestamp_ns)
-        from ._pubfast import remember_offset as _c_remember_offset
+# the C twins (None on the pure-Python backend): fixed when shmstat is imported, as Event's storage is
+_c_check_data: Callable[[Any], dict[str, Any] | None] | None = backend().check_data
+_c_naive_ns: Callable[[datetime], int | None] | None = backend().naive_local_ns  # used by events (Event._timestamp_ns)
+_c_remember_offset: Callable[[datetime, int], None] | None = backend().remember_offset
 
 
 def _check_data(data: Any) -> dict[str, data_value_t]:

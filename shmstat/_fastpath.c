@@ -1,8 +1,8 @@
 /* Optional C hot path for an attached ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python
- * ``add``/``roll`` closures of ``shmstat.stat._SharedCore`` do, on the same bytes of the segment.
+ * ``add``/``roll`` closures of ``shmstat._writer`` (``_python_writer``) do, on the same bytes of the segment.
  *
  * The binary layout and the seqlock protocol are defined in ``shmstat/layout.py`` (the one source of truth);
- * this file only mirrors them. Bank (64 bytes, 8-byte words, little-endian):
+ * this file takes its constants from the header generated from it (``_c/layout.h``). Bank (64 bytes, 8-byte words, little-endian):
  *   0 seq f64 | 8 wid i64 | 16 sum f64 | 24 min f64 | 32 max f64 | 40 last f64 | 48 last_ts i64 | 56 inc u64
  * ``seq`` is 2 * count as a double, plus 1 while a write is in progress.
  *
@@ -36,27 +36,10 @@
 #error "shmstat._fastpath stores native words; the segment layout is little-endian"
 #endif
 
-#define BANK_SIZE 64
-/* Byte offsets of the bank fields (layout.py: B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC). */
-#define B_SEQ 0
-#define B_WID 8
-#define B_SUM 16
-#define B_MIN 24
-#define B_MAX 32
-#define B_LAST 40
-#define B_TS 48
-#define B_INC 56
-
-/* A bank's histogram (layout.py, "histogram"; semantics in shmstat/histogram.py). Written only while the bank's
- * seq is odd, so the bank's seqlock covers it. */
-#define HIST_SIZE 2240
-#define HIST_M 272
-#define HIST_MAX_SCALE 8
-#define HI_SCALE 0
-#define HI_ZERO 8
-#define HI_POS_LO 16
-#define HI_NEG_LO 32
-#define HIST_COUNTS 64
+/* The bank (BANK_SIZE, B_* byte offsets) and its histogram (HIST_SIZE, HIST_M, HIST_MAX_SCALE, HI_*, HIST_COUNTS;
+ * semantics in shmstat/histogram.py), generated from shmstat/layout.py. A bank's histogram is written only while
+ * the bank's seq is odd, so the bank's seqlock covers it. */
+#include "_c/layout.h"
 
 static inline void
 st_f64(char *p, double v)

@@ -23,14 +23,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_OPEN 16
-#define K_EVENT 0
-#define K_METRIC 1
-#define K_STAT 2
-#define K_RANK 3
-#define K_GAP (-1)
+/* MAX_OPEN, K_* (KIND_CODES), KIND_NAMES_INIT, ITEM_* (item_bytes), WIRE_VERSION: generated from shmstat/outbox.py,
+ * shmstat/backlog.py and shmstat/wire.py */
+#include "_c/layout.h"
 
-static const char *KIND_NAMES[4] = {"event", "metric", "stat", "rank"};
+static const char *KIND_NAMES[4] = KIND_NAMES_INIT;
 
 #include "_c/pack.h"
 #include "_c/outbox_publish.h"
@@ -72,11 +69,11 @@ PyInit__pubfast(void)
     if (PyDateTimeAPI == NULL) return NULL;
     if (PyType_Ready(&OutboxType) < 0) return NULL;
     if (PyType_Ready(&EventBaseType) < 0) return NULL;
-    s_outbox = PyUnicode_InternFromString("_outbox");
-    s_started = PyUnicode_InternFromString("_started");
-    s_start = PyUnicode_InternFromString("_start");
-    s_name = PyUnicode_InternFromString("_name");
-    if (!s_outbox || !s_started || !s_start || !s_name) return NULL;
+    /* the publisher's public fast-path surface (shmstat.publisher.Publisher.outbox, .started, .start) */
+    s_outbox = PyUnicode_InternFromString("outbox");
+    s_started = PyUnicode_InternFromString("started");
+    s_start = PyUnicode_InternFromString("start");
+    if (!s_outbox || !s_started || !s_start) return NULL;
     PyObject *m = PyModule_Create(&pubfast_module);
     if (m == NULL) return NULL;
     Py_INCREF(&EventBaseType);

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _state
 from . import layout as L
+from ._backend import backend
 from ._drops import add_counter
 from ._pyhist import hist_add, hist_reset
 from .aggregation import Aggregation, aggregate
@@ -97,15 +98,10 @@ class SlotBinding:
         self.add: Callable[[float], None]
         self.count: Callable[[], int]
         self._c: Any = None
-        fast = None
-        if os.environ.get("SHMSTAT_PURE_PYTHON") != "1":
-            try:
-                from . import _fastpath as fast  # optional C hot path, built at install time
-            except ImportError:
-                fast = None
-        if fast is not None:
+        c_writer = backend().SlotWriter  # None: the pure-Python twin below
+        if c_writer is not None:
             slot0, nan_w, disc_w, beat_w = self._slot_words(att)
-            self._c = fast.SlotWriter(
+            self._c = c_writer(
                 att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key[3],
                 want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
                 None if clock is time.time_ns else clock, self.rebind, self.hist0,

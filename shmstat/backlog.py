@@ -23,18 +23,21 @@ METRIC_BYTES = 160
 """The estimated size of one metric item (Python objects and wire bytes)."""
 
 _ITEM_OVERHEAD = 128
+_KEY_BYTES = 16  # per data key, besides its text
+_RECOUNT_BYTES = 4096  # past this estimate, strings are counted in UTF-8 bytes (the C outbox counts the same)
 
 
 def item_bytes(name: str, data: dict[str, Any]) -> int:
     """The estimated size of an event: what its Python objects and its wire encoding take, within a small
     constant (strings count in UTF-8 bytes once they are long enough to matter)."""
-    n = _ITEM_OVERHEAD + len(name) + 16 * len(data) + sum(map(len, data))
+    n = _ITEM_OVERHEAD + len(name) + _KEY_BYTES * len(data) + sum(map(len, data))
     for value in data.values():
         if type(value) is str:
             n += len(value)
-    if n > 4096:  # long text: count UTF-8 bytes, not characters
+    if n > _RECOUNT_BYTES:  # long text: count UTF-8 bytes, not characters
         n = _ITEM_OVERHEAD + len(name.encode("utf-8", "replace")) + sum(
-            16 + len(k.encode("utf-8", "replace")) + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
+            _KEY_BYTES + len(k.encode("utf-8", "replace"))
+            + (len(v.encode("utf-8", "replace")) if type(v) is str else 0)
             for k, v in data.items() if type(k) is str
         )
     return n

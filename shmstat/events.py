@@ -22,16 +22,15 @@ The handler registry lives in :data:`shmstat._state.STATE` (``handlers`` and the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from . import _state
+from ._backend import backend
 from ._eventdata import (
     _NS_PER_S,
-    _c_check_data,
     _c_naive_ns,
     _check_data,
     _check_data_slow,
@@ -62,7 +61,7 @@ STAT_EVENT = "torch.monitor.Stat"
 """The name of the Event a Stat logs when a window closes (the same string torch uses)."""
 
 class _PyEventStorage:
-    """The storage and constructor of :class:`Event` in Python (the C twin is ``shmstat._pubfast.EventBase``)."""
+    """The storage and constructor of :class:`Event` in Python (its C twin: ``Backend.EventBase``, shmstat._backend)."""
 
     __slots__ = ("_data", "_name", "_nbytes", "_ts", "_ts_ns")
 
@@ -80,13 +79,11 @@ class _PyEventStorage:
         self._nbytes = 0  # its estimated size on the wire, computed when it is first published
 
 
+_BACKEND = backend()  # Event's storage and log_event are fixed here, when shmstat is imported (see _backend)
 _EventStorage: type = _PyEventStorage
-if _c_check_data is not None:
-    with contextlib.suppress(ImportError):
-        from ._pubfast import EventBase as _EventStorage  # the same checks, in C
-        from ._pubfast import set_event_checks
-
-        set_event_checks(_check_name, _check_timestamp, _check_data_slow)
+if _BACKEND.EventBase is not None and _BACKEND.set_event_checks is not None:
+    _EventStorage = _BACKEND.EventBase  # the same checks, in C
+    _BACKEND.set_event_checks(_check_name, _check_timestamp, _check_data_slow)
 
 
 class Event(_EventStorage):  # type: ignore[misc, valid-type]
@@ -280,12 +277,12 @@ def log_event(event: Event) -> None:
 
 def _publish(event: Event, pub: Any) -> None:
     """The publishing half of :func:`log_event` (the C one calls it for what its fast path declines)."""
-    outbox = getattr(pub, "_outbox", None)  # None: a stand-in publisher with publish_event only
+    outbox = getattr(pub, "outbox", None)  # None: a stand-in publisher with publish_event only
     if outbox is not None:
         size = outbox.log(event, MAX_EVENT_BYTES)  # fields read, checked, encoded and queued in one call
         if size >= 0:
-            if not pub._started:
-                pub._start()
+            if not pub.started:
+                pub.start()
             if size > MAX_EVENT_BYTES:
                 raise _too_large(event._name, size)
             return
@@ -300,8 +297,8 @@ def _publish(event: Event, pub: Any) -> None:
         size = event._nbytes or item_bytes(event._name, event._data)
         if size <= MAX_EVENT_BYTES:
             pub.publish_event(event._name, ts_ns, event._data, size)
-    elif not pub._started:
-        pub._start()
+    elif not pub.started:
+        pub.start()
     if size > MAX_EVENT_BYTES:
         raise _too_large(event._name, size)
     event._nbytes = size
@@ -335,11 +332,8 @@ def _dispatch_local(event: Event) -> None:
 
 
 _py_log_event = log_event
-if _c_check_data is not None and _EventStorage is not _PyEventStorage:
-    with contextlib.suppress(ImportError):
-        from ._pubfast import log_event as _c_log_event
-        from ._pubfast import set_log_state, sync_log_state
-
-        set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
-        _state.set_sync_hook(sync_log_state)  # the C log_event reads its copy of STATE's fields
-        log_event = _c_log_event  # type: ignore[assignment]  # the same function, in C (tests/test_event_paths.py)
+if (_BACKEND.log_event is not None and _BACKEND.set_log_state is not None and _BACKEND.sync_log_state is not None
+        and _EventStorage is not _PyEventStorage):
+    _BACKEND.set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
+    _state.set_sync_hook(_BACKEND.sync_log_state)  # the C log_event reads its copy of STATE's fields
+    log_event = _BACKEND.log_event  # type: ignore[assignment]  # the same function, in C (tests/test_event_paths.py)

@@ -15,19 +15,19 @@ two frames, the payload being the wire header, the array header and the encoded 
 frames, forgets it (:meth:`Outbox.pop`). Sequence numbers are assigned in send order; a gap consumes its numbers
 when it reaches the head, so a receiver's gap of ``n`` is ``n`` dropped items.
 
-This module is the pure-Python implementation (``SHMSTAT_PURE_PYTHON=1``, or no C compiler at install time) and
-the reference for ``shmstat._pubfast.Outbox``, the C one: both put the same bytes on the wire. Every method of
-the C one is atomic under the GIL; here a lock makes them so. :func:`new_outbox` picks one.
+This module is the pure-Python implementation (the ``"python"`` backend of :mod:`shmstat._backend`) and the
+reference for its C twin, ``Backend.Outbox``: both put the same bytes on the wire. Every method of the C one is
+atomic under the GIL; here a lock makes them so. :func:`new_outbox` builds the backend's.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import msgpack
 
+from ._backend import backend
 from .backlog import item_bytes
 
 __all__ = ["KIND_CODES", "MAX_OPEN", "Outbox", "new_outbox"]
@@ -326,16 +326,8 @@ class Outbox:
                     self._held_bytes, self._invalid, self._late)
 
 
-def new_outbox(*, pure: bool | None = None, **kwargs: int) -> Any:
-    """An outbox: the C one (``shmstat._pubfast``) unless ``pure`` or ``SHMSTAT_PURE_PYTHON=1`` or it is not
-    built, else :class:`Outbox`; ``kwargs`` as for :class:`Outbox`."""
-    if pure is None:
-        pure = os.environ.get("SHMSTAT_PURE_PYTHON") == "1"
-    if not pure:
-        try:
-            from . import _pubfast
-        except ImportError:
-            pass
-        else:
-            return _pubfast.Outbox(**kwargs)
-    return Outbox(**kwargs)
+def new_outbox(**kwargs: int) -> Any:
+    """An outbox of the backend in use (:func:`shmstat._backend.backend`): the C one, or :class:`Outbox`;
+    ``kwargs`` as for :class:`Outbox`."""
+    c_outbox = backend().Outbox
+    return Outbox(**kwargs) if c_outbox is None else c_outbox(**kwargs)

@@ -231,14 +231,14 @@ class Publisher(_SocketProtocol):
         if self._outbox.event(name, ts_ns, data, size) < 0:
             self._publish_slow("event", name, None, (name, ts_ns, data), size)
         if not self._started:
-            self._start()
+            self.start()
 
     def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
         """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
         if self._outbox.metric(group, name, value, ts) is not None:
             self._publish_slow("metric", group, name, (group, name, value, ts), METRIC_BYTES)
         if not self._started:
-            self._start()
+            self.start()
 
     def publish(self, topic: str, kind: str, item: Any) -> None:
         """Queue one ``item`` of ``kind`` under ``topic`` (shapes in :mod:`shmstat.wire`); never blocks.
@@ -267,7 +267,7 @@ class Publisher(_SocketProtocol):
         else:
             self._publish_slow(kind, topic, None, item, METRIC_BYTES)
         if not self._started:
-            self._start()
+            self.start()
 
     def _publish_slow(self, kind: str, key1: str, key2: str | None, item: Any, size: int) -> None:
         """Validate and encode an item the outbox's fast path left to us (subclasses, odd values, ``publish``);
@@ -293,7 +293,23 @@ class Publisher(_SocketProtocol):
                 size = METRIC_BYTES
         self._outbox.raw(KIND_CODES[kind], key1, key2, encoded, size)
 
-    def _start(self) -> None:
+    # ------------------------------------------------------------------------------------- the fast path
+    # log_event and put_metric queue into the outbox directly (in C too: shmstat/_c/log_event.h), then start.
+
+    @property
+    def outbox(self) -> Any:
+        """The outbox ``log_event`` and ``put_metric`` queue into directly: one call checks, encodes and queues
+        an item (:mod:`shmstat.outbox`, or its C twin); call :meth:`start` after queueing. A forked child's
+        publisher gets a new, closed one."""
+        return self._outbox
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` has run (or never will: the publisher was closed, or is a forked child's)."""
+        return self._started
+
+    def start(self) -> None:
+        """Start the sending thread, once: it sends what is queued. A no-op once started, closed or dead."""
         with self._lock:
             if self._started or self._closed or self._dead:
                 return

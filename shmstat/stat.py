@@ -22,7 +22,6 @@ import contextlib
 import datetime as _dt
 import math
 import mmap
-import os
 import threading
 import time
 import weakref
@@ -30,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import layout as L
+from ._backend import backend
 from ._writer import Summary, binding_for, coerce_value
 from .aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
 from .errors import ConfigError
@@ -295,22 +295,18 @@ class _CLocalCore:
     @classmethod
     def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
         """The C-backed core, or None when the C path is not available or does not apply."""
-        if (stat._max_samples != _UNLIMITED or os.environ.get("SHMSTAT_PURE_PYTHON") == "1"
-                or any(a in PERCENTILES for a in stat._aggs)):
+        c_writer = backend().SlotWriter
+        if c_writer is None or stat._max_samples != _UNLIMITED or any(a in PERCENTILES for a in stat._aggs):
             return None
-        try:
-            from . import _fastpath
-        except ImportError:
-            return None
-        return cls(stat, clock, _fastpath)
+        return cls(stat, clock, c_writer)
 
-    def __init__(self, stat: Stat, clock: Clock, fastpath: Any) -> None:
+    def __init__(self, stat: Stat, clock: Clock, c_writer: Any) -> None:
         self.last = Summary()
         self._stat_ref = weakref.ref(stat)
         self._clock = clock
         self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
         bank = L.BANK_SIZE
-        self._writer = fastpath.SlotWriter(
+        self._writer = c_writer(
             self._buf, 0, 1, stat._window_ns, 0, _UNLIMITED, Aggregation.VALUE in stat._aggs, bank, bank + 8,
             bank + 16, self._on_roll, None if clock is time.time_ns else clock,
         )

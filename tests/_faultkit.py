@@ -373,13 +373,13 @@ def idle_adder(job: str, rank: int, window_ms: int, out_path: str, stop_path: st
 def sigkill_victim(job: str, rank: int, window_ms: int, ready_path: str, pure_python: bool = False) -> None:
     """Add 1.0 in a tight loop forever (until SIGKILLed); touches ``ready_path`` after two windows.
     ``pure_python``: use the Python hot path instead of the C one (a longer write, so a kill tears more often)."""
-    if pure_python:
-        os.environ["SHMSTAT_PURE_PYTHON"] = "1"
     import shmstat
     from shmstat import Aggregation as A
+    from shmstat._backend import use
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=8, publish=False)
-    stat = shmstat.Stat("steps", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="faults")
+    with use("python" if pure_python else "c"):  # the writer keeps the backend it was built on
+        stat = shmstat.Stat("steps", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="faults")
     add = stat.add
     first = time.monotonic()
     while time.monotonic() - first < 2 * window_ms / 1000:

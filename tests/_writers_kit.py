@@ -16,7 +16,10 @@ WINDOW_S = 0.05
 def _env(job: str, pure: bool) -> None:
     os.environ["SHMSTAT_JOB"] = job
     os.environ["SHMSTAT_RANK"] = "0"
-    os.environ["SHMSTAT_PURE_PYTHON"] = "1" if pure else "0"
+    from shmstat._backend import backend
+
+    # the rank inherited the test's backend (tests/conftest.py: backend) and chose it when it imported shmstat
+    assert backend().name == ("python" if pure else "c"), backend().name
 
 
 def as_rank(rank: int, target, *args) -> None:

@@ -55,3 +55,20 @@ def job() -> Iterator[str]:
     yield name
     shutdown()
     Segment.unlink(name)
+
+
+@pytest.fixture(params=["c", "python"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test once per backend (:mod:`shmstat._backend`): ``"c"`` (skipped when the extensions are not
+    built) and ``"python"``; yields the name. In this process, what is chosen at construction follows (writers,
+    Stat cores, outboxes, the collector's intake check); processes the test starts inherit
+    ``SHMSTAT_PURE_PYTHON`` and choose the same backend from their start (Event and log_event included)."""
+    from collector._backend import c_intake_check
+    from shmstat import _backend
+
+    name = request.param
+    if name == "c" and not (_backend.c_available() and c_intake_check() is not None):
+        pytest.skip("the C extensions are not built")
+    monkeypatch.setenv(_backend.VARIABLE, "1" if name == "python" else "0")
+    with _backend.use(name):
+        yield name

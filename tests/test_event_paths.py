@@ -4,7 +4,6 @@ identical (types included)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,8 @@ import sys
 
 import pytest
 from _procs import REPO
+
+from shmstat import _backend
 
 _CASES = r"""
 import collections, datetime, enum, json, sys, types
@@ -73,12 +74,12 @@ print(json.dumps(out))
 
 def _outcomes(pure: str) -> list:
     r = subprocess.run([sys.executable, "-c", _CASES], cwd=REPO, capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, SHMSTAT_PURE_PYTHON=pure, PYTHONPATH=REPO))
+                       env=dict(os.environ, PYTHONPATH=REPO, **{_backend.VARIABLE: pure}))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("shmstat._pubfast") is None, reason="the C publish path is not built")
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 def test_the_c_and_python_event_constructors_agree():
     c, py = _outcomes("0"), _outcomes("1")
     assert len(c) == len(py) == 32
@@ -151,11 +152,11 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("shmstat._pubfast") is None, reason="the C publish path is not built")
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 def test_the_c_and_python_log_event_agree_on_handlers_errors_and_reentry():
     def run(pure: str) -> list:
         r = subprocess.run([sys.executable, "-c", _LOG_CASES], cwd=REPO, capture_output=True, text=True,
-                           timeout=60, env=dict(os.environ, SHMSTAT_PURE_PYTHON=pure, PYTHONPATH=REPO))
+                           timeout=60, env=dict(os.environ, PYTHONPATH=REPO, **{_backend.VARIABLE: pure}))
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 

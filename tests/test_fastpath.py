@@ -14,6 +14,7 @@ import time
 import pytest
 from _support import MS, FakeClock, unique_job
 
+from shmstat import _backend
 from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
 from shmstat.attach import init, shutdown
@@ -21,8 +22,8 @@ from shmstat.events import register_event_handler, unregister_event_handler
 from shmstat.segment import Segment
 from shmstat.stat import Stat
 
-fastpath = pytest.importorskip("shmstat._fastpath")
-SlotWriter = fastpath.SlotWriter
+pytestmark = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
+SlotWriter = _backend.load("c").SlotWriter
 
 WITH_VALUE = [A.VALUE, A.MEAN, A.COUNT, A.SUM, A.MAX, A.MIN]
 WITHOUT_VALUE = [A.MEAN, A.COUNT, A.SUM, A.MAX, A.MIN]
@@ -65,10 +66,15 @@ def _event_key(event) -> tuple:
     return event.name, event._timestamp_ns(), tuple((k, _bits(v)) for k, v in event.data.items())
 
 
-def _run(monkeypatch, job: str, pure: bool, steps: list, aggs, max_samples: int, window_ms: int) -> tuple:
-    """Drive one attached Stat through ``steps`` on a fresh segment; return every step's snapshot and events."""
-    monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1" if pure else "0")
-    att = init(job, rank=0, publish=False, **GEOMETRY)
+def _run(job: str, pure: bool, steps: list, aggs, max_samples: int, window_ms: int) -> tuple:
+    """Drive one attached Stat through ``steps`` on a fresh segment, written by the C writer or (``pure``) its
+    Python twin; return every step's snapshot and events."""
+    with _backend.use("python" if pure else "c"):
+        att = init(job, rank=0, publish=False, **GEOMETRY)
+        return _drive(att, steps, aggs, max_samples, window_ms, pure)
+
+
+def _drive(att, steps: list, aggs, max_samples: int, window_ms: int, pure: bool) -> tuple:
     clock = FakeClock()
     clock.to_window(window_ms)
     events: list = []
@@ -119,11 +125,11 @@ def _random_steps(rng: random.Random, n: int, window_ms: int) -> list:
 @pytest.mark.parametrize("aggs", [WITH_VALUE, WITHOUT_VALUE], ids=["value", "no-value"])
 @pytest.mark.parametrize("max_samples", [2**63 - 1, 1, 5])
 @pytest.mark.parametrize("seed", range(4))
-def test_c_and_python_paths_write_identical_bytes(monkeypatch, jobs, aggs, max_samples, seed):
+def test_c_and_python_paths_write_identical_bytes(jobs, aggs, max_samples, seed):
     window_ms = 100
     steps = _random_steps(random.Random(seed * 1000 + max_samples), 300, window_ms)
-    pure_trace, pure_events = _run(monkeypatch, jobs(), True, steps, aggs, max_samples, window_ms)
-    c_trace, c_events = _run(monkeypatch, jobs(), False, steps, aggs, max_samples, window_ms)
+    pure_trace, pure_events = _run(jobs(), True, steps, aggs, max_samples, window_ms)
+    c_trace, c_events = _run(jobs(), False, steps, aggs, max_samples, window_ms)
     for i, (p, c) in enumerate(zip(pure_trace, c_trace, strict=True)):
         assert c == p, f"step {i} ({steps[i]!r}) differs"
     assert c_events == pure_events
@@ -133,10 +139,10 @@ def test_c_and_python_paths_write_identical_bytes(monkeypatch, jobs, aggs, max_s
     assert discarded > 0 or max_samples > 300
 
 
-def test_nan_at_a_window_boundary_does_not_roll(monkeypatch, jobs):
+def test_nan_at_a_window_boundary_does_not_roll(jobs):
     steps = [(0, 1.0), (100 * MS, math.nan), (0, math.nan), (1, 2.0), (0, 3.0)]
-    pure = _run(monkeypatch, jobs(), True, steps, WITH_VALUE, 2**63 - 1, 100)
-    fast = _run(monkeypatch, jobs(), False, steps, WITH_VALUE, 2**63 - 1, 100)
+    pure = _run(jobs(), True, steps, WITH_VALUE, 2**63 - 1, 100)
+    fast = _run(jobs(), False, steps, WITH_VALUE, 2**63 - 1, 100)
     assert fast == pure
     trace, _ = fast
     assert trace[2][2] == 0  # after the NaNs: the new window is not open yet
@@ -328,22 +334,22 @@ def test_buffer_must_be_writable_and_callbacks_callable():
     mm.close()
 
 
-def test_the_writer_keeps_the_mapping_alive(monkeypatch, jobs):
-    monkeypatch.delenv("SHMSTAT_PURE_PYTHON", raising=False)
+def test_the_writer_keeps_the_mapping_alive(jobs):
     att = init(jobs(), rank=0, publish=False, **GEOMETRY)
-    stat = Stat("lat", WITH_VALUE, 0.1, clock=FakeClock())
+    with _backend.use("c"):
+        stat = Stat("lat", WITH_VALUE, 0.1, clock=FakeClock())
     assert stat._core.binding._c is not None
     att.segment.close()  # cannot unmap while the writer holds the buffer: writing stays safe
     stat.add(1.0)
     assert stat.count == 1
 
 
-def test_default_clock_is_the_c_clock_and_env_is_read_at_creation(monkeypatch, jobs):
+def test_default_clock_is_the_c_clock_and_each_writer_keeps_the_backend_it_was_built_on(jobs):
     init(jobs(), rank=0, publish=False, **GEOMETRY)
-    monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1")
-    pure = Stat("a", WITH_VALUE, 60)
-    monkeypatch.delenv("SHMSTAT_PURE_PYTHON")
-    fast = Stat("b", WITH_VALUE, 60)
+    with _backend.use("python"):
+        pure = Stat("a", WITH_VALUE, 60)
+    with _backend.use("c"):
+        fast = Stat("b", WITH_VALUE, 60)
     assert pure._core.binding._c is None and fast._core.binding._c is not None
     for s in (pure, fast):
         s.add(1.5)
@@ -363,7 +369,7 @@ def test_interpreter_exit_with_a_live_writer_is_clean():
         "gc.collect()\n"
     )
     try:
-        env = {k: v for k, v in os.environ.items() if k != "SHMSTAT_PURE_PYTHON"}
+        env = {k: v for k, v in os.environ.items() if k != _backend.VARIABLE}  # the default backend: C
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     finally:
         Segment.unlink(job)

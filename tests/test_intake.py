@@ -19,17 +19,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collector import intake
-from shmstat import wire
+from collector._backend import c_intake_check
+from shmstat import _backend, wire
 from shmstat.errors import WireError
 
-pytestmark = pytest.mark.skipif(not intake.C_CHECK, reason="collector._intake is not built (or SHMSTAT_PURE_PYTHON)")
+check_c = c_intake_check()  # the C check's raw answer: the header tuple, the reason decode refuses, or None
+pytestmark = pytest.mark.skipif(check_c is None, reason="collector._intake is not built")
 
 SETTINGS = settings(derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def agree(topic: bytes, payload: bytes) -> str:
     """Assert the C check agrees with decode on one message; return "accepted", "refused" or "undecided"."""
-    got = intake.check_c(topic, payload)
+    got = check_c(topic, payload)
     try:
         msg = wire.decode(topic, payload)
     except WireError:
@@ -115,7 +117,7 @@ def test_pack_writes_what_msgpack_reads() -> None:
 
 
 def test_well_formed_messages_are_accepted_with_their_header() -> None:
-    assert intake.check_c(b"event/e", wire.encode("event", 3, 4, 5, 6, [["e", 1, {"a": 1.5}]] * 3)) == (
+    assert check_c(b"event/e", wire.encode("event", 3, 4, 5, 6, [["e", 1, {"a": 1.5}]] * 3)) == (
         "event", 3, 4, 5, 6, 3)
     accepted(b"event/", wire.encode("event", -1, 0, 0, 0, [["", -5, {}]]))
     accepted(b"metric/a/b/c", wire.encode("metric", 0, 1, 2, (1 << 64) - 1,
@@ -138,7 +140,7 @@ def test_unusual_payloads_are_left_to_decode_or_judged_right() -> None:
     for rank in ((1 << 63), (1 << 64) - 1):  # beyond int64: valid, left to decode
         agree(b"event/e", pack(header(r=rank)))
     for kind, topic in (("stat", b"stat/g/m"), ("rank", b"rank/exited")):
-        assert intake.check_c(topic, wire.encode(kind, -1, 1, 0, 0, [{"a": 1}])) is None
+        assert check_c(topic, wire.encode(kind, -1, 1, 0, 0, [{"a": 1}])) is None
 
 
 @pytest.mark.parametrize("text", [b"\xed\xa0\x80", b"\xc0\xaf", b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf",
@@ -270,21 +272,19 @@ def test_random_bytes(topic: bytes, payload: bytes) -> None:
     agree(b"metric/g/m", payload)
 
 
-def test_inspect_matches_decode_in_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inspect_matches_decode_in_both_paths(backend: str) -> None:
     cases = [(b"event/e", wire.encode("event", 2, 3, 4, 5, [["e", 1, {"a": 1}]] * 2)),
              (b"metric/g/m", wire.encode("metric", 2, 3, 4, 5, [["g", "m", 1.5, 2.0]])),
              (b"stat/g/m", wire.encode("stat", -1, 3, 0, 5, [{"a": 1}])),
              (b"event/e", b"\xc1"), (b"nope/e", b"")]
-    for pure in (False, True):
-        if pure:
-            monkeypatch.setattr(intake, "_check", None)
-        for topic, payload in cases:
-            try:
-                want = wire.decode(topic, payload)
-            except WireError:
-                with pytest.raises(WireError):
-                    intake.inspect(topic, payload)
-                continue
-            got = intake.inspect(memoryview(topic), memoryview(payload))
-            assert (got.topic, got.kind, got.rank, got.pid, got.incarnation, got.seq, got.n_items, got.items) == (
-                want.topic, want.kind, want.rank, want.pid, want.incarnation, want.seq, len(want.items), want.items)
+    assert _backend.backend().name == backend
+    for topic, payload in cases:
+        try:
+            want = wire.decode(topic, payload)
+        except WireError:
+            with pytest.raises(WireError):
+                intake.inspect(topic, payload)
+            continue
+        got = intake.inspect(memoryview(topic), memoryview(payload))
+        assert (got.topic, got.kind, got.rank, got.pid, got.incarnation, got.seq, got.n_items, got.items) == (
+            want.topic, want.kind, want.rank, want.pid, want.incarnation, want.seq, len(want.items), want.items)

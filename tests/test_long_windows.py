@@ -64,15 +64,7 @@ def test_fixed_count_stat_in_process_equals_real_torch_monitor():
     assert ours[-1][2] == [{"asdf.count": 3.0, "asdf.sum": 6.0}]
 
 
-@pytest.fixture(params=["c", "python"])
-def writer_path(request, monkeypatch) -> str:
-    """The attached writer's path: the C SlotWriter or its pure-Python twin."""
-    if request.param == "python":
-        monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1")
-    return request.param
-
-
-def test_fixed_count_stat_attached_gives_torch_monitors_values(job, writer_path):
+def test_fixed_count_stat_attached_gives_torch_monitors_values(job, backend):
     """In a job (the collector aside), the Stat's own view is torch.monitor's too: the add that fills the window
     logs it to the local handlers at once, ``count`` drops to 0, ``get()`` returns it."""
     in_process, handle = _fixed_count_sequence(shmstat.Stat, A, shmstat.register_event_handler)
@@ -94,7 +86,7 @@ def test_fixed_count_stat_attached_equals_real_torch_monitor(job):
 
 
 @pytest.mark.parametrize("max_samples", [1, 2, 3, 2**63 - 1])
-def test_attached_windows_close_as_in_process_windows_do(job, writer_path, max_samples):
+def test_attached_windows_close_as_in_process_windows_do(job, backend, max_samples):
     """Over several windows of a stepped clock (100 h each, some skipped), attached and in-process Stats give the
     same count, get() and local events after every add, for every max_samples."""
     def run() -> list:

@@ -101,12 +101,10 @@ def test_full_writer_table_drops_and_counts_the_samples_of_the_workers_left_out(
     assert _leftovers(job_id) == []
 
 
-@pytest.mark.parametrize("pure", [False, True], ids=["c", "pure-python"])
-def test_full_stat_and_percentile_tables_drop_and_count(job_id, pure):
+def test_full_stat_and_percentile_tables_drop_and_count(job_id, backend):
     n, threads = 40, 3
     got, err = _run(job_id, "api_everywhere", n, threads,
-                    env={"SHMSTAT_MAX_STATS": "2", "SHMSTAT_MAX_PERCENTILE_STATS": "0",
-                         "SHMSTAT_PURE_PYTHON": "1" if pure else "0"})
+                    env={"SHMSTAT_MAX_STATS": "2", "SHMSTAT_MAX_PERCENTILE_STATS": "0"})
     assert got["codes"] == [0, 0]
     st = got["stats"]
     # the plain Stat fits every process's table; the percentile one fits none: its samples are all dropped

@@ -1,4 +1,5 @@
-"""The publisher's outbox: the C one (``shmstat._pubfast``) against the pure-Python reference on random input.
+"""The publisher's outbox: the C one (``Backend.Outbox``, shmstat._backend) against the pure-Python reference on
+random input.
 
 Both are driven with the same random sequence of publishes and sends; every return value, every message's two
 frames and every counter must be identical, and every payload must be what :func:`shmstat.wire.encode` builds
@@ -13,16 +14,12 @@ from typing import Any
 import msgpack
 import pytest
 
-from shmstat import wire
+from shmstat import _backend, wire
 from shmstat.backlog import item_bytes
 from shmstat.outbox import KIND_CODES, Outbox, new_outbox
 
-try:
-    from shmstat import _pubfast
-except ImportError:  # pragma: no cover - the extension is optional
-    _pubfast = None
-
-needs_c = pytest.mark.skipif(_pubfast is None, reason="shmstat._pubfast is not built")
+C = _backend.load("c")  # the C twins, whichever backend this process runs
+needs_c = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 
 ARGS = {"rank": 3, "pid": 4242, "incarnation": 2, "batch_max": 5, "max_items": 40, "max_bytes": 6000,
         "max_batch_bytes": 900, "metric_bytes": 160}
@@ -152,24 +149,22 @@ def test_pure_python_outbox_puts_valid_messages_in_order_and_counts_everything(s
 @pytest.mark.parametrize("seed", range(40))
 def test_c_outbox_matches_the_pure_python_one_byte_for_byte(seed: int) -> None:
     ops = _ops(seed, 400, bad=0.05 if seed % 2 else 0.0)
-    c_results = _run(new_outbox(pure=False, **ARGS), ops)
+    c_results = _run(C.Outbox(**ARGS), ops)
     py_results = _run(Outbox(**ARGS), ops)
     assert c_results == py_results
     _check_wire(c_results)
 
 
 @needs_c
-def test_new_outbox_picks_c_unless_pure_python_is_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert type(new_outbox(**ARGS)) is _pubfast.Outbox
-    monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1")
-    assert type(new_outbox(**ARGS)) is Outbox
+def test_new_outbox_is_the_backends() -> None:
+    with _backend.use("c"):
+        assert type(new_outbox(**ARGS)) is C.Outbox
+    with _backend.use("python"):
+        assert type(new_outbox(**ARGS)) is Outbox
 
 
-@pytest.mark.parametrize("pure", [True, False])
-def test_event_data_is_encoded_at_publish_so_later_changes_do_not_travel(pure: bool) -> None:
-    if not pure and _pubfast is None:
-        pytest.skip("shmstat._pubfast is not built")
-    ob = new_outbox(pure=pure, **ARGS)
+def test_event_data_is_encoded_at_publish_so_later_changes_do_not_travel(backend: str) -> None:
+    ob = new_outbox(**ARGS)
     data = {"step": 1, "phase": "train"}
     assert ob.event("e", 5, data) == item_bytes("e", data)
     data["step"] = 2
@@ -178,11 +173,8 @@ def test_event_data_is_encoded_at_publish_so_later_changes_do_not_travel(pure: b
     assert msg.items == [["e", 5, {"step": 1, "phase": "train"}]]
 
 
-@pytest.mark.parametrize("pure", [True, False])
-def test_closed_outbox_counts_late_publishes_and_keeps_nothing(pure: bool) -> None:
-    if not pure and _pubfast is None:
-        pytest.skip("shmstat._pubfast is not built")
-    ob = new_outbox(pure=pure, **ARGS)
+def test_closed_outbox_counts_late_publishes_and_keeps_nothing(backend: str) -> None:
+    ob = new_outbox(**ARGS)
     ob.event("e", 1, {})
     ob.close()
     assert ob.event("e", 2, {}) == 0
@@ -198,14 +190,14 @@ def test_check_data_matches_the_python_check() -> None:
     rnd = random.Random(7)
     for _ in range(500):
         data = _data(rnd, 0.1)
-        c = _pubfast.check_data(data)
+        c = C.check_data(data)
         exact = all(type(k) is str and (type(v) in (str, float, bool) or (type(v) is int and -(1 << 63) <= v < 1 << 63))
                     for k, v in data.items())
         assert (c is not None) == exact
         if c is not None:
             assert c == data and c is not data
             assert c == events._check_data_slow(data)
-    assert _pubfast.check_data([("a", 1)]) is None
+    assert C.check_data([("a", 1)]) is None
 
 
 @needs_c
@@ -245,4 +237,4 @@ def test_logging_event_objects_puts_the_same_bytes_on_both_outboxes(seed: int) -
         return out
 
     big = dict(ARGS, max_items=10**6, max_bytes=10**9)
-    assert run(new_outbox(pure=False, **big)) == run(Outbox(**big))
+    assert run(C.Outbox(**big)) == run(Outbox(**big))

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import shmstat
 from shmstat import Aggregation as A
+from shmstat import _backend
 from shmstat import layout as L
 from shmstat.histogram import MAX_BUCKETS, MIN_SCALE, Histogram, error_bound, merge_histograms
 from shmstat.segment import Segment
@@ -114,7 +115,7 @@ def _write_path(job: str, pure: bool, values: list[float]) -> bytes:
         "sys.stdout.write(bytes(seg.buf[off:off + 2240]).hex())\n"
         "shmstat.shutdown()\n"
     )
-    env = dict(os.environ, PYTHONPATH=REPO, SHMSTAT_PURE_PYTHON="1" if pure else "0")
+    env = dict(os.environ, PYTHONPATH=REPO, **{_backend.VARIABLE: "1" if pure else "0"})
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     Segment.unlink(job)
@@ -122,7 +123,8 @@ def _write_path(job: str, pure: bool, values: list[float]) -> bytes:
 
 
 def test_the_c_and_pure_python_writers_write_the_same_histogram_bytes(job):
-    pytest.importorskip("shmstat._fastpath", reason="the C writer is not built")
+    if not _backend.c_available():
+        pytest.skip("the C extensions are not built")
     rng = np.random.default_rng(5)
     values = [*(10.0 ** rng.uniform(-8, 8, 600)).tolist(), *(-(10.0 ** rng.uniform(-3, 3, 200))).tolist(),
               0.0, -0.0, math.inf, -math.inf, 5e-324, 1.7976931348623157e308]

@@ -599,3 +599,45 @@ def test_close_waits_for_the_collectors_acknowledgement_so_nothing_queued_is_los
     finally:
         xsub.close(0)
         ctx.term()
+
+
+class _FastPathOnly:
+    """A publisher reduced to its public fast-path surface (``outbox``, ``started``, ``start``): what ``log_event``
+    (in C and in Python) and ``put_metric`` may use of it."""
+
+    __slots__ = ("outbox", "started", "starts")
+
+    def __init__(self) -> None:
+        from shmstat.outbox import new_outbox
+
+        self.outbox = new_outbox(rank=0, pid=1, incarnation=0, batch_max=8, max_items=100, max_bytes=10**6,
+                                 max_batch_bytes=10**5, metric_bytes=160)
+        self.started = False
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self.started = True
+
+
+def test_log_event_and_put_metric_use_only_the_publishers_public_fast_path(backend: str) -> None:
+    import datetime
+
+    from elastic import metrics
+    from shmstat import Event, log_event
+
+    for name in ("outbox", "started", "start"):
+        assert getattr(Publisher, name).__doc__, name
+    pub = _FastPathOnly()
+    _state.STATE.publisher = pub  # type: ignore[assignment]
+    log_event(Event("e", datetime.datetime(2026, 1, 2), {"a": 1}))
+    metrics.put_metric("m", 2, "g")
+    log_event(Event("e", datetime.datetime(2026, 1, 2), {"a": 2}))
+    assert pub.outbox.counters()[0] == 3 and pub.started and pub.starts == 1
+    got: dict[str, list] = {}
+    while (frames := pub.outbox.head(wire.MAX_TOPIC)) is not None:
+        msg = wire.decode(*frames)
+        got.setdefault(msg.kind, []).extend(msg.items)
+        pub.outbox.pop()
+    assert [item[2] for item in got["event"]] == [{"a": 1}, {"a": 2}]
+    assert [item[:3] for item in got["metric"]] == [["g", "m", 2]]

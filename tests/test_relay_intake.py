@@ -12,7 +12,7 @@ from _procs import spawn
 from _support import FakeClock, step_and_wait, unique_job, wait_for
 from tests_user_handler import Recording
 
-from collector import Collector, CollectorConfig, intake
+from collector import Collector, CollectorConfig
 from elastic.metrics import NullMetricHandler
 from shmstat import wire
 from shmstat.segment import Segment
@@ -36,9 +36,10 @@ def rank_process(job: str) -> None:
     shmstat.shutdown(flush_timeout_s=30)
 
 
-def _run(monkeypatch, pure: bool) -> None:
-    if pure:
-        monkeypatch.setattr(intake, "_check", None)
+def test_events_and_metrics_of_a_real_rank(monkeypatch, backend) -> None:
+    """On the C backend the intake decodes no event and only the metric groups someone uses; on both, every item
+    is counted once (the rank runs the same backend: it inherits the test's)."""
+    pure = backend == "python"
     decoded: list[bytes] = []
     real_decode = wire.decode
 
@@ -88,18 +89,6 @@ def _run(monkeypatch, pure: bool) -> None:
         ctx.term()
         col.close()
         Segment.unlink(job)
-
-
-def test_events_and_metrics_of_a_real_rank_c_check(monkeypatch) -> None:
-    if not intake.C_CHECK:
-        import pytest
-
-        pytest.skip("collector._intake is not built")
-    _run(monkeypatch, pure=False)
-
-
-def test_events_and_metrics_of_a_real_rank_pure_python(monkeypatch) -> None:
-    _run(monkeypatch, pure=True)
 
 
 def test_the_groups_a_metric_topic_may_carry_are_its_prefixes_before_each_slash() -> None:

@@ -19,8 +19,6 @@ import shmstat
 from shmstat import Aggregation as A
 from shmstat._writer import coerce_value
 
-PATHS = [pytest.param(False, id="c"), pytest.param(True, id="pure-python")]
-
 
 def _collect(make_job, tmp_path, stat: str, target, *args):
     """Run ``target`` as rank 0 of a job of the testing plugin (shmstat.testing); its rows once its tally's
@@ -45,28 +43,28 @@ def _reconcile(sj, stat: str, want: dict) -> None:
     assert len(keys) == len(set(keys)), "a (rank, window) emitted twice"
 
 
-@pytest.mark.parametrize("pure", PATHS)
-def test_threads_adding_to_one_stat_reconcile_exactly(shmstat_job_factory, tmp_path, pure):
+def test_threads_adding_to_one_stat_reconcile_exactly(shmstat_job_factory, tmp_path, backend):
+    pure = backend == "python"
     sj, want = _collect(shmstat_job_factory, tmp_path, "shared", threads_on_one_stat, pure, 4,
                         60_000 if not pure else 20_000)
     _reconcile(sj, "shared", want)
 
 
-@pytest.mark.parametrize("pure", PATHS)
-def test_recreated_closed_and_collected_stats_lose_nothing(shmstat_job_factory, tmp_path, pure):
+def test_recreated_closed_and_collected_stats_lose_nothing(shmstat_job_factory, tmp_path, backend):
+    pure = backend == "python"
     sj, want = _collect(shmstat_job_factory, tmp_path, "loss", recreated_stats, pure, 1000)
     _reconcile(sj, "loss", want)
 
 
-@pytest.mark.parametrize("pure", PATHS)
-def test_a_forked_child_never_writes_its_parents_slot(shmstat_job_factory, tmp_path, pure):
+def test_a_forked_child_never_writes_its_parents_slot(shmstat_job_factory, tmp_path, backend):
+    pure = backend == "python"
     sj, want = _collect(shmstat_job_factory, tmp_path, "forked", fork_with_bound_add, pure, 50_000)
     _reconcile(sj, "forked", want)
     assert not [r for r in sj.rows("forked", "sum", rank=None) if r.value % 1000 != 0 and r.value > 1e9]
 
 
-@pytest.mark.parametrize("pure", PATHS)
-def test_spawn_forkserver_and_fork_workers_count_in_their_ranks_rows(shmstat_job_factory, tmp_path, pure):
+def test_spawn_forkserver_and_fork_workers_count_in_their_ranks_rows(shmstat_job_factory, tmp_path, backend):
+    pure = backend == "python"
     sj, want = _collect(shmstat_job_factory, tmp_path, "loader", rank_with_workers, pure, 2000, 3)
     _reconcile(sj, "loader", want)
     assert not [r for r in sj.rows() if r.stat.startswith("rank/")]
@@ -103,14 +101,13 @@ SAMPLES = [1, True, 2.5, -0.0, float("inf"), 10**300, 10**400, decimal.Decimal("
            np.float32(1.5), np.int64(3), np.float64(-2.0), _Floaty(), _Indexy(), 1 + 2j, "1.5", None, b"1", [1.0]]
 
 
-@pytest.mark.parametrize("mode", ["c", "pure-python", "in-process"])
-def test_sample_types_follow_one_rule_on_every_path_and_a_refused_sample_changes_nothing(job, monkeypatch, mode):
+@pytest.mark.parametrize("mode", ["attached", "in-process"])
+def test_sample_types_follow_one_rule_on_every_path_and_a_refused_sample_changes_nothing(job, backend, mode):
     if mode != "in-process":
-        monkeypatch.setenv("SHMSTAT_PURE_PYTHON", "1" if mode == "pure-python" else "0")
         shmstat.init(job, rank=0, publish=False)
     stat = shmstat.Stat("typed", [A.COUNT, A.SUM], 3600.0)
     if mode != "in-process":
-        assert (stat._core.binding._c is None) == (mode == "pure-python")
+        assert (stat._core.binding._c is None) == (backend == "python")
     count, total = 0, 0.0
     for v in SAMPLES:
         try:

@@ -184,10 +184,10 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
                 if pub is None:
                     return
             # the outbox checks, encodes and queues it in one call (not None: its fast path declined it)
-            if pub._outbox.metric(metric_group, metric_name, metric_value, _time()) is not None:
+            if pub.outbox.metric(metric_group, metric_name, metric_value, _time()) is not None:
                 _publish(pub, metric_group, metric_name, metric_value, _time())
-            elif not pub._started:
-                pub._start()
+            elif not pub.started:
+                pub.start()
             return
     handler.emit(MetricData(_time(), metric_group, metric_name, metric_value))
 

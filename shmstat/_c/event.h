@@ -108,7 +108,7 @@ static PyObject *check_data(PyObject *module, PyObject *data);
 /* What log_event and the Event class need from the Python side (set_log_state), and interned names. */
 static PyObject *ls_event_type, *ls_failed, *ls_attach, *ls_slow, *ls_too_large;
 static long long ls_max;
-static PyObject *s_outbox, *s_started, *s_start, *s_name;
+static PyObject *s_outbox, *s_started, *s_start;
 
 static int
 event_fill(EventBaseObject *self, PyObject *name, PyObject *ts, PyObject *data)

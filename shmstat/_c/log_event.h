@@ -14,9 +14,9 @@
 
 static PyObject *fs_handlers;  /* STATE.handler_tuple */
 static PyObject *fs_pub;       /* STATE.publisher (or None) */
-static PyObject *fs_outbox;    /* fs_pub._outbox when it is a C Outbox, else NULL */
+static PyObject *fs_outbox;    /* fs_pub.outbox when it is a C Outbox, else NULL */
 static int fs_auto_init_done;  /* STATE.auto_init_done */
-static int fs_started;         /* fs_pub._started was seen true (it never goes back) */
+static int fs_started;         /* fs_pub.started was seen true (it never goes back) */
 
 static PyObject *
 set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
@@ -97,7 +97,7 @@ run_handlers(PyObject *event)
     return 0;
 }
 
-/* The publisher's thread runs once anything was queued: start it the first time (pub._start()). */
+/* The publisher's thread runs once anything was queued: start it the first time (pub.start()). */
 static int
 ensure_started(PyObject *pub)
 {

@@ -154,9 +154,10 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
     if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
     Py_ssize_t nd = PyDict_GET_SIZE(data);
     if (pk_map(b, nd) < 0) return -2;
-    /* item_bytes(): 128 + len(name) + 16 * len(data) + sum(len(key)) + sum(len(str value)) in code points,
-     * recounted in UTF-8 bytes past 4096 */
-    long long est = 128 + PyUnicode_GET_LENGTH(name) + 16 * (long long)nd, est8 = 128 + name8 + 16 * (long long)nd;
+    /* item_bytes(): ITEM_OVERHEAD + len(name) + ITEM_KEY_BYTES * len(data) + sum(len(key)) + sum(len(str value))
+     * in code points, recounted in UTF-8 bytes past ITEM_RECOUNT_BYTES */
+    long long est = ITEM_OVERHEAD + PyUnicode_GET_LENGTH(name) + ITEM_KEY_BYTES * (long long)nd;
+    long long est8 = ITEM_OVERHEAD + name8 + ITEM_KEY_BYTES * (long long)nd;
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     while (PyDict_Next(data, &pos, &k, &v)) {
@@ -171,7 +172,7 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
             est8 += v8;
         }
     }
-    if (est > 4096) est = est8;
+    if (est > ITEM_RECOUNT_BYTES) est = est8;
     if (size <= 0) size = est;
     if (limit > 0 && size > limit) return size;
     if (add_item(self, K_EVENT, name, NULL, size) < 0) return -2;

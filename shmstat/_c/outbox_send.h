@@ -80,7 +80,7 @@ Outbox_head(Outbox *self, PyObject *arg)
         const char *kind = KIND_NAMES[c->kind];
         if (buf_reserve(&h, 64 + c->buf.len) < 0) goto fail;
         h.p[h.len++] = (char)0x87;
-        if (pk_key(&h, "v") < 0 || pk_i64(&h, 1) < 0 || pk_key(&h, "k") < 0 || pk_key(&h, kind) < 0
+        if (pk_key(&h, "v") < 0 || pk_i64(&h, WIRE_VERSION) < 0 || pk_key(&h, "k") < 0 || pk_key(&h, kind) < 0
             || pk_key(&h, "r") < 0 || pk_i64(&h, self->rank) < 0 || pk_key(&h, "p") < 0
             || pk_i64(&h, self->pid) < 0 || pk_key(&h, "i") < 0 || pk_i64(&h, self->incarnation) < 0
             || pk_key(&h, "s") < 0 || pk_i64(&h, first) < 0 || pk_key(&h, "items") < 0
