@@ -288,7 +288,7 @@ class Collector:
             item = self._submitted.popleft()
             if isinstance(item, MetricData):
                 if not self.dispatcher.discards_points(item.group_name):
-                    self.dispatcher.emit(item)
+                    self.dispatcher.emit_points(item.group_name, [item])
                 topic = wire.metric_topic(item.group_name, item.name)
                 self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):
@@ -313,7 +313,7 @@ class Collector:
             if exporter is not None:
                 exporter.observe_metric(self.config.job, point, msg.rank)
             if not discards(group):
-                self.dispatcher.emit(point)
+                self.dispatcher.emit_points(group, [point])
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
@@ -334,8 +334,8 @@ class Collector:
         for name, value in figures.items():
             rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, self.config.job))
         items = []
+        self.dispatcher.emit_points(PLATFORM_GROUP, rows)
         for md in rows:
-            self.dispatcher.emit(md)
             items.append({"group": md.group_name, "name": md.name, "value": md.value,
                           "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
         self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)

@@ -74,7 +74,7 @@ def emit_scan(c: Collector, now: int, *, final: bool) -> None:
     scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
     found = c.stragglers.update_columns(cols, scores=scores_wanted)  # scores to our group, events on event/<name>
     if found.scores and scores_wanted:
-        dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+        dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
         relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
     dispatcher.flush()
