@@ -29,7 +29,7 @@ from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, val
 from shmstat.segment import Segment, pid_alive
 
 from .compact import status_line
-from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
+from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
 from .dispatch import ThreadedDispatcher
 from .intake import Received
 from .liveness import Lifecycle, Liveness
@@ -125,10 +125,30 @@ class Collector:
             f"publish {self.publish_endpoint}",
             file=self.out, flush=True,
         )
-        self.serve()
+        try:
+            self.write_ready_file()
+        except BaseException:
+            self.shutdown()
+            raise
+        try:
+            self.serve()
+        finally:
+            if self.config.ready_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.config.ready_file)
         if self.config.status_interval_s > 0:
             self.print_status([])
         return 0
+
+    def write_ready_file(self) -> None:
+        """Write ``config.ready_file``, if set: ``{"job", "pid", "ingest", "publish", "prometheus"}`` as JSON
+        (``prometheus`` the scrape URL or null), how the program that started the collector learns where it
+        serves without reading its output."""
+        if self.config.ready_file is not None:
+            url = self.exporter.url if self.exporter is not None else None
+            write_ready_file(self.config.ready_file, {
+                "job": self.config.job, "pid": os.getpid(), "ingest": self.ingest_endpoint,
+                "publish": self.publish_endpoint, "prometheus": url})
 
     def serve(self) -> None:
         """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread)."""
