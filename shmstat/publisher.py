@@ -68,7 +68,7 @@ from .backlog import (
     item_bytes,
 )
 from .errors import ConfigError
-from .outbox import KIND_CODES, new_outbox
+from .outbox import KIND_CODES, counters_of, new_outbox
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -315,9 +315,9 @@ class Publisher(_SocketProtocol):
             return True
         thread = self._thread
         if thread is None or not thread.is_alive():
-            return not self._outbox.counters()[4]
+            return not counters_of(self._outbox).held
         req = _FlushRequest()
-        req.target = self._outbox.counters()[0]
+        req.target = counters_of(self._outbox).published
         self._flush_requests.append(req)
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout_s)
