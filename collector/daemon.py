@@ -316,7 +316,11 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        emit_scan(self, now, final=final)  # collector/passes.py
+        counts = emit_scan(self, now, final=final)  # collector/passes.py
+        self.windows_emitted += counts.windows
+        self.rows_emitted += counts.rows
+        self.overwritten += counts.overwritten
+        self.torn += counts.torn
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
         discards, exporter = self.dispatcher.discards_points, self.exporter
