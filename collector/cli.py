@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                          help="log what the collector does")
 
-    def command(name: str, run: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, parents=[verbose], help=help)
+    def command(name: str, run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, parents=[verbose], help=about)
         c.set_defaults(run=run)
         return c
 

@@ -134,3 +134,30 @@ def test_the_plugin_learns_the_endpoint_from_its_ready_file_not_the_banner():
     with ShmstatJob() as j:
         assert j._collector.stdout is None  # the banner goes nowhere: nothing reads it
         assert j.publish_endpoint.startswith(f"ipc://{j.runtime_dir}")
+
+
+_READ_READY = """
+import json, os, sys, time
+path, out = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 30
+while not os.path.exists(path) and time.monotonic() < deadline:
+    time.sleep(0.01)
+if os.environ.get("RANK") == "0":
+    with open(out, "w") as f:
+        f.write(open(path).read())
+"""
+
+
+def test_shmstat_run_writes_the_ready_file_while_the_job_runs_and_removes_it(job, tmp_path):
+    script, ready, seen = tmp_path / "reader.py", tmp_path / "ready.json", tmp_path / "seen.json"
+    script.write_text(_READ_READY)
+    done = subprocess.run([sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2",
+                           "--handler", "*=null", "--status-interval", "0", "--ready-file", str(ready),
+                           str(script), str(ready), str(seen)],
+                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(seen.read_text())  # what a worker read while the job ran
+    assert info["job"] == job and info["pid"] > 0
+    assert f"collector publish {info['publish']}" in done.stderr
+    assert not ready.exists()
