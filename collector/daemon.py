@@ -151,8 +151,10 @@ class Collector:
                 "publish": self.publish_endpoint, "prometheus": url})
 
     def serve(self) -> None:
-        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread)."""
+        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread). One
+        step runs whatever happens, so a collector stopped as soon as it started still reports its counters once."""
         try:
+            self.step(0)
             while not self.stop_requested.is_set():
                 self.step(self._poll_timeout_ms())
         finally:
