@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from shmstat.errors import ShmstatError
+from shmstat.errors import ConfigError, ShmstatError
 
 from .options import add_collector_options, collector_config
 
@@ -27,19 +27,18 @@ def _parser() -> argparse.ArgumentParser:
     verbose = argparse.ArgumentParser(add_help=False)  # -v after the command too
     verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                          help="log what the collector does")
-    _add_parser = sub.add_parser
 
-    def add_parser(name: str, **kwargs: object) -> argparse.ArgumentParser:
-        return _add_parser(name, parents=[verbose], **kwargs)  # type: ignore[arg-type]
+    def command(name: str, run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, parents=[verbose], help=about)
+        c.set_defaults(run=run)
+        return c
 
-    sub.add_parser = add_parser  # type: ignore[method-assign]
-
-    c = sub.add_parser("collect", help="run the per-node collector for a job")
+    c = command("collect", _collect, "run the per-node collector for a job")
     c.add_argument("--job", action="append", default=[],
                    help="collect only this job (repeatable); without --job, every job of this user on this node")
     add_collector_options(c)
 
-    r = sub.add_parser("run", help="start a collector and N ranks of a script, like torchrun")
+    r = command("run", _run, "start a collector and N ranks of a script, like torchrun")
     r.add_argument("--job", default=None, help="job id (default: a fresh one)")
     r.add_argument("--nproc-per-node", type=int, required=True)
     r.add_argument("--max-restarts", type=int, default=0)
@@ -52,14 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
 
-    s = sub.add_parser("subscribe", help="print every message of one or more collectors as JSON lines")
+    s = command("subscribe", _subscribe, "print every message of one or more collectors as JSON lines")
     s.add_argument("endpoints", nargs="*", metavar="ENDPOINT")
     s.add_argument("--job", action="append", default=[], help="subscribe to this job's collector on this node")
     s.add_argument("--topic", action="append", default=[], metavar="PREFIX", help="only topics with this prefix")
     s.add_argument("--count", type=int, default=None, help="exit after N messages")
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
 
-    t = sub.add_parser("top", help="live view of a job's stats: merged windows, spread across ranks, stragglers")
+    t = command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers")
     t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
     t.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
     t.add_argument("--sort", default="name", metavar="KEY",
@@ -68,11 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
 
-    sub.add_parser("ls", help="list the shmstat segments of this node")
-    k = sub.add_parser("clean", help="remove segments of jobs with no live process")
+    command("ls", _ls, "list the shmstat segments of this node")
+    k = command("clean", _clean, "remove segments of jobs with no live process")
     k.add_argument("job", nargs="?", default=None)
 
-    d = sub.add_parser("demo", help="a demo job: a collector and a few ranks, printing aggregated windows")
+    d = command("demo", _demo, "a demo job: a collector and a few ranks, printing aggregated windows")
     d.add_argument("--ranks", type=int, default=3)
     d.add_argument("--seconds", type=float, default=3.0)
     d.add_argument("--window-ms", type=int, default=500)
@@ -91,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return _dispatch(args)
+        return int(args.run(args))
     except ShmstatError as exc:
         print(f"shmstat: error: {exc}", file=sys.stderr)
         return 2
@@ -99,61 +98,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    cmd = args.command
-    if cmd == "collect":
-        from shmstat.errors import ConfigError
+def _collect(args: argparse.Namespace) -> int:
+    from .daemon import Collector
 
-        from .daemon import Collector
+    if len(args.job) == 1:
+        collector = Collector(collector_config(args, args.job[0]))
+        status = collector.run()
+        kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
+        if kept:
+            print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
+        return status
+    from shmstat.runtime import validate_job
 
-        if len(args.job) == 1:
-            collector = Collector(collector_config(args, args.job[0]))
-            status = collector.run()
-            kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
-            if kept:
-                print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
-            return status
-        from shmstat.runtime import validate_job
+    from .node import NodeCollector
 
-        from .node import NodeCollector
+    jobs = [validate_job(j) for j in args.job] or None
+    for flag, value in (("--publish", args.publish), ("--ready-file", args.ready_file)):
+        if value is not None:
+            raise ConfigError(f"{flag} names one job's endpoints, but each job of a node collector has its own "
+                              "(collect one job with --job JOB, or subscribe with: shmstat subscribe --job JOB)")
+    return NodeCollector(collector_config(args, ""), jobs=jobs).run()
 
-        jobs = [validate_job(j) for j in args.job] or None
-        if args.publish is not None:
-            raise ConfigError("--publish names one endpoint, but each job of a node collector has its own "
-                              "(subscribe with: shmstat subscribe --job JOB)")
-        return NodeCollector(collector_config(args, ""), jobs=jobs).run()
-    if cmd == "run":
-        from .launcher import run_job
 
-        return run_job(args)
-    if cmd == "subscribe":
-        from shmstat.errors import ConfigError
-        from shmstat.runtime import publish_endpoint
+def _run(args: argparse.Namespace) -> int:
+    from .launcher import run_job
 
-        from .subscribe import subscribe
+    return run_job(args)
 
-        endpoints = [*args.endpoints, *(publish_endpoint(job) for job in args.job)]
-        if not endpoints:
-            raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
-        return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
-    if cmd == "top":
-        from .top_live import run_top
 
-        return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
-                       iterations=args.iterations)
-    if cmd == "ls":
-        from .admin import list_segments
+def _subscribe(args: argparse.Namespace) -> int:
+    from shmstat.runtime import publish_endpoint
 
-        return list_segments()
-    if cmd == "clean":
-        from .admin import clean
+    from .subscribe import subscribe
 
-        return clean(args.job)
-    if cmd == "demo":
-        from .demo import demo
+    endpoints = [*args.endpoints, *(publish_endpoint(job) for job in args.job)]
+    if not endpoints:
+        raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
+    return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
 
-        return demo(ranks=args.ranks, seconds=args.seconds, window_ms=args.window_ms)
-    raise AssertionError(cmd)
+
+def _top(args: argparse.Namespace) -> int:
+    from .top_live import run_top
+
+    return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
+                   iterations=args.iterations)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .admin import list_segments
+
+    return list_segments()
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from .admin import clean
+
+    return clean(args.job)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import demo
+
+    return demo(ranks=args.ranks, seconds=args.seconds, window_ms=args.window_ms)
 
 
 if __name__ == "__main__":  # pragma: no cover

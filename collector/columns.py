@@ -129,11 +129,6 @@ class Columns:
         """Window ends, Unix seconds (float64)."""
         return self.end_ns / 1e9
 
-    @property
-    def is_merged(self) -> np.ndarray:
-        """True on the rows merged across ranks."""
-        return self.rank < 0
-
     def take(self, index: Any) -> Columns:
         """The rows selected by ``index`` (a boolean mask, an index array or a slice), as new Columns."""
         arrays = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "job"}

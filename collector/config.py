@@ -3,18 +3,22 @@ handlers a configuration asks for (:func:`build_dispatcher`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elastic.metrics import MetricHandler
+from shmstat.errors import ConfigError
 from shmstat.layout import Geometry
 
 from .dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
 from .handlers import Dispatcher
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
-__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher"]
+__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "write_ready_file"]
 
 PLATFORM_GROUP = "shmstat"
 """The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
@@ -55,6 +59,8 @@ class CollectorConfig:
     """A Prometheus ``file_sd`` file to write for the endpoint."""
     geometry: Geometry | None = None
     ingest: str | None = None
+    ready_file: str | None = None
+    """Once serving, write the endpoints here as JSON (:meth:`collector.daemon.Collector.write_ready_file`)."""
     clock: Callable[[], int] = time.time_ns
 
 
@@ -73,3 +79,18 @@ def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricH
 
         inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    """Write ``info`` to ``path`` as one JSON object, owner-only and whole at once (written beside it, then
+    renamed: a reader that sees the file sees all of it); a :class:`ConfigError` in one sentence if it cannot."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ConfigError(f"cannot write the ready file {path!r}: {exc.strerror}") from None

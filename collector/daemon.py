@@ -29,7 +29,7 @@ from shmstat.runtime import ingest_endpoint, publish_endpoint, segment_name, val
 from shmstat.segment import Segment, pid_alive
 
 from .compact import status_line
-from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher
+from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
 from .dispatch import ThreadedDispatcher
 from .intake import Received
 from .liveness import Lifecycle, Liveness
@@ -125,14 +125,36 @@ class Collector:
             f"publish {self.publish_endpoint}",
             file=self.out, flush=True,
         )
-        self.serve()
+        try:
+            self.write_ready_file()
+        except BaseException:
+            self.shutdown()
+            raise
+        try:
+            self.serve()
+        finally:
+            if self.config.ready_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.config.ready_file)
         if self.config.status_interval_s > 0:
             self.print_status([])
         return 0
 
+    def write_ready_file(self) -> None:
+        """Write ``config.ready_file``, if set: ``{"job", "pid", "ingest", "publish", "prometheus"}`` as JSON
+        (``prometheus`` the scrape URL or null), how the program that started the collector learns where it
+        serves without reading its output."""
+        if self.config.ready_file is not None:
+            url = self.exporter.url if self.exporter is not None else None
+            write_ready_file(self.config.ready_file, {
+                "job": self.config.job, "pid": os.getpid(), "ingest": self.ingest_endpoint,
+                "publish": self.publish_endpoint, "prometheus": url})
+
     def serve(self) -> None:
-        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread)."""
+        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread). One
+        step runs whatever happens, so a collector stopped as soon as it started still reports its counters once."""
         try:
+            self.step(0)
             while not self.stop_requested.is_set():
                 self.step(self._poll_timeout_ms())
         finally:
@@ -290,7 +312,7 @@ class Collector:
             item = self._submitted.popleft()
             if isinstance(item, MetricData):
                 if not self.dispatcher.discards_points(item.group_name):
-                    self.dispatcher.emit(item)
+                    self.dispatcher.emit_points(item.group_name, [item])
                 topic = wire.metric_topic(item.group_name, item.name)
                 self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):
@@ -298,7 +320,11 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        emit_scan(self, now, final=final)  # collector/passes.py
+        counts = emit_scan(self, now, final=final)  # collector/passes.py
+        self.windows_emitted += counts.windows
+        self.rows_emitted += counts.rows
+        self.overwritten += counts.overwritten
+        self.torn += counts.torn
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
         discards, exporter = self.dispatcher.discards_points, self.exporter
@@ -315,7 +341,7 @@ class Collector:
             if exporter is not None:
                 exporter.observe_metric(self.config.job, point, msg.rank)
             if not discards(group):
-                self.dispatcher.emit(point)
+                self.dispatcher.emit_points(group, [point])
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
@@ -336,8 +362,8 @@ class Collector:
         for name, value in figures.items():
             rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, self.config.job))
         items = []
+        self.dispatcher.emit_points(PLATFORM_GROUP, rows)
         for md in rows:
-            self.dispatcher.emit(md)
             items.append({"group": md.group_name, "name": md.name, "value": md.value,
                           "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
         self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)

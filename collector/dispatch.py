@@ -17,14 +17,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from elastic.metrics import MetricData, MetricHandler
 
-from .handlers import Dispatcher, plan_pass, takes_windows
+from .handlers import Dispatcher, plan_pass
 
 if TYPE_CHECKING:
     from .columns import Columns
@@ -159,7 +158,6 @@ class ThreadedDispatcher:
         self.dropped_by_group: dict[str, int] = collections.defaultdict(int)
         self._workers: dict[int, _Worker] = {}
         self._warned_full: set[int] = set()
-        self._windowed: dict[int, bool] = {}  # id(handler) -> takes whole windows
         self._closed = False
 
     def _worker(self, handler: MetricHandler) -> _Worker:
@@ -190,35 +188,17 @@ class ThreadedDispatcher:
         """The handler that receives metrics of ``group``."""
         return self.inner.handler_for(group)
 
-    def emit(self, metric: MetricData) -> None:
-        """Queue one metric for its group's handler (never blocks)."""
-        self.emit_all(metric.group_name, [metric])
-
-    def emit_all(self, group: str, metrics: Iterable[MetricData]) -> None:
-        """Queue metrics of one ``group`` for its handler (never blocks; past the bound they are dropped)."""
-        if self._closed:
-            return
-        rows = metrics if isinstance(metrics, list) else list(metrics)
-        if not rows:
-            return
-        self._queue(group, self.inner.handler_for(group), rows)
-
-    def emit_window(self, row: WindowRow, job: str) -> bool:
-        """Queue a whole window row for its group's handler if that handler takes windows (it defines
-        ``emit_window(row, job)``: the OTLP handler, which needs the histogram); False, with nothing queued,
-        otherwise: the caller then emits one metric per aggregation."""
-        handler = self.inner.handler_for(row.group)
-        windowed = self._windowed.get(id(handler))
-        if windowed is None:
-            windowed = self._windowed[id(handler)] = takes_windows(handler)
-        if windowed and not self._closed:
-            self._queue(row.group, handler, [_Window(row, job)])
-        return windowed
+    def emit_points(self, group: str, metrics: list[MetricData]) -> None:
+        """Queue metrics of one ``group`` that belong to no window (put by ranks, the collector's own figures)
+        for its handler's ``emit`` (never blocks; past the bound they are dropped and counted)."""
+        if metrics and not self._closed:
+            self._queue(group, self.inner.handler_for(group), metrics)
 
     def emit_columns(self, columns: Columns) -> None:
         """Queue one pass for the handlers of its groups (never blocks; past a handler's bound rows are dropped
         and counted): whole, as columns, for handlers that take them (``emit_columns``), as window rows for those
-        that take windows, as one MetricData per aggregation (torchelastic's interface) for the others."""
+        that take windows, as one MetricData per aggregation (torchelastic's interface) for the others. This is
+        the one place a pass is turned into rows, and only for the handlers that take nothing else."""
         if self._closed:
             return
         job = columns.job

@@ -34,7 +34,6 @@ from .compact import CompactWindowHandler
 
 if TYPE_CHECKING:
     from .columns import Columns
-    from .merge import WindowRow
 
 __all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs",
            "plan_pass", "takes_columns", "takes_windows"]
@@ -60,38 +59,18 @@ class JsonlMetricHandler(MetricHandler):
         self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
 
     def emit(self, metric_data: MetricData) -> None:
-        """Write one line for ``metric_data``."""
-        row = {
-            "timestamp": metric_data.timestamp,
-            "group": metric_data.group_name,
-            "name": metric_data.name,
-            "value": _json_number(metric_data.value),
-            "rank": getattr(metric_data, "rank", None),
-            "window_start": getattr(metric_data, "window_start", None),
-            "window_end": getattr(metric_data, "window_end", None),
-        }
-        if getattr(metric_data, "torn", False):
-            row["torn"] = True
-        job = getattr(metric_data, "job", None)
-        if job is not None:
-            row["job"] = job
-        source_rank = getattr(metric_data, "source_rank", None)
-        if source_rank is not None:
-            row["source_rank"] = source_rank
-        self._out.write(json.dumps(row, allow_nan=False) + "\n")
+        """Write one line for ``metric_data`` (a metric put by a rank, the collector's own figures, or a user's
+        row: whatever it carries of rank, window, job)."""
+        self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
+                              getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
+                              getattr(metric_data, "window_end", None), getattr(metric_data, "torn", False),
+                              getattr(metric_data, "job", None), getattr(metric_data, "source_rank", None)) + "\n")
 
     def emit_columns(self, columns: Columns) -> None:
-        """Write one line per figure of a pass: the same lines, in the same order, as :meth:`emit` writes for
-        the MetricData of those rows."""
-        job, dumps, lines = columns.job, json.dumps, []
-        for end, group, name, value, rank, start, torn in columns.flat():
-            row = {"timestamp": end, "group": group, "name": name, "value": _json_number(value), "rank": rank,
-                   "window_start": start, "window_end": end}
-            if torn:
-                row["torn"] = True
-            if job is not None:
-                row["job"] = job
-            lines.append(dumps(row, allow_nan=False))
+        """Write one line per figure of a pass, in the order of :meth:`collector.columns.Columns.flat`."""
+        job = columns.job
+        lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
+                 for end, group, name, value, rank, start, torn in columns.flat()]
         if lines:
             lines.append("")
             self._out.write("\n".join(lines))
@@ -104,6 +83,20 @@ class JsonlMetricHandler(MetricHandler):
         """Flush and close the file."""
         if not self._out.closed:
             self._out.close()
+
+
+def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
+          end: float | None, torn: bool, job: str | None, source_rank: int | None) -> str:
+    """The one JSON line of a figure (the only place the jsonl format is written)."""
+    row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
+           "window_start": start, "window_end": end}
+    if torn:
+        row["torn"] = True
+    if job is not None:
+        row["job"] = job
+    if source_rank is not None:
+        row["source_rank"] = source_rank
+    return json.dumps(row, allow_nan=False)
 
 
 def _json_number(value: Any) -> Any:
@@ -286,14 +279,12 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
 
 
 class Dispatcher:
-    """Routes each metric to the handler of its group (or the default); a raising handler is counted."""
+    """Which handler serves each group (or the default): the routing table. Handlers are called only by
+    :class:`collector.dispatch.ThreadedDispatcher`, each in a thread of its own."""
 
     def __init__(self, handlers: dict[str, MetricHandler], default: MetricHandler | None = None) -> None:
         self.handlers = dict(handlers)
         self.default = default if default is not None else self.handlers.pop("*", None) or CompactWindowHandler()
-        self.errors = 0
-        self.emitted = 0
-        self._warned: set[tuple[int, type]] = set()
 
     @classmethod
     def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
@@ -317,75 +308,9 @@ class Dispatcher:
         handler = self.handlers.get(group, self.default)
         return type(handler).emit is NullMetricHandler.emit or getattr(handler, "takes_points", True) is False
 
-    def emit(self, metric: MetricData) -> None:
-        """Hand one metric to its group's handler; exceptions are logged once per handler and type, counted."""
-        self.emit_all(metric.group_name, (metric,))
-
-    def emit_all(self, group: str, metrics: Iterable[MetricData]) -> None:
-        """:meth:`emit` for several metrics of one ``group`` (its handler is looked up once)."""
-        handler = self.handlers.get(group, self.default)
-        emit = handler.emit
-        for metric in metrics:
-            self._call(handler, group, emit, metric)
-
-    def emit_window(self, row: WindowRow, job: str) -> bool:
-        """Hand a whole window row to its group's handler if that handler takes windows (:func:`takes_windows`);
-        False (nothing done) otherwise: the caller then emits one metric per aggregation."""
-        handler = self.handlers.get(row.group, self.default)
-        if not takes_windows(handler):
-            return False
-        self._call(handler, row.group, handler.emit_window, row, job)  # type: ignore[attr-defined]
-        return True
-
-    def emit_columns(self, columns: Columns) -> None:
-        """Hand one pass to the handlers of its groups (see :func:`plan_pass`): whole to those that take columns,
-        row by row to the others."""
-        for handler, kind, part in plan_pass(self.handler_for, self.discards, columns):
-            if kind == "columns":
-                self._call(handler, ",".join(part.groups()), handler.emit_columns, part)  # type: ignore[attr-defined]
-            elif kind == "windows":
-                for row in part.to_rows():
-                    self._call(handler, row.group, handler.emit_window, row, columns.job)  # type: ignore[attr-defined]
-            else:
-                for metric in part.to_metrics():
-                    self._call(handler, metric.group_name, handler.emit, metric)
-
-    def _call(self, handler: MetricHandler, group: str, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-            self.emitted += 1
-        except Exception as exc:  # a user's handler may raise anything; the others must still run
-            self.errors += 1
-            key = (id(handler), type(exc))
-            if key not in self._warned:
-                self._warned.add(key)
-                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
-                           handler, group, exc)
-
     def all_handlers(self) -> list[MetricHandler]:
         """Every distinct handler, default included."""
         seen: dict[int, MetricHandler] = {id(self.default): self.default}
         for h in self.handlers.values():
             seen.setdefault(id(h), h)
         return list(seen.values())
-
-    def flush(self) -> None:
-        """Flush every handler that can be flushed (errors are counted)."""
-        for h in self.all_handlers():
-            flush = getattr(h, "flush", None)
-            if callable(flush):
-                try:
-                    flush()
-                except Exception:  # same policy as emit
-                    self.errors += 1
-
-    def close(self) -> None:
-        """Flush and close every handler that has ``close``."""
-        self.flush()
-        for h in self.all_handlers():
-            close = getattr(h, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:
-                    self.errors += 1

@@ -14,6 +14,7 @@ events, through the collector it runs in a thread of its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -282,10 +283,14 @@ def run_job(args: argparse.Namespace) -> int:
     thread = threading.Thread(target=collector.serve, name="shmstat-collector", daemon=True)
     thread.start()
     try:
+        collector.write_ready_file()
         result = agent.run()
     finally:
         collector.request_stop()
         thread.join(30)
+        if config.ready_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(config.ready_file)
     if collector.config.status_interval_s > 0:
         collector.print_status()
     if result.state == "INTERRUPTED":

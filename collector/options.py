@@ -6,29 +6,84 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 from urllib.parse import urlsplit
 
 from shmstat.errors import ConfigError
 from shmstat.layout import (
-    DEFAULT_BANKS,
-    DEFAULT_HIST_SLOTS,
-    DEFAULT_MAX_RANKS,
-    DEFAULT_MAX_STATS,
     MAX_GRACE_MS,
     Geometry,
 )
 
-from .daemon import CollectorConfig
-from .dispatch import DEFAULT_HANDLER_QUEUE
+from .config import CollectorConfig
 from .handlers import parse_handler_args
-from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
+from .straggler import MAX_WINDOWS
 
-__all__ = ["add_collector_options", "collector_config", "geometry_from"]
+__all__ = ["TUNED", "Tuned", "add_collector_options", "collector_config", "config_default", "geometry_from"]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A command-line option that sets one :class:`CollectorConfig` field: its default and the default its help
+    shows are the field's (``config value = option value * scale``)."""
+
+    flag: str
+    field: str
+    type: type
+    help: str
+    metavar: str | None = None
+    scale: int = 1
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed arguments."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def default(self) -> Any:
+        """The option's default: the config field's, in the option's unit."""
+        value = config_default(self.field)
+        return value if self.scale == 1 else self.type(value / self.scale)
+
+    def to_config(self, value: Any) -> Any:
+        """The config field's value for the option's ``value``."""
+        return value if self.scale == 1 else type(config_default(self.field))(value * self.scale)
+
+
+TUNED: tuple[Tuned, ...] = (
+    Tuned("--grace-ms", "grace_ms", int, f"wait this long after a window ends before reading it (at most "
+                                         f"{MAX_GRACE_MS})"),
+    Tuned("--publish-buffer-mb", "publish_buffer_bytes", float,
+          "MiB queued per subscriber before a slow one loses messages", scale=1 << 20),
+    Tuned("--handler-queue", "handler_queue", int, "rows queued per handler before a slow one loses rows, counted"),
+    Tuned("--hold-ms", "hold_ms", int, "at start-up, hold the ranks' events up to this long for subscribers to "
+                                       "reconnect"),
+    Tuned("--status-interval", "status_interval_s", float, "seconds between status lines on stderr: ranks alive, "
+                                                          "windows emitted, events relayed, drops; 0 = none"),
+    Tuned("--straggler-threshold", "straggler_threshold", float,
+          "a rank scoring under this against the node's median is slow in that window (median / its figure for a "
+          "time; between 0 and 1)", metavar="SCORE"),
+    Tuned("--straggler-windows", "straggler_windows", int,
+          f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
+          metavar="N"),
+)
+"""The options that tune a collector, each tied to the :class:`CollectorConfig` field it sets."""
+
+
+def config_default(name: str) -> Any:
+    """The default of :class:`CollectorConfig`'s field ``name`` (the one source of the collector's defaults)."""
+    f = {f.name: f for f in fields(CollectorConfig)}[name]
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def add_collector_options(p: argparse.ArgumentParser) -> None:
-    """Add the options every command that runs a collector takes."""
-    p.add_argument("--publish", default=None, metavar="ENDPOINT",
+    """Add the options every command that runs a collector takes; defaults come from :class:`CollectorConfig`
+    (and :class:`shmstat.layout.Geometry` for capacities)."""
+    p.add_argument("--publish", default=config_default("publish"), metavar="ENDPOINT",
                    help="XPUB endpoint for subscribers (default: an ipc:// socket in your owner-only runtime "
                         "directory; a tcp:// endpoint is readable by every local user)")
     p.add_argument("--allow-remote-publish", action="store_true",
@@ -38,52 +93,43 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="handler for a metric group: compact, console, null, jsonl:PATH, tensorboard:DIR, "
                         "otlp:ENDPOINT, pkg.module:Class[,key=value...]; GROUP * = default (default: compact, one "
                         "line per merged window; put metrics and @prof calls of a group only with GROUP=console)")
-    p.add_argument("--grace-ms", type=int, default=20,
-                   help=f"wait this long after a window ends before reading it (default 20, at most {MAX_GRACE_MS})")
-    p.add_argument("--publish-buffer-mb", type=float, default=256.0,
-                   help="MiB queued per subscriber before a slow one loses messages (default 256)")
-    p.add_argument("--handler-queue", type=int, default=DEFAULT_HANDLER_QUEUE,
-                   help=f"rows queued per handler before a slow one loses rows, counted (default "
-                        f"{DEFAULT_HANDLER_QUEUE})")
-    p.add_argument("--hold-ms", type=int, default=300,
-                   help="at start-up, hold the ranks' events up to this long for subscribers to reconnect "
-                        "(default 300)")
-    p.add_argument("--status-interval", type=float, default=10.0,
-                   help="seconds between status lines on stderr: ranks alive, windows emitted, events relayed, "
-                        "drops (default 10, 0 = none)")
-    p.add_argument("--straggler-threshold", type=float, default=DEFAULT_THRESHOLD, metavar="SCORE",
-                   help="a rank scoring under this against the node's median is slow in that window (median / its "
-                        f"figure for a time; between 0 and 1, default {DEFAULT_THRESHOLD})")
-    p.add_argument("--straggler-windows", type=int, default=DEFAULT_WINDOWS, metavar="N",
-                   help=f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to "
-                        f"{MAX_WINDOWS}, default {DEFAULT_WINDOWS})")
-    p.add_argument("--prometheus", default=None, metavar="HOST:PORT",
+    for t in TUNED:
+        default = t.default()
+        p.add_argument(t.flag, type=t.type, default=default, metavar=t.metavar,
+                       help=f"{t.help} (default {_shown(default)})")
+    p.add_argument("--prometheus", default=config_default("prometheus"), metavar="HOST:PORT",
                    help="serve /metrics for Prometheus here (e.g. 127.0.0.1:9464; port 0 picks a free one)")
-    p.add_argument("--prometheus-node", default=None, metavar="NAME",
+    p.add_argument("--prometheus-node", default=config_default("prometheus_node"), metavar="NAME",
                    help="the node label of the Prometheus series (default: this host's name)")
-    p.add_argument("--prometheus-sd", default=None, metavar="FILE",
+    p.add_argument("--prometheus-sd", default=config_default("prometheus_sd"), metavar="FILE",
                    help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit)")
-    p.add_argument("--max-ranks", type=int, default=None, help=f"segment capacity (default {DEFAULT_MAX_RANKS})")
-    p.add_argument("--max-stats", type=int, default=None, help=f"stats per rank (default {DEFAULT_MAX_STATS})")
-    p.add_argument("--banks", type=int, default=None, help=f"windows kept per stat (default {DEFAULT_BANKS})")
-    p.add_argument("--max-percentile-stats", type=int, default=None,
-                   help=f"stats per rank that may keep P50/P90/P99/P999 (default {DEFAULT_HIST_SLOTS})")
+    p.add_argument("--ready-file", default=config_default("ready_file"), metavar="FILE",
+                   help="once serving, write the collector's endpoints here as JSON (job, pid, ingest, publish, "
+                        "prometheus), for the program that started it")
+    for flag, field_name in _CAPACITIES:
+        p.add_argument(flag, type=int, default=None,
+                       help=f"{_CAPACITY_HELP[field_name]} (default {getattr(Geometry(), field_name)})")
+
+
+_CAPACITIES = (("--max-ranks", "max_ranks"), ("--max-stats", "max_stats"), ("--banks", "banks"),
+               ("--max-percentile-stats", "hist_slots"))
+_CAPACITY_HELP = {"max_ranks": "segment capacity", "max_stats": "stats per rank", "banks": "windows kept per stat",
+                  "hist_slots": "stats per rank that may keep P50/P90/P99/P999"}
+_CAPACITY_RANGE = {"max_ranks": (1, 4096), "max_stats": (1, 65536), "banks": (3, 64), "hist_slots": (0, 65536)}
 
 
 def geometry_from(args: argparse.Namespace) -> Geometry | None:
-    """The capacities asked for on the command line, or None to accept an existing segment's."""
-    hist_slots = getattr(args, "max_percentile_stats", None)
-    if args.max_ranks is None and args.max_stats is None and args.banks is None and hist_slots is None:
+    """The capacities asked for on the command line (the others :class:`Geometry`'s defaults), or None to accept
+    an existing segment's."""
+    asked = {name: getattr(args, flag.lstrip("-").replace("-", "_"), None) for flag, name in _CAPACITIES}
+    if all(value is None for value in asked.values()):
         return None
-    max_stats = DEFAULT_MAX_STATS if args.max_stats is None else args.max_stats
-    for flag, value, low, high in (("--max-ranks", args.max_ranks, 1, 4096), ("--max-stats", args.max_stats, 1, 65536),
-                                   ("--banks", args.banks, 3, 64),
-                                   ("--max-percentile-stats", hist_slots, 0, 65536)):
+    for flag, name in _CAPACITIES:
+        low, high = _CAPACITY_RANGE[name]
+        value = asked[name]
         if value is not None and not low <= value <= high:
             raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
-    return Geometry(DEFAULT_MAX_RANKS if args.max_ranks is None else args.max_ranks, max_stats,
-                    DEFAULT_BANKS if args.banks is None else args.banks,
-                    DEFAULT_HIST_SLOTS if hist_slots is None else hist_slots)
+    return Geometry(**{name: value for name, value in asked.items() if value is not None})
 
 
 def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
@@ -104,12 +150,10 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
     if args.publish is not None:
         _check_publish(args.publish, args.allow_remote_publish)
     return CollectorConfig(
-        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), grace_ms=args.grace_ms,
-        hold_ms=args.hold_ms, publish_buffer_bytes=int(args.publish_buffer_mb * 1024 * 1024),
-        handler_queue=args.handler_queue, geometry=geometry_from(args), status_interval_s=args.status_interval,
-        straggler_threshold=args.straggler_threshold, straggler_windows=args.straggler_windows,
+        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), geometry=geometry_from(args),
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
-        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
+        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus), ready_file=args.ready_file,
+        **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
     )
 
 

@@ -9,7 +9,7 @@ exporter. The straggler detector reads the columns.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -26,11 +26,11 @@ if TYPE_CHECKING:
     from .scanner import Scanner
     from .straggler import StragglerDetector
 
-__all__ = ["emit_scan"]
+__all__ = ["PassCounts", "emit_scan"]
 
 
 class Collector(Protocol):
-    """What :func:`emit_scan` uses of :class:`collector.daemon.Collector` (its state and counters)."""
+    """What :func:`emit_scan` reads of :class:`collector.daemon.Collector` (it changes none of it)."""
 
     config: CollectorConfig
     relay: Relay | None
@@ -38,15 +38,24 @@ class Collector(Protocol):
     exporter: Any
     scanner: Scanner
     stragglers: StragglerDetector
+
+
+class PassCounts(NamedTuple):
+    """What one pass did, for the collector to add to its counters."""
+
+    windows: int
+    """Windows emitted (merged rows, plus the windows nobody wanted, skipped unread)."""
+    rows: int
+    """Rows emitted (every row of the pass, plus those skipped unread)."""
     overwritten: int
+    """Windows lost to a bank overwritten before they were read."""
     torn: int
-    windows_emitted: int
-    rows_emitted: int
+    """Windows flagged torn (a writer died in the middle of an ``add``)."""
 
 
-def emit_scan(c: Collector, now: int, *, final: bool) -> None:
+def emit_scan(c: Collector, now: int, *, final: bool) -> PassCounts:
     """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
-    the rows, flush the handlers and commit the watermarks."""
+    the rows, flush the handlers and commit the watermarks; returns what the pass counted (``c`` is only read)."""
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
     assert relay is not None
     relay.update_subscriptions()  # first: rows nobody receives are never built
@@ -57,14 +66,8 @@ def emit_scan(c: Collector, now: int, *, final: bool) -> None:
                 or relay.wants(wire.stat_topic(group, "")))
 
     result = c.scanner.scan(now, final=final, want=wanted)
-    c.overwritten += result.overwritten
-    c.torn += result.torn
-    c.windows_emitted += result.skipped_windows
-    c.rows_emitted += result.skipped_rows
     cols = result.columns
     dispatcher.emit_columns(cols)
-    c.rows_emitted += len(cols)
-    c.windows_emitted += int(np.count_nonzero(cols.rank < 0))
     if len(cols) and relay.prefixes:
         for group in cols.groups():
             if relay.wants(wire.stat_topic(group, "")):
@@ -74,11 +77,13 @@ def emit_scan(c: Collector, now: int, *, final: bool) -> None:
     scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
     found = c.stragglers.update_columns(cols, scores=scores_wanted)  # scores to our group, events on event/<name>
     if found.scores and scores_wanted:
-        dispatcher.emit_all(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+        dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
         relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
     dispatcher.flush()
     c.scanner.commit()
+    return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
+                      rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
 
 
 def _publish_rows(relay: Relay, cols: Columns) -> None:

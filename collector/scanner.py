@@ -143,11 +143,10 @@ class _Table:
 class Scanner:
     """Reads closed windows from every slot of a segment; ``scan(now)`` never returns a window twice."""
 
-    def __init__(self, segment: Segment, grace_ns: int, *, is_alive: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, segment: Segment, grace_ns: int) -> None:
         self.segment = segment
         self.reader = SegmentReader(segment)
         self.grace_ns = grace_ns
-        self.is_alive = is_alive
         self._slots: dict[int, dict[int, _Slot]] = {}
         self._infos: dict[int, RankInfo] = {}  # the latest entry of each local rank (read every step)
         self._known_nstats: dict[int, tuple[int, int]] = {}
@@ -320,7 +319,7 @@ class Scanner:
     def _writers(self) -> tuple[np.ndarray, np.ndarray]:
         """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone),
         and the entry's incarnation."""
-        alive = self.is_alive or pid_alive
+        alive = pid_alive
         gone = np.ones(self.segment.geometry.max_ranks, bool)
         inc = np.zeros(self.segment.geometry.max_ranks, np.int64)
         for lr, info in self._infos.items():
@@ -484,10 +483,6 @@ class Scanner:
             words[t.emitted_word[which]] = wids
         finally:
             del words
-
-    def forget_rank(self, local_rank: int) -> None:
-        """Drop cached descriptors of a rank entry (after it was re-registered)."""
-        self._known_nstats.pop(local_rank, None)
 
 
 def _distinct(*columns: np.ndarray) -> int:

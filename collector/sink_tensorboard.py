@@ -24,6 +24,7 @@ import math
 import numbers
 import os
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from elastic.metrics import MetricData, MetricHandler
@@ -102,41 +103,22 @@ class TensorboardMetricHandler(MetricHandler):
             with self._lock:
                 self.skipped_not_numeric += 1
             return
-        number = float(value)
-        if not math.isfinite(number) or abs(number) > _FLOAT32_MAX:
-            with self._lock:
-                self.skipped_nonfinite += 1
-            return
-        tag = f"{metric_data.group_name}/{metric_data.name}"
-        rank = getattr(metric_data, "rank", None)
-        if rank is not None:
-            tag = f"rank{rank}/{tag}"
-        job = getattr(metric_data, "job", None)
-        start = getattr(metric_data, "window_start", None)
-        end = getattr(metric_data, "window_end", None)
-        step = _window_index(start, end)
-        with self._lock:
-            if self._closed:
-                raise RuntimeError(f"{self!r} is closed")
-            writer = self._writers.get(job)
-            if writer is None:
-                writer = self._open(job)
-            if step is not None:
-                wall_time = float(end)  # type: ignore[arg-type]  # a window index means end is a number
-            else:
-                key = (job, tag)
-                step = self._counters.get(key, 0)
-                self._counters[key] = step + 1
-                wall_time = float(metric_data.timestamp)
-            writer.add_scalar(tag, number, step, wall_time=wall_time)
-            self.written += 1
-            self._dirty = True
+        self._write(getattr(metric_data, "job", None),
+                    ((float(metric_data.timestamp), metric_data.group_name, metric_data.name, float(value),
+                      getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
+                      getattr(metric_data, "window_end", None)),))
 
     def emit_columns(self, columns: Columns) -> None:
-        """Write a whole pass: the same scalars, in the same order, as :meth:`emit` writes for the MetricData of
-        those rows (tag, step = window index, wall time = window end; non-finite values skipped and counted)."""
-        job = columns.job
-        steps: dict[tuple[float, float], int | None] = {}
+        """Write a whole pass: one scalar per figure, in the order of :meth:`collector.columns.Columns.flat`."""
+        self._write(columns.job, ((end, group, name, value, rank, start, end)
+                                  for end, group, name, value, rank, start, _torn in columns.flat()))
+
+    def _write(self, job: str | None, rows: Iterable[tuple[float, str, str, float, int | None, float | None,
+                                                            float | None]]) -> None:
+        """The one writing path: ``(timestamp, group, name, value, rank, window start, window end)`` rows as
+        scalars (step = window index, wall time = window end; without a window, a per-tag counter and the
+        timestamp); non-finite values skipped and counted."""
+        steps: dict[tuple[Any, Any], int | None] = {}
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -144,15 +126,22 @@ class TensorboardMetricHandler(MetricHandler):
             if writer is None:
                 writer = self._open(job)
             add = writer.add_scalar
-            for end, group, name, value, rank, start, _torn in columns.flat():
+            for timestamp, group, name, value, rank, start, end in rows:
                 if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
                     self.skipped_nonfinite += 1
                     continue
+                tag = f"{group}/{name}" if rank is None else f"rank{rank}/{group}/{name}"
                 step = steps.get((start, end), -1)
                 if step == -1:
                     step = steps[(start, end)] = _window_index(start, end)
-                tag = f"{group}/{name}" if rank is None else f"rank{rank}/{group}/{name}"
-                add(tag, value, step, wall_time=end)
+                if step is not None:
+                    wall_time = float(end)  # type: ignore[arg-type]  # a window index means end is a number
+                else:
+                    key = (job, tag)
+                    step = self._counters.get(key, 0)
+                    self._counters[key] = step + 1
+                    wall_time = timestamp
+                add(tag, value, step, wall_time=wall_time)
                 self.written += 1
                 self._dirty = True
 

@@ -13,9 +13,7 @@ negative figure is not scored (a ratio of such figures means nothing).
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,7 +23,7 @@ from elastic.metrics import StatMetricData
 from shmstat import wire
 from shmstat.errors import ConfigError
 
-from .merge import Summary, WindowRow, WindowSpan
+from .merge import Summary, WindowSpan
 
 if TYPE_CHECKING:
     from .columns import Columns
@@ -170,26 +168,9 @@ class StragglerDetector:
         """How many (group, stat, rank) the detector holds state for (ranks currently slow)."""
         return len(self._slow)
 
-    def update(self, rows: Iterable[WindowRow]) -> StragglerUpdate:
-        """Score the windows of ``rows`` (merged rows only advance time; per-rank rows are scored) in window
-        order per stat, and return the scores and the events they give."""
-        by_window: dict[tuple[str, str, int], list[WindowRow]] = {}
-        for row in rows:
-            self._latest_ns = max(self._latest_ns, row.end_ns)
-            if row.rank is not None and row.summary.count > 0:
-                by_window.setdefault((row.group, row.name, row.wid), []).append(row)
-        out = StragglerUpdate()
-        for key in sorted(by_window):
-            for score in _score_window(by_window[key]):
-                out.scores.append(score)
-                event = self._observe(score)
-                if event is not None:
-                    out.events.append(event)
-        self._forget(out.events)
-        return out
-
     def update_columns(self, cols: Columns, *, scores: bool = True) -> StragglerUpdate:
-        """:meth:`update` for a pass as columns, scored on arrays. With ``scores=False`` the update's
+        """Score the per-rank rows of a pass (merged rows only advance time) in window order per stat, on
+        arrays, and return the scores and the events they give. With ``scores=False`` the update's
         :attr:`~StragglerUpdate.scores` hold only the scores that can change a rank's state (under the threshold,
         or of a rank currently slow), not every score: the events are the same."""
         out = StragglerUpdate()
@@ -276,23 +257,6 @@ class StragglerDetector:
         if reason is not None:
             data["reason"] = reason
         return StragglerEvent(name, data)
-
-
-def _score_window(rows: list[WindowRow]) -> list[Score]:
-    """The scores of one window of one stat (its per-rank rows), by rank; none if fewer than two ranks have a
-    finite figure, or if any figure is negative (a ratio of such figures means nothing)."""
-    figures: dict[int, float] = {}
-    for row in rows:
-        value = figure(row.summary)
-        if math.isfinite(value):
-            assert row.rank is not None
-            figures[row.rank] = value
-    if len(figures) < 2 or min(figures.values()) < 0:
-        return []
-    first = rows[0]
-    median, scores = score_ranks(figures, first.higher_is_better)
-    return [Score(first.group, first.name, rank, first.wid, first.window_ms, scores[rank], figures[rank], median)
-            for rank in sorted(scores)]
 
 
 def _f_sorted_at(f: np.ndarray, start: np.ndarray, b: np.ndarray, offset: np.ndarray) -> np.ndarray:

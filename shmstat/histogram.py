@@ -89,10 +89,6 @@ def error_bound(scale: int) -> float:
     return (base - 1.0) / (base + 1.0)
 
 
-def _fits(counts: dict[int, int]) -> bool:
-    return not counts or max(counts) - min(counts) < MAX_BUCKETS
-
-
 def _shift(counts: dict[int, int], by: int) -> dict[int, int]:
     out: dict[int, int] = {}
     for i, c in counts.items():
@@ -159,11 +155,6 @@ class Histogram:
         merged = merge_histograms((self, other))
         assert merged is not None
         return merged
-
-    def bounds(self, index: int) -> tuple[float, float]:
-        """``(lo, hi]`` of positive bucket ``index`` at this scale."""
-        step = 2.0 ** -self.scale
-        return _exp2(index * step), _exp2((index + 1) * step)
 
     def quantile(self, q: float, lo: float | None = None, hi: float | None = None) -> float:
         """The ``q``-quantile (0 < q <= 1) of the counted samples, within :func:`error_bound` of the exact
@@ -259,10 +250,3 @@ def _needed_shift(lo: int, hi: int) -> int:
     while (hi >> by) - (lo >> by) >= MAX_BUCKETS:
         by += 1
     return by
-
-
-def _exp2(x: float) -> float:
-    try:
-        return 2.0 ** x
-    except OverflowError:
-        return math.inf

@@ -268,11 +268,6 @@ class Geometry:
     """Stats per rank that may keep percentiles (each has a histogram per bank)."""
 
     @property
-    def rank_table(self) -> int:
-        """Byte offset of the rank table."""
-        return HEADER_SIZE
-
-    @property
     def desc_base(self) -> int:
         """Byte offset of the descriptor region."""
         return HEADER_SIZE + self.max_ranks * RANK_ENTRY_SIZE

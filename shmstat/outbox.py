@@ -23,14 +23,14 @@ atomic under the GIL; here a lock makes them so. :func:`new_outbox` builds the b
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from ._backend import backend
 from .backlog import item_bytes
 
-__all__ = ["KIND_CODES", "MAX_OPEN", "Outbox", "new_outbox"]
+__all__ = ["KIND_CODES", "MAX_OPEN", "Outbox", "OutboxCounters", "counters_of", "new_outbox"]
 
 MAX_OPEN = 16
 """Topics of one kind whose batches stay open for joining at once (more interleaved topics start new batches)."""
@@ -319,11 +319,34 @@ class Outbox:
                     return c.taken
             return self._index
 
-    def counters(self) -> tuple[int, int, int, int, int, int, int, int]:
-        """(published, sent_items, sent_messages, dropped, held, held_bytes, invalid, late)."""
+    def counters(self) -> OutboxCounters:
+        """The counters, as :class:`OutboxCounters` (the C outbox gives the same figures as a plain tuple)."""
         with self._lock:
-            return (self._index, self._sent_items, self._sent_messages, self._dropped, self._held,
+            return OutboxCounters(self._index, self._sent_items, self._sent_messages, self._dropped, self._held,
                     self._held_bytes, self._invalid, self._late)
+
+
+class OutboxCounters(NamedTuple):
+    """An outbox's counters, in the order both outboxes' ``counters()`` give them."""
+
+    published: int
+    """Items handed to the outbox."""
+    sent_items: int
+    sent_messages: int
+    dropped: int
+    """Items dropped for want of room (or at close)."""
+    held: int
+    """Items waiting to be sent."""
+    held_bytes: int
+    invalid: int
+    """Items refused because they cannot be sent (too long a topic or payload)."""
+    late: int
+    """Items published after the outbox was closed (counted, never sent)."""
+
+
+def counters_of(outbox: Any) -> OutboxCounters:
+    """``outbox.counters()`` by name, whichever outbox (C or Python) it is."""
+    return OutboxCounters._make(outbox.counters())
 
 
 def new_outbox(**kwargs: int) -> Any:

@@ -68,7 +68,7 @@ from .backlog import (
     item_bytes,
 )
 from .errors import ConfigError
-from .outbox import KIND_CODES, new_outbox
+from .outbox import KIND_CODES, counters_of, new_outbox
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -169,9 +169,7 @@ class Publisher(_SocketProtocol):
         self.incarnation = incarnation
         self.pid = pid
         self._owner_pid = os.getpid()
-        self._backlog_limit = backlog_limit
         self._backlog_bytes = backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
-        self._batch_max = batch_max
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
 
@@ -180,7 +178,6 @@ class Publisher(_SocketProtocol):
                              "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
                              "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
         self._outbox: Any = new_outbox(**self._outbox_args)
-        self._q: collections.deque[Any] = collections.deque()  # always empty: callers hand items to the outbox
         self._started = False
 
         # thread side (written only by the background thread while it runs)
@@ -334,9 +331,9 @@ class Publisher(_SocketProtocol):
             return True
         thread = self._thread
         if thread is None or not thread.is_alive():
-            return not self._outbox.counters()[4]
+            return not counters_of(self._outbox).held
         req = _FlushRequest()
-        req.target = self._outbox.counters()[0]
+        req.target = counters_of(self._outbox).published
         self._flush_requests.append(req)
         self._wake.set()
         deadline = time.monotonic() + max(0.0, timeout_s)

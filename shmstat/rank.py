@@ -279,11 +279,6 @@ class RankAttachment:
         """Index into ``segment.i64`` of one 8-byte field of this entry."""
         return (self.segment.geometry.rank_offset(self.local_rank) + field_offset) // 8
 
-    def heartbeat(self, now_ns: int) -> None:
-        """Record that this process is alive (done on window roll-over, never per sample)."""
-        if self.local_rank >= 0:
-            self.segment.i64[self.word(L.R_HEARTBEAT)] = now_ns
-
     def mark_exited(self) -> None:
         """Mark this entry as cleanly exited (its windows stay readable)."""
         if self.local_rank >= 0 and self.segment.rank(self.local_rank).pid == self.pid:

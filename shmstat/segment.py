@@ -218,10 +218,6 @@ class Segment:
         """Set a rank entry's state (collector: died; rank: exited)."""
         struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)
 
-    def set_emitted_wid(self, local_rank: int, stat: int, wid: int) -> None:
-        """Record (collector only) the newest emitted window of a slot."""
-        L.write_emitted_wid(self.buf, self.geometry, local_rank, stat, wid)
-
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap the segment (the segment itself stays until unlinked)."""

@@ -87,7 +87,7 @@ class Stat:
     the last value added (key ``<name>.value``), where torch.monitor yields nothing.
     """
 
-    __slots__ = ("__weakref__", "_aggs", "_attached", "_core", "_flags", "_group", "_max_samples", "_name",
+    __slots__ = ("__weakref__", "_aggs", "_core", "_flags", "_group", "_max_samples", "_name",
                  "_window_ns", "add")
 
     def __init__(
@@ -118,7 +118,6 @@ class Stat:
         from .attach import ensure_init  # late: attach imports the publisher
 
         attachment = ensure_init()
-        self._attached = attachment is not None
         if attachment is not None:
             self._core: _LocalCore | _CLocalCore | _SharedCore = _SharedCore(self, attachment, clock)
         else:

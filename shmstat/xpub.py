@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 
 from . import wire
+from .outbox import counters_of
 from .runtime import env_number
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
@@ -87,13 +88,13 @@ class _SocketProtocol:
                 else:
                     wait_s = sleep_s  # idle: back off up to _max_sleep_s
                     sleep_s = min(sleep_s * 2, self._max_sleep_s)
-                if not self._subscribed and self._outbox.counters()[4]:
+                if not self._subscribed and counters_of(self._outbox).held:
                     # only a subscription frame can unblock the backlog: wait on the socket
                     sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
                 elif self._wake.wait(wait_s):
                     self._wake.clear()
         finally:
-            if self._subscribed and not self._outbox.counters()[4]:
+            if self._subscribed and not counters_of(self._outbox).held:
                 self._send_held(sock, self._outbox.end_seq())  # all sent: the collector need not wait for more from us
                 self._await_ack(sock, self._close_linger_ms)
             elif self._subscribed:
@@ -113,7 +114,7 @@ class _SocketProtocol:
         progressed = self._subscribed and self._send(sock)
         if self._flush_waiting:
             self._resolve_flushes()
-        if not self._warned_invalid and self._outbox.counters()[6]:
+        if not self._warned_invalid and counters_of(self._outbox).invalid:
             self._warned_invalid = True
             _log.warning("shmstat: dropping items that cannot be sent (a topic longer than %d bytes or not "
                          "UTF-8); further drops are only counted", wire.MAX_TOPIC)

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-# The repository root must be importable when pytest is run without installing the package
-# (a cleaner alternative is ``pythonpath = ["."]`` under [tool.pytest.ini_options] in pyproject.toml).
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from elastic.metrics import _registry as _elastic_registry  # noqa: E402
-from shmstat import _state  # noqa: E402
+from elastic.metrics import _registry as _elastic_registry
+from shmstat import _state
 
 
 @pytest.fixture(autouse=True)

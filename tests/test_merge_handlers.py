@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from collector.dispatch import ThreadedDispatcher
 from collector.handlers import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
 from collector.merge import Summary, WindowRow, merge, merge_all
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
@@ -79,12 +80,13 @@ class _Keep(MetricHandler):
 
 def test_a_raising_handler_is_counted_and_the_others_still_run(caplog):
     keep = _Keep()
-    d = Dispatcher({"bad": _Boom(), "good": keep}, default=keep)
+    d = ThreadedDispatcher(Dispatcher({"bad": _Boom(), "good": keep}, default=keep))
     for i in range(3):
-        d.emit(MetricData(1.0, "bad", "x", i))
-        d.emit(MetricData(1.0, "good", "y", i))
-        d.emit(MetricData(1.0, "other", "z", i))
-    assert d.errors == 3
+        for group, name in (("bad", "x"), ("good", "y"), ("other", "z")):
+            d.emit_points(group, [MetricData(1.0, group, name, i)])
+    assert d.wait(10)
+    assert d.errors == 3 and d.emitted == 6
+    d.close()
     assert [m.name for m in keep.got] == ["y", "z"] * 3
     assert sum("boom" in r.getMessage() for r in caplog.records) == 1  # logged once, counted every time
 

@@ -16,7 +16,7 @@ import pytest
 
 from shmstat import _backend, wire
 from shmstat.backlog import item_bytes
-from shmstat.outbox import KIND_CODES, Outbox, new_outbox
+from shmstat.outbox import KIND_CODES, Outbox, counters_of, new_outbox
 
 C = _backend.load("c")  # the C twins, whichever backend this process runs
 needs_c = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
@@ -179,7 +179,8 @@ def test_closed_outbox_counts_late_publishes_and_keeps_nothing(backend: str) -> 
     ob.close()
     assert ob.event("e", 2, {}) == 0
     assert ob.metric("g", "m", 1, 1.0) is None
-    assert ob.counters()[0] == 1 and ob.counters()[7] == 2
+    counters = counters_of(ob)
+    assert counters.published == 1 and counters.late == 2 and counters == ob.counters()
     assert ob.head(wire.MAX_TOPIC) is not None  # what was held before close still goes
 
 

@@ -9,6 +9,7 @@ import time
 import pytest
 from _faultkit import Subscriber
 from _procs import read_jsonl, spawn, start_collector
+from _straggler_ref import columns_of
 from _support import wait_for
 
 from collector.merge import Summary, WindowRow
@@ -18,6 +19,7 @@ from collector.straggler import (
     STRAGGLER_EVENT,
     StragglerDetector,
     StragglerEvent,
+    StragglerUpdate,
 )
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
@@ -40,10 +42,15 @@ def _window(wid: int, figures: dict[int, float], **kw: object) -> list[WindowRow
     return [_row(rank, value, wid, **kw) for rank, value in figures.items()]  # type: ignore[arg-type]
 
 
+def _update(det: StragglerDetector, rows: list[WindowRow]) -> StragglerUpdate:
+    """One pass of ``rows`` through the detector's production path (as columns)."""
+    return det.update_columns(columns_of(rows))
+
+
 def _feed(det: StragglerDetector, windows: list[dict[int, float]], first_wid: int = 100,
           **kw: object) -> list[list[StragglerEvent]]:
     """One pass per window; the events of each pass."""
-    return [det.update(_window(first_wid + i, f, **kw)).events for i, f in enumerate(windows)]
+    return [_update(det, _window(first_wid + i, f, **kw)).events for i, f in enumerate(windows)]
 
 
 # ----------------------------------------------------------------------------------------------- unit
@@ -66,10 +73,10 @@ def test_a_rank_slow_for_n_windows_is_reported_once_with_its_figures():
 
 def test_exactly_the_threshold_is_not_slow_and_just_under_is():
     det = StragglerDetector(threshold=0.75, windows=1)
-    at = det.update(_window(1, {0: 3.0, 1: 3.0, 2: 4.0}))  # median 3 / 4 == 0.75 exactly
+    at = _update(det, _window(1, {0: 3.0, 1: 3.0, 2: 4.0}))  # median 3 / 4 == 0.75 exactly
     assert {s.rank: s.score for s in at.scores} == {0: 1.0, 1: 1.0, 2: 0.75}
     assert at.events == [] and det.tracked == 0
-    under = det.update(_window(2, {0: 3.0, 1: 3.0, 2: 4.0001}))
+    under = _update(det, _window(2, {0: 3.0, 1: 3.0, 2: 4.0001}))
     assert [(e.name, e.data["rank"]) for e in under.events] == [(STRAGGLER_EVENT, 2)]
 
 
@@ -89,22 +96,22 @@ def test_recovery_is_reported_once_and_a_new_run_starts_from_zero():
 
 def test_higher_is_better_flags_the_low_rank_not_the_high_one():
     figures = {0: 100.0, 1: 100.0, 2: 40.0, 3: 250.0}  # a rate: rank 2 produces least
-    rate = StragglerDetector(windows=1).update(_window(1, figures, higher_is_better=True))
+    rate = _update(StragglerDetector(windows=1), _window(1, figures, higher_is_better=True))
     assert {s.rank: s.score for s in rate.scores} == {0: 1.0, 1: 1.0, 2: 0.4, 3: 2.5}
     assert [e.data["rank"] for e in rate.events] == [2]
-    time_like = StragglerDetector(windows=1).update(_window(1, figures))
+    time_like = _update(StragglerDetector(windows=1), _window(1, figures))
     assert [e.data["rank"] for e in time_like.events] == [3]
 
 
 def test_two_ranks_are_scored_and_one_rank_is_not():
     det = StragglerDetector(windows=1)
-    alone = det.update([*_window(1, {0: 1.0}), _row(None, 1.0, 1)])
+    alone = _update(det, [*_window(1, {0: 1.0}), _row(None, 1.0, 1)])
     assert alone.scores == [] and alone.events == []
-    pair = det.update(_window(2, {0: 1.0, 1: 3.0}))  # median 2
+    pair = _update(det, _window(2, {0: 1.0, 1: 3.0}))  # median 2
     assert {s.rank: s.score for s in pair.scores} == {0: 2.0, 1: pytest.approx(2 / 3)}
     assert [e.data["rank"] for e in pair.events] == [1]
     # a rank with no sample in the window has no figure: one rank left, nothing scored
-    empty = det.update([_row(0, 1.0, 3), _row(1, 0.0, 3, count=0)])
+    empty = _update(det, [_row(0, 1.0, 3), _row(1, 0.0, 3, count=0)])
     assert empty.scores == []
 
 
@@ -112,21 +119,21 @@ def test_each_stat_and_window_is_scored_apart_and_in_window_order():
     det = StragglerDetector(windows=2)
     rows = (_window(2, {0: 1.0, 1: 1.0, 2: 5.0}) + _window(1, {0: 1.0, 1: 1.0, 2: 5.0})
             + _window(1, {0: 1.0, 1: 1.0, 2: 1.0}, name="other") + _window(2, {0: 1.0, 1: 9.0, 2: 1.0}, name="other"))
-    got = det.update(rows)
+    got = _update(det, rows)
     assert [(e.data["stat"], e.data["rank"], e.data["window_start_ns"]) for e in got.events] == [
         ("step", 2, 2 * WMS * 1_000_000)]
     assert len(got.scores) == 12 and det.tracked == 2  # step/2 reported, other/1 slow once
     # the same window again (never sent twice by the scanner) counts nothing
-    assert det.update(_window(2, {0: 1.0, 1: 1.0, 2: 5.0})).events == []
+    assert _update(det, _window(2, {0: 1.0, 1: 1.0, 2: 5.0})).events == []
 
 
 def test_a_missing_window_neither_adds_nor_resets():
     det = StragglerDetector(windows=3)
     slow = {0: 1.0, 1: 1.0, 2: 2.0}
-    assert det.update(_window(1, slow)).events == []
-    assert det.update(_window(2, slow)).events == []
-    assert det.update(_window(3, {0: 1.0, 1: 1.0})).events == []  # rank 2 added nothing in window 3
-    (ev,) = det.update(_window(4, slow)).events
+    assert _update(det, _window(1, slow)).events == []
+    assert _update(det, _window(2, slow)).events == []
+    assert _update(det, _window(3, {0: 1.0, 1: 1.0})).events == []  # rank 2 added nothing in window 3
+    (ev,) = _update(det, _window(4, slow)).events
     assert ev.data["windows"] == 3 and ev.data["since_ns"] == 1 * WMS * 1_000_000
     assert ev.data["window_start_ns"] == 4 * WMS * 1_000_000
 
@@ -139,47 +146,47 @@ def test_a_rank_that_disappears_is_forgotten_with_a_gone_event():
     rest = {0: 1.0, 1: 1.0, 3: 1.0}
     passes = _feed(det, [rest] * 10, first_wid=3)
     assert all(p == [] for p in passes) and det.tracked == 1  # window 2 ended 10 windows before window 12 ended
-    (gone,) = det.update(_window(13, rest)).events
+    (gone,) = _update(det, _window(13, rest)).events
     assert gone.name == RECOVERED_EVENT and gone.data["reason"] == "gone" and gone.data["rank"] == 2
     assert gone.data["window_start_ns"] == 2 * WMS * 1_000_000 and gone.data["score"] == 0.5
     assert det.tracked == 0
     # a slow rank never reported is forgotten silently; a stat no longer added too (time is any row's)
-    det.update(_window(20, slow))
+    _update(det, _window(20, slow))
     assert det.tracked == 1
-    assert det.update([_row(None, 1.0, 40, name="elsewhere")]).events == [] and det.tracked == 0
+    assert _update(det, [_row(None, 1.0, 40, name="elsewhere")]).events == [] and det.tracked == 0
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_non_finite_figures_are_left_out_and_never_crash(bad):
     det = StragglerDetector(windows=1)
-    got = det.update(_window(1, {0: 1.0, 1: 1.0, 2: bad, 3: 3.0}))
+    got = _update(det, _window(1, {0: 1.0, 1: 1.0, 2: bad, 3: 3.0}))
     assert {s.rank for s in got.scores} == {0, 1, 3}
     assert [e.data["rank"] for e in got.events] == [3]
-    assert det.update(_window(2, {0: bad, 1: 1.0})).scores == []
-    assert det.update(_window(3, {0: bad, 1: bad, 2: bad})).scores == []
+    assert _update(det, _window(2, {0: bad, 1: 1.0})).scores == []
+    assert _update(det, _window(3, {0: bad, 1: bad, 2: bad})).scores == []
 
 
 def test_zero_and_negative_figures_never_crash():
     det = StragglerDetector(windows=1)
-    zero = det.update(_window(1, {0: 0.0, 1: 1.0, 2: 1.0}))  # a rank that spent no time scores as well as can be
+    zero = _update(det, _window(1, {0: 0.0, 1: 1.0, 2: 1.0}))  # a rank that spent no time scores as well as can be
     assert {s.rank: s.score for s in zero.scores} == {0: math.inf, 1: 1.0, 2: 1.0} and zero.events == []
-    all_zero = det.update(_window(2, {0: 0.0, 1: 0.0, 2: 0.0}))
+    all_zero = _update(det, _window(2, {0: 0.0, 1: 0.0, 2: 0.0}))
     assert {s.score for s in all_zero.scores} == {1.0}
-    rate = det.update(_window(3, {0: 0.0, 1: 1.0, 2: 1.0}, higher_is_better=True))
+    rate = _update(det, _window(3, {0: 0.0, 1: 1.0, 2: 1.0}, higher_is_better=True))
     assert {s.rank: s.score for s in rate.scores}[0] == 0.0 and [e.data["rank"] for e in rate.events] == [0]
-    assert det.update(_window(4, {0: -1.0, 1: 1.0, 2: 1.0})).scores == []  # not a magnitude: not scored
+    assert _update(det, _window(4, {0: -1.0, 1: 1.0, 2: 1.0})).scores == []  # not a magnitude: not scored
 
 
 def test_the_figure_is_p50_when_the_stat_keeps_a_histogram():
     det = StragglerDetector(windows=1)
     rows = [_row(r, v, 1, count=5, hist=True) for r, v in {0: 1.0, 1: 1.0, 2: 2.0}.items()]
-    got = det.update(rows)
+    got = _update(det, rows)
     assert [e.data["rank"] for e in got.events] == [2]
     assert got.events[0].data["figure"] == pytest.approx(2.0, rel=0.01)
 
 
 def test_scores_become_metrics_of_the_collectors_group():
-    (score, *_) = StragglerDetector().update(_window(7, {0: 1.0, 1: 2.0})).scores
+    (score, *_) = _update(StragglerDetector(), _window(7, {0: 1.0, 1: 2.0})).scores
     md = score.metric("shmstat", "j")
     assert (md.group_name, md.name, md.rank, md.job) == ("shmstat", "straggler.score.train/step", 0, "j")
     assert md.window_start == 7 * WMS / 1000 and md.window_end == 8 * WMS / 1000 and md.value == 1.5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -60,16 +61,19 @@ class ShmstatJob:
         ``torchrun`` set ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``: ``SHMSTAT_JOB`` names the job either way)."""
         for name in ("SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE"):
             self.env.pop(name, None)
+        ready_file = os.path.join(self.runtime_dir, "collector.json")  # where the collector says its endpoints
         cmd = [sys.executable, "-m", "shmstat.testing._collector_main", self.runtime_dir, self.job,
                "--handler", "*=null", "--grace-ms", str(grace_ms), "--status-interval", "0",
-               "--hold-ms", "600000", *collector_args]
+               "--hold-ms", "600000", "--ready-file", ready_file, *collector_args]
         with _LIVE_LOCK:
             _LIVE.add(self)
         self._collector = subprocess.Popen(cmd, env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())),
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                            text=True)
-        threading.Thread(target=self._drain_stderr, name="shmstat-testing-collector-err", daemon=True).start()
-        self.publish_endpoint = self._read_endpoints(start_timeout_s)
+        self._err_reader = threading.Thread(target=self._drain_stderr, name="shmstat-testing-collector-err",
+                                            daemon=True)
+        self._err_reader.start()
+        self.publish_endpoint = self._read_endpoints(ready_file, start_timeout_s)
         self._tap = StreamTap(self.publish_endpoint)
 
     def _drain_stderr(self) -> None:
@@ -83,30 +87,21 @@ class ShmstatJob:
         """The collector's last lines on stderr (warnings, errors), for a failure message."""
         return "\n".join(self._said)
 
-    def _read_endpoints(self, timeout_s: float) -> str:
-        out = self._collector.stdout
-        assert out is not None
-        result: dict[str, str] = {}
-        lines: list[str] = []
-
-        def read() -> None:
-            for line in out:
-                lines.append(line.rstrip())
-                if " publish " in line and "publish" not in result:
-                    fields = line.split()
-                    result["publish"] = fields[fields.index("publish") + 1]
-            # stdout is drained to its end so the collector never blocks on a full pipe
-
-        reader = threading.Thread(target=read, name="shmstat-testing-collector-out", daemon=True)
-        reader.start()
+    def _read_endpoints(self, ready_file: str, timeout_s: float) -> str:
+        """The collector's publish endpoint, from the ready file it writes once serving (``--ready-file``)."""
         deadline = time.monotonic() + timeout_s
-        while "publish" not in result:
+        while not os.path.exists(ready_file):
             if self._collector.poll() is not None or time.monotonic() > deadline:
+                if self._collector.poll() is not None:
+                    self._err_reader.join(5)  # what it said before it ended
                 self.close()
                 raise RuntimeError(f"the test collector for job {self.job} did not start: "
-                                   f"{' | '.join(lines) or '(no output)'} {self.collector_said}".strip())
+                                   f"{self.collector_said or '(no output)'}")
             time.sleep(0.005)
-        return result["publish"]
+        with open(ready_file, encoding="utf-8") as f:
+            endpoint = json.load(f)["publish"]
+        assert isinstance(endpoint, str)
+        return endpoint
 
     # -- ranks ---------------------------------------------------------------------------------------------------
     def rank_env(self, rank: int, world_size: int, local_rank: int | None = None) -> dict[str, str]:

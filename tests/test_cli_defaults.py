@@ -1,0 +1,163 @@
+"""The command line is built from the collector's configuration: every collector option's default is
+CollectorConfig's (or Geometry's), every subcommand names the function it runs, and a collector started with
+``--ready-file`` says where it serves in that file (what the pytest plugin reads instead of its banner)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import zmq
+from _procs import REPO
+from _support import wait_for
+
+from collector import cli
+from collector.config import CollectorConfig
+from collector.options import TUNED, add_collector_options, collector_config, config_default
+from shmstat.layout import Geometry
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli._parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_subcommand_names_the_function_it_runs():
+    subs = _subcommands()
+    assert set(subs) == set(cli.COMMANDS)
+    for name, parser in subs.items():
+        run = parser.get_default("run")
+        assert callable(run) and run.__name__ == f"_{name}", name
+
+
+@pytest.mark.parametrize("argv", [["collect", "--job", "j"], ["run", "--nproc-per-node", "1", "x.py"]])
+def test_collector_options_left_out_give_exactly_the_config_defaults(argv):
+    args = cli._parser().parse_args(argv)
+    got, want = collector_config(args, "j"), CollectorConfig("j")
+    for f in dataclasses.fields(CollectorConfig):
+        if f.name != "clock":
+            assert getattr(got, f.name) == getattr(want, f.name), f.name
+
+
+def test_walking_the_parser_every_default_and_its_help_come_from_the_config():
+    p = argparse.ArgumentParser()
+    add_collector_options(p)
+    config_fields = {f.name for f in dataclasses.fields(CollectorConfig)}
+    tuned = {t.flag: t for t in TUNED}
+    capacities = {"--max-ranks": "max_ranks", "--max-stats": "max_stats", "--banks": "banks",
+                  "--max-percentile-stats": "hist_slots"}
+    seen = set()
+    for action in p._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        seen.add(flag)
+        if flag in tuned:
+            t = tuned[flag]
+            assert t.field in config_fields
+            assert t.to_config(action.default) == config_default(t.field), flag
+            shown = f"{action.default:g}" if isinstance(action.default, float) else str(action.default)
+            assert action.help.endswith(f"(default {shown})"), (flag, action.help)
+        elif flag in capacities:
+            assert action.default is None  # None: take an existing segment's capacities
+            assert action.help.endswith(f"(default {getattr(Geometry(), capacities[flag])})"), flag
+        elif flag == "--handler":
+            assert action.default == [] and config_default("handlers") == {}
+        elif flag == "--allow-remote-publish":
+            assert action.default is False
+        else:  # an option named after its field, default None there too
+            field = flag.lstrip("-").replace("-", "_")
+            assert field in config_fields and action.default == config_default(field) is None, flag
+    assert set(tuned) <= seen and set(capacities) <= seen
+
+
+def test_a_changed_config_default_changes_the_cli_default(monkeypatch):
+    fields = {f.name: f for f in dataclasses.fields(CollectorConfig)}
+    monkeypatch.setattr(fields["grace_ms"], "default", 33)
+    monkeypatch.setattr(fields["publish_buffer_bytes"], "default", 3 << 20)
+    args = cli._parser().parse_args(["collect", "--job", "j"])
+    assert (args.grace_ms, args.publish_buffer_mb) == (33, 3.0)
+    cfg = collector_config(args, "j")
+    assert (cfg.grace_ms, cfg.publish_buffer_bytes) == (33, 3 << 20)
+
+
+def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job, tmp_path):
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--handler", "*=null",
+                             "--status-interval", "0", "--ready-file", str(ready)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, what="the ready file")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        info = json.loads(ready.read_text())
+        assert os.stat(ready).st_mode & 0o777 == 0o600
+        assert info["job"] == job and info["pid"] == proc.pid and info["prometheus"] is None
+        assert info["publish"].startswith("ipc://") and info["ingest"].startswith("ipc://")
+        ctx = zmq.Context.instance()  # the endpoint is the collector's: a subscriber is taken in (XPUB says hello)
+        sub = ctx.socket(zmq.SUB)
+        try:
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(info["publish"])
+            assert os.path.exists(info["publish"].removeprefix("ipc://"))
+        finally:
+            sub.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        if proc.stderr:
+            proc.stderr.close()
+    assert not ready.exists()
+
+
+def test_a_node_collector_refuses_a_ready_file_in_one_sentence(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "collector", "collect", "--ready-file", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                          timeout=60)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("shmstat: error: --ready-file names one job's endpoints"), line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_plugin_learns_the_endpoint_from_its_ready_file_not_the_banner():
+    from shmstat.testing import ShmstatJob
+
+    with ShmstatJob() as j:
+        assert j._collector.stdout is None  # the banner goes nowhere: nothing reads it
+        assert j.publish_endpoint.startswith(f"ipc://{j.runtime_dir}")
+
+
+_READ_READY = """
+import json, os, sys, time
+path, out = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 30
+while not os.path.exists(path) and time.monotonic() < deadline:
+    time.sleep(0.01)
+if os.environ.get("RANK") == "0":
+    with open(out, "w") as f:
+        f.write(open(path).read())
+"""
+
+
+def test_shmstat_run_writes_the_ready_file_while_the_job_runs_and_removes_it(job, tmp_path):
+    script, ready, seen = tmp_path / "reader.py", tmp_path / "ready.json", tmp_path / "seen.json"
+    script.write_text(_READ_READY)
+    done = subprocess.run([sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2",
+                           "--handler", "*=null", "--status-interval", "0", "--ready-file", str(ready),
+                           str(script), str(ready), str(seen)],
+                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(seen.read_text())  # what a worker read while the job ran
+    assert info["job"] == job and info["pid"] > 0
+    assert f"collector publish {info['publish']}" in done.stderr
+    assert not ready.exists()
