@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .columns import Columns
-from .compact import CompactWindowHandler
-from .daemon import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
-from .merge import Summary, WindowRow, merge, merge_all
+from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
+from .handlers.api import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
+from .handlers.compact import CompactWindowHandler
+from .read.columns import Columns
+from .read.merge import Summary, WindowRow, merge, merge_all
 
 __all__ = [
     "PLATFORM_GROUP",

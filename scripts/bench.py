@@ -133,7 +133,7 @@ def finish(proc: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
 
 
 def unlink_job(job: str) -> None:
-    from shmstat.segment import Segment
+    from shmstat.shm.segment import Segment
 
     with contextlib.suppress(Exception):
         Segment.unlink(job)
@@ -183,7 +183,7 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
 
     from collector import Collector, CollectorConfig
     from elastic.metrics import MetricHandler, NullMetricHandler
-    from shmstat.layout import Geometry
+    from shmstat.shm.layout import Geometry
 
     lat: list[float] = []
     measuring = [False]
@@ -295,7 +295,7 @@ def worker_load_rank(job: str, args: argparse.Namespace) -> None:
 def worker_event_rank(job: str, args: argparse.Namespace) -> None:
     """A rank that logs ``--events`` events as fast as it can on ``go``, then flushes and reports."""
     import shmstat
-    from shmstat import _state
+    from shmstat.job import _state
 
     shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks)
     event = shmstat.Event("bench", dt.datetime.now(), EVENT_DATA)
@@ -363,7 +363,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     shmstat.unregister_event_handler(h)
 
     # attached: this process is rank 0 of the job whose collector the parent started
-    from shmstat import _state
+    from shmstat.job import _state
 
     shmstat.init(job, rank=0)
     pub = _state.STATE.publisher
@@ -473,8 +473,9 @@ def worker_scrape(args: argparse.Namespace) -> None:
     and what a scrape over HTTP then takes."""
     import urllib.request
 
-    from collector.merge import Summary, WindowRow
-    from collector.prometheus import PrometheusExporter
+    from collector.prometheus.exporter.exporter import PrometheusExporter
+
+    from collector.read.merge import Summary, WindowRow
 
     ex = PrometheusExporter("127.0.0.1:0")
     url = ex.start()

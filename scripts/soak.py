@@ -48,7 +48,7 @@ import zmq  # noqa: E402
 from shmstat import wire  # noqa: E402
 
 WINDOW_MS = 100
-GRACE_MS = 50  # the most a collector allows (shmstat.layout.MAX_GRACE_MS)
+GRACE_MS = 50  # the most a collector allows (shmstat.shm.layout.MAX_GRACE_MS)
 ADDS_PER_EVENT = 32
 # tally file: int64 words
 T_ADDS, T_LOGGED, T_SENT, T_DROPPED, T_PID, T_DONE = range(6)
@@ -167,7 +167,7 @@ def rank_main(job: str, rank: int, world: int, tally_path: str, slots: int, stop
     helper.join()
     if worker is not None:
         worker.join(60)
-    from shmstat import _state
+    from shmstat.job import _state
 
     if _state.STATE.publisher is not None:
         _state.STATE.publisher.flush(30.0)
@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or args.ranks < 1:
         ap.error("--minutes must be > 0 and --ranks >= 1")
 
-    from shmstat.runtime import runtime_dir
-    from shmstat.segment import Segment
+    from shmstat.shm.runtime import runtime_dir
+    from shmstat.shm.segment import Segment
 
     rng = random.Random(args.seed)
     job = f"soak-{os.getpid()}-{int(time.time())}"

@@ -8,7 +8,6 @@ node's shared-memory segment and events to the node's collector.
 from __future__ import annotations
 
 from .aggregation import COUNT, MAX, MEAN, MIN, SUM, VALUE, Aggregation  # torch.monitor.COUNT etc. too
-from .attach import init, shutdown
 from .errors import (
     CapacityError,
     CollectorError,
@@ -19,7 +18,9 @@ from .errors import (
     ShmstatError,
     WireError,
 )
-from .events import (
+from .job.attach import init, shutdown
+from .job.stats import stats
+from .publish.events import (
     STAT_EVENT,
     Event,
     EventHandlerHandle,
@@ -28,9 +29,8 @@ from .events import (
     register_event_handler,
     unregister_event_handler,
 )
-from .stat import Stat
-from .stats import stats
-from .tensorboard import TensorboardEventHandler
+from .publish.tensorboard import TensorboardEventHandler
+from .writer.stat import Stat
 
 __all__ = [
     "COUNT",

@@ -5,7 +5,7 @@ and in Python, the reference each C twin is held to by a differential test. :fun
 ``"c"`` backend when the extensions are built and ``SHMSTAT_PURE_PYTHON`` is not ``1``, else ``"python"``.
 
 When the variable is read: once, on the first call of :func:`backend`, and the answer is kept for the process.
-That first call is made by ``import shmstat``, because :mod:`shmstat.events` fixes the storage class of
+That first call is made by ``import shmstat``, because :mod:`shmstat.publish.events` fixes the storage class of
 ``Event`` and the ``log_event`` function when it is defined; so this variable (and no other) is read when shmstat
 is imported, as prometheus_client's ``values.py`` picks its value class. A child process started with another
 value makes its own choice.
@@ -17,14 +17,14 @@ too); the right column is the test that holds the two to the same behaviour.
 =========================================  ===========================================  =========================
 C (``Backend`` field)                      Python twin                                  differential test
 =========================================  ===========================================  =========================
-``SlotWriter`` (at each writer's birth)    ``shmstat._writer._python_writer``;          test_fastpath.py,
-                                           in process ``shmstat.stat._LocalCore``       test_percentiles.py
-``add_u64`` (at each add)                  ``shmstat._drops.add_counter``'s locked add  (one atomic add)
-``Outbox`` (at each publisher's birth)     ``shmstat.outbox.Outbox``                    test_outbox.py
-``EventBase``, ``set_event_checks``        ``shmstat.events._PyEventStorage``           test_event_paths.py
-``check_data``                             ``shmstat._eventdata._check_data``           test_outbox.py
-``naive_local_ns``, ``remember_offset``    ``shmstat._eventdata._naive_local_ns``       test_event_timestamps.py
-``log_event``, ``set_log_state``,          ``shmstat.events.log_event``                 test_event_paths.py
+``SlotWriter`` (at each writer's birth)    ``shmstat.writer._writer._python_writer``;          test_fastpath.py,
+                                           in process ``shmstat.writer.stat._LocalCore``       test_percentiles.py
+``add_u64`` (at each add)                  ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
+``Outbox`` (at each publisher's birth)     ``shmstat.publish.outbox.Outbox``                    test_outbox.py
+``EventBase``, ``set_event_checks``        ``shmstat.publish.events._PyEventStorage``           test_event_paths.py
+``check_data``                             ``shmstat.publish._eventdata._check_data``           test_outbox.py
+``naive_local_ns``, ``remember_offset``    ``shmstat.publish._eventdata._naive_local_ns``       test_event_timestamps.py
+``log_event``, ``set_log_state``,          ``shmstat.publish.events.log_event``                 test_event_paths.py
 ``sync_log_state``
 ``collector._intake.check``                ``shmstat.wire.decode``                      test_intake.py
   (asked through ``collector._backend``)

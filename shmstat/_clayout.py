@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import backlog, histogram, outbox, wire
-from . import layout as L
+from . import histogram, wire
+from .publish import backlog, outbox
+from .shm import layout as L
 
 __all__ = ["HEADER_PATH", "constants", "main", "render"]
 

@@ -1,4 +1,4 @@
-"""The aggregations a :class:`~shmstat.stat.Stat` can compute, and their bit masks.
+"""The aggregations a :class:`~shmstat.writer.stat.Stat` can compute, and their bit masks.
 
 :class:`Aggregation` mirrors ``torch.monitor.Aggregation``: same member names, same integer values
 (VALUE 0, MEAN 2, COUNT 3, SUM 4, MAX 5, MIN 6), same ``str()``. A set of aggregations is stored in the

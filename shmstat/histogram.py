@@ -18,7 +18,7 @@ Quantiles: the bucket holding the sample of rank ``ceil(q * n)`` (as numpy's ``i
 most ``(base - 1) / (base + 1)``: 0.54% at scale 6, 1.1% at scale 5, 2.2% at scale 4. With 272 buckets a
 window keeps scale 5 or better while its values span up to ``2**8`` (``2**8.5``), scale 0 up to ``2**272``.
 
-The in-segment form (one block per bank, written under the bank's seqlock) is drawn in :mod:`shmstat.layout`.
+The in-segment form (one block per bank, written under the bank's seqlock) is drawn in :mod:`shmstat.shm.layout`.
 """
 
 from __future__ import annotations

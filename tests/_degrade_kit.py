@@ -15,7 +15,7 @@ from typing import Any
 import shmstat
 from elastic.metrics import prof, put_metric
 from shmstat import Aggregation as A
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 
 def _job() -> str:
@@ -186,7 +186,7 @@ def removed(n: int, threads: int) -> dict[str, Any]:
 def lock_unusable(n: int, threads: int) -> dict[str, Any]:
     """Adds, then the job's lock file is replaced by one open to other users (which shmstat refuses to lock),
     then the API everywhere."""
-    from shmstat.runtime import lock_path
+    from shmstat.shm.runtime import lock_path
 
     before = shmstat.Stat("before", [A.COUNT], 60.0)
     before.add(1.0)

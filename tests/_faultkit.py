@@ -258,7 +258,7 @@ def read_json(path: str) -> Any:
 
 
 def _publisher_stats() -> dict[str, Any]:
-    from shmstat import _state
+    from shmstat.job import _state
 
     pub = _state.STATE.publisher
     if pub is None:
@@ -282,7 +282,7 @@ def load_worker(job: str, rank: int, world: int, seconds: float, window_ms: int,
     """
     import shmstat
     from shmstat import Aggregation as A
-    from shmstat import _state
+    from shmstat.job import _state
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=world, endpoint=endpoint)
     cur = [0]
@@ -357,7 +357,7 @@ def idle_adder(job: str, rank: int, window_ms: int, out_path: str, stop_path: st
         if put is not None:
             put("seq", n, "faults")
         time.sleep(0.001)
-    from shmstat import _state
+    from shmstat.job import _state
 
     pub = _state.STATE.publisher
     if pub is not None:

@@ -46,7 +46,7 @@ def _rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
         stat.add(rank + 1.0)
         if i % 100 == 0:
             time.sleep(0.001)
-    from shmstat import _state
+    from shmstat.job import _state
 
     shmstat.log_event(shmstat.Event("done", __import__("datetime").datetime.now(), {"rank": rank}))
     pub = _state.STATE.publisher

@@ -22,19 +22,19 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import collector.admin  # noqa: E402  (every command's modules, imported before a child drops privileges)
-import collector.cli  # noqa: E402
-import collector.daemon  # noqa: E402
-import collector.node  # noqa: E402
-import collector.prometheus  # noqa: E402
-import collector.relay  # noqa: E402
-import collector.subscribe  # noqa: E402
-import collector.top  # noqa: E402
-import collector.top_live  # noqa: E402
+import collector.cli.admin  # noqa: E402  (every command's modules, imported before a child drops privileges)
+import collector.cli.command  # noqa: E402
+import collector.cli.subscribe  # noqa: E402
+import collector.cli.top  # noqa: E402
+import collector.cli.top_live  # noqa: E402
+import collector.daemon.collector  # noqa: E402
+import collector.daemon.node  # noqa: E402
+import collector.prometheus.exporter  # noqa: E402
+import collector.wire.relay  # noqa: E402
 import shmstat  # noqa: E402
-import shmstat.layout  # noqa: E402
-import shmstat.publisher  # noqa: E402
-import shmstat.rank  # noqa: E402
+import shmstat.job.rank  # noqa: E402
+import shmstat.publish.publisher  # noqa: E402
+import shmstat.shm.layout  # noqa: E402
 
 OTHER = 65534
 SHM = "/dev/shm"
@@ -92,7 +92,7 @@ def run_cli(work: str, name: str, argv: list[str], *, other: bool, runtime: str,
             os.environ.pop("XDG_RUNTIME_DIR", None)
             if other:
                 drop_to_other()
-            code = collector.cli.main(argv)
+            code = collector.cli.command.main(argv)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:

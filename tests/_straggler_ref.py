@@ -1,6 +1,7 @@
 """Straggler scoring the slow way, for tests: the per-row reference :func:`update_rows` that
-:meth:`collector.straggler.StragglerDetector.update_columns` must equal, and :func:`columns_of`, which lays
-hand-made :class:`collector.merge.WindowRow` objects out as the :class:`collector.columns.Columns` of one pass."""
+:meth:`collector.daemon.straggler.StragglerDetector.update_columns` must equal, and :func:`columns_of`, which lays
+hand-made :class:`collector.read.merge.WindowRow` objects out as the :class:`collector.read.columns.Columns` of one
+pass."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
+from collector.daemon.collector.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 
-from collector.columns import Columns
-from collector.hist_batch import HistBatch
-from collector.merge import Summary, WindowRow
-from collector.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
+from collector.read.columns import Columns
+from collector.read.hist_batch import HistBatch
+from collector.read.merge import Summary, WindowRow
 
 
 def update_rows(det: StragglerDetector, rows: Iterable[WindowRow]) -> StragglerUpdate:

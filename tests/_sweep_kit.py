@@ -46,8 +46,8 @@ def _empty_segment(job: str, age_s: float) -> None:
     import struct
 
     sys.path.insert(0, REPO)
-    from shmstat import layout as L
-    from shmstat.segment import Segment
+    from shmstat.shm import layout as L
+    from shmstat.shm.segment import Segment
 
     seg = Segment.open(job)
     struct.pack_into("<q", seg.buf, L.H_CREATED, time.time_ns() - int(age_s * 1e9))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from elastic.metrics import _registry as _elastic_registry
-from shmstat import _state
+from shmstat.job import _state
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def _remove_leftover_segments() -> Iterator[None]:
     yield
     import os
 
-    from shmstat.segment import Segment
+    from shmstat.shm.segment import Segment
 
     marker = f"-{os.getpid()}-"
     for job in Segment.list_jobs():
@@ -40,8 +40,8 @@ def job() -> Iterator[str]:
     """A job id no other test uses; afterwards this process is detached and the job's segment removed."""
     from _support import unique_job
 
-    from shmstat.attach import shutdown
-    from shmstat.segment import Segment
+    from shmstat.job.attach import shutdown
+    from shmstat.shm.segment import Segment
 
     name = unique_job()
     yield name

@@ -14,13 +14,13 @@ import pytest
 from _procs import REPO
 
 from shmstat import _backend
-from shmstat.outbox import Outbox, new_outbox
+from shmstat.publish.outbox import Outbox, new_outbox
 
 _CHOICE = r"""
 import json, os
 import shmstat
 from shmstat import _backend, events
-from shmstat.outbox import new_outbox
+from shmstat.publish.outbox import new_outbox
 first = _backend.backend()
 os.environ[_backend.VARIABLE] = "0" if first.name == "python" else "1"  # too late: chosen at import
 print(json.dumps([first.name, _backend.backend() is first, events.Event.__mro__[1].__module__,
@@ -41,7 +41,7 @@ def _choice(value: str | None) -> list:
 
 
 def test_a_process_reads_the_variable_once_and_every_twin_follows() -> None:
-    assert _choice("1") == ["python", True, "shmstat.events", True, "shmstat.outbox"]
+    assert _choice("1") == ["python", True, "shmstat.publish.events", True, "shmstat.publish.outbox"]
     if _backend.c_available():
         c = ["c", True, "shmstat._pubfast", False, "shmstat._pubfast"]
         assert _choice(None) == c and _choice("0") == c

@@ -14,9 +14,9 @@ from _procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn
 
 import shmstat
 from shmstat import Aggregation as A
-from shmstat import layout as L
 from shmstat.errors import ConfigError
-from shmstat.segment import Segment
+from shmstat.shm import layout as L
+from shmstat.shm.segment import Segment
 
 WINDOW_MS = 50
 

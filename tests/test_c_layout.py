@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from _procs import REPO
 
-from shmstat import _clayout, layout
+from shmstat import _clayout
+from shmstat.shm import layout
 
 C_SOURCES = sorted([*Path(REPO, "shmstat").glob("*.c"), *Path(REPO, "shmstat", "_c").glob("*.h"),
                     *Path(REPO, "collector").glob("*.c")])

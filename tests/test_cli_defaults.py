@@ -16,11 +16,11 @@ import pytest
 import zmq
 from _procs import REPO
 from _support import wait_for
+from collector.cli.command.options import TUNED, add_collector_options, collector_config, config_default
+from collector.daemon.collector.config import CollectorConfig
 
-from collector import cli
-from collector.config import CollectorConfig
-from collector.options import TUNED, add_collector_options, collector_config, config_default
-from shmstat.layout import Geometry
+from collector.cli.command import command as cli
+from shmstat.shm.layout import Geometry
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -13,8 +13,8 @@ import pytest
 from _procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn
 from _support import unique_job, wait_for
 
-from shmstat.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
-from shmstat.segment import Segment
+from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
+from shmstat.shm.segment import Segment
 
 
 def left_behind(job: str) -> list[str]:

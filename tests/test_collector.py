@@ -23,7 +23,7 @@ from _procs import (
 )
 from _support import wait_for
 
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 WINDOW_MS = 50
 

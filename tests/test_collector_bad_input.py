@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from tests_user_handler import Recording
 
 from collector import Collector, CollectorConfig
-from collector.relay import MAX_MESSAGE_BYTES
+from collector.wire.relay import MAX_MESSAGE_BYTES
 from shmstat.aggregation import Aggregation as A
-from shmstat.attach import init, shutdown
-from shmstat.segment import Segment
-from shmstat.stat import Stat
+from shmstat.job.attach import init, shutdown
+from shmstat.shm.segment import Segment
+from shmstat.writer.stat import Stat
 
 
 class _Rig:

@@ -94,7 +94,7 @@ def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(
     collector takes A over. Every window of both jobs is emitted exactly once across the two outputs."""
     from _support import unique_job
 
-    from shmstat.segment import Segment
+    from shmstat.shm.segment import Segment
 
     job_a, job_b = unique_job("first"), unique_job("node")
     dir_a, dir_b = tmp_path / "a", tmp_path / "b"

@@ -7,14 +7,14 @@ import sys
 
 from _procs import REPO
 from _support import MS, FakeClock, step_and_wait
+from collector.cli.command.admin import segment_info
 from tests_user_handler import Recording
 
 from collector import PLATFORM_GROUP, Collector, CollectorConfig
-from collector.admin import segment_info
 from shmstat.aggregation import Aggregation as A
-from shmstat.attach import init, shutdown
-from shmstat.segment import Segment
-from shmstat.stat import Stat
+from shmstat.job.attach import init, shutdown
+from shmstat.shm.segment import Segment
+from shmstat.writer.stat import Stat
 
 
 def _collector(job, clock, **handlers):

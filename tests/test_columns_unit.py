@@ -7,12 +7,12 @@ import random
 
 import numpy as np
 from _straggler_ref import update_rows
+from collector.daemon.collector.straggler import StragglerDetector
 
 from collector import Columns, takes_columns
-from collector.column_merge import Parts, StatTable, merge_parts
-from collector.hist_batch import HistBatch
-from collector.merge import Summary, merge_all
-from collector.straggler import StragglerDetector
+from collector.read.column_merge import Parts, StatTable, merge_parts
+from collector.read.hist_batch import HistBatch
+from collector.read.merge import Summary, merge_all
 from elastic.metrics import MetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
@@ -97,7 +97,7 @@ def test_takes_columns():
 
 
 def test_the_prometheus_exporter_folds_columns_exactly_as_rows():
-    from collector.prometheus import PrometheusExporter
+    from collector.prometheus.exporter.exporter import PrometheusExporter
 
     rng = random.Random(11)
     by_rows, by_cols = PrometheusExporter("127.0.0.1:0"), PrometheusExporter("127.0.0.1:0")

@@ -14,7 +14,7 @@ import pytest
 
 from elastic import events
 from elastic.events import handlers
-from shmstat._state import STATE
+from shmstat.job._state import STATE
 from shmstat.testing import ShmstatJob
 
 PUBLIC = [

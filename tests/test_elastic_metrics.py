@@ -16,7 +16,7 @@ import pytest
 import elastic
 import elastic.metrics as metrics
 from elastic.metrics import _registry, api
-from shmstat._state import STATE
+from shmstat.job._state import STATE
 from shmstat.testing import ShmstatJob
 
 PUBLIC = [

@@ -14,7 +14,7 @@ from _procs import spawn, start_collector
 from _support import wait_for
 
 import shmstat
-from shmstat.publisher import Publisher
+from shmstat.publish.publisher import Publisher
 from shmstat.wire import MAX_EVENT_BYTES
 
 
@@ -52,7 +52,7 @@ def _burst(job: str, n: int, backlog_mb: float, out: str) -> None:
     import shmstat
 
     shmstat.init(job, rank=0, backlog_mb=backlog_mb)
-    pub = shmstat._state.STATE.publisher
+    pub = shmstat.job._state.STATE.publisher
     assert pub is not None
     assert pub.flush(30) or True
     ev = shmstat.Event("burst", datetime.datetime.now(), {"payload": "x" * 200})
@@ -111,7 +111,7 @@ def test_an_event_over_the_maximum_is_refused_and_nothing_is_queued(job):
     import datetime
 
     shmstat.init(job, rank=0)
-    pub = shmstat._state.STATE.publisher
+    pub = shmstat.job._state.STATE.publisher
     with pytest.raises(shmstat.EventTooLargeError, match="maximum"):
         shmstat.log_event(shmstat.Event("huge", datetime.datetime.now(), {"blob": "z" * (MAX_EVENT_BYTES + 1)}))
     with pytest.raises(shmstat.EventTooLargeError):  # counted in UTF-8 bytes, not characters

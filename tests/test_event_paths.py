@@ -16,7 +16,7 @@ from shmstat import _backend
 
 _CASES = r"""
 import collections, datetime, enum, json, sys, types
-from shmstat.events import Event
+from shmstat.publish.events import Event
 
 class S(str): pass
 class I(int): pass
@@ -98,7 +98,7 @@ _LOG_CASES = r"""
 import datetime, json, logging
 import shmstat
 from shmstat import events
-from shmstat._state import STATE
+from shmstat.job._state import STATE
 logging.disable(logging.CRITICAL)
 out = []
 now = datetime.datetime(2026, 1, 2, 3, 4, 5)

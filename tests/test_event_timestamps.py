@@ -14,7 +14,7 @@ from _procs import REPO
 
 _CHECK = r"""
 import datetime, random
-from shmstat.events import Event, _c_naive_ns
+from shmstat.publish.events import Event, _c_naive_ns
 import sys
 assert (_c_naive_ns is None) == (sys.argv[1] == "python"), sys.argv
 rng = random.Random(7)

@@ -1,4 +1,4 @@
-"""Tests of shmstat.events: Event, handler registration, log_event dispatch and publishing."""
+"""Tests of shmstat.publish.events: Event, handler registration, log_event dispatch and publishing."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from shmstat._state import STATE
 from shmstat.errors import ConfigError
-from shmstat.events import (
+from shmstat.job._state import STATE
+from shmstat.publish.events import (
     STAT_EVENT,
     Event,
     EventHandlerHandle,
@@ -501,7 +501,7 @@ def test_dispatch_local_calls_handlers_but_does_not_publish() -> None:
 
 
 def test_reset_forgets_handlers_and_counters() -> None:
-    from shmstat._state import reset
+    from shmstat.job._state import reset
 
     register_event_handler(lambda e: None)
     STATE.handler_errors = 3

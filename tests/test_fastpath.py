@@ -15,12 +15,12 @@ import pytest
 from _support import MS, FakeClock, unique_job
 
 from shmstat import _backend
-from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
-from shmstat.attach import init, shutdown
-from shmstat.events import register_event_handler, unregister_event_handler
-from shmstat.segment import Segment
-from shmstat.stat import Stat
+from shmstat.job.attach import init, shutdown
+from shmstat.publish.events import register_event_handler, unregister_event_handler
+from shmstat.shm import layout as L
+from shmstat.shm.segment import Segment
+from shmstat.writer.stat import Stat
 
 pytestmark = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 SlotWriter = _backend.load("c").SlotWriter

@@ -31,16 +31,16 @@ from _faultkit import (
 )
 from _procs import REPO, read_jsonl, spawn, start_collector
 from _support import step_and_wait, wait_for
+from collector.daemon.collector.collector import Collector, CollectorConfig
 
-from collector.daemon import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
-from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
 from shmstat.errors import LayoutMismatchError, SegmentError
-from shmstat.rank import RankAttachment
-from shmstat.runtime import segment_name
-from shmstat.segment import Segment
+from shmstat.job.rank import RankAttachment
+from shmstat.shm import layout as L
+from shmstat.shm.runtime import segment_name
+from shmstat.shm.segment import Segment
 
 MS = 1_000_000
 WINDOW_MS = 50

@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from collector.column_merge import Parts, StatTable, merge_parts
-from collector.hist_batch import HistBatch
+from collector.read.column_merge import Parts, StatTable, merge_parts
+from collector.read.hist_batch import HistBatch
 from shmstat.aggregation import PERCENTILES, to_mask
 from shmstat.aggregation import Aggregation as A
 from shmstat.histogram import MAX_BUCKETS, Histogram, bucket_estimate, merge_histograms
@@ -119,7 +119,7 @@ def test_bucket_estimates_at_every_scale_and_past_the_double_range():
         for i in (*range(-600, 600, 7), 2**20, -(2**20), 300 << max(s, 0), -(1100 << max(s, 0))):
             scales.append(s)
             index.append(i)
-    from collector.hist_batch import _estimate
+    from collector.read.hist_batch import _estimate
 
     got = _estimate(np.array(scales, np.int64), np.array(index, np.int64)).tolist()
     assert got == [bucket_estimate(s, i) for s, i in zip(scales, index, strict=True)]
@@ -165,9 +165,9 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
     wrap the bucket ring and lower the scale; negatives and zeros): read_histograms of every bank equals
     layout.read_bank's decode of it, and a bank whose (seq, wid) no longer matches is left to the caller."""
     import shmstat
-    from collector.hist_reader import read_histograms
+    from collector.read.hist_reader import read_histograms
     from shmstat import Aggregation
-    from shmstat import layout as L
+    from shmstat.shm import layout as L
 
     shmstat.init(job, rank=0, publish=False)
     t = [1_700_000_000_000_000_000]
@@ -178,7 +178,7 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
             for _ in range(rng.choice((0, 1, 30, 300))):
                 s.add(_value(rng))
         t[0] += 50_000_000
-    seg = shmstat._state.STATE.attachment.segment
+    seg = shmstat.job._state.STATE.attachment.segment
     geo = seg.geometry
     hist_off, bank_off, seq_bits, wids, want = [], [], [], [], []
     for d in seg.descriptors(0):
@@ -215,8 +215,8 @@ def test_windows_the_vectorised_read_cannot_confirm_are_read_again_one_by_one(jo
     """The scanner re-reads, bank by bank, every histogram read_histograms left out (a bank that moved on in the
     meantime): the pass is the same as when all were confirmed at once."""
     import shmstat
-    from collector import scanner as scanner_module
-    from collector.scanner import Scanner
+    from collector.read import scanner as scanner_module
+    from collector.read.scanner import Scanner
     from shmstat import Aggregation
 
     shmstat.init(job, rank=0, publish=False)
@@ -226,7 +226,7 @@ def test_windows_the_vectorised_read_cannot_confirm_are_read_again_one_by_one(jo
         s = shmstat.Stat(f"h{k}", [Aggregation.COUNT, Aggregation.P50, Aggregation.P99], 0.05, clock=lambda: t[0])
         for _ in range(40):
             s.add(rng.uniform(0.5, 8.0))
-    seg = shmstat._state.STATE.attachment.segment
+    seg = shmstat.job._state.STATE.attachment.segment
     now = t[0] + 10**9
     want = Scanner(seg, 0).scan(now).columns
     real = scanner_module.read_histograms

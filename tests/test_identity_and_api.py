@@ -13,8 +13,8 @@ import elastic
 import elastic.metrics
 import shmstat
 from shmstat.errors import ConfigError
-from shmstat.identity import identity_from_env
-from shmstat.segment import Segment
+from shmstat.job.identity import identity_from_env
+from shmstat.shm.segment import Segment
 
 
 def test_our_variables_win_over_torchrun_ones():

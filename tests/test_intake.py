@@ -18,8 +18,8 @@ import test_wire
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import intake
 from collector._backend import c_intake_check
+from collector.wire import intake
 from shmstat import _backend, wire
 from shmstat.errors import WireError
 

@@ -19,19 +19,19 @@ import pytest
 from _procs import REPO
 
 from shmstat.errors import ConfigError
-from shmstat.runtime import lock_path, semaphore_name, validate_job
-from shmstat.segment import Segment
+from shmstat.shm.runtime import lock_path, semaphore_name, validate_job
+from shmstat.shm.segment import Segment
 
 try:
-    from shmstat.rank import RankAttachment
-except ImportError:  # before RankAttachment moved out of shmstat.segment
-    from shmstat.segment import RankAttachment
+    from shmstat.job.rank import RankAttachment
+except ImportError:  # before RankAttachment moved out of shmstat.shm.segment
+    from shmstat.shm.segment import RankAttachment
 
 FORK = mp.get_context("fork")
 
 
 def _hold(job: str, held, release) -> None:
-    from shmstat._joblock import JobLock
+    from shmstat.shm._joblock import JobLock
 
     with JobLock(job).held():
         held.set()
@@ -39,7 +39,7 @@ def _hold(job: str, held, release) -> None:
 
 
 def _take(job: str, started, acquired) -> None:
-    from shmstat._joblock import JobLock
+    from shmstat.shm._joblock import JobLock
 
     started.set()
     with JobLock(job).held():

@@ -10,7 +10,7 @@ from collections import Counter
 from _procs import REPO, read_jsonl
 from _support import unique_job
 
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "elastic_job.py")
 
@@ -30,7 +30,7 @@ def _run(job, tmp_path, *extra, env_extra=None):
 
 def _left_behind(job):
     """The job's files still in /dev/shm and the runtime directory."""
-    from shmstat.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
+    from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
 
     paths = ["/dev/shm" + segment_name(job), lock_path(job),
              ingest_endpoint(job).removeprefix("ipc://"), publish_endpoint(job).removeprefix("ipc://")]
@@ -90,9 +90,9 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
     import msgpack
     import zmq
     from _support import wait_for
+    from collector.cli.command.launcher import Agent
 
     from collector import Collector, CollectorConfig
-    from collector.launcher import Agent
 
     job = unique_job("ev")
     collector = Collector(CollectorConfig(job=job, handlers={"*": "null"}, usage_interval_s=0.05))

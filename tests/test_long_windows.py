@@ -18,9 +18,9 @@ from _support import wait_for
 
 import shmstat
 from shmstat import Aggregation as A
-from shmstat import layout as L
-from shmstat.attach import ensure_init
-from shmstat.segment import Segment
+from shmstat.job.attach import ensure_init
+from shmstat.shm import layout as L
+from shmstat.shm.segment import Segment
 
 HOURS_100 = dt.timedelta(hours=100)
 H100_NS = 100 * 3600 * 10**9
@@ -231,7 +231,7 @@ def test_scanner_refuses_absurd_windows_and_polls_long_ones_without_spinning(job
     """Descriptors with windows of 0, 2**62 ms, one past the longest, and -1 are refused and counted; a valid
     window of the longest length next to a 50 ms one: its full window (in the far future of the wall clock) is
     emitted once, and the next pass for it is due one poll later, never at once."""
-    from collector.scanner import Scanner
+    from collector.read.scanner import Scanner
 
     seg = Segment.open(job, geometry=L.Geometry(max_ranks=2, max_stats=8))
     try:
@@ -271,7 +271,7 @@ def test_scanner_survives_random_banks_of_long_window_slots(job):
     could produce (0: a dead writer's torn bank)."""
     import random
 
-    from collector.scanner import Scanner
+    from collector.read.scanner import Scanner
 
     seg = Segment.open(job, geometry=L.Geometry(max_ranks=2, max_stats=4))
     try:
@@ -301,7 +301,7 @@ def test_scanner_survives_random_banks_of_long_window_slots(job):
 def test_idle_long_window_slots_are_not_read_one_by_one(job):
     """500 long-window slots of a live writer, each with an open window: after the first pass, a poll reads none
     of them one by one; when one fills up (max_samples) or its writer exits, only those are read, and emitted."""
-    from collector.scanner import Scanner
+    from collector.read.scanner import Scanner
 
     n = 500
     seg = Segment.open(job, geometry=L.Geometry(max_ranks=2, max_stats=n))

@@ -8,10 +8,10 @@ import math
 import random
 
 import pytest
+from collector.handlers.api.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
+from collector.handlers.api.dispatch import ThreadedDispatcher
 
-from collector.dispatch import ThreadedDispatcher
-from collector.handlers import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
-from collector.merge import Summary, WindowRow, merge, merge_all
+from collector.read.merge import Summary, WindowRow, merge, merge_all
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

@@ -15,13 +15,12 @@ import sys
 import time
 
 from _procs import REPO
-
-from collector.prom_http import LISTEN_BACKLOG
+from collector.prometheus.exporter.server import LISTEN_BACKLOG
 
 _SERVER = """
 import sys, time
 from prometheus_client import CollectorRegistry, Gauge
-from collector.prom_http import MetricsServer, RenderCache
+from collector.prometheus.server import MetricsServer, RenderCache
 registry = CollectorRegistry(auto_describe=False)
 Gauge("probe", "a probe", registry=registry).set(7)
 server = MetricsServer(RenderCache(registry), "127.0.0.1", 0)

@@ -19,7 +19,7 @@ import pytest
 from _procs import REPO, start_collector
 from _support import unique_job
 
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 _TAKEOVER = "no collector emitted the windows of the workers that exited"
 

@@ -13,10 +13,10 @@ import textwrap
 import pytest
 from _procs import REPO
 
-from shmstat import layout as L
 from shmstat.errors import CapacityError
-from shmstat.rank import RankAttachment
-from shmstat.segment import Segment
+from shmstat.job.rank import RankAttachment
+from shmstat.shm import layout as L
+from shmstat.shm.segment import Segment
 
 
 def _in_small_shm(script: str, size: str = "256k") -> subprocess.CompletedProcess:
@@ -58,7 +58,7 @@ def test_segment_open_on_a_too_small_dev_shm_raises_segment_error_and_leaves_not
         "$PY" - <<'EOF'
         from shmstat import layout as L
         from shmstat.errors import SegmentError
-        from shmstat.segment import Segment
+        from shmstat.shm.segment import Segment
         try:
             Segment.open("noroom", geometry=L.Geometry(max_ranks=64, max_stats=1024))
         except SegmentError as exc:

@@ -12,7 +12,7 @@ import posix_ipc
 from _procs import REPO, start_collector
 
 from shmstat.errors import SegmentError
-from shmstat.runtime import lock_path, runtime_dir
+from shmstat.shm.runtime import lock_path, runtime_dir
 
 
 def test_clean_removes_orphaned_locks_semaphores_and_sockets(job):
@@ -51,7 +51,7 @@ def test_socket_paths_too_long_for_unix_sockets_get_short_names(monkeypatch):
 
     import pytest
 
-    from shmstat.runtime import ingest_endpoint, publish_endpoint
+    from shmstat.shm.runtime import ingest_endpoint, publish_endpoint
 
     short = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
     deep = os.path.join(short, "d" * 50)

@@ -15,8 +15,8 @@ import msgpack
 import pytest
 
 from shmstat import _backend, wire
-from shmstat.backlog import item_bytes
-from shmstat.outbox import KIND_CODES, Outbox, counters_of, new_outbox
+from shmstat.publish.backlog import item_bytes
+from shmstat.publish.outbox import KIND_CODES, Outbox, counters_of, new_outbox
 
 C = _backend.load("c")  # the C twins, whichever backend this process runs
 needs_c = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
@@ -186,7 +186,7 @@ def test_closed_outbox_counts_late_publishes_and_keeps_nothing(backend: str) -> 
 
 @needs_c
 def test_check_data_matches_the_python_check() -> None:
-    from shmstat import events
+    from shmstat.publish import events
 
     rnd = random.Random(7)
     for _ in range(500):
@@ -206,7 +206,7 @@ def test_check_data_matches_the_python_check() -> None:
 def test_logging_event_objects_puts_the_same_bytes_on_both_outboxes(seed: int) -> None:
     import datetime
 
-    from shmstat.events import Event
+    from shmstat.publish.events import Event
 
     rnd = random.Random(seed)
     events = []

@@ -13,8 +13,8 @@ import pytest
 from _procs import REPO, start_collector
 
 from collector import Collector, CollectorConfig
-from shmstat.runtime import publish_endpoint, runtime_dir
-from shmstat.segment import Segment
+from shmstat.shm.runtime import publish_endpoint, runtime_dir
+from shmstat.shm.segment import Segment
 
 
 def _mode(path: str) -> int:

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 import shmstat
 from shmstat import Aggregation as A
 from shmstat import _backend
-from shmstat import layout as L
 from shmstat.histogram import MAX_BUCKETS, MIN_SCALE, Histogram, error_bound, merge_histograms
-from shmstat.segment import Segment
+from shmstat.shm import layout as L
+from shmstat.shm.segment import Segment
 
 QS = (0.5, 0.9, 0.99, 0.999)
 _rng = np.random.default_rng(2026)
@@ -109,7 +109,7 @@ def _write_path(job: str, pure: bool, values: list[float]) -> bytes:
         "t = [1_700_000_000_000_000_000]\n"
         "s = shmstat.Stat('h', [A.P50], 3600.0, clock=lambda: t[0])\n"
         f"for v in {values!r}: s.add(v)\n"
-        "seg = shmstat._state.STATE.attachment.segment\n"
+        "seg = shmstat.job._state.STATE.attachment.segment\n"
         "d = seg.descriptors(0)[0]\n"
         "off = seg.geometry.hist_offset(0, d.hist) + ((t[0] // 3_600_000_000_000) % seg.geometry.banks) * 2240\n"
         "sys.stdout.write(bytes(seg.buf[off:off + 2240]).hex())\n"
@@ -172,7 +172,7 @@ def test_percentile_stats_past_the_table_are_dropped_counted_and_write_nothing(j
     for v in (1.0, 2.0):
         extra.add(v)
     shmstat.Stat("plain", [A.MEAN], 1.0)  # stats without percentiles still fit
-    seg = shmstat._state.STATE.attachment.segment
+    seg = shmstat.job._state.STATE.attachment.segment
     names = [d.name for d in seg.descriptors(0)]
     assert "one-too-many" not in names and "plain" in names and len(stats) == L.DEFAULT_HIST_SLOTS
     assert (seg.rank(0).dropped, seg.rank(0).stats_refused) == (2, 1)
@@ -225,7 +225,7 @@ def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_sampl
 
 
 def test_percentile_keys_in_the_stat_event_and_on_the_stat_stream():
-    from collector.merge import Summary, WindowRow
+    from collector.read.merge import Summary, WindowRow
 
     events = []
     handle = shmstat.register_event_handler(events.append)

@@ -10,13 +10,13 @@ import urllib.error
 import urllib.request
 
 import pytest
+from collector.prometheus.exporter.exporter import PrometheusExporter
+from collector.prometheus.exporter.server import MetricsServer, RenderCache
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.merge import Summary, WindowRow
-from collector.prom_http import MetricsServer, RenderCache
-from collector.prometheus import PrometheusExporter
+from collector.read.merge import Summary, WindowRow
 
 
 class _Source:

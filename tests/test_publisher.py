@@ -17,9 +17,10 @@ import pytest
 import zmq
 from _support import wait_for
 
-from shmstat import _state, wire
+from shmstat import wire
 from shmstat.errors import ConfigError
-from shmstat.publisher import Publisher, PublisherStats, after_fork_in_child
+from shmstat.job import _state
+from shmstat.publish.publisher import Publisher, PublisherStats, after_fork_in_child
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -608,7 +609,7 @@ class _FastPathOnly:
     __slots__ = ("outbox", "started", "starts")
 
     def __init__(self) -> None:
-        from shmstat.outbox import new_outbox
+        from shmstat.publish.outbox import new_outbox
 
         self.outbox = new_outbox(rank=0, pid=1, incarnation=0, batch_max=8, max_items=100, max_bytes=10**6,
                                  max_batch_bytes=10**5, metric_bytes=160)

@@ -15,7 +15,7 @@ from tests_user_handler import Recording
 from collector import Collector, CollectorConfig
 from elastic.metrics import NullMetricHandler
 from shmstat import wire
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 N_EVENTS = 5000
 N_METRICS = 300
@@ -92,7 +92,7 @@ def test_events_and_metrics_of_a_real_rank(monkeypatch, backend) -> None:
 
 
 def test_the_groups_a_metric_topic_may_carry_are_its_prefixes_before_each_slash() -> None:
-    from collector.daemon import _candidate_groups
+    from collector.daemon.collector.collector import _candidate_groups
 
     assert _candidate_groups(b"metric/a/b/c") == ["a", "a/b"]
     assert _candidate_groups(b"metric/g/m") == ["g"]

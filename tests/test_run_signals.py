@@ -16,8 +16,8 @@ import pytest
 from _procs import REPO, read_jsonl
 from _support import unique_job, wait_for
 
-from shmstat.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
-from shmstat.segment import Segment
+from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
+from shmstat.shm.segment import Segment
 
 SCRIPT = os.path.join(REPO, "tests", "scripts", "signal_rank.py")
 

@@ -1,7 +1,7 @@
 """The vectorised scanner against the reference rules of ``SegmentReader.read_slot``, on random segments.
 
 Banks are written directly (random windows around ``now``, random counts, banks a dead or a live writer left
-torn, random watermarks, several window lengths), then one pass of :class:`collector.scanner.Scanner` is
+torn, random watermarks, several window lengths), then one pass of :class:`collector.read.scanner.Scanner` is
 compared with what a slot-by-slot pass through ``read_slot`` gives: the same rows in the same order, the
 same counters and the same new watermarks.
 """
@@ -15,11 +15,11 @@ import struct
 import pytest
 from _support import unique_job
 
-from collector.merge import Summary, WindowRow, merge_all
-from collector.scanner import Scanner
-from shmstat import layout as L
-from shmstat.reader import SegmentReader
-from shmstat.segment import Segment
+from collector.read.merge import Summary, WindowRow, merge_all
+from collector.read.scanner import Scanner
+from shmstat.shm import layout as L
+from shmstat.shm.reader import SegmentReader
+from shmstat.shm.segment import Segment
 
 WINDOWS_MS = (100, 1000)
 

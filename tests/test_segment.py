@@ -8,11 +8,11 @@ import struct
 
 import pytest
 
-from shmstat import layout as L
 from shmstat.errors import CapacityError, ConfigError, LayoutMismatchError, SegmentError
-from shmstat.rank import RankAttachment
-from shmstat.runtime import segment_name, validate_job
-from shmstat.segment import Segment
+from shmstat.job.rank import RankAttachment
+from shmstat.shm import layout as L
+from shmstat.shm.runtime import segment_name, validate_job
+from shmstat.shm.segment import Segment
 
 
 def test_created_owner_only_with_header(job):

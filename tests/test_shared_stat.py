@@ -7,12 +7,12 @@ import random
 
 from _support import MS, FakeClock
 
-from shmstat import layout as L
 from shmstat.aggregation import Aggregation as A
-from shmstat.attach import init, shutdown
-from shmstat.reader import SegmentReader
-from shmstat.segment import Segment
-from shmstat.stat import Stat
+from shmstat.job.attach import init, shutdown
+from shmstat.shm import layout as L
+from shmstat.shm.reader import SegmentReader
+from shmstat.shm.segment import Segment
+from shmstat.writer.stat import Stat
 
 ALL = [A.VALUE, A.MEAN, A.COUNT, A.SUM, A.MAX, A.MIN]
 FAR_FUTURE = 1 << 62

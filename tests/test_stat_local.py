@@ -11,8 +11,8 @@ from _support import FakeClock
 
 from shmstat.aggregation import Aggregation as A
 from shmstat.errors import ConfigError
-from shmstat.events import register_event_handler
-from shmstat.stat import Stat
+from shmstat.publish.events import register_event_handler
+from shmstat.writer.stat import Stat
 
 ALL = [A.VALUE, A.MEAN, A.COUNT, A.SUM, A.MAX, A.MIN]
 

@@ -11,9 +11,7 @@ from _faultkit import Subscriber
 from _procs import read_jsonl, spawn, start_collector
 from _straggler_ref import columns_of
 from _support import wait_for
-
-from collector.merge import Summary, WindowRow
-from collector.straggler import (
+from collector.daemon.collector.straggler import (
     EVENT_TOPICS,
     RECOVERED_EVENT,
     STRAGGLER_EVENT,
@@ -21,6 +19,8 @@ from collector.straggler import (
     StragglerEvent,
     StragglerUpdate,
 )
+
+from collector.read.merge import Summary, WindowRow
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
@@ -282,9 +282,9 @@ def test_four_ranks_one_slowed_the_report_names_it_and_only_it_within_n_plus_1_w
 def test_a_stat_declared_higher_is_better_reaches_the_rows_from_its_descriptor(job):
     """The direction a Stat declares travels through the segment to the rows the detector scores."""
     import shmstat
-    from collector.scanner import Scanner
+    from collector.read.scanner import Scanner
     from shmstat import Aggregation as A
-    from shmstat._state import STATE
+    from shmstat.job._state import STATE
 
     shmstat.init(job, rank=0)
     clock = [1_700_000_000_000_000_000]

@@ -1,4 +1,4 @@
-"""When a segment counts as unused (``collector.sweep.remove_if_dead``, behind ``shmstat clean`` and the node
+"""When a segment counts as unused (``collector.daemon.sweep.remove_if_dead``, behind ``shmstat clean`` and the node
 collector's sweep): a live rank, a collector holding the segment, a process holding the job lock, or a fresh
 segment in which no rank registered yet each keep it; once none is left it goes with its lock file."""
 
@@ -11,11 +11,11 @@ import signal
 from _procs import spawn
 from _support import wait_for
 from _sweep_kit import rank_main
+from collector.daemon.collector.sweep import remove_if_dead
 
-from collector.sweep import remove_if_dead
-from shmstat import layout as L
-from shmstat.runtime import lock_path
-from shmstat.segment import Segment
+from shmstat.shm import layout as L
+from shmstat.shm.runtime import lock_path
+from shmstat.shm.segment import Segment
 
 
 def _gone(job: str) -> bool:

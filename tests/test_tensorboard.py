@@ -1,4 +1,4 @@
-"""Tests of shmstat.tensorboard.TensorboardEventHandler against a writer that records its calls."""
+"""Tests of shmstat.publish.tensorboard.TensorboardEventHandler against a writer that records its calls."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from shmstat.events import STAT_EVENT, Event, log_event, register_event_handler
-from shmstat.tensorboard import TensorboardEventHandler
+from shmstat.publish.events import STAT_EVENT, Event, log_event, register_event_handler
+from shmstat.publish.tensorboard import TensorboardEventHandler
 
 NOW = dt.datetime(2024, 5, 17, 12, 30, 45, 123456)
 

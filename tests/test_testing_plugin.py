@@ -33,7 +33,7 @@ from _support import wait_for
 import shmstat
 import shmstat.testing._ranks
 from shmstat.errors import ConfigError, ShmstatError
-from shmstat.segment import Segment, pid_alive
+from shmstat.shm.segment import Segment, pid_alive
 from shmstat.testing import RanksFailed, ShmstatJob
 
 RANKS_MODULE = os.path.join(REPO, "tests", "_plugin_ranks.py")

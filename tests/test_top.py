@@ -15,14 +15,14 @@ import uuid
 import pytest
 from _procs import REPO
 from _support import MS, FakeClock, wait_for
+from collector.cli.command.top import abbreviate, render, snapshot, window_label
 from rich.console import Console
 
-from collector.top import abbreviate, render, snapshot, window_label
-from shmstat import _state
 from shmstat.aggregation import Aggregation as A
-from shmstat.rank import RankAttachment
-from shmstat.segment import Segment
-from shmstat.stat import Stat
+from shmstat.job import _state
+from shmstat.job.rank import RankAttachment
+from shmstat.shm.segment import Segment
+from shmstat.writer.stat import Stat
 
 WINDOW_MS = 100
 LONG = "a_very_long_stat_name_that_cannot_possibly_fit_in_the_stat_column_of_eighty"

@@ -10,7 +10,7 @@ import pytest
 from _procs import REPO, read_jsonl, start_collector
 from _support import unique_job
 
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 pytest.importorskip("torch.distributed.launcher.api")
 

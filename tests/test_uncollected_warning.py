@@ -11,7 +11,7 @@ from _procs import REPO, start_collector
 from _support import unique_job
 
 from shmstat.errors import ConfigError
-from shmstat.segment import Segment
+from shmstat.shm.segment import Segment
 
 _RANK = """
 import datetime, time, shmstat
@@ -62,7 +62,7 @@ def test_a_rank_with_a_collector_does_not_warn():
 
 
 def test_a_bad_warning_delay_is_one_clear_error(monkeypatch):
-    from shmstat.xpub import unacked_warning_from_env
+    from shmstat.publish.xpub import unacked_warning_from_env
 
     monkeypatch.setenv("SHMSTAT_UNCOLLECTED_WARNING_S", "soon")
     try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import threading
 
-from collector.handlers import JsonlMetricHandler
-from collector.sink_tensorboard import TensorboardMetricHandler
+from collector.handlers.api.api import JsonlMetricHandler
+from collector.handlers.api.tensorboard import TensorboardMetricHandler
+
 from elastic.metrics import MetricHandler, StatMetricData
 
 

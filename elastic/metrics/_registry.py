@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from shmstat._state import STATE
-from shmstat.attach import ensure_init
 from shmstat.errors import ShmstatError
+from shmstat.job._state import STATE
+from shmstat.job.attach import ensure_init
 
 if TYPE_CHECKING:  # pragma: no cover
-    from shmstat.publisher import Publisher
+    from shmstat.publish.publisher import Publisher
 
     from ._handlers import MetricHandler
 
@@ -72,7 +72,7 @@ def reset() -> None:
 def publisher() -> Publisher | None:
     """This rank's publisher, attaching from the environment the first time; None when not attached.
 
-    Attaching happens at most once (then :func:`shmstat.attach.ensure_init` is cached). If it fails (a bad
+    Attaching happens at most once (then :func:`shmstat.job.attach.ensure_init` is cached). If it fails (a bad
     variable, a segment of another layout), the error is logged once and None is returned from then on:
     metrics and events must not raise in a training loop because of the environment.
     """

@@ -8,7 +8,7 @@ What we add: the built-in default handler (in force for every group that was not
 process, and as long as ``configure(handler)`` was not called for the default) behaves like torchelastic's
 :class:`NullMetricHandler` when the process is not attached to a job, and publishes each metric to the
 node's collector (topic ``metric/<group>/<name>``) when it is. The process attaches from the environment
-on the first metric (see :func:`shmstat.attach.ensure_init`), never at import. A handler configured in
+on the first metric (see :func:`shmstat.job.attach.ensure_init`), never at import. A handler configured in
 this process always wins over routing. The collector then dispatches the metric to the handler its own
 configuration gives the group.
 
@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from shmstat._state import STATE
+from shmstat.job._state import STATE
 
 from ._data import MetricData, StatMetricData
 from ._handlers import ConsoleMetricHandler, MetricHandler, NullMetricHandler

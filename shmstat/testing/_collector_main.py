@@ -34,7 +34,7 @@ def _die_with_parent(parent: int) -> None:
 def cleanup(job: str, runtime_dir: str, wait_s: float = 5.0) -> None:
     """Remove ``job``'s segment once no process of its rank table is alive (waiting up to ``wait_s`` for ranks
     that are being killed), then ``runtime_dir``."""
-    from shmstat.segment import Segment
+    from shmstat.shm.segment import Segment
 
     deadline = time.monotonic() + wait_s
     while Segment.unlink_if_unused(job) is False and job in Segment.list_jobs() and time.monotonic() < deadline:

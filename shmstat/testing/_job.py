@@ -156,7 +156,7 @@ class ShmstatJob:
     def attach_here(self, rank: int = 0, world_size: int = 1, **init_kwargs: Any) -> None:
         """Attach the test process itself as ``rank`` of this job (``shmstat.init``; detached again at
         :meth:`close`), for tests of code that logs from the test process."""
-        from ..attach import init
+        from ..job.attach import init
 
         self._saved_runtime_dir = os.environ.get("SHMSTAT_RUNTIME_DIR")
         os.environ["SHMSTAT_RUNTIME_DIR"] = self.runtime_dir
@@ -274,8 +274,8 @@ class ShmstatJob:
         self._closed = True
         for group in self._groups:
             group.kill()
-        from ..attach import shutdown
-        from ..segment import Segment
+        from ..job.attach import shutdown
+        from ..shm.segment import Segment
         from ._collector_main import cleanup
 
         if _attached_job() == self.job:  # detached while the collector still takes what it flushes
@@ -314,7 +314,7 @@ class ShmstatJob:
 
 
 def _attached_job() -> str | None:
-    from .._state import STATE
+    from ..job._state import STATE
 
     att = STATE.attachment
     return att.segment.job if att is not None else None

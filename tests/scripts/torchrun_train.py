@@ -9,7 +9,7 @@ import time
 
 import elastic.metrics as metrics
 import shmstat
-import shmstat._state
+import shmstat.job._state
 from shmstat import Aggregation
 
 rank = int(os.environ["RANK"])
@@ -21,7 +21,7 @@ for i in range(steps):
         time.sleep(0.001)
 shmstat.log_event(shmstat.Event("epoch.done", datetime.datetime.now(), {"rank": rank}))
 metrics.put_metric("loss", 0.5 + rank, "trainer")
-publisher = shmstat._state.STATE.publisher
+publisher = shmstat.job._state.STATE.publisher
 shmstat.shutdown(flush_timeout_s=20)
 sent, dropped = publisher.stats().sent_items, publisher.stats().dropped
 out = os.path.join(os.environ["OUT_DIR"], f"{os.environ['TORCHELASTIC_RUN_ID']}.r{rank}.json")

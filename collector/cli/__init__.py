@@ -1,0 +1,15 @@
+"""The ``shmstat`` command line: the parser and its subcommands (``main``, the console script's entry point).
+
+- :mod:`~collector.cli.command`: ``main`` and the subcommands; :mod:`~collector.cli.options`: the collector's
+  options shared by ``collect`` and ``run``;
+- :mod:`~collector.cli.launcher`: ``shmstat run``, the per-node agent (ending a worker group:
+  :mod:`~collector.cli.stopping`);
+- :mod:`~collector.cli.subscribe`, :mod:`~collector.cli.top` (shown by :mod:`~collector.cli.top_live`),
+  :mod:`~collector.cli.admin` (``ls``, ``clean``) and :mod:`~collector.cli.demo`: the other commands.
+"""
+
+from __future__ import annotations
+
+from .command import COMMANDS, main
+
+__all__ = ["COMMANDS", "main"]

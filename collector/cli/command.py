@@ -1,0 +1,166 @@
+"""The ``shmstat`` command line: collect, run, subscribe, top, ls, clean, demo.
+
+User mistakes print one line on stderr and exit with status 2; nothing prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from shmstat.errors import ConfigError, ShmstatError
+
+from .options import add_collector_options, collector_config
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the collector does")
+    p.add_argument("--version", action="version", version=f"shmstat {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbose = argparse.ArgumentParser(add_help=False)  # -v after the command too
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log what the collector does")
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, parents=[verbose], help=about)
+        c.set_defaults(run=run)
+        return c
+
+    c = command("collect", _collect, "run the per-node collector for a job")
+    c.add_argument("--job", action="append", default=[],
+                   help="collect only this job (repeatable); without --job, every job of this user on this node")
+    add_collector_options(c)
+
+    r = command("run", _run, "start a collector and N ranks of a script, like torchrun")
+    r.add_argument("--job", default=None, help="job id (default: a fresh one)")
+    r.add_argument("--nproc-per-node", type=int, required=True)
+    r.add_argument("--max-restarts", type=int, default=0)
+    r.add_argument("--monitor-interval", type=float, default=0.1, help="seconds between checks of the ranks")
+    r.add_argument("--role", default="default")
+    r.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this long "
+                        "each (default 10)")
+    add_collector_options(r)
+    r.add_argument("script")
+    r.add_argument("script_args", nargs=argparse.REMAINDER)
+
+    s = command("subscribe", _subscribe, "print every message of one or more collectors as JSON lines")
+    s.add_argument("endpoints", nargs="*", metavar="ENDPOINT")
+    s.add_argument("--job", action="append", default=[], help="subscribe to this job's collector on this node")
+    s.add_argument("--topic", action="append", default=[], metavar="PREFIX", help="only topics with this prefix")
+    s.add_argument("--count", type=int, default=None, help="exit after N messages")
+    s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
+
+    t = command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers")
+    t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
+    t.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
+    t.add_argument("--sort", default="name", metavar="KEY",
+                   help="name, or count, mean, p99, spread (descending); default name")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+
+    command("ls", _ls, "list the shmstat segments of this node")
+    k = command("clean", _clean, "remove segments of jobs with no live process")
+    k.add_argument("job", nargs="?", default=None)
+
+    d = command("demo", _demo, "a demo job: a collector and a few ranks, printing aggregated windows")
+    d.add_argument("--ranks", type=int, default=3)
+    d.add_argument("--seconds", type=float, default=3.0)
+    d.add_argument("--window-ms", type=int, default=500)
+    return p
+
+
+def _version() -> str:
+    from shmstat import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``shmstat`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return int(args.run(args))
+    except ShmstatError as exc:
+        print(f"shmstat: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from ..daemon.collector import Collector
+
+    if len(args.job) == 1:
+        collector = Collector(collector_config(args, args.job[0]))
+        status = collector.run()
+        kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
+        if kept:
+            print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
+        return status
+    from shmstat.shm.runtime import validate_job
+
+    from ..daemon.node import NodeCollector
+
+    jobs = [validate_job(j) for j in args.job] or None
+    for flag, value in (("--publish", args.publish), ("--ready-file", args.ready_file)):
+        if value is not None:
+            raise ConfigError(f"{flag} names one job's endpoints, but each job of a node collector has its own "
+                              "(collect one job with --job JOB, or subscribe with: shmstat subscribe --job JOB)")
+    return NodeCollector(collector_config(args, ""), jobs=jobs).run()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .launcher import run_job
+
+    return run_job(args)
+
+
+def _subscribe(args: argparse.Namespace) -> int:
+    from shmstat.shm.runtime import publish_endpoint
+
+    from .subscribe import subscribe
+
+    endpoints = [*args.endpoints, *(publish_endpoint(job) for job in args.job)]
+    if not endpoints:
+        raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
+    return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
+
+
+def _top(args: argparse.Namespace) -> int:
+    from .top_live import run_top
+
+    return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
+                   iterations=args.iterations)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .admin import list_segments
+
+    return list_segments()
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from .admin import clean
+
+    return clean(args.job)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import demo
+
+    return demo(ranks=args.ranks, seconds=args.seconds, window_ms=args.window_ms)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

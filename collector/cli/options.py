@@ -1,0 +1,200 @@
+"""The collector's command-line options, shared by ``shmstat collect`` and ``shmstat run``, and the
+:class:`CollectorConfig` they make (checked here: a bad option is one sentence, exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+from urllib.parse import urlsplit
+
+from shmstat.errors import ConfigError
+from shmstat.shm.layout import (
+    MAX_GRACE_MS,
+    Geometry,
+)
+
+from ..daemon.config import CollectorConfig
+from ..daemon.straggler import MAX_WINDOWS
+from ..handlers.api import parse_handler_args
+
+__all__ = ["TUNED", "Tuned", "add_collector_options", "collector_config", "config_default", "geometry_from"]
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A command-line option that sets one :class:`CollectorConfig` field: its default and the default its help
+    shows are the field's (``config value = option value * scale``)."""
+
+    flag: str
+    field: str
+    type: type
+    help: str
+    metavar: str | None = None
+    scale: int = 1
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed arguments."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def default(self) -> Any:
+        """The option's default: the config field's, in the option's unit."""
+        value = config_default(self.field)
+        return value if self.scale == 1 else self.type(value / self.scale)
+
+    def to_config(self, value: Any) -> Any:
+        """The config field's value for the option's ``value``."""
+        return value if self.scale == 1 else type(config_default(self.field))(value * self.scale)
+
+
+TUNED: tuple[Tuned, ...] = (
+    Tuned("--grace-ms", "grace_ms", int, f"wait this long after a window ends before reading it (at most "
+                                         f"{MAX_GRACE_MS})"),
+    Tuned("--publish-buffer-mb", "publish_buffer_bytes", float,
+          "MiB queued per subscriber before a slow one loses messages", scale=1 << 20),
+    Tuned("--handler-queue", "handler_queue", int, "rows queued per handler before a slow one loses rows, counted"),
+    Tuned("--hold-ms", "hold_ms", int, "at start-up, hold the ranks' events up to this long for subscribers to "
+                                       "reconnect"),
+    Tuned("--status-interval", "status_interval_s", float, "seconds between status lines on stderr: ranks alive, "
+                                                          "windows emitted, events relayed, drops; 0 = none"),
+    Tuned("--straggler-threshold", "straggler_threshold", float,
+          "a rank scoring under this against the node's median is slow in that window (median / its figure for a "
+          "time; between 0 and 1)", metavar="SCORE"),
+    Tuned("--straggler-windows", "straggler_windows", int,
+          f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
+          metavar="N"),
+)
+"""The options that tune a collector, each tied to the :class:`CollectorConfig` field it sets."""
+
+
+def config_default(name: str) -> Any:
+    """The default of :class:`CollectorConfig`'s field ``name`` (the one source of the collector's defaults)."""
+    f = {f.name: f for f in fields(CollectorConfig)}[name]
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def add_collector_options(p: argparse.ArgumentParser) -> None:
+    """Add the options every command that runs a collector takes; defaults come from :class:`CollectorConfig`
+    (and :class:`shmstat.shm.layout.Geometry` for capacities)."""
+    p.add_argument("--publish", default=config_default("publish"), metavar="ENDPOINT",
+                   help="XPUB endpoint for subscribers (default: an ipc:// socket in your owner-only runtime "
+                        "directory; a tcp:// endpoint is readable by every local user)")
+    p.add_argument("--allow-remote-publish", action="store_true",
+                   help="allow --publish on an address other than loopback (anyone who reaches it reads every "
+                        "stream)")
+    p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
+                   help="handler for a metric group: compact, console, null, jsonl:PATH, tensorboard:DIR, "
+                        "otlp:ENDPOINT, pkg.module:Class[,key=value...]; GROUP * = default (default: compact, one "
+                        "line per merged window; put metrics and @prof calls of a group only with GROUP=console)")
+    for t in TUNED:
+        default = t.default()
+        p.add_argument(t.flag, type=t.type, default=default, metavar=t.metavar,
+                       help=f"{t.help} (default {_shown(default)})")
+    p.add_argument("--prometheus", default=config_default("prometheus"), metavar="HOST:PORT",
+                   help="serve /metrics for Prometheus here (e.g. 127.0.0.1:9464; port 0 picks a free one)")
+    p.add_argument("--prometheus-node", default=config_default("prometheus_node"), metavar="NAME",
+                   help="the node label of the Prometheus series (default: this host's name)")
+    p.add_argument("--prometheus-sd", default=config_default("prometheus_sd"), metavar="FILE",
+                   help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit)")
+    p.add_argument("--ready-file", default=config_default("ready_file"), metavar="FILE",
+                   help="once serving, write the collector's endpoints here as JSON (job, pid, ingest, publish, "
+                        "prometheus), for the program that started it")
+    for flag, field_name in _CAPACITIES:
+        p.add_argument(flag, type=int, default=None,
+                       help=f"{_CAPACITY_HELP[field_name]} (default {getattr(Geometry(), field_name)})")
+
+
+_CAPACITIES = (("--max-ranks", "max_ranks"), ("--max-stats", "max_stats"), ("--banks", "banks"),
+               ("--max-percentile-stats", "hist_slots"))
+_CAPACITY_HELP = {"max_ranks": "segment capacity", "max_stats": "stats per rank", "banks": "windows kept per stat",
+                  "hist_slots": "stats per rank that may keep P50/P90/P99/P999"}
+_CAPACITY_RANGE = {"max_ranks": (1, 4096), "max_stats": (1, 65536), "banks": (3, 64), "hist_slots": (0, 65536)}
+
+
+def geometry_from(args: argparse.Namespace) -> Geometry | None:
+    """The capacities asked for on the command line (the others :class:`Geometry`'s defaults), or None to accept
+    an existing segment's."""
+    asked = {name: getattr(args, flag.lstrip("-").replace("-", "_"), None) for flag, name in _CAPACITIES}
+    if all(value is None for value in asked.values()):
+        return None
+    for flag, name in _CAPACITIES:
+        low, high = _CAPACITY_RANGE[name]
+        value = asked[name]
+        if value is not None and not low <= value <= high:
+            raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
+    return Geometry(**{name: value for name, value in asked.items() if value is not None})
+
+
+def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
+    """The :class:`CollectorConfig` of the parsed options; raises :class:`ConfigError` for a bad one."""
+    if not 0 <= args.grace_ms <= MAX_GRACE_MS:
+        raise ConfigError(f"--grace-ms must be between 0 and {MAX_GRACE_MS}, got {args.grace_ms}")
+    for flag, value in (("--hold-ms", args.hold_ms), ("--status-interval", args.status_interval)):
+        if value < 0:
+            raise ConfigError(f"{flag} must not be negative, got {value}")
+    if not 1 <= args.publish_buffer_mb <= 1 << 20:
+        raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
+    if not 1 <= args.handler_queue <= 100_000_000:
+        raise ConfigError(f"--handler-queue must be between 1 and 100000000, got {args.handler_queue}")
+    if not 0 < args.straggler_threshold < 1:
+        raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
+    if not 1 <= args.straggler_windows <= MAX_WINDOWS:
+        raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
+    if args.publish is not None:
+        _check_publish(args.publish, args.allow_remote_publish)
+    return CollectorConfig(
+        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), geometry=geometry_from(args),
+        prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
+        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus), ready_file=args.ready_file,
+        **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
+    )
+
+
+def _checked_listen(listen: str | None) -> str | None:
+    if listen is not None:
+        from ..prometheus.exporter import parse_listen
+
+        parse_listen(listen)
+    return listen
+
+
+def _checked_sd(path: str | None, listen: str | None) -> str | None:
+    if path is not None and listen is None:
+        raise ConfigError("--prometheus-sd needs --prometheus HOST:PORT (the endpoint it names)")
+    return path
+
+
+def _check_publish(endpoint: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback TCP endpoint unless asked for; warn that TCP is readable by every local user."""
+    scheme = endpoint.partition("://")[0]
+    if scheme == "ipc":
+        return
+    if scheme != "tcp":
+        raise ConfigError(f"--publish {endpoint!r} is not an ipc:// or tcp:// endpoint")
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is None or port < 0:
+        raise ConfigError(f"--publish {endpoint!r} needs a port from 0 (any free one) to 65535")
+    host = parts.hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"--publish {endpoint!r} is not on loopback; add --allow-remote-publish if every host that reaches it "
+            "may read every stream"
+        )
+    print(f"shmstat: warning: --publish {endpoint} is a TCP endpoint: any local user"
+          f"{'' if loopback else ' and any host that reaches it'} can subscribe and read every event and stat "
+          "(the default ipc:// endpoint is owner-only)", file=sys.stderr, flush=True)

@@ -1,0 +1,115 @@
+"""The ``shmstat top`` command: frames of :mod:`collector.cli.top` refreshed in place (``rich.live.Live``, on the
+terminal's alternate screen), or printed one after the other when stdout is not a terminal, or one (``--once``).
+
+Segments are only looked at: opened with ``create=False, wait=False`` (never waiting for a job's lock, never
+creating anything), re-listed every frame when no job is named so jobs that start or end come and go. Only this
+user's segments are listed: entries of ``/dev/shm`` that are another user's, or not segments at all (a
+directory, a FIFO, a link), are left out silently (a line per frame would be noise; ``shmstat ls`` names them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.live import Live
+
+from shmstat.errors import ConfigError, ShmstatError
+from shmstat.shm.reader import SegmentReader
+from shmstat.shm.runtime import validate_job
+from shmstat.shm.segment import Segment
+
+from .top import SORTS, TopSnapshot, render, snapshot
+
+__all__ = ["run_top"]
+
+
+def _check(stat: str | None, sort: str, interval_s: float, iterations: int | None) -> None:
+    if not 0 < interval_s <= 3600:
+        raise ConfigError(f"--interval must be more than 0 and at most 3600 seconds, got {interval_s:g}")
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
+    if sort not in SORTS:
+        raise ConfigError(f"--sort must be one of {', '.join(SORTS)}, got {sort!r}")
+    if stat is not None and ("/" not in stat or stat.startswith("/") or stat.endswith("/")):
+        raise ConfigError(f"--stat takes GROUP/NAME (as the stats table shows it), got {stat!r}")
+
+
+class _Segments:
+    """The segments a frame reads: one named job, or every job of this user on the node (re-listed)."""
+
+    def __init__(self, job: str | None) -> None:
+        self.job = job
+        self.open: dict[str, SegmentReader] = {}
+        """One reader per job, kept across frames (so a garbage entry is warned about once, not every frame)."""
+        if job is not None:
+            validate_job(job)
+            seg = Segment.open(job, create=False, wait=False)  # a missing job: one sentence, exit 2
+            self.open[job] = SegmentReader(seg)
+
+    def current(self) -> list[Segment | SegmentReader]:
+        """The segments to show now (a named job's stays mapped even once its file is removed)."""
+        if self.job is None:
+            listed = Segment.list_jobs()  # this user's segments only: another user's entries are left out
+            for gone in set(self.open) - set(listed):
+                self.open.pop(gone).segment.close()
+            for j in listed:
+                if j not in self.open:
+                    try:
+                        self.open[j] = SegmentReader(Segment.open(j, create=False, wait=False))
+                    except (ShmstatError, OSError, ValueError):
+                        continue  # another user's, half-made or foreign: not shown
+        return [self.open[j] for j in sorted(self.open)]
+
+    def close(self) -> None:
+        for reader in self.open.values():
+            with contextlib.suppress(Exception):
+                reader.segment.close()
+        self.open.clear()
+
+
+def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "name", interval_s: float = 1.0,
+            once: bool = False, iterations: int | None = None, console: Console | None = None,
+            clock: Callable[[], int] = time.time_ns) -> int:
+    """Show ``shmstat top`` until Ctrl-C (exit status 0), for ``iterations`` frames, or one frame (``once``).
+
+    ``job`` None shows every job of this user on the node; ``stat`` (``GROUP/NAME``) switches to the per-rank
+    view of that stat. Raises :class:`ConfigError` / :class:`SegmentError` for a bad option or a missing job.
+    """
+    _check(stat, sort, interval_s, iterations)
+    view = "stats" if stat is None else "ranks"
+    console = console or Console()
+    segments = _Segments(job)
+
+    def frame(height: int | None) -> object:
+        snap: TopSnapshot = snapshot(segments.current(), clock())
+        return render(snap, view=view, stat=stat, sort=sort, width=console.width, height=height)
+
+    try:
+        if once:
+            console.print(frame(None))
+            return 0
+        if not console.is_terminal:  # piped: frames one after the other, no escape codes
+            n = 0
+            while True:
+                console.print(frame(None))
+                n += 1
+                if iterations is not None and n >= iterations:
+                    return 0
+                console.print()
+                time.sleep(interval_s)
+        with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+                  redirect_stderr=False) as live:
+            n = 0
+            while True:
+                live.update(frame(console.height), refresh=True)
+                n += 1
+                if iterations is not None and n >= iterations:
+                    return 0
+                time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        segments.close()

@@ -1,0 +1,15 @@
+"""The collector processes: the loop serving one job, and the node collector serving every job of a node.
+
+- :mod:`~collector.daemon.collector`: ``Collector``, one loop that scans, relays, watches ranks and dispatches
+  (one pass in :mod:`~collector.daemon.passes`), configured by :mod:`~collector.daemon.config`;
+- :mod:`~collector.daemon.liveness`: which ranks joined, exited or died, and what each costs;
+- :mod:`~collector.daemon.straggler`: how each rank compares with the node, per window;
+- :mod:`~collector.daemon.node`: ``NodeCollector``, one process for every job of this user on this node, which
+  removes unused segments (:mod:`~collector.daemon.sweep`).
+
+The modules are imported by name; ``Collector`` and ``CollectorConfig`` are re-exported by :mod:`collector`.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,434 @@
+"""The per-node collector: one loop that scans windows, relays messages, watches ranks and dispatches.
+
+Arbiter-style: signal handlers only set a flag; :meth:`Collector.step` does one round of work and is what
+tests drive with an injected clock. Only one collector serves a job on a node, whoever's runtime directory it
+uses: it holds an exclusive ``flock`` on the job's segment file itself for its whole life (released by the
+kernel if it dies), and a second one exits naming the first's pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from typing import IO
+
+import zmq
+
+from elastic.metrics import MetricData, MetricHandler, StatMetricData
+from shmstat import wire
+from shmstat.errors import CollectorError, WireError
+from shmstat.shm.layout import RankState
+from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
+from shmstat.shm.segment import Segment, pid_alive
+
+from ..handlers.compact import status_line
+from ..handlers.dispatch import ThreadedDispatcher
+from ..prometheus.exporter import PrometheusExporter, start_exporter
+from ..read.scanner import Scanner
+from ..wire.intake import Received
+from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
+from .liveness import Lifecycle, Liveness
+from .passes import emit_scan
+from .straggler import StragglerDetector
+
+__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
+
+
+_log = logging.getLogger("shmstat.collector")
+
+
+class Collector:
+    """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
+    :meth:`close`. Raises :class:`CollectorError` if another collector serves the job."""
+
+    def __init__(
+        self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
+        out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
+        exporter: PrometheusExporter | None = None,
+    ) -> None:
+        validate_job(config.job)
+        self.config = config
+        self.clock = config.clock
+        self.out = out if out is not None else sys.stdout
+        self.stop_requested = threading.Event()
+        self._lock_fd: int | None = None
+        self.segment: Segment | None = None
+        self.relay = None
+        self.exporter = exporter
+        self._owns_exporter = False
+        try:
+            self._owns_dispatcher = dispatcher is None
+            self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
+            self.segment = Segment.open(config.job, geometry=config.geometry)
+            self._lock_fd = _take_instance_lock(self.segment)
+            self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
+            self.liveness = Liveness(self.segment)
+            self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
+                                                windows=config.straggler_windows)
+            from ..wire.relay import MAX_MESSAGE_BYTES, Relay
+
+            self.relay = Relay(config.ingest or ingest_endpoint(config.job),
+                               config.publish or publish_endpoint(config.job),
+                               sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES))
+            self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
+            if self.exporter is None and config.prometheus:
+                self.exporter = start_exporter(config, self.out)
+                self._owns_exporter = True
+        except BaseException:
+            self._release()
+            raise
+        self.windows_emitted = 0
+        self.rows_emitted = 0
+        self.overwritten = 0
+        self.torn = 0
+        self.lifecycle: list[Lifecycle] = []
+        self.emitted_everything = False
+        """Set by :meth:`shutdown` once no rank was alive and every window holding data was emitted."""
+        self.not_emitted = ""
+        """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
+        self._next_usage = 0.0
+        self._next_status = time.monotonic() + config.status_interval_s
+        self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
+        self.segment.set_collector(os.getpid(), self.clock())
+        self.poller = zmq.Poller()
+        self.poller.register(self.relay.xsub, zmq.POLLIN)
+        self._hold_until = time.monotonic() + config.hold_ms / 1000
+        self._release_hold()
+        if self.exporter is not None:
+            self.exporter.add_job(config.job, self.counters)
+
+    @property
+    def publish_endpoint(self) -> str:
+        """The XPUB endpoint subscribers connect to (the real port when bound to port 0)."""
+        assert self.relay is not None
+        return self.relay.publish_endpoint
+
+    @property
+    def ingest_endpoint(self) -> str:
+        """The ipc endpoint ranks publish to."""
+        assert self.relay is not None
+        return self.relay.ingest_endpoint
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM (or :meth:`request_stop`), then emit what is held and return 0."""
+        self._install_signals()
+        print(
+            f"shmstat collector: job {self.config.job} pid {os.getpid()} ingest {self.ingest_endpoint} "
+            f"publish {self.publish_endpoint}",
+            file=self.out, flush=True,
+        )
+        try:
+            self.write_ready_file()
+        except BaseException:
+            self.shutdown()
+            raise
+        try:
+            self.serve()
+        finally:
+            if self.config.ready_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.config.ready_file)
+        if self.config.status_interval_s > 0:
+            self.print_status([])
+        return 0
+
+    def write_ready_file(self) -> None:
+        """Write ``config.ready_file``, if set: ``{"job", "pid", "ingest", "publish", "prometheus"}`` as JSON
+        (``prometheus`` the scrape URL or null), how the program that started the collector learns where it
+        serves without reading its output."""
+        if self.config.ready_file is not None:
+            url = self.exporter.url if self.exporter is not None else None
+            write_ready_file(self.config.ready_file, {
+                "job": self.config.job, "pid": os.getpid(), "ingest": self.ingest_endpoint,
+                "publish": self.publish_endpoint, "prometheus": url})
+
+    def serve(self) -> None:
+        """Loop until :meth:`request_stop`, then :meth:`shutdown` (no signal handling: usable in a thread). One
+        step runs whatever happens, so a collector stopped as soon as it started still reports its counters once."""
+        try:
+            self.step(0)
+            while not self.stop_requested.is_set():
+                self.step(self._poll_timeout_ms())
+        finally:
+            self.shutdown()
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to finish its round, flush and return (safe from a signal handler)."""
+        self.stop_requested.set()
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda _s, _f: self.stop_requested.set())
+
+    def _release_hold(self) -> None:
+        assert self.relay is not None
+        self.relay.update_subscriptions()
+        if self.relay.prefixes or time.monotonic() >= self._hold_until:
+            self.relay.subscribe_ranks()
+
+    def _poll_timeout_ms(self) -> int:
+        assert self.relay is not None
+        if not self.relay.ranks_subscribed:  # watch for the first subscriber
+            return 10
+        due = self.scanner.next_due_ns()
+        if due is None:
+            return 20
+        wait_ms = (due - self.clock()) / 1e6
+        return int(min(50.0, max(0.0, wait_ms)))
+
+    def step(self, poll_timeout_ms: int = 0) -> None:
+        """One round: wait up to ``poll_timeout_ms`` for messages, relay them, then scan and watch ranks."""
+        assert self.relay is not None and self.segment is not None
+        if not self.relay.ranks_subscribed:
+            self._release_hold()
+        if poll_timeout_ms > 0:
+            self.poller.poll(poll_timeout_ms)
+        for msg in self.relay.receive():
+            if msg.kind == "metric":
+                self._dispatch_put_metrics(msg)
+        self._drain_submitted()
+        now = self.clock()
+        ranks = self.scanner.refresh()
+        for change in self.liveness.poll(ranks):
+            self._lifecycle(change)
+        if self.scanner.due(now):
+            self._emit_scan(now, final=False)
+        mono = time.monotonic()
+        if mono >= self._next_usage:
+            self._next_usage = mono + self.config.usage_interval_s
+            self._emit_usage(now, ranks)
+        if self.config.status_interval_s > 0 and mono >= self._next_status:
+            self._next_status = mono + self.config.status_interval_s
+            self.print_status(ranks)
+        self.segment.set_collector(os.getpid(), now)
+
+    def shutdown(self) -> None:
+        """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
+        alive, every window that holds data), flush handlers, release everything."""
+        if self.relay is None:
+            return
+        try:
+            self._drain_ingest()
+            self._drain_submitted()
+            now = self.clock()
+            for change in self.liveness.poll(self.scanner.refresh()):
+                self._lifecycle(change)
+            # A live rank still adds to its open windows: they stay in the ring for the next collector (emitting
+            # them now would commit their watermark and lose every sample added after this moment).
+            ranks = self.scanner.refresh()
+            live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
+            self._emit_scan(now, final=not live)
+            self._emit_usage(now, ranks)  # the final counters, however short the run was
+            self.emitted_everything = not live
+            if live:
+                self.not_emitted = (f"the open windows of rank{'s' if len(live) > 1 else ''} "
+                                    f"{', '.join(map(str, live))}, still running")
+        except Exception as exc:  # whatever happens, the sockets and files below are released
+            self.not_emitted = f"the last pass, which failed ({exc!r})"
+        if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
+            try:
+                self.dispatcher.close()
+            except Exception as exc:
+                self.emitted_everything = False
+                self.not_emitted = f"rows queued for handlers, which failed to close ({exc!r})"
+        if self.segment is not None:
+            with contextlib.suppress(Exception):  # -1: windows left for the next collector (ranks keep the segment)
+                self.segment.set_collector(0 if self.emitted_everything else -1, self.clock())
+        self._release()
+
+    def finish(self) -> str:
+        """After :meth:`shutdown`: remove the job's segment and lock file if every window was emitted and no
+        process of the job's rank table lives (``shmstat run`` and ``shmstat collect --job`` call it on every
+        exit); returns "" then, otherwise one line saying what was kept, why, and how to look and clean."""
+        job = self.config.job
+        how = f"(inspect: shmstat top --job {job}; remove: shmstat clean {job})"
+        if not self.emitted_everything:
+            return f"job {job}'s segment kept: {self.not_emitted or 'not every window was emitted'} {how}"
+        if not os.path.exists("/dev/shm" + segment_name(job)):
+            Segment.unlink(job)  # the lock file alone (its last rank may have removed the segment)
+            return ""
+        if Segment.unlink_if_unused(job):
+            return ""
+        return f"job {job}'s segment kept: a process of the job started or is still running {how}"
+
+    def _drain_ingest(self) -> None:
+        """The hand-over (:meth:`Relay.hand_over`): the ranks' last messages, put metrics dispatched."""
+        assert self.relay is not None
+
+        def live_ranks() -> set[tuple[int, int, int]]:
+            return {(r.rank, r.pid, r.incarnation) for r in self.scanner.refresh()
+                    if r.state == RankState.ACTIVE and pid_alive(r.pid)}
+
+        for msg in self.relay.hand_over(live_ranks):
+            if msg.kind == "metric":
+                self._dispatch_put_metrics(msg)
+
+    def close(self) -> None:
+        """Same as :meth:`shutdown` (idempotent)."""
+        self.shutdown()
+
+    def wait_handlers(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every handler has taken the rows dispatched so far (handlers run in threads of their own);
+        False on timeout (a stuck handler)."""
+        return self.dispatcher.wait(timeout_s)
+
+    def _release(self) -> None:
+        if self._owns_exporter and self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- submissions from other threads of this process (the launcher's agent) ------------------------------
+    def submit_metric(self, metric: MetricData) -> None:
+        """Queue a metric made in this process (thread-safe); dispatched and published by the loop."""
+        self._submitted.append(metric)
+
+    def submit_event(self, name: str, data: dict[str, str | int | float | bool]) -> None:
+        """Queue an event made in this process (thread-safe); published on ``event/<name>`` by the loop."""
+        self._submitted.append((name, time.time_ns(), dict(data)))
+
+    def _drain_submitted(self) -> None:
+        assert self.relay is not None
+        while self._submitted:
+            item = self._submitted.popleft()
+            if isinstance(item, MetricData):
+                if not self.dispatcher.discards_points(item.group_name):
+                    self.dispatcher.emit_points(item.group_name, [item])
+                topic = wire.metric_topic(item.group_name, item.name)
+                self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
+            elif isinstance(item, tuple):
+                self.relay.publish(wire.event_topic(item[0]), "event", [list(item)])
+
+    # -- emission -------------------------------------------------------------------------------------------
+    def _emit_scan(self, now: int, *, final: bool) -> None:
+        counts = emit_scan(self, now, final=final)  # collector/passes.py
+        self.windows_emitted += counts.windows
+        self.rows_emitted += counts.rows
+        self.overwritten += counts.overwritten
+        self.torn += counts.torn
+
+    def _dispatch_put_metrics(self, msg: Received) -> None:
+        discards, exporter = self.dispatcher.discards_points, self.exporter
+        if exporter is None and all(map(discards, _candidate_groups(msg.raw_topic))):
+            return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
+        try:
+            items = msg.items
+        except WireError:  # the C check let through what decode refuses (a bug): count it, never stop
+            self.relay_counters.rejected += 1
+            _log.error("a metric message on %r passed the intake check but not wire.decode", msg.topic)
+            return
+        for group, name, value, ts in items:
+            point = _point(float(ts), group, name, value, msg.rank, self.config.job)
+            if exporter is not None:
+                exporter.observe_metric(self.config.job, point, msg.rank)
+            if not discards(group):
+                self.dispatcher.emit_points(group, [point])
+
+    def _lifecycle(self, change: Lifecycle) -> None:
+        self.lifecycle.append(change)
+        assert self.relay is not None
+        self.relay.publish(wire.rank_topic(change.state), "rank", [change.to_wire()])
+        _log.info("rank %d (pid %d, incarnation %d) %s", change.rank, change.pid, change.incarnation, change.state)
+
+    def _emit_usage(self, now: int, ranks: list) -> None:
+        ts = now / 1e9
+        rows: list[MetricData] = []
+        for u in self.liveness.usage(ranks):
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank, self.config.job))
+            rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank, self.config.job))
+        cpu_s, rss = Liveness.self_usage()
+        assert self.relay is not None
+        figures = {**self.counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
+        figures.update({f"handler_dropped.{g}": n for g, n in self.dispatcher.dropped_by_group.items()})
+        for name, value in figures.items():
+            rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, self.config.job))
+        items = []
+        self.dispatcher.emit_points(PLATFORM_GROUP, rows)
+        for md in rows:
+            items.append({"group": md.group_name, "name": md.name, "value": md.value,
+                          "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
+        self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+    def print_status(self, ranks: list | None = None) -> None:
+        """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
+        scanner last read them (None: none alive, as after :meth:`shutdown`)."""
+        alive = sum(1 for r in ranks or () if r.state_name == "active" and not r.is_writer)
+        print(status_line(self.counters(), ranks_alive=alive, job=self.config.job), file=sys.stderr, flush=True)
+
+    def counters(self) -> dict[str, int]:
+        """The collector's own counters (also emitted in the platform group)."""
+        c = self.relay_counters
+        return {
+            "windows_emitted": self.windows_emitted, "rows_emitted": self.rows_emitted,
+            "events_relayed": c.events, "metrics_relayed": c.metrics,
+            "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+            "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
+            "windows_overwritten": self.overwritten,
+            "windows_torn": self.torn,
+            "ranks_refused": self.scanner.reader.bad_ranks,
+            "descriptors_refused": self.scanner.reader.bad_descriptors,
+            **self._drop_counters(),
+        }
+
+    def _drop_counters(self) -> dict[str, int]:
+        """What the job's processes could not write (read from the segment: header and rank entries)."""
+        seg = self.segment
+        if seg is None:
+            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+        try:
+            h = seg.header()
+            ranks = seg.ranks()
+        except (ValueError, TypeError):  # released at shutdown
+            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+        return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
+                "no_room_workers": sum(r.writers_refused for r in ranks),
+                "no_room_stats": sum(r.stats_refused for r in ranks)}
+
+
+def _candidate_groups(topic: bytes) -> list[str]:
+    """Every group a valid ``metric/<group>/<name>`` message on ``topic`` may carry: each item's group is the
+    part of the topic before one of its slashes (group and name may both hold slashes)."""
+    rest = bytes(topic)[len(b"metric/"):].decode("utf-8")
+    return [rest[:i] for i, ch in enumerate(rest) if ch == "/"]
+
+
+def _point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:
+    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank and job."""
+    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None,  # type: ignore[arg-type]
+                          job=job)
+
+
+def _take_instance_lock(segment: Segment) -> int:
+    """An exclusive ``flock`` on the segment file itself, held for the collector's life: the check that one
+    collector serves the job does not depend on anyone's runtime directory."""
+    path = "/dev/shm" + segment_name(segment.job)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = segment.header().collector_pid
+        holder = holder if holder > 0 else "?"
+        raise CollectorError(
+            f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
+        ) from None
+    return fd

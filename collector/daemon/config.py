@@ -1,0 +1,98 @@
+"""What a collector is configured with (:class:`CollectorConfig`), the name of its own metric group, and the
+handlers a configuration asks for (:func:`build_dispatcher`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from elastic.metrics import MetricHandler
+from shmstat.errors import ConfigError
+from shmstat.shm.layout import Geometry
+
+from ..handlers.api import Dispatcher
+from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
+from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
+
+__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "write_ready_file"]
+
+PLATFORM_GROUP = "shmstat"
+"""The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
+``torchelastic``."""
+
+
+@dataclass
+class CollectorConfig:
+    """Everything a collector needs; defaults are what ``shmstat collect --job JOB`` uses."""
+
+    job: str
+    publish: str | None = None
+    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
+    handlers: dict[str, str] = field(default_factory=dict)
+    """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
+    window)."""
+    grace_ms: int = 20
+    usage_interval_s: float = 1.0
+    status_interval_s: float = 10.0
+    """Seconds between one-line status reports on stderr (:func:`collector.handlers.compact.status_line`; 0: none)."""
+    publish_buffer_bytes: int = 256 * 1024 * 1024
+    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
+    gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``
+    messages, each of at most :data:`collector.wire.relay.MAX_MESSAGE_BYTES`."""
+    hold_ms: int = 300
+    """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
+    they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
+    handler_queue: int = DEFAULT_HANDLER_QUEUE
+    """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
+    straggler_threshold: float = DEFAULT_THRESHOLD
+    straggler_windows: int = DEFAULT_WINDOWS
+    """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
+    (collector.daemon.straggler)."""
+    prometheus: str | None = None
+    """``HOST:PORT`` to serve ``/metrics`` on (None: no Prometheus endpoint)."""
+    prometheus_node: str | None = None
+    """The ``node`` label of the Prometheus series (default: the host name)."""
+    prometheus_sd: str | None = None
+    """A Prometheus ``file_sd`` file to write for the endpoint."""
+    geometry: Geometry | None = None
+    ingest: str | None = None
+    ready_file: str | None = None
+    """Once serving, write the endpoints here as JSON
+    (:meth:`collector.daemon.collector.Collector.write_ready_file`)."""
+    clock: Callable[[], int] = time.time_ns
+
+
+def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
+                     ) -> ThreadedDispatcher:
+    """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
+    nowhere unless asked for."""
+    inner = Dispatcher.from_specs(config.handlers)
+    for group, handler in (handler_objects or {}).items():
+        if group == "*":
+            inner.default = handler
+        else:
+            inner.handlers[group] = handler
+    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
+        from elastic.metrics import NullMetricHandler
+
+        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+    return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
+
+
+def write_ready_file(path: str, info: dict[str, object]) -> None:
+    """Write ``info`` to ``path`` as one JSON object, owner-only and whole at once (written beside it, then
+    renamed: a reader that sees the file sees all of it); a :class:`ConfigError` in one sentence if it cannot."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ConfigError(f"cannot write the ready file {path!r}: {exc.strerror}") from None

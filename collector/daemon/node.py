@@ -1,0 +1,306 @@
+"""The node collector: one process that serves every job of this user on this node (``shmstat collect`` with
+no ``--job``), as the node's agent.
+
+Every ``discover_interval_s`` it looks at the segments in ``/dev/shm``: a job with a live rank and no collector
+is picked up (a :class:`~collector.daemon.collector.Collector` for it, binding the job's ingest and publish endpoints in
+the owner-only runtime directory), within a second of its first rank attaching, whatever its id (torchrun's
+random run ids included). A job another collector serves (it holds the flock on the segment) is left alone,
+said once. A job whose ranks have all exited is let go once its windows are emitted, and its segment removed
+when no process of its rank table is alive (a job started again later gets a fresh one). The same holds for a
+segment of this user that no process uses when the node collector finds it, at start or later (e.g. a job whose
+ranks were all SIGKILLed): it is picked up, every window still in its rings emitted, and removed; a segment in
+which no rank ever registered is removed once it is a minute old (:mod:`collector.daemon.sweep` says when a segment
+counts as unused). Entries of ``/dev/shm`` that are not this user's segments (another user's, a directory, a
+FIFO, a link) are skipped, each said once on stderr. Every job's rows go to
+one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
+streams are on its own publish endpoint (``shmstat subscribe --job JOB``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from typing import IO
+
+import zmq
+
+from shmstat.errors import CollectorError, ShmstatError
+from shmstat.shm.layout import RankState
+from shmstat.shm.segment import Segment, pid_alive
+from shmstat.shm.shm_entries import scan_shm
+
+from ..handlers.compact import CompactWindowHandler, status_line
+from ..handlers.dispatch import ThreadedDispatcher
+from ..prometheus.exporter import start_exporter
+from .collector import Collector, CollectorConfig, build_dispatcher
+from .sweep import Verdict, remove_if_dead
+
+__all__ = ["NodeCollector"]
+
+_RETRY_S = 5.0  # a job another collector serves is looked at again this often (quietly)
+_REMOVE_WITHIN_S = 600.0  # a finished job's segment is removed once its processes are gone, if within this
+_EMPTY_GRACE_S = 60.0  # a segment with no rank entry is left this long (a rank may be about to register)
+
+
+class NodeCollector:
+    """Serves every job of this user on this node (or only ``jobs``), each with its own
+    :class:`~collector.daemon.collector.Collector`, all in one loop and with one set of handlers."""
+
+    def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
+                 discover_interval_s: float = 0.2) -> None:
+        self.config = dataclasses.replace(config, status_interval_s=0.0)  # one status line for the node, not per job
+        self.status = _NodeStatus(config.status_interval_s)
+        self.jobs = list(jobs) if jobs else None
+        self.out = out if out is not None else sys.stdout
+        self.discover_interval_s = discover_interval_s
+        self.dispatcher = build_dispatcher(config)
+        self.status.name_jobs(self.dispatcher)
+        self.exporter = start_exporter(config, self.out) if config.prometheus else None
+        """One Prometheus endpoint for every job of the node (``--prometheus``)."""
+        self.collectors: dict[str, Collector] = {}
+        self.let_go: list[str] = []
+        """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
+        self._not_now: dict[str, float] = {}  # job -> monotonic time to look at it again
+        self._to_remove: dict[str, float] = {}  # finished job -> monotonic time to stop trying to remove it
+        self._said: set[str] = set()
+        self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
+        self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
+        self._next_discovery = 0.0
+        self.stop_requested = threading.Event()
+
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM, then let every job go (emitting what it holds) and return 0."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda _s, _f: self.stop_requested.set())
+        which = "every job of this user" if self.jobs is None else "jobs " + ", ".join(self.jobs)
+        print(f"shmstat collector: node pid {os.getpid()} serving {which} on this node "
+              "(streams: shmstat subscribe --job JOB)", file=self.out, flush=True)
+        try:
+            while not self.stop_requested.is_set():
+                self.step(20)
+        finally:
+            self.close()
+        return 0
+
+    def step(self, poll_timeout_ms: int = 0) -> None:
+        """One round: discover jobs (every ``discover_interval_s``), wait up to ``poll_timeout_ms`` for messages,
+        step every job's collector, let finished jobs go."""
+        now = time.monotonic()
+        if now >= self._next_discovery:
+            self._next_discovery = now + self.discover_interval_s
+            try:
+                self.discover()
+            except Exception as exc:  # whatever is in /dev/shm, the jobs already served go on
+                self._say_once(f"discover {exc!r}", f"shmstat collector: looking at /dev/shm failed ({exc!r})",
+                               sys.stderr)
+        self.status.tick(self)
+        if poll_timeout_ms > 0:
+            poller = zmq.Poller()
+            for c in self.collectors.values():
+                if c.relay is not None:
+                    poller.register(c.relay.xsub, zmq.POLLIN)
+            if self.collectors:
+                poller.poll(poll_timeout_ms)
+            else:
+                time.sleep(poll_timeout_ms / 1000)
+        for job, c in list(self.collectors.items()):
+            try:
+                c.step(0)
+            except Exception as exc:  # one job's trouble must not stop the others
+                print(f"shmstat collector: job {job} failed ({exc!r}); letting it go", file=sys.stderr, flush=True)
+                self._release(job)
+                continue
+            if self.jobs is None and self._finished(c):
+                if self._release(job):
+                    self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
+                self._done.add(job)
+                self.let_go.append(job)
+                print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
+                      flush=True)
+
+    def discover(self) -> None:
+        """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the
+        module docstring). Entries of ``/dev/shm`` that are not this user's segments are skipped, each said once."""
+        now = time.monotonic()
+        self._remove_finished(now)
+        if self.jobs is None:
+            scan = scan_shm()
+            present = {skipped.line() for skipped in scan.skipped}
+            for line in sorted(present - self._skips_said):
+                print(line, file=sys.stderr, flush=True)
+            self._skips_said = present  # bounded by what is there now; an entry made again is said again
+            self._done &= set(scan.segments)  # a job whose segment is gone and comes back is a new job
+            candidates = scan.segments
+        else:
+            candidates = self.jobs
+        for job in candidates:
+            if job in self.collectors or self._not_now.get(job, 0.0) > now:
+                continue
+            if self.jobs is None:
+                state = _look(job)
+                if state == "empty":
+                    self._sweep_empty(job, now)
+                    continue
+                if state not in ("live", "dead") or (state == "dead" and job in self._done):
+                    continue  # unreadable (said by ls), served elsewhere, exiting, or let go and being removed
+                if state == "dead":
+                    self._say_once(f"dead {job}", f"shmstat collector: job {job} has no live process: emitting "
+                                   "what its rings hold, then removing its segment", self.out)
+            try:
+                collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
+                                      dispatcher=self.dispatcher, exporter=self.exporter)
+            except CollectorError as exc:
+                self._not_now[job] = now + _RETRY_S
+                self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
+                continue
+            except (ShmstatError, OSError, ValueError) as exc:  # not ours to read (another layout, a race)
+                self._not_now[job] = now + 60.0
+                self._say_once(job, f"shmstat collector: cannot serve job {job}: {exc}", sys.stderr)
+                continue
+            self._done.discard(job)
+            self.collectors[job] = collector
+            print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
+                  f"{collector.publish_endpoint}", file=self.out, flush=True)
+
+    def _say_once(self, key: str, line: str, stream: IO[str]) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            print(line, file=stream, flush=True)
+
+    def _sweep_empty(self, job: str, now: float) -> None:
+        """A segment with no rank entry: removed once it is older than :data:`_EMPTY_GRACE_S` and no process
+        uses it (a collector, a rank registering); looked at again every :data:`_RETRY_S`."""
+        verdict = remove_if_dead(job, empty_grace_s=_EMPTY_GRACE_S)
+        if verdict.removed:
+            print(f"shmstat collector: job {job}'s segment removed (no rank ever registered, no process uses it)",
+                  file=self.out, flush=True)
+        else:
+            self._not_now[job] = now + _RETRY_S
+
+    def _remove_finished(self, now: float) -> None:
+        """Remove the segments of jobs let go with every window emitted, once none of their processes is alive
+        (a rank may still be exiting after its ``shutdown()``); a job started again meanwhile keeps its."""
+        for job, until in list(self._to_remove.items()):
+            if job in self.collectors or now > until:
+                del self._to_remove[job]
+                continue
+            try:
+                verdict = remove_if_dead(job)
+            except Exception as exc:  # never stop serving the other jobs for one segment
+                verdict = Verdict(False, repr(exc))
+            if verdict.removed or verdict.reason == "no segment":
+                del self._to_remove[job]
+                self._done.discard(job)
+            if verdict.removed:
+                print(f"shmstat collector: job {job}'s segment removed", file=self.out, flush=True)
+            elif not verdict.live and verdict.reason != "no segment":
+                del self._to_remove[job]  # not a matter of waiting (e.g. replaced by another user's entry)
+                self._say_once(f"keep {job}", f"shmstat collector: job {job}'s segment kept: {verdict.reason}",
+                               sys.stderr)
+
+    @staticmethod
+    def _finished(c: Collector) -> bool:
+        ranks = c.scanner.refresh()
+        return bool(ranks) and not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks)
+
+    def _release(self, job: str) -> bool:
+        """Let ``job`` go; True if its collector emitted every window it held."""
+        collector = self.collectors.pop(job, None)
+        if collector is None:
+            return False
+        if self.exporter is not None:
+            self.exporter.retire_job(job)
+        try:
+            collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+            self.status.let_go(collector)
+        except Exception:
+            return False
+        return collector.emitted_everything
+
+    def close(self) -> None:
+        """Let every job go (each emits what it holds), then close the handlers."""
+        for job in list(self.collectors):
+            if self._release(job):
+                Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
+        self.status.print(self, final=True)
+        with contextlib.suppress(Exception):
+            self.dispatcher.close()
+        if self.exporter is not None:
+            self.exporter.close()
+
+
+class _NodeStatus:
+    """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
+    (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
+
+    _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
+               "samples_dropped")
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.next = time.monotonic() + interval_s
+        self.done = dict.fromkeys(self._SUMMED, 0)  # what the jobs let go had counted
+        self.served: set[str] = set()
+
+    @staticmethod
+    def name_jobs(dispatcher: ThreadedDispatcher) -> None:
+        default = dispatcher.inner.default
+        if isinstance(default, CompactWindowHandler):
+            default.show_job = True
+
+    def let_go(self, collector: Collector) -> None:
+        self.served.add(collector.daemon.config.job)
+        counters = collector.counters()
+        for key in self._SUMMED:
+            self.done[key] += counters[key]
+
+    def tick(self, node: NodeCollector) -> None:
+        if self.interval_s > 0 and time.monotonic() >= self.next:
+            self.next = time.monotonic() + self.interval_s
+            self.print(node)
+
+    def print(self, node: NodeCollector, *, final: bool = False) -> None:
+        """One status line: the jobs served now (``final``: over the node collector's life) and their figures."""
+        if self.interval_s <= 0:
+            return
+        totals = dict(self.done)
+        alive = 0
+        for c in node.collectors.values():
+            counters = c.counters()
+            for key in self._SUMMED:
+                totals[key] += counters[key]
+            alive += sum(1 for r in c.scanner.refresh() if r.state_name == "active" and not r.is_writer)
+        totals["handler_dropped"] = node.dispatcher.dropped  # one dispatcher for every job: counted once
+        totals["handler_errors"] = node.dispatcher.errors
+        jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
+        print(status_line(totals, ranks_alive=alive, jobs=jobs), file=sys.stderr, flush=True)
+
+
+def _look(job: str) -> str:
+    """What a job's segment holds, at a look (no lock taken): ``"live"`` (an active rank's process runs),
+    ``"dead"`` (rank entries, none of them a live process, no live collector), ``"empty"`` (no rank entry, no
+    live collector), ``"served"`` (a live collector and no live rank), ``"exiting"`` (no active rank, but a
+    process of the rank table still runs) or ``"unreadable"``."""
+    try:
+        seg = Segment.open(job, create=False, wait=False)
+    except (ShmstatError, OSError, ValueError):
+        return "unreadable"
+    try:
+        ranks = seg.ranks()
+        alive = [r for r in ranks if r.pid and pid_alive(r.pid)]
+        if any(r.state == RankState.ACTIVE for r in alive):
+            return "live"
+        collector = seg.header().collector_pid
+        if collector and collector != os.getpid() and pid_alive(collector):
+            return "served"
+        if alive:
+            return "exiting"  # a rank after its shutdown(): looked at again once it has gone
+        return "dead" if ranks else "empty"
+    finally:
+        seg.close()

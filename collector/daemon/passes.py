@@ -1,0 +1,105 @@
+"""One collector pass out of the scanner and into every consumer (:func:`emit_scan`, the daemon's step).
+
+The pass is read as :class:`collector.read.columns.Columns` and handed to the dispatcher whole
+(:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: as columns to handlers that take them, one
+MetricData per aggregation to the others). :class:`collector.read.merge.WindowRow` objects are built only for
+what still takes rows, and only when it is there: subscribers of a group's ``stat/`` topics and the Prometheus
+exporter. The straggler detector reads the columns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import numpy as np
+
+from shmstat import wire
+
+from .config import PLATFORM_GROUP
+from .straggler import EVENT_TOPICS
+
+if TYPE_CHECKING:
+    from ..handlers.dispatch import ThreadedDispatcher
+    from ..read.columns import Columns
+    from ..read.scanner import Scanner
+    from ..wire.relay import Relay
+    from .config import CollectorConfig
+    from .straggler import StragglerDetector
+
+__all__ = ["PassCounts", "emit_scan"]
+
+
+class Collector(Protocol):
+    """What :func:`emit_scan` reads of :class:`collector.daemon.collector.Collector` (it changes none of it)."""
+
+    config: CollectorConfig
+    relay: Relay | None
+    dispatcher: ThreadedDispatcher
+    exporter: Any
+    scanner: Scanner
+    stragglers: StragglerDetector
+
+
+class PassCounts(NamedTuple):
+    """What one pass did, for the collector to add to its counters."""
+
+    windows: int
+    """Windows emitted (merged rows, plus the windows nobody wanted, skipped unread)."""
+    rows: int
+    """Rows emitted (every row of the pass, plus those skipped unread)."""
+    overwritten: int
+    """Windows lost to a bank overwritten before they were read."""
+    torn: int
+    """Windows flagged torn (a writer died in the middle of an ``add``)."""
+
+
+def emit_scan(c: Collector, now: int, *, final: bool) -> PassCounts:
+    """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
+    the rows, flush the handlers and commit the watermarks; returns what the pass counted (``c`` is only read)."""
+    relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
+    assert relay is not None
+    relay.update_subscriptions()  # first: rows nobody receives are never built
+    scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
+
+    def wanted(group: str) -> bool:
+        return (scored or exporter is not None or not dispatcher.discards(group)
+                or relay.wants(wire.stat_topic(group, "")))
+
+    result = c.scanner.scan(now, final=final, want=wanted)
+    cols = result.columns
+    dispatcher.emit_columns(cols)
+    if len(cols) and relay.prefixes:
+        for group in cols.groups():
+            if relay.wants(wire.stat_topic(group, "")):
+                _publish_rows(relay, cols.of_groups({group}))
+    if exporter is not None:
+        exporter.observe_columns(cols)
+    scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
+    found = c.stragglers.update_columns(cols, scores=scores_wanted)  # scores to our group, events on event/<name>
+    if found.scores and scores_wanted:
+        dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+    for ev in found.events:
+        relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
+    dispatcher.flush()
+    c.scanner.commit()
+    return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
+                      rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
+
+
+def _publish_rows(relay: Relay, cols: Columns) -> None:
+    """Publish the rows of one group on their ``stat/<group>/<name>`` topics, to the topics someone wants."""
+    by_topic: dict[str, list[dict]] = {}
+    wants = relay.wants
+    for row in cols.to_rows():
+        topic = wire.stat_topic(row.group, row.name)
+        items = by_topic.get(topic)
+        if items is None:
+            items = by_topic[topic] = [] if wants(topic) else _NOBODY
+        if items is not _NOBODY:
+            items.append(row.to_wire())
+    for topic, items in by_topic.items():
+        if items is not _NOBODY:
+            relay.publish(topic, "stat", items)
+
+
+_NOBODY: list[dict] = []  # marks a topic no subscriber listens to

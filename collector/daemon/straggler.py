@@ -1,0 +1,269 @@
+"""Stragglers: how each rank compares with the node, per closed window of a stat present on two ranks or more.
+
+A rank's figure is its window's p50 when the stat keeps percentiles, else its mean. Its score is
+``median over ranks / figure`` for a stat where higher is worse (a time: the slow rank scores under 1), and
+``figure / median`` for one that declared ``higher_is_better`` (a rate). Prior art: NVIDIA's resiliency extension
+scores ranks the same way and flags under 0.75.
+
+:class:`StragglerDetector` keeps, per job, the ranks currently slow and turns each emitted pass of per-rank rows
+into scores (for the collector's ``shmstat`` group) and :data:`STRAGGLER_EVENT` / :data:`RECOVERED_EVENT`
+events (for ``event/<name>``). Figures that are not finite leave their rank out of the window; a window with a
+negative figure is not scored (a ratio of such figures means nothing).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from elastic.metrics import StatMetricData
+from shmstat import wire
+from shmstat.errors import ConfigError
+
+from ..read.merge import Summary, WindowSpan
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+
+__all__ = [
+    "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
+    "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
+    "figure", "score_ranks",
+]
+
+DEFAULT_THRESHOLD = 0.75
+"""A rank scoring under this is slow for that window."""
+DEFAULT_WINDOWS = 3
+"""Consecutive slow windows before a rank is reported a straggler."""
+MAX_WINDOWS = 1000
+"""The most consecutive windows one may ask for."""
+
+
+def figure(summary: Summary) -> float:
+    """The figure a rank is scored on: the window's p50 when the stat keeps a histogram, else its mean."""
+    p50 = summary.quantile(0.5)
+    return summary.mean if p50 is None else p50
+
+
+def score_ranks(figures: dict[int, float], higher_is_better: bool = False) -> tuple[float, dict[int, float]]:
+    """``(node median, {rank: score})`` for one window's figures by rank; empty when fewer than two ranks.
+
+    A score of 1.0 is the median rank; under 1.0 is worse than the median in the stat's direction. A figure
+    of 0 (a rank that spent no time, or produced nothing) scores as well as can be (inf) for a time-like stat
+    and 0.0 for a rate; a median of 0 gives every rank 1.0 (nothing to compare against).
+    """
+    if len(figures) < 2:
+        return 0.0, {}
+    median = statistics.median(figures.values())
+    scores: dict[int, float] = {}
+    for rank, value in figures.items():
+        if median == 0:
+            scores[rank] = 1.0
+        elif higher_is_better:
+            scores[rank] = value / median
+        else:
+            scores[rank] = median / value if value != 0 else float("inf")
+    return median, scores
+
+
+STRAGGLER_EVENT = "shmstat.straggler"
+"""The event a rank gets once it scored under the threshold for the configured number of windows in a row."""
+RECOVERED_EVENT = "shmstat.straggler.recovered"
+"""The event a reported rank gets when it scores at or above the threshold again (``reason`` ``"recovered"``),
+or when the detector forgets it (``reason`` ``"gone"``: no window of that stat scored it for a while)."""
+EVENT_TOPICS = (wire.event_topic(STRAGGLER_EVENT), wire.event_topic(RECOVERED_EVENT))
+"""The topics the events are published on."""
+DEFAULT_FORGET_NS = 30 * 1_000_000_000
+"""How long (in window time) a slow rank's state outlives the last window that scored it."""
+SCORE_METRIC_PREFIX = "straggler.score."
+"""Scores reach the ``shmstat`` group as ``straggler.score.<group>/<stat>`` with the rank set."""
+
+EventData = dict[str, str | int | float | bool]
+
+
+@dataclass(frozen=True)
+class Score(WindowSpan):
+    """One rank's score in one closed window of one stat."""
+
+    group: str
+    stat: str
+    rank: int
+    wid: int
+    window_ms: int
+    score: float
+    figure: float
+    median: float
+
+    def metric(self, group: str, job: str) -> StatMetricData:
+        """The score as a metric of ``group`` (the collector's own), named ``straggler.score.<group>/<stat>``,
+        with its rank, window and job."""
+        start, end = self.start_ns / 1e9, self.end_ns / 1e9
+        return StatMetricData(end, group, f"{SCORE_METRIC_PREFIX}{self.group}/{self.stat}", self.score,
+                              rank=self.rank, window_start=start, window_end=end, job=job)
+
+
+@dataclass(frozen=True)
+class StragglerEvent:
+    """An event to publish: :data:`STRAGGLER_EVENT` or :data:`RECOVERED_EVENT` and its data."""
+
+    name: str
+    data: EventData
+
+
+@dataclass(frozen=True)
+class StragglerUpdate:
+    """What one pass of rows gave: every score (for the metric group) and the events to publish."""
+
+    scores: list[Score] = field(default_factory=list)
+    events: list[StragglerEvent] = field(default_factory=list)
+
+
+@dataclass
+class _Slow:
+    """A rank currently slow on a stat (ranks that are not slow have no state)."""
+
+    since_ns: int  # start of the first slow window of the run
+    last: Score  # the latest window that scored it
+    windows: int = 1  # slow windows in a row
+    reported: bool = False
+
+
+class StragglerDetector:
+    """Turns the per-rank rows of each emitted pass into scores and straggler/recovery events, for one job.
+
+    Each window of a stat with a finite, non-negative figure on two ranks or more is scored
+    (:func:`score_ranks`); a rank scoring under ``threshold`` is slow in that window. Once it was slow in
+    ``windows`` windows in a row it is reported (:data:`STRAGGLER_EVENT`, once), and when it then scores at or
+    above the threshold it is reported recovered (:data:`RECOVERED_EVENT`). The count is over the windows that
+    scored the rank: a window where it has no figure (no sample, a non-finite figure, fewer than two ranks) is no
+    evidence either way and neither adds to nor resets it. A window a rank was already scored in (an older or
+    the same window id) is ignored.
+
+    State is kept only for ranks currently slow, by ``(group, stat, rank)``; the job is the detector's. A slow
+    rank that no window scores for ``forget_after_ns`` of window time (measured against the latest window end
+    seen in any row) is forgotten, with a :data:`RECOVERED_EVENT` of reason ``"gone"`` if it was reported: a rank
+    that left, or a stat no longer added. Pure logic: no clock is read, time is the windows' own.
+    """
+
+    def __init__(self, job: str = "", *, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS,
+                 forget_after_ns: int = DEFAULT_FORGET_NS) -> None:
+        if not 0 < threshold < 1:
+            raise ConfigError(f"the straggler threshold must be between 0 and 1 (exclusive), got {threshold}")
+        if not 1 <= windows <= MAX_WINDOWS:
+            raise ConfigError(f"the straggler windows must be between 1 and {MAX_WINDOWS}, got {windows}")
+        if forget_after_ns <= 0:
+            raise ConfigError(f"forget_after_ns must be positive, got {forget_after_ns}")
+        self.job = job
+        self.threshold = threshold
+        self.windows = windows
+        self.forget_after_ns = forget_after_ns
+        self._slow: dict[tuple[str, str, int], _Slow] = {}
+        self._latest_ns = 0
+
+    @property
+    def tracked(self) -> int:
+        """How many (group, stat, rank) the detector holds state for (ranks currently slow)."""
+        return len(self._slow)
+
+    def update_columns(self, cols: Columns, *, scores: bool = True) -> StragglerUpdate:
+        """Score the per-rank rows of a pass (merged rows only advance time) in window order per stat, on
+        arrays, and return the scores and the events they give. With ``scores=False`` the update's
+        :attr:`~StragglerUpdate.scores` hold only the scores that can change a rank's state (under the threshold,
+        or of a rank currently slow), not every score: the events are the same."""
+        out = StragglerUpdate()
+        if not len(cols):
+            self._forget(out.events)
+            return out
+        self._latest_ns = max(self._latest_ns, int(cols.end_ns.max()))
+        block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
+        with np.errstate(invalid="ignore"):
+            fig = np.where(cols.hists.present, cols.p50, cols.mean)  # figure(): p50 if a histogram
+            rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig))
+        b, f = block[rows], fig[rows]
+        order = np.lexsort((f, b))
+        rows, b, f = rows[order], b[order], f[order]
+        size = np.bincount(b, minlength=int(block[-1]) + 1)
+        start = np.cumsum(size) - size
+        neg = np.bincount(b, weights=(f < 0), minlength=len(size)) > 0
+        ok = (size >= 2) & ~neg
+        keep = ok[b]
+        rows, b, f = rows[keep], b[keep], f[keep]
+        half = size // 2
+        hi_mid = _f_sorted_at(f, start, b, half)
+        lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
+        median_of = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)
+        median = median_of[b]
+        hib = cols.higher_is_better[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(median == 0, 1.0, np.where(hib, f / np.where(median == 0, 1.0, median),
+                                                        np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
+        pick = np.ones(len(rows), bool) if scores else score < self.threshold
+        if not scores and self._slow:
+            names = {(g, n) for g, n, _ in self._slow}
+            for j in np.flatnonzero(~pick).tolist():
+                i = rows[j]
+                key = (cols.group[i], cols.stat[i])
+                if key in names and (*key, int(cols.rank[i])) in self._slow:
+                    pick[j] = True
+        chosen = [Score(cols.group[i], cols.stat[i], int(cols.rank[i]), int(cols.wid[i]), int(cols.window_ms[i]),
+                        sc, fg, md)
+                  for i, sc, fg, md in zip(rows[pick].tolist(), score[pick].tolist(), f[pick].tolist(),
+                                           median[pick].tolist(), strict=True)]
+        chosen.sort(key=lambda s: (s.group, s.stat, s.wid, s.rank))
+        for sc in chosen:
+            out.scores.append(sc)
+            event = self._observe(sc)
+            if event is not None:
+                out.events.append(event)
+        self._forget(out.events)
+        return out
+
+    def _observe(self, s: Score) -> StragglerEvent | None:
+        key = (s.group, s.stat, s.rank)
+        slow = self._slow.get(key)
+        if slow is not None and s.wid <= slow.last.wid:
+            return None
+        if s.score >= self.threshold:
+            if slow is None:
+                return None
+            del self._slow[key]
+            return self._event(RECOVERED_EVENT, s, slow, "recovered") if slow.reported else None
+        if slow is None:
+            slow = self._slow[key] = _Slow(s.start_ns, s)
+        else:
+            slow.windows += 1
+            slow.last = s
+        if slow.reported or slow.windows < self.windows:
+            return None
+        slow.reported = True
+        return self._event(STRAGGLER_EVENT, s, slow, None)
+
+    def _forget(self, events: list[StragglerEvent]) -> None:
+        horizon = self._latest_ns - self.forget_after_ns
+        for key in [k for k, v in self._slow.items() if v.last.end_ns < horizon]:
+            slow = self._slow.pop(key)
+            if slow.reported:
+                events.append(self._event(RECOVERED_EVENT, slow.last, slow, "gone"))
+
+    def _event(self, name: str, s: Score, slow: _Slow, reason: str | None) -> StragglerEvent:
+        data: EventData = {
+            "job": self.job, "rank": s.rank, "group": s.group, "stat": s.stat, "score": s.score,
+            "figure": s.figure, "median": s.median, "windows": slow.windows, "window_start_ns": s.start_ns,
+            "window_ms": s.window_ms, "since_ns": slow.since_ns, "threshold": self.threshold,
+        }
+        if reason is not None:
+            data["reason"] = reason
+        return StragglerEvent(name, data)
+
+
+def _f_sorted_at(f: np.ndarray, start: np.ndarray, b: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """Per block: the figure at ``offset`` within the block's sorted figures (``f`` sorted by block then value;
+    blocks with no entry give 0.0)."""
+    out = np.zeros(len(start))
+    if len(b):
+        present = np.unique(b)
+        out[present] = f[np.searchsorted(b, present) + offset[present]]
+    return out

@@ -1,0 +1,316 @@
+"""Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
+
+A SPEC names a handler: ``compact`` (:mod:`collector.handlers.compact`: one line per merged window), ``console``,
+``null``, ``jsonl:PATH``, ``tensorboard:DIR`` (see :mod:`collector.handlers.tensorboard`), ``otlp:ENDPOINT``
+(:mod:`collector.handlers.otlp`), or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword
+arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)``
+(see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC`` binds it to a group; the group ``*`` is the
+default for groups nobody configured (``compact`` unless given: merged windows only, so a job's put metrics and
+``@prof`` calls are printed only for groups bound to ``console``).
+
+A handler that defines ``emit_columns(columns: Columns)`` (:func:`takes_columns`) receives each collector pass
+once, as one :class:`collector.read.columns.Columns` holding the rows of all the groups it serves (arrays per figure),
+instead of one ``MetricData`` per aggregation and row. A handler that defines ``emit_window(row: WindowRow, job:
+str)`` (:func:`takes_windows`) receives each closed window whole, histogram included. Either way, metrics that
+belong to no window (put by ranks, the collector's own figures) still reach its ``emit``. A handler defining
+both gets columns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable
+from typing import IO, TYPE_CHECKING, Any
+
+from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
+from shmstat.errors import ConfigError
+
+from .compact import CompactWindowHandler
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+
+__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs",
+           "plan_pass", "takes_columns", "takes_windows"]
+
+_log = logging.getLogger("shmstat.collector")
+
+
+class JsonlMetricHandler(MetricHandler):
+    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job.
+
+    ``rank`` is null for rows merged across ranks and for metrics put by ranks; ``window_start`` and
+    ``window_end`` (unix seconds) are null for put metrics. Non-finite floats are written as the strings
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON. The file is opened 0600 in
+    append mode, and flushed after every collector pass.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot open jsonl output {path!r}: {exc.strerror}") from None
+        self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Write one line for ``metric_data`` (a metric put by a rank, the collector's own figures, or a user's
+        row: whatever it carries of rank, window, job)."""
+        self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
+                              getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
+                              getattr(metric_data, "window_end", None), getattr(metric_data, "torn", False),
+                              getattr(metric_data, "job", None), getattr(metric_data, "source_rank", None)) + "\n")
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Write one line per figure of a pass, in the order of :meth:`collector.read.columns.Columns.flat`."""
+        job = columns.job
+        lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
+                 for end, group, name, value, rank, start, torn in columns.flat()]
+        if lines:
+            lines.append("")
+            self._out.write("\n".join(lines))
+
+    def flush(self) -> None:
+        """Push buffered lines to the file."""
+        self._out.flush()
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if not self._out.closed:
+            self._out.close()
+
+
+def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
+          end: float | None, torn: bool, job: str | None, source_rank: int | None) -> str:
+    """The one JSON line of a figure (the only place the jsonl format is written)."""
+    row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
+           "window_start": start, "window_end": end}
+    if torn:
+        row["torn"] = True
+    if job is not None:
+        row["job"] = job
+    if source_rank is not None:
+        row["source_rank"] = source_rank
+    return json.dumps(row, allow_nan=False)
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def build_handler(spec: str) -> MetricHandler:
+    """The handler a SPEC names; raises :class:`ConfigError` with one sentence for a bad SPEC."""
+    kind, _, arg = spec.partition(":")
+    if spec == "compact":
+        return CompactWindowHandler()
+    if spec == "console":
+        return ConsoleMetricHandler()
+    if spec == "null":
+        return NullMetricHandler()
+    if kind == "jsonl":
+        if not arg:
+            raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
+        return JsonlMetricHandler(arg)
+    if kind == "tensorboard":
+        from .tensorboard import TensorboardMetricHandler
+
+        return TensorboardMetricHandler(arg)
+    if kind == "otlp":
+        from .otlp import build_otlp_handler  # imports OpenTelemetry only when asked for
+
+        return build_otlp_handler(arg)
+    class_name, comma, arguments = arg.partition(",")
+    if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
+        return _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {})
+    raise ConfigError(
+        f"unknown handler spec {spec!r}; use compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
+        "pkg.module:Class[,key=value...]"
+    )
+
+
+def parse_spec_kwargs(spec: str, arguments: str) -> dict[str, Any]:
+    """The keyword arguments of a SPEC's ``key=value,key2=value2`` tail (``spec`` is only for messages).
+
+    Items are separated by commas; each is ``key=value`` with ``key`` a Python identifier given once. A value is
+    read as a JSON literal when it is one (``8``, ``0.5``, ``true``, ``null``, ``"a string"``, ``[1, 2]``),
+    otherwise it is the plain string as written (``path=/tmp/x`` gives ``"/tmp/x"``). A comma or ``=`` inside
+    a value must be inside a JSON string (``sep=","``); commas inside JSON arrays and objects are fine. Raises
+    :class:`ConfigError` with one sentence for a malformed tail.
+    """
+    kwargs: dict[str, Any] = {}
+    for item in _split_top_level(spec, arguments):
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"handler spec {spec!r}: {item!r} is not key=value with a Python name as key")
+        if key in kwargs:
+            raise ConfigError(f"handler spec {spec!r} gives {key!r} twice")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            if "=" in text:
+                raise ConfigError(f"handler spec {spec!r}: the value of {key!r} contains '=', so write it as a JSON "
+                                  f"string, e.g. {key}=\"{text}\"") from None
+            value = text
+        kwargs[key] = value
+    return kwargs
+
+
+def _split_top_level(spec: str, text: str) -> list[str]:
+    """``text`` split at the commas outside JSON strings, arrays and objects."""
+    items: list[str] = []
+    depth, in_string, escaped, begin = 0, False, False, 0
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[begin:i])
+            begin = i + 1
+    if in_string or depth:
+        raise ConfigError(f"handler spec {spec!r} has an unclosed string, array or object in its arguments")
+    items.append(text[begin:])
+    return items
+
+
+def takes_windows(handler: MetricHandler) -> bool:
+    """Whether ``handler`` takes whole window rows (it defines ``emit_window(row, job)``)."""
+    return callable(getattr(handler, "emit_window", None))
+
+
+def takes_columns(handler: MetricHandler) -> bool:
+    """Whether ``handler`` takes whole passes as columns (it defines ``emit_columns(columns)``)."""
+    return callable(getattr(handler, "emit_columns", None))
+
+
+def plan_pass(handler_for: Any, discards: Any, columns: Columns) -> list[tuple[MetricHandler, str, Columns]]:
+    """How one pass reaches its handlers: ``(handler, kind, its rows)`` per handler serving a group present,
+    with ``kind`` ``"columns"`` (:func:`takes_columns`), ``"windows"`` (:func:`takes_windows`) or ``"rows"``
+    (one MetricData per aggregation); groups whose handler :meth:`~Dispatcher.discards` get nothing."""
+    groups = columns.groups() if len(columns) else []
+    served: dict[int, tuple[MetricHandler, list[str]]] = {}
+    for group in groups:
+        if not discards(group):
+            handler = handler_for(group)
+            served.setdefault(id(handler), (handler, []))[1].append(group)
+    out = []
+    for handler, mine in served.values():
+        part = columns if len(mine) == len(groups) else columns.of_groups(set(mine))
+        kind = "columns" if takes_columns(handler) else "windows" if takes_windows(handler) else "rows"
+        out.append((handler, kind, part))
+    return out
+
+
+def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
+    target = f"{module_name}:{class_name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} for a handler: {_one_line(exc)}") from None
+    except Exception as exc:  # a user's module can raise anything while it is imported
+        raise ConfigError(f"importing module {module_name!r} for a handler raised {_one_line(exc)}") from None
+    if not hasattr(module, class_name):
+        raise ConfigError(f"module {module_name!r} has no class {class_name!r} for a handler")
+    cls = getattr(module, class_name)
+    if not isinstance(cls, type) or not issubclass(cls, MetricHandler):
+        raise ConfigError(f"{target} is not a MetricHandler subclass")
+    try:
+        signature: inspect.Signature | None = inspect.signature(cls)
+    except (TypeError, ValueError):  # some classes (C extensions) have no signature to check against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"{target} does not take these arguments ({exc}); it takes "
+                              f"{_describe_parameters(signature)}") from None
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # a user's constructor can raise anything
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise ConfigError(f"{target}({shown}) failed: {_one_line(exc)}") from None
+
+
+def _describe_parameters(signature: inspect.Signature) -> str:
+    """A constructor's parameters as a user writes them in a SPEC: ``path, every=1`` (or ``no arguments``)."""
+    shown = []
+    for p in signature.parameters.values():
+        if p.kind is p.VAR_POSITIONAL or p.kind is p.POSITIONAL_ONLY:
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            shown.append(f"**{p.name}")
+        else:
+            shown.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    return ", ".join(shown) if shown else "no arguments"
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as ``Type: message`` on one line (a user's message may span several)."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
+    """``["GROUP=SPEC", ...]`` to ``{group: spec}``; raises :class:`ConfigError` on a malformed entry."""
+    out: dict[str, str] = {}
+    for arg in args:
+        group, sep, spec = arg.partition("=")
+        if not sep or not group or not spec:
+            raise ConfigError(f"--handler {arg!r} is not GROUP=SPEC (e.g. train=jsonl:/tmp/m.jsonl or *=console)")
+        out[group] = spec
+    return out
+
+
+class Dispatcher:
+    """Which handler serves each group (or the default): the routing table. Handlers are called only by
+    :class:`collector.handlers.dispatch.ThreadedDispatcher`, each in a thread of its own."""
+
+    def __init__(self, handlers: dict[str, MetricHandler], default: MetricHandler | None = None) -> None:
+        self.handlers = dict(handlers)
+        self.default = default if default is not None else self.handlers.pop("*", None) or CompactWindowHandler()
+
+    @classmethod
+    def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
+        """Build every handler named in ``{group: spec}`` (``*`` = default)."""
+        built = {group: build_handler(spec) for group, spec in specs.items()}
+        default = built.pop("*", None)
+        return cls(built, default)
+
+    def handler_for(self, group: str) -> MetricHandler:
+        """The handler that receives metrics of ``group``."""
+        return self.handlers.get(group, self.default)
+
+    def discards(self, group: str) -> bool:
+        """Whether ``group``'s handler is a plain null handler (its ``emit`` is NullMetricHandler's, which does
+        nothing): the collector then builds no metric for it."""
+        return type(self.handlers.get(group, self.default)).emit is NullMetricHandler.emit
+
+    def discards_points(self, group: str) -> bool:
+        """Whether ``group``'s handler has no use for metrics that belong to no window (put by ranks, ``@prof``):
+        it :meth:`discards` everything, or says so with ``takes_points = False`` (the compact handler)."""
+        handler = self.handlers.get(group, self.default)
+        return type(handler).emit is NullMetricHandler.emit or getattr(handler, "takes_points", True) is False
+
+    def all_handlers(self) -> list[MetricHandler]:
+        """Every distinct handler, default included."""
+        seen: dict[int, MetricHandler] = {id(self.default): self.default}
+        for h in self.handlers.values():
+            seen.setdefault(id(h), h)
+        return list(seen.values())

@@ -1,0 +1,97 @@
+"""What ``shmstat run`` and ``shmstat collect`` print when no ``--handler`` says otherwise: one line per merged stat
+window (:class:`CompactWindowHandler`, handler spec ``compact``) and a periodic one-line status
+(:func:`status_line`).
+
+Per-rank rows, metrics put by ranks and ``@prof`` calls are not printed by the compact handler: they are one line
+per call, which floods a terminal (ask for them with ``--handler GROUP=console``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO, TYPE_CHECKING
+
+from elastic.metrics import MetricData, MetricHandler
+from shmstat.aggregation import Aggregation, aggregation_key
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+
+__all__ = ["CompactWindowHandler", "status_line"]
+
+_FIGURE = {Aggregation.SUM: "sum", Aggregation.MEAN: "mean", Aggregation.MAX: "max", Aggregation.MIN: "min",
+           Aggregation.VALUE: "value", Aggregation.P50: "p50", Aggregation.P90: "p90", Aggregation.P99: "p99",
+           Aggregation.P999: "p999"}
+
+
+class CompactWindowHandler(MetricHandler):
+    """Prints one line per window merged across ranks, e.g.
+    ``[12:00:05] train/step_ms  count=128 mean=12.4 p99=15 (4 ranks)``: the window's local start time, the stat,
+    its exact sample count, then every other aggregation the stat asked for (torch.monitor's order), how many ranks
+    the window merges, and ``torn`` when a writer died in the middle of an ``add``. ``show_job`` puts the job
+    after the time (a node collector serves several). Metrics that belong to no window (put by ranks, ``@prof``,
+    the collector's own) are not printed: :attr:`takes_points` is False, so the collector does not even decode
+    them for it."""
+
+    takes_points = False
+    """Metrics that belong to no window are of no use to this handler (see :meth:`Dispatcher.discards_points`)."""
+
+    def __init__(self, out: IO[str] | None = None, *, show_job: bool = False) -> None:
+        self.out = out
+        self.show_job = show_job
+        self.lines = 0
+        self._lock = threading.Lock()  # a node collector's jobs share one handler
+
+    def emit(self, metric_data: MetricData) -> None:
+        """Ignore a metric that belongs to no window; windows arrive whole through :meth:`emit_columns`."""
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Print one line per merged row of a pass."""
+        merged = columns.merged()
+        if not len(merged):
+            return
+        job = f"{columns.job} " if self.show_job and columns.job else ""
+        figures = {a: getattr(merged, _FIGURE[a]).tolist() for a in _FIGURE}
+        lines = []
+        for i, (group, stat, count, ranks, wid, window_ms, torn) in enumerate(zip(
+                merged.group.tolist(), merged.stat.tolist(), merged.count.tolist(), merged.ranks.tolist(),
+                merged.wid.tolist(), merged.window_ms.tolist(), merged.torn.tolist(), strict=True)):
+            shown = " ".join(f"{aggregation_key(a)}={_number(figures[a][i] if count else 0.0)}"
+                             for a in merged.aggregations(i) if a in _FIGURE)
+            lines.append(f"[{_stamp(wid * window_ms)}] {job}{group}/{stat}  count={count}{' ' if shown else ''}{shown} "
+                         f"({ranks} rank{'' if ranks == 1 else 's'}){' torn' if torn else ''}")
+        out = self.out if self.out is not None else sys.stdout
+        with self._lock:
+            out.write("\n".join(lines) + "\n")
+            out.flush()
+            self.lines += len(lines)
+
+
+def _stamp(start_ms: int) -> str:
+    """A window's local start time: ``12:00:05``, with milliseconds when it does not start on a second."""
+    text = time.strftime("%H:%M:%S", time.localtime(start_ms // 1000))
+    return text if start_ms % 1000 == 0 else f"{text}.{start_ms % 1000:03d}"
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None = None, jobs: int | None = None,
+                now: float | None = None) -> str:
+    """The one-line status: which job (or how many jobs), ranks alive, windows emitted, events relayed, and what
+    was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read), with
+    samples the ranks dropped for want of room, rejected frames and handler errors when there are any."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now is None else now))
+    who = f"job {job}" if job is not None else f"{jobs} job{'' if jobs == 1 else 's'}"
+    dropped = counters["handler_dropped"] + counters["seq_gaps"] + counters["windows_overwritten"]
+    line = (f"[{stamp}] shmstat: {who}, {ranks_alive} rank{'' if ranks_alive == 1 else 's'} alive, "
+            f"{counters['windows_emitted']} windows emitted, {counters['events_relayed']} events relayed, "
+            f"{dropped} dropped")
+    for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
+                       ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors")):
+        if counters.get(key):
+            line += f", {counters[key]} {label}"
+    return line

@@ -1,0 +1,275 @@
+"""Handlers off the scanning loop: each handler runs in a thread of its own, fed through a bounded queue.
+
+A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. When a
+handler's queue is full (``handler_queue`` rows, default 100,000, about 30 MB of rows), new rows for it are
+dropped, counted (``dropped``, and per group) and warned about once. A pass queued as columns for a handler
+that takes them (``emit_columns``) counts as its number of rows (a row of columns is ~200 bytes), and is cut
+at the bound the same way: its first rows are queued, the rest dropped and counted per group.
+
+Closing gives every handler a bounded time to finish (``close_budget_s`` in all); a handler still stuck then
+is left behind (its thread is a daemon), so SIGTERM always ends the collector within a few seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from elastic.metrics import MetricData, MetricHandler
+
+from .api import Dispatcher, plan_pass
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+    from ..read.merge import WindowRow
+
+__all__ = ["DEFAULT_HANDLER_QUEUE", "ThreadedDispatcher"]
+
+_log = logging.getLogger("shmstat.collector")
+
+DEFAULT_HANDLER_QUEUE = 100_000
+"""Rows queued per handler at most before new ones are dropped (and counted)."""
+
+_FLUSH, _BARRIER, _STOP = object(), object(), object()
+
+
+class _Window(NamedTuple):
+    """A whole window row queued for a handler that takes windows (its ``emit_window``)."""
+
+    row: WindowRow
+    job: str
+
+
+class _Pass(NamedTuple):
+    """A pass queued whole for a handler that takes columns (its ``emit_columns``)."""
+
+    columns: Columns
+
+
+class _Worker:
+    """One handler's thread and queue."""
+
+    def __init__(self, handler: MetricHandler, limit: int, owner: ThreadedDispatcher) -> None:
+        self.handler = handler
+        self.limit = limit
+        self.owner = owner
+        self.queue: collections.deque[Any] = collections.deque()
+        self.rows = 0  # rows in the queue
+        self.cond = threading.Condition()
+        self.emitted = 0
+        self.errors = 0
+        self.busy_since = 0.0  # monotonic time the current emit started (0: idle)
+        self._warned: set[type] = set()
+        self.thread = threading.Thread(target=self._run, name=f"shmstat-handler-{type(handler).__name__}",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, group: str, rows: list[Any]) -> int:
+        """Queue ``rows`` of ``group``; returns how many did not fit (dropped)."""
+        with self.cond:
+            room = self.limit - self.rows
+            take = rows if len(rows) <= room else rows[: max(0, room)]
+            if take:
+                self.queue.append((group, take, len(take)))
+                self.rows += len(take)
+                self.cond.notify()
+        return len(rows) - len(take)
+
+    def put_columns(self, columns: Columns) -> Columns | None:
+        """Queue a pass; returns the rows that did not fit (dropped), or None."""
+        n = len(columns)
+        with self.cond:
+            room = max(0, self.limit - self.rows)
+            take = n if n <= room else room
+            if take:
+                self.queue.append((columns.job, _Pass(columns if take == n else columns.take(slice(0, take))), take))
+                self.rows += take
+                self.cond.notify()
+        return columns.take(slice(take, n)) if take < n else None
+
+    def control(self, marker: Any) -> threading.Event:
+        """Queue a control marker (flush, barrier, stop); the event is set once the worker reached it."""
+        done = threading.Event()
+        with self.cond:
+            self.queue.append((marker, done, 0))
+            self.cond.notify()
+        return done
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                first, second, rows = self.queue.popleft()
+                self.rows -= rows
+            if first is _FLUSH or first is _BARRIER or first is _STOP:
+                if first is _FLUSH:
+                    flush = getattr(self.handler, "flush", None)
+                    if callable(flush):
+                        self._call(flush, "flush")
+                second.set()
+                if first is _STOP:
+                    return
+                continue
+            emit = self.handler.emit
+            self.busy_since = time.monotonic()
+            if type(second) is _Pass:
+                if self._call(self.handler.emit_columns, f"(pass of job {first})", second.columns):  # type: ignore[attr-defined]
+                    self.emitted += rows
+                self.busy_since = 0.0
+                continue
+            for metric in second:
+                if type(metric) is _Window:
+                    done = self._call(self.handler.emit_window, first, metric.row, metric.job)  # type: ignore[attr-defined]
+                else:
+                    done = self._call(emit, first, metric)
+                if done:
+                    self.emitted += 1
+            self.busy_since = 0.0
+
+    def _call(self, fn: Any, group: str, *args: Any) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:  # a user's handler may raise anything; the others must still run
+            self.errors += 1
+            if type(exc) not in self._warned:
+                self._warned.add(type(exc))
+                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                           self.handler, group, exc)
+            return False
+
+
+class ThreadedDispatcher:
+    """Routes metrics to their group's handler (as :class:`Dispatcher`), each handler in a thread of its own."""
+
+    def __init__(self, inner: Dispatcher, *, handler_queue: int = DEFAULT_HANDLER_QUEUE,
+                 close_budget_s: float = 2.0) -> None:
+        self.inner = inner
+        self.handler_queue = handler_queue
+        self.close_budget_s = close_budget_s
+        self.dropped = 0
+        self.dropped_by_group: dict[str, int] = collections.defaultdict(int)
+        self._workers: dict[int, _Worker] = {}
+        self._warned_full: set[int] = set()
+        self._closed = False
+
+    def _worker(self, handler: MetricHandler) -> _Worker:
+        worker = self._workers.get(id(handler))
+        if worker is None:
+            worker = self._workers[id(handler)] = _Worker(handler, self.handler_queue, self)
+        return worker
+
+    @property
+    def errors(self) -> int:
+        """Exceptions raised by handlers (counted, logged once per handler and type)."""
+        return sum(w.errors for w in self._workers.values())
+
+    @property
+    def emitted(self) -> int:
+        """Metrics handlers took without raising."""
+        return sum(w.emitted for w in self._workers.values())
+
+    def discards(self, group: str) -> bool:
+        """Whether ``group``'s handler is a plain null handler (see :meth:`Dispatcher.discards`)."""
+        return self.inner.discards(group)
+
+    def discards_points(self, group: str) -> bool:
+        """Whether ``group``'s handler has no use for metrics outside windows (:meth:`Dispatcher.discards_points`)."""
+        return self.inner.discards_points(group)
+
+    def handler_for(self, group: str) -> MetricHandler:
+        """The handler that receives metrics of ``group``."""
+        return self.inner.handler_for(group)
+
+    def emit_points(self, group: str, metrics: list[MetricData]) -> None:
+        """Queue metrics of one ``group`` that belong to no window (put by ranks, the collector's own figures)
+        for its handler's ``emit`` (never blocks; past the bound they are dropped and counted)."""
+        if metrics and not self._closed:
+            self._queue(group, self.inner.handler_for(group), metrics)
+
+    def emit_columns(self, columns: Columns) -> None:
+        """Queue one pass for the handlers of its groups (never blocks; past a handler's bound rows are dropped
+        and counted): whole, as columns, for handlers that take them (``emit_columns``), as window rows for those
+        that take windows, as one MetricData per aggregation (torchelastic's interface) for the others. This is
+        the one place a pass is turned into rows, and only for the handlers that take nothing else."""
+        if self._closed:
+            return
+        job = columns.job
+        for handler, kind, part in plan_pass(self.inner.handler_for, self.inner.discards, columns):
+            if kind == "columns":
+                lost = self._worker(handler).put_columns(part)
+                if lost is not None:
+                    groups, counts = np.unique(lost.group.astype(str), return_counts=True)
+                    for group, n in zip(groups.tolist(), counts.tolist(), strict=True):
+                        self._count_lost(handler, group, n)
+            elif kind == "windows":
+                for row in part.to_rows():
+                    self._queue(row.group, handler, [_Window(row, job)])
+            else:
+                metrics = part.to_metrics()
+                begin = 0
+                for end in range(1, len(metrics) + 1):  # runs of one group, in row order
+                    if end == len(metrics) or metrics[end].group_name != metrics[begin].group_name:
+                        self._queue(metrics[begin].group_name, handler, metrics[begin:end])
+                        begin = end
+
+    def _queue(self, group: str, handler: MetricHandler, rows: list[Any]) -> None:
+        lost = self._worker(handler).put(group, rows)
+        if lost:
+            self._count_lost(handler, group, lost)
+
+    def _count_lost(self, handler: MetricHandler, group: str, lost: int) -> None:
+        if lost:
+            self.dropped += lost
+            self.dropped_by_group[group] += lost
+            if id(handler) not in self._warned_full:
+                self._warned_full.add(id(handler))
+                _log.warning("handler %r (group %r) does not keep up: its queue of %d rows is full; rows for it "
+                             "are dropped and counted in collector.handler_dropped", handler, group,
+                             self.handler_queue)
+
+    def flush(self) -> None:
+        """Ask every handler to flush once it has taken what was queued before (does not wait)."""
+        for worker in list(self._workers.values()):
+            worker.control(_FLUSH)
+
+    def wait(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every handler has taken what was queued before this call; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        events = [w.control(_BARRIER) for w in list(self._workers.values())]
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in events)
+
+    def stuck(self, after_s: float) -> list[MetricHandler]:
+        """Handlers busy in one call for longer than ``after_s`` seconds."""
+        now = time.monotonic()
+        return [w.handler for w in self._workers.values() if w.busy_since and now - w.busy_since > after_s]
+
+    def close(self) -> None:
+        """Flush, let every handler finish what is queued within the close budget, then close the handlers
+        that finished; a handler still busy after the budget is left behind (counted as stuck, logged)."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + self.close_budget_s
+        stops = [(w, w.control(_FLUSH), w.control(_STOP)) for w in list(self._workers.values())]
+        for worker, _flushed, stopped in stops:
+            if not stopped.wait(max(0.0, deadline - time.monotonic())):
+                _log.warning("handler %r did not finish within %.1f s of shutdown; leaving it behind",
+                             worker.handler, self.close_budget_s)
+                continue
+            close = getattr(worker.handler, "close", None)
+            if callable(close):
+                worker._call(close, "close")
+        for handler in self.inner.all_handlers():  # handlers that never got a row: close them too
+            if id(handler) not in self._workers:
+                close = getattr(handler, "close", None)
+                if callable(close):
+                    with contextlib.suppress(Exception):  # same policy as emit
+                        close()

@@ -1,0 +1,11 @@
+"""The collector's Prometheus endpoint (``--prometheus HOST:PORT``).
+
+- :mod:`~collector.prometheus.exporter`: every job's windows as ``prometheus_client`` metric families;
+- :mod:`~collector.prometheus.server`: ``/metrics`` served from a cached rendering.
+
+The modules are imported by name.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

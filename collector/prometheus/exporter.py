@@ -1,0 +1,340 @@
+"""The collector's Prometheus endpoint (``shmstat collect --prometheus 127.0.0.1:9464``): every job's windows as
+metric families of ``prometheus_client`` (a custom collector; the exposition format is the library's).
+
+Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``rank``, merged series have no
+``rank`` label, so ``sum without (rank)`` of the per-rank series equals the merged one):
+
+- ``shmstat_stat_count_total``, ``shmstat_stat_sum_total``: counters, the running totals over every window this
+  collector emitted (they only grow; a restarted collector starts again from 0, which ``rate()`` and
+  ``increase()`` treat as a counter reset);
+- ``shmstat_stat_mean``, ``shmstat_stat_min``, ``shmstat_stat_max``: gauges, the newest window's figures
+  (min/max merged only); ``shmstat_stat_p50`` / ``_p90`` / ``_p99`` / ``_p999`` for stats with percentiles;
+- ``shmstat_stat_hist`` (merged series of percentile stats): a classic cumulative histogram whose ``le``
+  boundaries are those of exponential schema 2, ``2^(k/4)`` for ``k`` in -80..160 (2^-20 to 2^40) and
+  ``+Inf``: the same on every node, so ``histogram_quantile(0.99, sum by (le, stat) (rate(...)))`` merges nodes.
+  A window's bucket counts map exactly when its scale is 2 or more (values spanning less than 2^68); a coarser
+  bucket counts at its upper edge. Zero and negative samples count in the lowest bucket;
+- ``shmstat_metric``: each put metric's newest value (labels ``job``, ``node``, ``group``, ``name``, ``rank``);
+- ``shmstat_collector_<counter>_total``: the collector's own counters per job.
+
+A scrape sends a cached rendering (:mod:`collector.prometheus.server`): the newest figures while rendering is cheap, at
+most one rendering behind once it is not (8 ranks x 8,000 stats: ~5 s of a background thread per rendering,
+capped at a fifth of a core; the scrape itself takes milliseconds).
+
+A job's series are dropped :data:`RETIRE_AFTER_S` after the node collector let the job go. ``--prometheus-sd
+FILE`` writes a Prometheus ``file_sd`` target file for this endpoint (and removes it on a clean exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+
+import numpy as np
+
+from elastic.metrics import MetricData
+from shmstat.errors import ConfigError
+from shmstat.histogram import Histogram
+
+from ..read.merge import WindowRow
+from .server import MetricsServer, RenderCache
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..daemon.config import CollectorConfig
+    from ..read.columns import Columns
+
+__all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
+
+_log = logging.getLogger("shmstat.prometheus")
+
+_K_MIN, _K_MAX = -80, 160
+BUCKET_BOUNDS: tuple[float, ...] = tuple(2.0 ** (k / 4) for k in range(_K_MIN, _K_MAX + 1))
+"""The classic histogram's finite ``le`` boundaries (exponential schema 2), then ``+Inf``."""
+_NB = len(BUCKET_BOUNDS) + 1
+_LE = (*(repr(b) for b in BUCKET_BOUNDS), "+Inf")
+RETIRE_AFTER_S = 600.0
+_PERCENTILES = ("p50", "p90", "p99", "p999")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) as ``(host, port)``; one clear sentence for anything else."""
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigError(f"--prometheus {text!r} is not HOST:PORT with a port from 0 (any free one) to 65535")
+    return host, int(port_text)
+
+
+@dataclass
+class _Series:
+    """Running totals and the newest window of one (job, group, stat, rank) series."""
+
+    count: float = 0.0
+    total: float = 0.0
+    mean: float = 0.0
+    lo: float = 0.0
+    hi: float = 0.0
+    percentiles: tuple[float, ...] | None = None
+    buckets: list[float] | None = None  # classic, not cumulative; merged series of percentile stats only
+
+
+class PrometheusExporter:
+    """Keeps what ``/metrics`` shows and serves it; ``observe`` is called by the collector's loop, the rendering
+    thread reads under a lock (only copies are made under it) and a scrape sends the cached rendering."""
+
+    def __init__(self, listen: str, *, node: str | None = None, sd_file: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.host, port = parse_listen(listen)
+        self.node = node or socket.gethostname()
+        self.sd_file = sd_file
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, str, str, int | None], _Series] = {}
+        self._metrics: dict[tuple[str, str, str, int | None], float] = {}
+        self._counters: dict[str, Callable[[], dict[str, int]]] = {}
+        self._retired: dict[str, float] = {}
+        self._server: MetricsServer | None = None
+        self._cache: RenderCache | None = None
+        self.port = port
+        self.renders = 0
+
+    # -- serving ---------------------------------------------------------------------------------------------
+    def start(self) -> str:
+        """Bind and serve ``/metrics`` in a thread, from a cached rendering (:mod:`collector.prometheus.server`);
+        returns ``http://HOST:PORT/metrics`` (the real port)."""
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # type: ignore[arg-type]
+        cache = RenderCache(registry)
+        try:
+            self._server = MetricsServer(cache, self.host, self.port)
+        except OSError as exc:
+            cache.close()
+            raise ConfigError(f"--prometheus cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
+        self._cache = cache
+        self.port = self._server.port
+        if self.sd_file:
+            self._write_sd()
+        return self.url
+
+    @property
+    def url(self) -> str:
+        """Where Prometheus scrapes."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving; remove the ``file_sd`` file written for this endpoint."""
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.close()
+            self._server = None
+        if self._cache is not None:
+            self._cache.close()
+        if self.sd_file:
+            with contextlib.suppress(OSError):
+                os.unlink(self.sd_file)
+
+    def _write_sd(self) -> None:
+        assert self.sd_file is not None
+        host = self.host if self.host not in ("0.0.0.0", "::") else socket.getfqdn()
+        target = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        doc = [{"targets": [target], "labels": {"node": self.node}}]
+        tmp = f"{self.sd_file}.tmp.{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.sd_file)  # Prometheus never reads a half-written file
+        except OSError as exc:
+            raise ConfigError(f"--prometheus-sd cannot write {self.sd_file!r}: {exc.strerror}") from None
+
+    # -- what the collector feeds ----------------------------------------------------------------------------
+    def observe(self, job: str, rows: list[WindowRow]) -> None:
+        """Fold one pass's rows (merged and per rank) into the series."""
+        updates = []
+        for row in rows:
+            s = row.summary
+            hist = s.hist
+            pct = tuple(s.quantile(q) or 0.0 for q in (0.5, 0.9, 0.99, 0.999)) if hist is not None else None
+            updates.append(((job, row.group, row.name, row.rank), s.count, s.sum, s.mean, s.min, s.max, pct,
+                            _classic(hist) if hist is not None and row.rank is None else None))
+        self._fold(job, updates)
+
+    def observe_columns(self, cols: Columns) -> None:
+        """Fold one pass given as columns (what the collector hands over: no row objects are built; histogram
+        objects only for the merged rows, whose buckets are exported)."""
+        job = cols.job
+        pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
+        exported = np.flatnonzero((cols.rank < 0) & cols.hists.present)
+        classic = dict(zip(exported.tolist(), map(_classic, cols.hists[exported].histograms()), strict=True))
+        updates = []
+        for i, (group, stat, rank, n, total, mean, lo, hi, has_hist) in enumerate(zip(
+                cols.group.tolist(), cols.stat.tolist(), cols.rank.tolist(), cols.count.tolist(),
+                cols.sum.tolist(), cols.mean.tolist(), cols.min.tolist(), cols.max.tolist(),
+                cols.hists.present.tolist(), strict=True)):
+            pct = (pcts[0][i], pcts[1][i], pcts[2][i], pcts[3][i]) if has_hist else None
+            updates.append(((job, group, stat, None if rank < 0 else rank), n, total, mean, lo, hi, pct,
+                            classic.get(i)))
+        self._fold(job, updates)
+
+    def _fold(self, job: str, updates: list[tuple]) -> None:
+        with self._lock:
+            self._retired.pop(job, None)
+            series = self._series
+            for key, n, total, mean, lo, hi, pct, classic in updates:
+                cur = series.get(key)
+                if cur is None:
+                    cur = series[key] = _Series()
+                cur.count += n
+                cur.total += total
+                cur.mean, cur.lo, cur.hi, cur.percentiles = mean, lo, hi, pct
+                if classic is not None:
+                    if cur.buckets is None:
+                        cur.buckets = [0.0] * _NB
+                    b = cur.buckets
+                    for i, c in classic:
+                        b[i] += c
+        self._changed()
+
+    def observe_metric(self, job: str, metric: MetricData, rank: int | None) -> None:
+        """A put metric's newest value."""
+        with self._lock:
+            self._metrics[(job, metric.group_name, metric.name, rank)] = float(metric.value)
+        self._changed()
+
+    def add_job(self, job: str, counters: Callable[[], dict[str, int]]) -> None:
+        """Export ``counters()`` of a job's collector as ``shmstat_collector_<name>_total``."""
+        with self._lock:
+            self._counters[job] = counters
+            self._retired.pop(job, None)
+        self._changed()
+
+    def retire_job(self, job: str) -> None:
+        """The job was let go: its series go :data:`RETIRE_AFTER_S` later (unless it comes back)."""
+        with self._lock:
+            self._retired[job] = self.clock() + RETIRE_AFTER_S
+
+    def _changed(self) -> None:
+        if self._cache is not None:
+            self._cache.invalidate()
+
+    # -- what Prometheus reads ---------------------------------------------------------------------------------
+    def collect(self) -> Iterator[object]:
+        """The metric families (``prometheus_client``'s custom collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.samples import Sample
+
+        with self._lock:
+            self._drop_retired()
+            series = [(k, v.count, v.total, v.mean, v.lo, v.hi, v.percentiles,
+                       list(v.buckets) if v.buckets is not None else None) for k, v in self._series.items()]
+            metrics = list(self._metrics.items())
+            counter_sources = list(self._counters.items())
+        self.renders += 1
+        node = self.node
+        count = CounterMetricFamily("shmstat_stat_count", "Samples in every emitted window, running total")
+        total = CounterMetricFamily("shmstat_stat_sum", "Sum of the samples of every emitted window, running total")
+        mean = GaugeMetricFamily("shmstat_stat_mean", "Mean of the newest emitted window")
+        lo = GaugeMetricFamily("shmstat_stat_min", "Minimum of the newest emitted window (merged series)")
+        hi = GaugeMetricFamily("shmstat_stat_max", "Maximum of the newest emitted window (merged series)")
+        pcts = [GaugeMetricFamily(f"shmstat_stat_{p}", f"{p} of the newest emitted window (percentile stats)")
+                for p in _PERCENTILES]
+        hist = HistogramMetricFamily("shmstat_stat_hist", "Samples by value, exponential schema 2 boundaries, "
+                                     "running total (merged series of percentile stats)")
+        for (job, group, stat, rank), n, sm, mn, low, high, pct, buckets in series:
+            labels = {"job": job, "node": node, "group": group, "stat": stat}
+            if rank is not None:
+                labels["rank"] = str(rank)
+            count.samples.append(Sample("shmstat_stat_count_total", labels, n))
+            total.samples.append(Sample("shmstat_stat_sum_total", labels, sm))
+            mean.samples.append(Sample("shmstat_stat_mean", labels, mn))
+            if rank is None:
+                lo.samples.append(Sample("shmstat_stat_min", labels, low))
+                hi.samples.append(Sample("shmstat_stat_max", labels, high))
+            if pct is not None:
+                for fam, value in zip(pcts, pct, strict=True):
+                    fam.samples.append(Sample(fam.name, labels, value))
+            if buckets is not None:
+                acc = 0.0
+                for le, c in zip(_LE, buckets, strict=True):
+                    acc += c
+                    hist.samples.append(Sample("shmstat_stat_hist_bucket", {**labels, "le": le}, acc))
+                hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
+                hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
+        yield from (count, total, mean, lo, hi, *pcts, hist)
+        put = GaugeMetricFamily("shmstat_metric", "Newest value of each put metric")
+        for (job, group, name, rank), value in metrics:
+            labels = {"job": job, "node": node, "group": group, "name": name}
+            if rank is not None:
+                labels["rank"] = str(rank)
+            put.samples.append(Sample("shmstat_metric", labels, value))
+        yield put
+        own: dict[str, CounterMetricFamily] = {}
+        for job, source in counter_sources:
+            try:
+                values = source()
+            except Exception:  # a job's collector closing meanwhile: its counters are simply not shown
+                continue
+            for name, value in values.items():
+                fam = own.get(name)
+                if fam is None:
+                    fam = own[name] = CounterMetricFamily(f"shmstat_collector_{name}", f"Collector counter {name}")
+                fam.samples.append(Sample(f"shmstat_collector_{name}_total", {"job": job, "node": node}, value))
+        yield from own.values()
+
+    def _drop_retired(self) -> None:
+        now = self.clock()
+        gone = {job for job, at in self._retired.items() if at <= now}
+        if not gone:
+            return
+        for store in (self._series, self._metrics):
+            for key in [k for k in store if k[0] in gone]:
+                del store[key]
+        for job in gone:
+            self._counters.pop(job, None)
+            del self._retired[job]
+
+
+def start_exporter(config: CollectorConfig, out: IO[str]) -> PrometheusExporter:
+    """The exporter ``config`` asks for, serving; says where on ``out`` (and warns on stderr when the address
+    is not loopback: every host that reaches it reads every job's figures)."""
+    assert config.prometheus is not None
+    exporter = PrometheusExporter(config.prometheus, node=config.prometheus_node, sd_file=config.prometheus_sd)
+    url = exporter.start()
+    print(f"shmstat collector: Prometheus endpoint {url}", file=out, flush=True)
+    if not _is_loopback(exporter.host):
+        print(f"shmstat collector: warning: {url} is reachable beyond this host; whoever reaches it reads every "
+              "job's figures", file=sys.stderr, flush=True)
+    return exporter
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _classic(hist: Histogram) -> list[tuple[int, int]]:
+    """A window's histogram as (classic bucket position, count) pairs (see the module docstring)."""
+    out: dict[int, int] = {}
+    s = hist.scale
+    for i, c in hist.pos.items():
+        j = i >> (s - 2) if s >= 2 else ((i + 1) << (2 - s)) - 1  # schema-2 bucket holding our bucket's top
+        p = min(max(j + 1 - _K_MIN, 0), _NB - 1)  # its upper bound 2^((j+1)/4) is BUCKET_BOUNDS[j + 1 - _K_MIN]
+        out[p] = out.get(p, 0) + c
+    low = hist.zero + sum(hist.neg.values())
+    if low:
+        out[0] = out.get(0, 0) + low
+    return list(out.items())

@@ -1,0 +1,11 @@
+"""The collector's sockets: the ranks' messages in, everything out to subscribers.
+
+- :mod:`~collector.wire.relay`: ranks in on ``XSUB``, everything out on ``XPUB``;
+- :mod:`~collector.wire.intake`: the check of a rank's message on the way in (C twin: ``collector._intake``).
+
+The format itself is :mod:`shmstat.wire`. The modules are imported by name.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

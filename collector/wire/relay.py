@@ -1,0 +1,326 @@
+"""The relay: ranks' messages in on XSUB, everything out on XPUB for subscribers.
+
+The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
+everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
+validated as :func:`shmstat.wire.decode` would (:func:`collector.wire.intake.inspect`: event and metric messages by
+the optional C check, without decoding their items); valid messages are re-published unchanged, invalid ones
+are counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
+by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
+rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), a subscriber's queue
+at most ``sndhwm`` such messages (a slow subscriber loses its own messages past it); a subscription topic is
+at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics the publish socket is
+bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood
+of subscriptions from a local client neither grows the collector nor starves its loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import zmq
+
+from shmstat import wire
+from shmstat.errors import CollectorError, WireError
+
+from .intake import Received, inspect
+
+__all__ = ["Relay", "RelayCounters"]
+
+_MAX_BATCH = 2048
+_MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
+
+
+_MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
+_MAX_SUBSCRIPTION_FRAMES = 5000  # (un)subscribe frames taken per round: a flood cannot starve the loop
+
+MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
+"""The largest message a rank may send (its publisher seals batches far below; one event is at most
+:data:`shmstat.wire.MAX_EVENT_BYTES`)."""
+MAX_SUBSCRIPTION_BYTES = 512
+"""The longest subscription frame a subscriber may send (a longer one disconnects it)."""
+MAX_PREFIXES = 1024
+"""Distinct subscription topics at most, over all subscribers; past it the publish socket is bound anew."""
+
+
+@dataclass
+class RelayCounters:
+    """What went through the relay."""
+
+    messages: int = 0
+    events: int = 0
+    metrics: int = 0
+    rejected: int = 0
+    published: int = 0
+    gaps: int = 0
+    """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
+    subscription_resets: int = 0
+    """Times the publish socket was bound anew because subscribers asked for too many topics."""
+
+
+class Relay:
+    """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
+
+    def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
+                 rcvhwm: int = 8) -> None:
+        self.ctx = zmq.Context()
+        self.counters = RelayCounters()
+        self.pid = os.getpid() if pid is None else pid
+        self._seq = 0
+        self._next_seq: dict[tuple[int, int, int], int] = {}
+        self.prefixes: set[bytes] = set()
+        """Topic prefixes some subscriber of the XPUB asked for (what libzmq reports: a prefix appears with its
+        first subscriber and goes with its last)."""
+        self.xsub = self.ctx.socket(zmq.XSUB)
+        self.xpub = self.ctx.socket(zmq.XPUB)
+        for sock in (self.xsub, self.xpub):
+            sock.setsockopt(zmq.LINGER, 500)
+        # Both queues are bounded (in messages of at most MAX_MESSAGE_BYTES: a rank's message batches up to 1024
+        # items, sealed at 256 KiB; per rank connection RCVHWM messages, per subscriber SNDHWM), so the collector's
+        # memory stays bounded when it falls behind the ranks or a subscriber stops reading: past RCVHWM a
+        # rank's pipe pushes back (its publisher holds, then drops and counts), past SNDHWM a slow subscriber
+        # loses messages (it sees the gap in the per-rank seqs).
+        self.xsub.setsockopt(zmq.RCVHWM, rcvhwm)
+        self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
+        self.xsub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sndhwm = sndhwm
+        self._configure_xpub(self.xpub)
+        try:
+            _bind_owner_only(self.xsub, ingest)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise CollectorError(f"cannot bind the ingest endpoint {ingest}: {exc}") from None
+        self.ingest_endpoint = ingest
+        try:
+            _bind_owner_only(self.xpub, publish)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise CollectorError(f"cannot bind the publish endpoint {publish}: {exc}") from None
+        self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.ranks_subscribed = False
+        """Whether the ranks were asked to send (see :meth:`subscribe_ranks`)."""
+        self.held: set[tuple[int, int, int]] = set()
+        """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
+        their publisher closed): everything they sent before it has arrived."""
+
+    def subscribe_ranks(self) -> None:
+        """Ask every rank to send everything (until then their publishers hold their items, bounded)."""
+        if not self.ranks_subscribed:
+            self.xsub.send(b"\x01")
+            self.ranks_subscribed = True
+
+    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[Received]:
+        """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
+        valid ones and yield them one by one (a generator, so a round never holds more than one message's items:
+        a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes).
+
+        Messages are checked by :func:`collector.wire.intake.inspect` (what :func:`shmstat.wire.decode` accepts, without
+        decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
+        yielded message decodes its ``items`` when the caller reads them."""
+        c = self.counters
+        self._drain_subscriptions()
+        recv = self.xsub.recv_multipart
+        items = 0
+        for _ in range(limit):
+            if items >= max_items:
+                break
+            try:
+                frames = recv(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            if len(frames) != 2:
+                c.rejected += 1
+                continue
+            topic = frames[0]
+            if topic == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
+                self._held(frames)
+                continue
+            try:
+                msg = inspect(topic, frames[1])
+            except WireError:
+                c.rejected += 1
+                continue
+            c.messages += 1
+            n = msg.n_items
+            if msg.kind == "event":
+                c.events += n
+            elif msg.kind == "metric":
+                c.metrics += n
+            items += n
+            self._track_seq(msg)
+            self._send(frames)
+            yield msg
+        self._drain_subscriptions()
+
+    def _held(self, frames: list[bytes]) -> None:
+        try:
+            msg = wire.decode(frames[0], frames[1])
+        except WireError:
+            self.counters.rejected += 1
+            return
+        key = (msg.rank, msg.pid, msg.incarnation)
+        self.held.add(key)
+        expected = self._next_seq.get(key)
+        if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
+            self.counters.gaps += msg.seq - expected
+            self._next_seq[key] = msg.seq
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
+
+    def _track_seq(self, msg: Received) -> None:
+        key = (msg.rank, msg.pid, msg.incarnation)
+        expected = self._next_seq.get(key)
+        if expected is not None and msg.seq > expected:
+            self.counters.gaps += msg.seq - expected
+        if expected is None and len(self._next_seq) >= _MAX_TRACKED:
+            self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
+        self._next_seq[key] = msg.seq + msg.n_items
+
+    def update_subscriptions(self) -> None:
+        """Take the subscription changes the XPUB has queued (also done by every :meth:`receive`)."""
+        self._drain_subscriptions()
+
+    def wants(self, topic: str) -> bool:
+        """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some
+        topic under it); callers skip building what nobody would receive."""
+        if not self.prefixes:
+            return False
+        raw = topic.encode("utf-8")
+        return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in self.prefixes)
+
+    def publish(self, topic: str, kind: str, items: list) -> None:
+        """Publish collector-made items (stat windows, rank lifecycle) on XPUB."""
+        if not items:
+            return
+        payload = wire.encode(kind, wire.COLLECTOR_RANK, self.pid, 0, self._seq, items)
+        self._seq += len(items)
+        self._send([topic.encode("utf-8"), payload])
+
+    def _send(self, frames: list[bytes]) -> None:
+        if not self.prefixes:  # nobody subscribed: the XPUB would discard it anyway
+            return
+        try:
+            self.xpub.send_multipart(frames, zmq.NOBLOCK)
+            self.counters.published += 1
+        except zmq.Again:  # no subscriber is reading fast enough: PUB semantics, drop
+            pass
+
+    def _configure_xpub(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
+
+    def _drain_subscriptions(self) -> None:
+        # Subscribers' (un)subscribe frames queue on XPUB: keep the set of prefixes someone listens to.
+        for _ in range(_MAX_SUBSCRIPTION_FRAMES):
+            try:
+                frame = self.xpub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frame[:1] == b"\x01":
+                self.prefixes.add(frame[1:])
+                if len(self.prefixes) > MAX_PREFIXES:
+                    self._reset_publish()
+                    return
+            elif frame[:1] == b"\x00":
+                self.prefixes.discard(frame[1:])
+
+    def _reset_publish(self) -> None:
+        """Too many subscription topics: drop every subscriber (and libzmq's subscription state with them) by
+        binding a fresh publish socket at the same endpoint; well-behaved subscribers reconnect and subscribe
+        again."""
+        self.counters.subscription_resets += 1
+        endpoint = self.publish_endpoint
+        with contextlib.suppress(Exception):
+            self.xpub.close(linger=0)
+        _remove_ipc_file(endpoint)
+        self.prefixes.clear()
+        self.xpub = self.ctx.socket(zmq.XPUB)
+        self._configure_xpub(self.xpub)
+        _bind_owner_only(self.xpub, endpoint)
+
+    def request_handover(self) -> None:
+        """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
+        a marker behind their last message (recorded in :attr:`held`) and hold new items (bounded, counted)
+        for the next collector. Messages already on their way still arrive: take them with :meth:`receive`."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(wire.HANDOVER_REQUEST, zmq.NOBLOCK)
+        self.ranks_subscribed = False
+
+    def hand_over(self, live_ranks: Callable[[], set[tuple[int, int, int]]], budget_s: float = 3.0,
+                  quiet_s: float = 0.1) -> Iterator[Received]:
+        """Before closing: ask the ranks for the hand-over and yield what they sent before answering.
+
+        Every publisher answers with a marker behind its last message (a closed one sent it already). Waits for
+        the markers of ``live_ranks()`` (``(rank, pid, incarnation)`` of ranks alive and registered), asking
+        again every 50 ms for one that connected meanwhile, and for ``quiet_s`` of silence if some other sender
+        has not answered; at most ``budget_s``. Then unsubscribes (a rank connecting now is not asked to send)
+        and yields the stragglers.
+        """
+        self.request_handover()
+        start = asked = time.monotonic()
+        deadline, quiet_since = start + budget_s, start
+        poller = zmq.Poller()
+        poller.register(self.xsub, zmq.POLLIN)
+        while True:
+            got = False
+            for msg in self.receive(limit=100_000, max_items=1 << 62):
+                got = True
+                yield msg
+            now = time.monotonic()
+            if got:
+                quiet_since = now
+            unmarked = self.senders() - self.held
+            waiting = bool(unmarked & live_ranks())
+            if not unmarked or (not waiting and now - quiet_since >= quiet_s) or now >= deadline:
+                break
+            if waiting and now - asked >= 0.05:
+                self.request_handover()  # idempotent for ranks that answered already
+                asked = now
+            poller.poll(5)
+        self.unsubscribe()
+        while poller.poll(20) and time.monotonic() < deadline + 1.0:
+            yield from self.receive(limit=100_000, max_items=1 << 62)
+
+    def unsubscribe(self) -> None:
+        """Withdraw the subscription: a rank that connects from now on is not asked to send."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.xsub.send(b"\x00", zmq.NOBLOCK)
+        self.ranks_subscribed = False
+
+    def senders(self) -> set[tuple[int, int, int]]:
+        """Every (rank, pid, incarnation) that sent this collector something."""
+        return set(self._next_seq)
+
+    def close(self) -> None:
+        """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""
+        if getattr(self, "xsub", None) is not None:
+            self.unsubscribe()
+        # what subscribers were sent last (the final windows) gets a second to leave; a stuck one costs that
+        for sock, linger_ms in ((getattr(self, "xsub", None), 200), (getattr(self, "xpub", None), 1000)):
+            if sock is not None:
+                with contextlib.suppress(Exception):
+                    sock.close(linger=linger_ms)
+        with contextlib.suppress(Exception):
+            self.ctx.term()
+        for endpoint in (getattr(self, "ingest_endpoint", None), getattr(self, "publish_endpoint", None)):
+            if endpoint:
+                _remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
+
+
+def _bind_owner_only(sock: zmq.Socket, endpoint: str) -> None:
+    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory)."""
+    old_umask = os.umask(0o077)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old_umask)
+
+
+def _remove_ipc_file(endpoint: str) -> None:
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        with contextlib.suppress(OSError):
+            os.unlink(endpoint[len("ipc://"):])

@@ -1,0 +1,232 @@
+"""Attaching this process to a job as one rank: ``init()``, the lazy attach from the environment, detach.
+
+Telemetry never takes the job down: the lazy attach (a Stat, ``log_event``, ``put_metric`` or ``@prof`` in a
+rank configured by the environment, a forked or spawned worker) never raises because of the segment's state.
+A rank or worker that finds no entry gets one without (its samples are dropped and counted in the segment), a
+segment that cannot be opened leaves the process in-process; each is reported once (:mod:`shmstat.job._drops`).
+Only a bad environment value raises (:class:`~shmstat.errors.ConfigError`).
+
+Nothing left behind: the last process of a job that no collector serves removes the job's segment and lock
+file when it detaches (:func:`shutdown`, also run at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from ..errors import CapacityError, ConfigError, ShmstatError
+from ..shm.runtime import ingest_endpoint, validate_job
+from . import _state
+from ._drops import geometry_from_env, warn_once
+from .identity import Identity, identity_from_env
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..shm.segment import Segment
+    from .rank import RankAttachment
+
+# The segment, rank-table and publisher modules (and zmq, msgpack) are imported when a rank first attaches, not
+# by ``import shmstat``: code that never joins a job (the torch.monitor drop-in, in-process) does not pay for them.
+
+__all__ = ["ensure_init", "init", "shutdown"]
+
+
+def init(
+    job: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    *,
+    max_ranks: int | None = None,
+    max_stats: int | None = None,
+    banks: int | None = None,
+    endpoint: str | None = None,
+    publish: bool = True,
+    backlog_mb: float | None = None,
+) -> RankAttachment | None:
+    """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
+
+    Arguments left out come from the environment (see :mod:`shmstat.job.identity`); with no job anywhere the
+    process stays in-process (torch.monitor behaviour) and None is returned. Capacities given explicitly
+    must match an existing segment; left out, a segment this call creates takes them from
+    ``SHMSTAT_MAX_RANKS`` / ``SHMSTAT_MAX_STATS`` / ``SHMSTAT_MAX_PERCENTILE_STATS`` (an existing one is taken as
+    it is). A rank that finds no room in the rank table is attached without an entry: its samples are dropped
+    and counted in the segment, and the job warns once. Stats created afterwards write to shared memory; events
+    and metrics are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
+    ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
+    Calling ``init`` again for another job detaches from the first.
+    """
+    env = identity_from_env()
+    if job is None:
+        if env is None:
+            _state.STATE.auto_init_done = True
+            return None
+        job = env.job
+    validate_job(job)
+    if rank is None:
+        rank = env.rank if env is not None else 0
+    if local_rank is None:
+        local_rank = env.local_rank if env is not None and env.rank == rank else rank
+    if world_size is None:
+        world_size = env.world_size if env is not None else 1
+    for label, value in (("rank", rank), ("local_rank", local_rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
+    from ..publish.publisher import Publisher
+    from ..shm.layout import Geometry
+    from ..shm.segment import Segment
+    from .rank import RankAttachment
+
+    geometry = None
+    if max_ranks is not None or max_stats is not None or banks is not None:
+        default = Geometry()
+        geometry = Geometry(max_ranks or default.max_ranks, max_stats or default.max_stats, banks or default.banks)
+    create_geometry = geometry_from_env() if geometry is None else None
+    with _state.STATE.lock:
+        shutdown()
+        segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
+        try:
+            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size)
+        except CapacityError:
+            att = _no_room_for_rank(segment, rank, local_rank, world_size)
+        except BaseException:
+            segment.close()
+            raise
+        _state.STATE.attachment = att
+        if publish:
+            target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
+            _state.STATE.publish_target = target
+            _state.STATE.publisher = Publisher(
+                target[0], rank=rank, incarnation=att.incarnation,
+                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=job,
+            )
+        _state.STATE.auto_init_done = True
+    return att
+
+
+def ensure_init() -> RankAttachment | None:
+    """The current attachment, attaching from the environment the first time it is asked.
+
+    In a process forked from an attached rank, the first call registers the child as a writer of that rank
+    (its own slots; the collector counts its samples in the rank's rows).
+    """
+    st = _state.STATE
+    if st.attachment is not None and st.attachment.pid == os.getpid():
+        return st.attachment
+    if st.fork_owner is not None:
+        with st.lock:
+            if st.attachment is not None and st.attachment.pid == os.getpid():
+                return st.attachment
+            segment, owner = st.fork_owner
+            from .rank import RankAttachment
+
+            try:
+                st.attachment = RankAttachment.register_writer(segment, owner_local_rank=owner)
+            except (ShmstatError, OSError) as exc:  # e.g. the job's lock file became unusable
+                warn_once("attach", f"a forked worker cannot register in job {segment.job!r} ({exc}); its samples "
+                          "are dropped and counted in its rank's entry")
+                owner_info = segment.rank(owner)
+                st.attachment = RankAttachment.without_entry(segment, rank=owner_info.rank,
+                                                             world_size=owner_info.world_size, writer_of=owner)
+            st.fork_owner = None
+            return st.attachment
+    if st.auto_init_done:
+        return None
+    with st.lock:
+        if st.auto_init_done:
+            return st.attachment
+        env: Identity | None = identity_from_env()  # a bad variable raises: that is a configuration mistake
+        if env is None:
+            st.auto_init_done = True
+            return None
+        from .rank import EntryHeldError
+
+        try:
+            return init(env.job, env.rank, env.local_rank, env.world_size)
+        except EntryHeldError as exc:  # not a bad value: the table's state (e.g. a stale process of the job)
+            reason: Exception = exc
+        except ConfigError:
+            raise
+        except (ShmstatError, OSError) as exc:
+            reason = exc
+        warn_once("attach", f"this process cannot attach to job {env.job!r} ({reason}); its Stats work in-process "
+                  "only and its events and metrics stay local")
+        st.auto_init_done = True
+        return None
+
+
+def _no_room_for_rank(segment: Segment, rank: int, local_rank: int, world_size: int) -> RankAttachment:
+    """An attachment without an entry for a rank that does not fit the table (counted and reported once)."""
+    from .rank import RankAttachment
+
+    geo = segment.geometry
+    want = max(2 * geo.max_ranks, local_rank + 1)
+    try:
+        with segment.locked():
+            warn_once("ranks", f"local rank {local_rank} does not fit the {geo.max_ranks} entries of job "
+                      f"{segment.job!r}; its samples are dropped and counted (see 'shmstat ls'); start the job with "
+                      f"SHMSTAT_MAX_RANKS={want} (shmstat collect/run: --max-ranks {want})", segment)
+    except ShmstatError:
+        pass
+    return RankAttachment.without_entry(segment, rank=rank, world_size=world_size)
+
+
+def shutdown(flush_timeout_s: float = 2.0) -> None:
+    """Flush and close the publisher, mark this rank exited and detach; the process is in-process again.
+
+    When no collector serves the job and no other process of its table is alive, the job's segment and lock file
+    are removed (see :meth:`shmstat.shm.segment.Segment.remove_if_last`): a job nobody collects leaves nothing.
+    ``SHMSTAT_KEEP_SEGMENT=1`` keeps it (to read it afterwards: ``shmstat top``, a collector started later).
+    """
+    st = _state.STATE
+    pub, att = st.publisher, st.attachment
+    st.publisher = None
+    st.attachment = None
+    st.publish_target = None
+    if pub is not None:
+        with contextlib.suppress(Exception):
+            pub.close(linger_ms=int(flush_timeout_s * 1000))
+    if att is not None and att.pid == os.getpid():
+        from ..shm.segment import Segment
+
+        try:
+            # (a process without an entry cannot tell whether others without one still run: it removes nothing)
+            if att.has_entry and os.environ.get("SHMSTAT_KEEP_SEGMENT") != "1":
+                Segment.remove_if_last(att.segment, att.local_rank, att.pid)
+        except Exception:  # e.g. the job lock cannot be taken: leave the segment, still say this entry exited
+            pass
+        with contextlib.suppress(Exception):
+            att.mark_exited()
+
+
+def _after_fork_in_child() -> None:
+    # The child is not the registered rank: it must not write the parent's slots or use its socket. It writes
+    # samples as a writer of the same rank (registered on first use) and publishes events as the same rank
+    # under its own pid, on a socket of its own.
+    st = _state.STATE
+    parent = st.attachment
+    st.fork_owner = None
+    st.attachment = None
+    if parent is not None and parent.owner_local_rank >= 0:
+        st.fork_owner = (parent.segment, parent.owner_local_rank)
+    elif parent is not None:  # the parent rank got no entry: neither does the child (its samples are counted)
+        from .rank import RankAttachment
+
+        st.attachment = RankAttachment(parent.segment, -1, parent.rank, parent.world_size, os.getpid(), 0)
+    st.lock = threading.RLock()  # a parent thread may have held it at the fork
+    st.publisher = None
+    st.auto_init_done = True
+    if st.publish_target is not None:
+        endpoint, rank, incarnation = st.publish_target
+        job = parent.segment.job if parent is not None else None
+        from ..publish.publisher import Publisher  # already imported: this process had a publish target
+
+        with contextlib.suppress(Exception):
+            st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation, job=job)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)

@@ -1,0 +1,413 @@
+"""The rank's event publisher: ships events and metrics to the node's collector without blocking the caller.
+
+A :class:`Publisher` owns one ZeroMQ ``XPUB`` socket *connected* to the collector's ``XSUB`` (which binds the
+job's ``ipc://`` endpoint and sends the subscribe-all frame ``b"\\x01"``). The caller's side of every
+``publish*`` method is one call into the publisher's outbox (:mod:`shmstat.publish.outbox`; in C, ``shmstat._pubfast``,
+when built): the item is checked and msgpack-encoded at once (so the caller may change its data afterwards) and
+added to the open batch of its topic (up to ``batch_max`` items per message; an item joins its topic's batch
+still waiting to be sent, so topics published interleaved — ``@prof``'s success and duration, a loop's several
+metrics — still travel in large messages). A daemon thread, started on the first publish, owns the socket and
+does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
+them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
+
+What the ``XPUB`` reports, and how the thread answers it, is in :mod:`shmstat.publish.xpub`.
+
+Guarantees:
+
+- ``publish_event`` / ``publish_metric`` / ``publish`` never block, never raise for a full backlog, never
+  touch the socket, and cost one call into the outbox (the slow path for odd values: a Python check and
+  ``msgpack.packb``; plus checks for ``publish``).
+- Items of one topic leave in publish order (per publisher), and so do items of different kinds (an event
+  published before a metric leaves before it). Items of one kind but different topics published close
+  together are regrouped per topic, so between them the wire order can differ from the publish order (each
+  item carries its timestamp). Sequence numbers start at 0 and run on in send order; every item that is
+  dropped takes one too, at its place in the publish order: a receiver's gap of ``n`` is ``n`` lost items.
+- At most ``backlog_limit`` items and ``backlog_bytes`` estimated bytes are held here (waiting for the thread,
+  for a subscriber or for room in zmq's pipe, which holds at most ``sndhwm`` messages of at most
+  :data:`MAX_BATCH_BYTES` or one event); past that, new items are dropped, counted in
+  :attr:`PublisherStats.dropped` and numbered. Items that cannot be encoded (bad types, too big) are dropped,
+  counted and logged once. Nothing within the bound is lost while the collector is up or before it first
+  starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
+  after them, so the collector counts them as a gap.
+- ``stats().queued == sent_items + dropped + backlog`` at any time.
+- Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
+  and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
+  collector sees them as a sequence gap. Items in zmq's pipe when ``close()``'s linger expires with no
+  collector present are likewise lost uncounted.
+
+Processes: sequence numbers are per publisher, so a receiver keys them by (rank, incarnation, pid). A
+publisher belongs to the process that created it: in a forked child, :func:`after_fork_in_child` (registered
+with :func:`os.register_at_fork`) marks every inherited publisher dead — it never touches the parent's socket,
+context or thread again; its ``publish*`` calls are no-ops counted as dropped — and clears
+``shmstat.job._state.STATE.publisher`` if it held one, so the child can create its own publisher with its own pid.
+At interpreter exit (and at the exit of a ``multiprocessing`` child) live publishers are flushed and closed
+within a bounded time.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import zmq
+
+from .. import wire
+from ..errors import ConfigError
+from . import _pubprocess
+from ._pubprocess import after_fork_in_child
+from .backlog import (
+    DEFAULT_BACKLOG_BYTES,
+    MAX_BATCH_BYTES,
+    METRIC_BYTES,
+    backlog_bytes_from_env,
+    item_bytes,
+)
+from .outbox import KIND_CODES, counters_of, new_outbox
+from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
+
+__all__ = [
+    "DEFAULT_BACKLOG_BYTES",
+    "DEFAULT_SNDHWM",
+    "MAX_BATCH_BYTES",
+    "Publisher",
+    "PublisherStats",
+    "after_fork_in_child",
+    "item_bytes",
+]
+
+_log = logging.getLogger("shmstat")
+
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    """A snapshot of a publisher's counters (items unless stated otherwise).
+
+    ``queued``: items accepted by ``publish*`` calls since creation. ``sent_items`` / ``sent_messages``:
+    items / messages handed to zmq. ``dropped``: items given up (over the backlog bound, not encodable,
+    published after close or in a forked child, left over at close). ``subscribed``: whether the collector's
+    subscribe-all frame is in effect. ``backlog``: items held in this process, not yet handed to zmq.
+    ``queued == sent_items + dropped + backlog`` whenever the publisher thread is idle.
+    """
+
+    queued: int
+    sent_items: int
+    sent_messages: int
+    dropped: int
+    subscribed: bool
+    backlog: int
+
+
+class _FlushRequest:
+    __slots__ = ("cancelled", "done", "target")
+
+    def __init__(self) -> None:
+        self.target = -1
+        self.cancelled = False
+        self.done = threading.Event()
+
+
+class Publisher(_SocketProtocol):
+    """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
+
+    ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
+    ``backlog_limit`` items are held here; a message carries at most ``batch_max`` items; the background
+    thread sleeps ``idle_sleep_s`` when idle, backing off to 20 ms after a while. ``context`` is a
+    ``zmq.Context`` to use (not terminated by :meth:`close`); by default the publisher makes its own.
+    ``sndhwm`` is zmq's send high-water mark in messages. If no collector has subscribed within
+    ``unacked_warning_s`` (default 10 s, ``SHMSTAT_UNCOLLECTED_WARNING_S``) of the first publish, one warning
+    per process names ``job`` and the command that would collect it. Raises :class:`~shmstat.errors.ConfigError` for
+    bad arguments or an endpoint zmq cannot connect to. Creating a publisher starts no thread.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        rank: int,
+        incarnation: int = 0,
+        pid: int | None = None,
+        backlog_limit: int = 100_000,
+        batch_max: int = 1024,
+        idle_sleep_s: float = 0.002,
+        context: zmq.Context[Any] | None = None,
+        sndhwm: int = DEFAULT_SNDHWM,
+        backlog_bytes: int | None = None,
+        job: str | None = None,
+        unacked_warning_s: float | None = None,
+    ) -> None:
+        if pid is None:
+            pid = os.getpid()
+        for label, value, low in (
+            ("rank", rank, wire.COLLECTOR_RANK),
+            ("incarnation", incarnation, 0),
+            ("pid", pid, 0),
+            ("backlog_limit", backlog_limit, 1),
+            ("batch_max", batch_max, 1),
+            ("sndhwm", sndhwm, 0),
+            ("backlog_bytes", backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes, 1024),
+        ):
+            if type(value) is not int or value < low:
+                raise ConfigError(f"Publisher {label} must be an int >= {low}, got {value!r}")
+        if not isinstance(idle_sleep_s, (int, float)) or not 0 < idle_sleep_s <= 1:
+            raise ConfigError(f"Publisher idle_sleep_s must be in (0, 1] seconds, got {idle_sleep_s!r}")
+        if not isinstance(endpoint, str) or not endpoint:
+            raise ConfigError(f"Publisher endpoint must be a non-empty str, got {endpoint!r}")
+
+        self.endpoint = endpoint
+        self.job = job
+        self.rank = rank
+        self._unacked_warning_s = unacked_warning_from_env() if unacked_warning_s is None else unacked_warning_s
+        self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
+        self._ever_subscribed = False
+        self.incarnation = incarnation
+        self.pid = pid
+        self._owner_pid = os.getpid()
+        self._backlog_bytes = backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
+        self._idle_sleep_s = float(idle_sleep_s)
+        self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
+
+        # the backlog: items encoded at publish time, batched, bounded (C or pure Python, see shmstat.publish.outbox)
+        self._outbox_args = {"rank": rank, "pid": pid, "incarnation": incarnation, "batch_max": batch_max,
+                             "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
+                             "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
+        self._outbox: Any = new_outbox(**self._outbox_args)
+        self._started = False
+
+        # thread side (written only by the background thread while it runs)
+        self._prefixes: set[bytes] = set()
+        self._subscribed = False
+        self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
+        self._warned_invalid = False
+        self._warned_slow = False
+        self._flush_waiting: list[_FlushRequest] = []
+
+        # shared control
+        self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._close_linger_ms = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._dead = False
+
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
+        sock = self._ctx.socket(zmq.XPUB)
+        try:
+            sock.setsockopt(zmq.SNDHWM, sndhwm)
+            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe frame, also a repeated one (see above)
+            sock.setsockopt(zmq.LINGER, 0)  # set for real in close()
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            if self._own_context:
+                self._ctx.term()
+            raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
+        self._sock: zmq.Socket[Any] | None = sock
+        _pubprocess.register(self)
+
+    # ------------------------------------------------------------------------------------- caller side
+
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, Any], size: int = 0) -> None:
+        """Queue the event ``name`` at ``ts_ns`` (Unix ns) with ``data`` (encoded now: the caller may change
+        ``data`` afterwards); never blocks.
+
+        ``data`` values must be ``str``/``int``/``float``/``bool`` (an item that cannot be encoded is dropped,
+        counted and logged once). ``size`` is the event's :func:`item_bytes` if the caller has it. Past the
+        bound the event is dropped and counted.
+        """
+        if self._outbox.event(name, ts_ns, data, size) < 0:
+            self._publish_slow("event", name, None, (name, ts_ns, data), size)
+        if not self._started:
+            self.start()
+
+    def publish_metric(self, group: str, name: str, value: int | float, ts: float) -> None:
+        """Queue metric ``name`` of ``group`` with ``value`` at ``ts`` (Unix seconds); never blocks."""
+        if self._outbox.metric(group, name, value, ts) is not None:
+            self._publish_slow("metric", group, name, (group, name, value, ts), METRIC_BYTES)
+        if not self._started:
+            self.start()
+
+    def publish(self, topic: str, kind: str, item: Any) -> None:
+        """Queue one ``item`` of ``kind`` under ``topic`` (shapes in :mod:`shmstat.wire`); never blocks.
+
+        Checks that ``kind`` is a wire kind and that ``topic`` starts with ``<kind>/`` and, for events and
+        metrics, is the topic the item's name implies; raises :class:`~shmstat.errors.ConfigError` if not.
+        """
+        if type(kind) is not str or kind not in wire.KINDS:
+            raise ConfigError(f"publish kind must be one of {wire.KINDS}, got {kind!r}")
+        if type(topic) is not str or not topic.startswith(kind + "/"):
+            raise ConfigError(f"publish topic {topic!r} must start with {kind!r} + '/'")
+        expected = topic
+        try:
+            if kind == "event":
+                expected = wire.event_topic(item[0])
+            elif kind == "metric":
+                expected = wire.metric_topic(item[0], item[1])
+        except (TypeError, IndexError, KeyError) as exc:
+            raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
+        if expected != topic:
+            raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
+        if kind == "event":
+            self._publish_slow(kind, str(item[0]), None, item, METRIC_BYTES)
+        elif kind == "metric":
+            self._publish_slow(kind, str(item[0]), str(item[1]), item, METRIC_BYTES)
+        else:
+            self._publish_slow(kind, topic, None, item, METRIC_BYTES)
+        if not self._started:
+            self.start()
+
+    def _publish_slow(self, kind: str, key1: str, key2: str | None, item: Any, size: int) -> None:
+        """Validate and encode an item the outbox's fast path left to us (subclasses, odd values, ``publish``);
+        one that cannot go on the wire is dropped, counted and numbered here, and logged once."""
+        reason = wire._encode_item_reason(kind, item)
+        encoded = b""
+        if reason is None:
+            try:
+                encoded = msgpack.packb(item, use_bin_type=True)
+            except (TypeError, ValueError, OverflowError) as exc:  # huge ints, lone surrogates, recursion
+                reason = str(exc)
+        if reason is not None or type(key1) is not str or (key2 is not None and type(key2) is not str):
+            self._outbox.invalid(1)
+            if not self._warned_slow:
+                self._warned_slow = True
+                _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted",
+                             reason or "a name that is not a str")
+            return
+        if kind == "event" and not size:
+            try:
+                size = item_bytes(key1, item[2])
+            except Exception:  # keys that are not str (refused above), or odd mappings
+                size = METRIC_BYTES
+        self._outbox.raw(KIND_CODES[kind], key1, key2, encoded, size)
+
+    # ------------------------------------------------------------------------------------- the fast path
+    # log_event and put_metric queue into the outbox directly (in C too: shmstat/_c/log_event.h), then start.
+
+    @property
+    def outbox(self) -> Any:
+        """The outbox ``log_event`` and ``put_metric`` queue into directly: one call checks, encodes and queues
+        an item (:mod:`shmstat.publish.outbox`, or its C twin); call :meth:`start` after queueing. A forked child's
+        publisher gets a new, closed one."""
+        return self._outbox
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` has run (or never will: the publisher was closed, or is a forked child's)."""
+        return self._started
+
+    def start(self) -> None:
+        """Start the sending thread, once: it sends what is queued. A no-op once started, closed or dead."""
+        with self._lock:
+            if self._started or self._closed or self._dead:
+                return
+            _pubprocess.ensure_exit_hooks()
+            self._first_publish = time.monotonic()
+            thread = threading.Thread(target=self._run, name=f"shmstat-publisher-r{self.rank}", daemon=True)
+            thread.start()
+            self._thread = thread
+            self._started = True
+
+    # ------------------------------------------------------------------------------------- control
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every item published before this call was handed to zmq or dropped.
+
+        Returns True if that happened within ``timeout_s`` seconds, False otherwise (for example while no
+        collector has subscribed: held items are neither sent nor dropped). Returns True at once if
+        nothing was ever published; in a forked child's inherited publisher, always True (its items were
+        all dropped). Must not be called from the publisher's own thread.
+        """
+        if self._dead:
+            return True
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return not counters_of(self._outbox).held
+        req = _FlushRequest()
+        req.target = counters_of(self._outbox).published
+        self._flush_requests.append(req)
+        self._wake.set()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - time.monotonic()
+            if req.done.wait(max(0.0, min(remaining, 0.05))):
+                return True
+            if remaining <= 0 or not thread.is_alive():
+                req.cancelled = True
+                return req.done.is_set()
+
+    def close(self, linger_ms: int = 1000) -> None:
+        """Flush for up to ``linger_ms``, stop the thread, close the socket (and the context if ours).
+
+        Items still held afterwards are counted as dropped; later ``publish*`` calls are no-ops counted as
+        dropped. Idempotent; bounded by about ``linger_ms`` plus a few ms. A no-op in a forked child's
+        inherited publisher.
+        """
+        with self._lock:
+            if self._closed or self._dead:
+                return
+            self._closed = True
+            self._started = True  # never start a thread from now on
+            self._outbox.close()  # later publishes are counted as dropped
+        budget_s = max(0, linger_ms) / 1000.0
+        deadline = time.monotonic() + budget_s
+        thread = self._thread
+        if thread is not None:
+            self.flush(budget_s)
+            self._close_linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            self._stop = True
+            self._wake.set()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+            if thread.is_alive():  # pragma: no cover - the loop never blocks for long
+                _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
+                _pubprocess.forget(self)
+                return
+        elif self._sock is not None:
+            self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
+        self._sock = None
+        self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
+        if self._own_context:
+            with contextlib.suppress(zmq.ZMQError):
+                self._ctx.term()
+        _pubprocess.forget(self)
+
+    def stats(self) -> PublisherStats:
+        """A snapshot of the counters (see :class:`PublisherStats`); consistent at any time."""
+        published, sent_items, sent_messages, dropped, held, _bytes, _invalid, late = self._outbox.counters()
+        return PublisherStats(
+            queued=published + late,
+            sent_items=sent_items,
+            sent_messages=sent_messages,
+            dropped=dropped + late,
+            subscribed=self._subscribed,
+            backlog=held,
+        )
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`, and for a forked child's inherited publisher."""
+        return self._closed or self._dead
+
+    def _mark_dead_in_child(self) -> None:
+        """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
+        self._dead = True
+        self._started = True
+        _pubprocess.keep_fork_orphans(self._sock, self._ctx, self._outbox)
+        self._sock = None
+        self._thread = None
+        self._lock = threading.Lock()
+        self._outbox = new_outbox(**self._outbox_args)
+        self._outbox.close()
+        self._flush_requests = collections.deque()
+        self._flush_waiting = []
+        self._subscribed = False

@@ -1,0 +1,203 @@
+"""The publisher's socket protocol: the thread that owns the ``XPUB`` socket, sends sealed batches without
+blocking, reads the collector's subscription and hand-over frames, and marks the end of what it sent.
+
+These are the publisher thread's methods (a mixin of :class:`shmstat.publish.publisher.Publisher`, which owns the
+state they use).
+
+What the ``XPUB`` tells us (measured on libzmq 4.3.5; the socket options :class:`~shmstat.publish.publisher.Publisher`
+sets follow from it):
+
+- An ``XPUB`` silently discards messages no subscriber has asked for. So until the collector's subscribe-all
+  frame has arrived (``subscribed`` is False) items are held in the publisher's bounded backlog, in order.
+- With the default ``ZMQ_IMMEDIATE=0`` the socket's pipe to the collector's endpoint outlives the connection:
+  when the collector dies the ``XPUB`` reports *nothing* (no unsubscribe frame), keeps the subscription, and
+  queues what we send in that pipe (up to ``SNDHWM`` messages; ``ZMQ_XPUB_NODROP`` makes a full pipe answer
+  ``EAGAIN`` instead of discarding); when a collector binds the endpoint again, libzmq reconnects and delivers
+  that queue to it. (With ``ZMQ_IMMEDIATE=1`` the ``XPUB`` reports ``b"\\x00"`` on disconnect but silently
+  discards everything sent to the dead pipe before that frame is read, and the whole pipe content: more loss,
+  so it is not used.)
+- A collector that shuts down cleanly sends the hand-over request (``wire.HANDOVER_REQUEST``, a user message
+  upstream; not an unsubscribe, which libzmq applies inside a later ``send()`` and so silently discards that
+  message although it was counted as sent). The thread answers with a hand-over marker on
+  ``wire.HELD_TOPIC``, behind everything it sent (the collector stops reading once it has every marker), and
+  from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
+  frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
+  (``b"\\x00"``) also makes the thread hold items.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from .. import wire
+from ..shm.runtime import env_number
+from .outbox import counters_of
+
+__all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
+
+_log = logging.getLogger("shmstat")
+
+DEFAULT_SNDHWM = 64
+"""zmq's send high-water mark, in messages (each message batches up to ``batch_max`` items and, except for one
+large event, at most :data:`MAX_BATCH_BYTES`): what waits inside zmq stays within ~16 MiB, the rest is in the
+publisher's own byte-bounded backlog, where a drop is counted and numbered."""
+
+_MAX_IDLE_SLEEP_S = 0.02
+
+_WARNED_UNCOLLECTED = False  # the uncollected-events warning is said once per process
+DEFAULT_UNCOLLECTED_WARNING_S = 10.0
+
+
+def unacked_warning_from_env() -> float:
+    """Seconds after the first publish with no collector before the warning (``SHMSTAT_UNCOLLECTED_WARNING_S``,
+    default 10); a bad value is a ConfigError."""
+    seconds = env_number("SHMSTAT_UNCOLLECTED_WARNING_S", 0, 86400, "seconds")
+    return DEFAULT_UNCOLLECTED_WARNING_S if seconds is None else seconds
+
+
+class _SocketProtocol:
+    """The thread side of the socket (mixed into the publisher)."""
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        sleep_s = self._idle_sleep_s
+        failures = 0
+        try:
+            while True:
+                try:
+                    progressed = self._step(sock)
+                except zmq.ContextTerminated:
+                    return
+                except Exception:  # the thread must survive anything
+                    failures += 1
+                    if failures == 1:
+                        _log.exception("shmstat: unexpected error in the publisher thread (continuing)")
+                    progressed = False
+                if self._stop:
+                    return
+                if not self._ever_subscribed:
+                    self._check_uncollected()
+                if progressed:
+                    sleep_s = wait_s = self._idle_sleep_s  # items are flowing: let the next ones gather into batches
+                else:
+                    wait_s = sleep_s  # idle: back off up to _max_sleep_s
+                    sleep_s = min(sleep_s * 2, self._max_sleep_s)
+                if not self._subscribed and counters_of(self._outbox).held:
+                    # only a subscription frame can unblock the backlog: wait on the socket
+                    sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
+                elif self._wake.wait(wait_s):
+                    self._wake.clear()
+        finally:
+            if self._subscribed and not counters_of(self._outbox).held:
+                self._send_held(sock, self._outbox.end_seq())  # all sent: the collector need not wait for more from us
+                self._await_ack(sock, self._close_linger_ms)
+            elif self._subscribed:
+                # closing with items left: they are dropped, and the marker carries the sequence number after
+                # them, so the collector counts them as a gap (sealed batches are numbered already)
+                self._send_held(sock, self._outbox.end_seq())
+            with contextlib.suppress(zmq.ZMQError):
+                sock.close(linger=self._close_linger_ms)
+
+    def _step(self, sock: zmq.Socket[Any]) -> bool:
+        """One round: subscriptions, flush requests, send. True if anything was sent."""
+        if sock.get(zmq.EVENTS) & zmq.POLLIN:
+            self._read_subscriptions(sock)
+        requests = self._flush_requests
+        while requests:
+            self._flush_waiting.append(requests.popleft())
+        progressed = self._subscribed and self._send(sock)
+        if self._flush_waiting:
+            self._resolve_flushes()
+        if not self._warned_invalid and counters_of(self._outbox).invalid:
+            self._warned_invalid = True
+            _log.warning("shmstat: dropping items that cannot be sent (a topic longer than %d bytes or not "
+                         "UTF-8); further drops are only counted", wire.MAX_TOPIC)
+        return progressed
+
+    def _resolve_flushes(self) -> None:
+        frontier = self._outbox.frontier()
+        still: list[Any] = []  # publisher._FlushRequest
+        for req in self._flush_waiting:
+            if req.cancelled:
+                continue
+            if frontier >= req.target:
+                req.done.set()
+            else:
+                still.append(req)
+        self._flush_waiting = still
+
+    def _read_subscriptions(self, sock: zmq.Socket[Any]) -> None:
+        prefixes = self._prefixes
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frame[:1] == b"\x01":
+                prefixes.add(frame[1:])
+                self._handed_over = False
+            elif frame[:1] == b"\x00":
+                prefixes.discard(frame[1:])
+            elif frame == wire.HANDOVER_REQUEST and not self._handed_over:
+                if self._subscribed:
+                    self._send_held(sock)
+                self._handed_over = True
+            self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
+            if self._subscribed:
+                self._ever_subscribed = True
+
+    def _check_uncollected(self) -> None:
+        """Warn once per process when no collector has taken this publisher's items in time."""
+        global _WARNED_UNCOLLECTED
+        if _WARNED_UNCOLLECTED or time.monotonic() - self._first_publish < self._unacked_warning_s:
+            return
+        _WARNED_UNCOLLECTED = True
+        job = self.job or "?"
+        _log.warning(
+            "shmstat: no collector has taken the events of job %s (rank %s) within %g s of the first one; "
+            "they wait in this process (up to the backlog bound, then dropped and counted) and stats keep "
+            "accumulating in shared memory. Collect them with: shmstat collect  (every job on this node) or "
+            "shmstat collect --job %s", job, self.rank, self._unacked_warning_s, job)
+
+    def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
+        """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
+        has been received, so closing the socket now loses nothing."""
+        ack = wire.ACK_PREFIX + str(self.pid).encode()
+        deadline = time.monotonic() + budget_ms / 1000
+        with contextlib.suppress(zmq.ZMQError):
+            while (left := deadline - time.monotonic()) > 0:
+                if sock.poll(max(1, int(left * 1000)), zmq.POLLIN) and sock.recv(zmq.NOBLOCK) == ack:
+                    return
+
+    def _send_held(self, sock: zmq.Socket[Any], next_seq: int | None = None) -> None:
+        """Tell the collector that everything sent before has been sent: the marker travels behind it in the
+        same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
+        next one) and when this publisher closes. It carries the next sequence number on the wire, or
+        ``next_seq`` (closing with items left: the sequence number after them, so they count as a gap)."""
+        seq = self._outbox.wire_seq() if next_seq is None else next_seq
+        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, seq, [{"state": "held"}])
+        with contextlib.suppress(zmq.ZMQError):
+            sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
+
+    def _send(self, sock: zmq.Socket[Any]) -> bool:
+        """Send the outbox's batches in order until zmq says EAGAIN; True if at least one message left."""
+        outbox = self._outbox
+        head, pop, send = outbox.head, outbox.pop, sock.send_multipart
+        max_topic = wire.MAX_TOPIC
+        sent = False
+        while True:
+            frames = head(max_topic)
+            if frames is None:
+                return sent
+            try:
+                send(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return sent
+            pop()
+            sent = True

@@ -1,0 +1,574 @@
+"""The binary layout of a job's shared-memory segment: the one source of truth for ranks and collector.
+
+All integers and floats are little-endian, every field is 8 bytes and 8-byte aligned (histogram bucket counts
+are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank,
+``K`` = banks per slot, ``H`` = stats with percentiles per rank, ``M`` = :data:`HIST_BUCKETS`.
+
+::
+
+    offset                         size       region
+    0                              256        header
+    256                            R*128      rank table        (entry i = local rank i)
+    DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
+    BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
+    HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
+
+    header (256 bytes)
+      0  magic            8s   b"SHMSTAT\\0"
+      8  layout_version   u64  LAYOUT_VERSION
+     16  max_ranks        u64  R
+     24  max_stats        u64  S
+     32  banks            u64  K
+     40  total_size       u64  bytes of the whole segment
+     48  created_ns       i64  wall-clock ns at creation
+     56  collector_pid    i64  pid of the collector serving the job, 0 if none, -1 when the last one stopped with
+                               windows left to emit (ranks then keep the segment for the next collector)
+     64  collector_beat   i64  collector heartbeat, wall-clock ns
+     72  hist_slots       u64  H
+     80  dropped          u64  samples dropped by processes that got no entry of their own (their rank did not fit
+                               the table, or its entry was held); atomic adds (several processes)
+     88  ranks_refused    u64  rank processes that got no entry
+     96  warned           u64  kinds of degradation a process of the job has reported already (bit mask, written
+                               under the job lock: the job warns once per kind, not once per worker)
+    104  reserved ... 256
+
+    rank entry (128 bytes)
+      0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
+      8  pid              i64
+     16  incarnation      u64  bumped on every registration of this entry (a restarted rank)
+     24  rank             i64  global rank
+     32  local_rank       i64  index of this entry
+     40  world_size       i64
+     48  start_ns         i64
+     56  heartbeat_ns     i64
+     64  nstats           u64  descriptors handed out so far (high-water mark)
+     72  nan_count        u64  NaN samples ignored by this rank
+     80  discarded        u64  samples discarded because a window reached max_samples
+     88  writer_of        u64  0 for a rank; 1 + the local rank whose samples this entry also writes, for a
+                               writer entry (a forked child or a spawned worker of that rank: its own slots,
+                               summed into its rank's rows by the collector)
+     96  nhist            u64  histograms handed out so far (high-water mark, at most H)
+    104  dropped          u64  samples of this rank that no slot holds: added to a Stat that got no slot (stat or
+                               percentile table full, or a writer of the rank that got no entry), plus the
+                               unemitted samples of a dead writer of this rank whose entry was taken over; atomic
+                               adds (the rank and its writers), counted on the rank's own entry only
+    112  stats_refused    u64  Stats of this rank (or its writers) that got no slot (one per process and stat key)
+    120  writers_refused  u64  writer processes of this rank that got no entry
+
+    stat descriptor (208 bytes)
+      0  state            u64  0 empty, 1 published (written last, after the other fields)
+      8  window_ms        u64  1 .. MAX_WINDOW_MS (2**62 ns); a reader refuses others (0, "negative", 2**62 ms).
+                               Over LONG_WINDOW_MS (1 h) each writer's window also closes by count or by the
+                               writer's end (see the window constants below)
+     16  max_samples      i64
+     24  agg_mask         u64  bit (1 << Aggregation value)
+     32  emitted_wid      i64  written by the collector only: the newest window it has emitted (-1 none)
+     40  name_len         u64
+     48  group_len        u64
+     56  incarnation      u64  incarnation of the rank that published the descriptor
+     64  flags            u64  bit 0: higher is better (a rate: a straggler is a rank whose figure is low)
+     72  hist             i64  1 + index of the stat's histogram in its rank's histogram table; 0 for none
+                               (a stat with a percentile aggregation always has one)
+     80  name             80 bytes UTF-8
+    160  group            48 bytes UTF-8
+
+    bank (64 bytes)
+      0  seq              f64  2 * count, plus 1 while a write is in progress (a seqlock whose even value
+                               is the sample count: the writer touches one field less per sample)
+      8  wid              i64  window id = wall-clock ns // window ns
+     16  sum              f64
+     24  min              f64
+     32  max              f64
+     40  last             f64  last value added
+     48  last_ts          i64  wall-clock ns of the last value added
+     56  incarnation      u64  incarnation of the rank that wrote this window
+
+    histogram (2240 bytes; one per bank of a stat with percentiles: bank b of histogram h of rank i is at
+    HIST_BASE + ((i * H + h) * K + b) * 2240; the semantics are in :mod:`shmstat.histogram`)
+      0  scale            i64  the window's scale (starts at 8, lowered when the values' range needs it)
+      8  zero             u64  samples equal to 0.0
+     16  pos_lo           i64  lowest positive bucket index in use at this scale (pos_lo > pos_hi: none)
+     24  pos_hi           i64  highest
+     32  neg_lo           i64  lowest bucket index of |v| for negative samples (neg_lo > neg_hi: none)
+     40  neg_hi           i64
+     48  reserved ... 64
+     64  pos              u32[M]  count of positive bucket i at position i mod M (M = 272, so the indices in
+                                  use, at most M apart, never share a position)
+   1152  neg              u32[M]  the same for negative samples
+    Bucket index of v at scale s: ``(ceil(log2(|v|) * 256) - 1) >> (8 - s)`` (OpenTelemetry's index at scale s;
+    Prometheus native histograms use that + 1); a bucket i holds (base**i, base**(i+1)], base = 2**(2**-s). At
+    most M buckets per sign per window; the scale is lowered just enough when a value would need more. A quantile
+    read from a bucket is within (base - 1) / (base + 1) of the exact one: 2.2% at scale 4, 1.1% at 5. A bucket
+    counts at most 2**32 - 1 samples of one window (then it saturates).
+
+Concurrency guarantees:
+
+- Every bank has exactly one writer, the process registered for its rank entry; it never takes a lock.
+  The writer sets ``seq`` odd, writes ``wid`` (on a reset) and the data fields, then sets ``seq`` even. A
+  bank's histogram is written only while that bank's ``seq`` is odd, so it is covered by the same seqlock: a
+  reader copies ``seq, wid``, the bank and the histogram, then ``wid, seq`` again.
+- A reader copies ``seq, wid``, the data, then ``wid, seq`` again and accepts the copy only when both pairs
+  match and ``seq`` is even; otherwise it retries. Re-checking ``wid`` catches a bank reset whose new count
+  equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
+- Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat.shm._joblock``); a
+  descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
+- ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank,
+  except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
+  ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
+  header's ``warned``, written under the job lock.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import compress
+from typing import TYPE_CHECKING
+
+from ..histogram import MAX_SCALE as _MAX_SCALE
+from ..histogram import MIN_SCALE as _MIN_SCALE
+from ..histogram import Histogram as _Histogram
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..histogram import Histogram
+
+__all__ = [
+    "BANK_SIZE",
+    "DEFAULT_BANKS",
+    "DEFAULT_HIST_SLOTS",
+    "DEFAULT_MAX_RANKS",
+    "DEFAULT_MAX_STATS",
+    "DESC_SIZE",
+    "FLAG_HIGHER_IS_BETTER",
+    "HEADER_SIZE",
+    "HIST_BUCKETS",
+    "HIST_SIZE",
+    "LAYOUT_VERSION",
+    "LONG_POLL_MS",
+    "LONG_WINDOW_MS",
+    "MAGIC",
+    "MAX_GRACE_MS",
+    "MAX_GROUP_BYTES",
+    "MAX_NAME_BYTES",
+    "MAX_WINDOW_MS",
+    "MAX_WINDOW_NS",
+    "RANK_ENTRY_SIZE",
+    "RING_BUDGET_MS",
+    "BankSnapshot",
+    "Geometry",
+    "Header",
+    "RankInfo",
+    "RankState",
+    "StatDescriptor",
+    "descriptor_problem",
+    "min_window_ms",
+    "rank_problem",
+    "read_hist",
+]
+
+MAGIC = b"SHMSTAT\x00"
+LAYOUT_VERSION = 2
+
+HEADER_SIZE = 256
+RANK_ENTRY_SIZE = 128
+DESC_SIZE = 208
+BANK_SIZE = 64
+HIST_SIZE = 2240
+HIST_BUCKETS = 272  # shmstat.histogram.MAX_BUCKETS
+HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
+FLAG_HIGHER_IS_BETTER = 1
+MAX_NAME_BYTES = 80
+MAX_GROUP_BYTES = 48
+
+DEFAULT_MAX_RANKS = 64
+DEFAULT_MAX_STATS = 512
+DEFAULT_BANKS = 4
+DEFAULT_HIST_SLOTS = 16
+
+# Window lengths a stat may have. Bank ``w % K`` of window ``w`` is reused by window ``w + K``, which starts
+# ``(K - 1)`` windows after ``w`` ended; the collector reads ``w`` once it ended plus its grace. So a window must
+# satisfy ``(K - 2) * window >= RING_BUDGET_MS`` with the grace at most ``MAX_GRACE_MS``: the collector then has at
+# least ``RING_BUDGET_MS - MAX_GRACE_MS`` (50 ms) plus a whole window to read it, and a writer stalled mid-add can
+# be waited for up to K-2 windows.
+#
+# The longest window is 2**62 ns (~146 years; torch.monitor takes any): window ids, starts and ends are int64 ns,
+# and with windows and wall-clock times both under 2**62 ns (until 2116) a window's end, at most ``now + window``,
+# still fits in int64 (the C writer also saturates it).
+# Windows up to ``LONG_WINDOW_MS`` (one hour) close on the wall clock. A longer window closes, for each writer
+# (a rank or a worker writing for it), at the first of: ``max_samples`` samples (torch.monitor logs a full window
+# at once and discards the window's later adds), the writer's end (its process exited or died), a later window
+# of that writer (a rank whose clock stepped), or the wall-clock end. The collector looks for such windows every
+# ``LONG_POLL_MS``; each writer's window is emitted once, and its merged row holds the ranks closed by then.
+RING_BUDGET_MS = 100
+MAX_GRACE_MS = 50
+MAX_WINDOW_NS = 1 << 62
+MAX_WINDOW_MS = MAX_WINDOW_NS // 1_000_000
+LONG_WINDOW_MS = 3600 * 1000
+LONG_POLL_MS = 200
+
+
+def min_window_ms(banks: int) -> int:
+    """The shortest window (ms) a stat in a segment of ``banks`` banks per slot may have (see above)."""
+    return max(1, -(-RING_BUDGET_MS // max(1, banks - 2)))
+
+
+# Bits of a descriptor's aggregation mask (``1 << Aggregation value``: VALUE 0, MEAN 2, COUNT 3, SUM 4, MAX 5,
+# MIN 6, as torch.monitor numbers them).
+VALID_AGG_MASK = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) | (0xF << 10)
+PERCENTILE_BITS = 0xF << 10  # P50, P90, P99, P999: a stat with any keeps a histogram
+
+# Header fields (byte offsets).
+H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
+H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT, H_HIST_SLOTS = 48, 56, 64, 72
+H_DROPPED, H_RANKS_REFUSED, H_WARNED = 80, 88, 96
+_HEADER = struct.Struct("<8sQQQQQqqqQQQ")
+
+# Rank entry fields (byte offsets inside an entry).
+R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
+R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
+R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED = 104, 112, 120
+_RANK = struct.Struct("<QqQqqqqqQQQQ")
+_RANK_DROPS = struct.Struct("<QQQ")  # dropped, stats_refused, writers_refused
+
+# Descriptor fields (byte offsets inside a descriptor).
+D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
+D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_FLAGS, D_HIST, D_NAME, D_GROUP = 40, 48, 56, 64, 72, 80, 160
+_DESC_HEAD = struct.Struct("<QQqQqQQQQq")
+
+# Histogram header fields (byte offsets inside a histogram).
+HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI = 0, 8, 16, 24, 32, 40
+_HIST_HEAD = struct.Struct("<qQqqqq")
+_COUNTS = struct.Struct(f"<{HIST_BUCKETS}I")
+
+# Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).
+B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC = range(8)
+BANK_WORDS = BANK_SIZE // 8
+_BANK = struct.Struct("<dqddddqQ")
+_SEQ_WID = struct.Struct("<dq")
+
+
+class RankState:
+    """Values of a rank entry's ``state`` field."""
+
+    FREE = 0
+    ACTIVE = 1
+    EXITED = 2
+    DIED = 3
+    NAMES = {0: "free", 1: "active", 2: "exited", 3: "died"}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Capacities of a segment and the offsets they imply; the only place offsets are computed."""
+
+    max_ranks: int = DEFAULT_MAX_RANKS
+    max_stats: int = DEFAULT_MAX_STATS
+    banks: int = DEFAULT_BANKS
+    hist_slots: int = DEFAULT_HIST_SLOTS
+    """Stats per rank that may keep percentiles (each has a histogram per bank)."""
+
+    @property
+    def desc_base(self) -> int:
+        """Byte offset of the descriptor region."""
+        return HEADER_SIZE + self.max_ranks * RANK_ENTRY_SIZE
+
+    @property
+    def bank_base(self) -> int:
+        """Byte offset of the slot region (64-byte aligned)."""
+        end = self.desc_base + self.max_ranks * self.max_stats * DESC_SIZE
+        return (end + 63) // 64 * 64
+
+    @property
+    def hist_base(self) -> int:
+        """Byte offset of the histogram region (64-byte aligned: the bank region is a multiple of 64)."""
+        return self.bank_base + self.max_ranks * self.max_stats * self.banks * BANK_SIZE
+
+    @property
+    def total_size(self) -> int:
+        """Size in bytes of the whole segment."""
+        return self.hist_base + self.max_ranks * self.hist_slots * self.banks * HIST_SIZE
+
+    def hist_offset(self, local_rank: int, hist: int) -> int:
+        """Byte offset of bank 0's histogram of histogram ``hist`` of a rank; bank ``b``'s follows at
+        ``b * HIST_SIZE``."""
+        return self.hist_base + (local_rank * self.hist_slots + hist) * self.banks * HIST_SIZE
+
+    def rank_offset(self, local_rank: int) -> int:
+        """Byte offset of a rank entry."""
+        return HEADER_SIZE + local_rank * RANK_ENTRY_SIZE
+
+    def desc_offset(self, local_rank: int, stat: int) -> int:
+        """Byte offset of a stat descriptor."""
+        return self.desc_base + (local_rank * self.max_stats + stat) * DESC_SIZE
+
+    def slot_offset(self, local_rank: int, stat: int) -> int:
+        """Byte offset of bank 0 of a slot; bank ``b`` follows at ``b * BANK_SIZE``."""
+        return self.bank_base + (local_rank * self.max_stats + stat) * self.banks * BANK_SIZE
+
+    def rank_slots_span(self, local_rank: int) -> tuple[int, int]:
+        """Byte range ``(start, end)`` of all banks of one rank (what the rank pre-faults)."""
+        start = self.slot_offset(local_rank, 0)
+        return start, start + self.max_stats * self.banks * BANK_SIZE
+
+    def rank_hist_span(self, local_rank: int) -> tuple[int, int]:
+        """Byte range ``(start, end)`` of all histograms of one rank (pre-faulted with its banks)."""
+        start = self.hist_offset(local_rank, 0)
+        return start, start + self.hist_slots * self.banks * HIST_SIZE
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded segment header."""
+
+    magic: bytes
+    version: int
+    max_ranks: int
+    max_stats: int
+    banks: int
+    total_size: int
+    created_ns: int
+    collector_pid: int
+    collector_beat_ns: int
+    hist_slots: int = DEFAULT_HIST_SLOTS
+    dropped: int = 0
+    """Samples dropped by processes that got no entry of the job."""
+    ranks_refused: int = 0
+    """Rank processes that got no entry of the job."""
+
+    @property
+    def geometry(self) -> Geometry:
+        """The capacities recorded in the header."""
+        return Geometry(self.max_ranks, self.max_stats, self.banks, self.hist_slots)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One decoded rank-table entry."""
+
+    local_rank: int
+    state: int
+    pid: int
+    incarnation: int
+    rank: int
+    world_size: int
+    start_ns: int
+    heartbeat_ns: int
+    nstats: int
+    nan_count: int
+    discarded: int
+    writer_of: int = 0
+    """0 for a rank; ``1 + local rank`` of the rank this writer entry writes for."""
+    dropped: int = 0
+    """Samples of this rank that no slot holds (see the layout above)."""
+    stats_refused: int = 0
+    """Stats of this rank that got no slot."""
+    writers_refused: int = 0
+    """Writer processes of this rank that got no entry."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this entry is an extra writer (forked child, spawned worker) of another rank's samples."""
+        return self.writer_of != 0
+
+    @property
+    def state_name(self) -> str:
+        """``free``, ``active``, ``exited`` or ``died``."""
+        return RankState.NAMES.get(self.state, "unknown")
+
+
+@dataclass(frozen=True)
+class StatDescriptor:
+    """One decoded stat descriptor: what a rank declared about one of its stats."""
+
+    local_rank: int
+    index: int
+    name: str
+    group: str
+    window_ms: int
+    max_samples: int
+    agg_mask: int
+    emitted_wid: int
+    incarnation: int
+    flags: int = 0
+    hist: int = -1
+    """Index of the stat's histogram in its rank's table, -1 for none."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether the stat declared that a high figure is good (a rate)."""
+        return bool(self.flags & FLAG_HIGHER_IS_BETTER)
+
+    @property
+    def window_ns(self) -> int:
+        """Window length in nanoseconds."""
+        return self.window_ms * 1_000_000
+
+    @property
+    def is_long(self) -> bool:
+        """Whether the window is longer than :data:`LONG_WINDOW_MS`: each writer's window also closes by count
+        or by the writer's end, not only on the wall clock."""
+        return self.window_ms > LONG_WINDOW_MS
+
+
+@dataclass(frozen=True)
+class BankSnapshot:
+    """A consistent copy of one bank (or, if ``torn``, the last inconsistent copy seen)."""
+
+    wid: int
+    count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_ts: int
+    incarnation: int
+    torn: bool = False
+    hist: Histogram | None = None
+
+
+def read_header(buf: memoryview) -> Header:
+    """Decode the header from the start of ``buf``."""
+    return Header(*_HEADER.unpack_from(buf, 0))
+
+
+def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
+    """Write a fresh header; the magic is written last so a half-initialised segment is never trusted."""
+    _HEADER.pack_into(
+        buf, 0, b"\x00" * 8, LAYOUT_VERSION, geometry.max_ranks, geometry.max_stats, geometry.banks,
+        geometry.total_size, created_ns, 0, 0, geometry.hist_slots, 0, 0,
+    )
+    struct.pack_into("<8s", buf, H_MAGIC, MAGIC)
+
+
+def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
+    """Decode rank entry ``local_rank``."""
+    off = geometry.rank_offset(local_rank)
+    (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc, writer_of) = _RANK.unpack_from(buf, off)
+    dropped, stats_refused, writers_refused = _RANK_DROPS.unpack_from(buf, off + R_DROPPED)
+    return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of, dropped,
+                    stats_refused, writers_refused)
+
+
+def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:
+    """Why a rank entry cannot be used by a reader (garbage written into the segment), or None if it can."""
+    if info.state not in RankState.NAMES:
+        return f"unknown state {info.state}"
+    if not 0 < info.pid < 1 << 31:
+        return f"pid {info.pid} out of range"
+    if info.rank < 0 or info.world_size < 0:
+        return "negative rank or world size"
+    if info.writer_of > geometry.max_ranks or info.writer_of == info.local_rank + 1:
+        return f"writer_of {info.writer_of} out of range"
+    return None
+
+
+def descriptor_problem(desc: StatDescriptor, geometry: Geometry | None = None) -> str | None:
+    """Why a published descriptor cannot be used by a reader (garbage in the segment), or None if it can.
+
+    Ranks never publish such a descriptor (``Stat`` refuses the parameters first); a reader skips one.
+    """
+    if desc.agg_mask & PERCENTILE_BITS and desc.hist < 0:
+        return "percentile aggregations without a histogram"
+    if geometry is not None and desc.hist >= geometry.hist_slots:
+        return f"histogram {desc.hist} outside the table of {geometry.hist_slots}"
+    if not 1 <= desc.window_ms <= MAX_WINDOW_MS:
+        return f"window of {desc.window_ms} ms outside 1..{MAX_WINDOW_MS}"  # 0, "negative" (u64), 2**62 ms
+    if desc.max_samples < 1:
+        return f"max_samples {desc.max_samples} under 1"
+    if desc.agg_mask & ~VALID_AGG_MASK:
+        return f"aggregation mask {desc.agg_mask:#x} names no known aggregation"
+    if not desc.name or "\ufffd" in desc.name or "\ufffd" in desc.group:
+        return "empty or invalid UTF-8 name"
+    return None
+
+
+def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: int) -> StatDescriptor | None:
+    """Decode a descriptor, or None if it is not published yet."""
+    off = geometry.desc_offset(local_rank, stat)
+    state, window_ms, max_samples, mask, emitted, name_len, group_len, inc, flags, hist = _DESC_HEAD.unpack_from(
+        buf, off)
+    if state != 1:
+        return None
+    name_len = min(name_len, MAX_NAME_BYTES)
+    group_len = min(group_len, MAX_GROUP_BYTES)
+    name = bytes(buf[off + D_NAME : off + D_NAME + name_len]).decode("utf-8", "replace")
+    group = bytes(buf[off + D_GROUP : off + D_GROUP + group_len]).decode("utf-8", "replace")
+    return StatDescriptor(local_rank, stat, name, group, window_ms, max_samples, mask, emitted, inc, flags, hist - 1)
+
+
+def write_descriptor(
+    buf: memoryview, geometry: Geometry, local_rank: int, stat: int, *, name: bytes, group: bytes,
+    window_ms: int, max_samples: int, agg_mask: int, incarnation: int, flags: int = 0, hist: int = -1,
+) -> None:
+    """Publish a descriptor: every field first, ``state = 1`` last (``hist``: -1 for no histogram)."""
+    off = geometry.desc_offset(local_rank, stat)
+    buf[off + D_NAME : off + D_NAME + MAX_NAME_BYTES] = name.ljust(MAX_NAME_BYTES, b"\x00")
+    buf[off + D_GROUP : off + D_GROUP + MAX_GROUP_BYTES] = group.ljust(MAX_GROUP_BYTES, b"\x00")
+    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, -1, len(name), len(group), incarnation,
+                         flags, hist + 1)
+    struct.pack_into("<Q", buf, off + D_STATE, 1)
+
+
+def write_emitted_wid(buf: memoryview, geometry: Geometry, local_rank: int, stat: int, wid: int) -> None:
+    """Record (collector only) that every window up to ``wid`` of this slot has been emitted."""
+    struct.pack_into("<q", buf, geometry.desc_offset(local_rank, stat) + D_EMITTED, wid)
+
+
+def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int | None = None) -> BankSnapshot:
+    """Copy one bank consistently (seqlock protocol above), retrying a torn read up to ``retries`` times;
+    with ``hist_offset``, the bank's histogram too, under the same seqlock.
+
+    If every attempt sees a write in progress, the last copy is returned with ``torn=True`` (and no
+    histogram): the caller decides (a dead writer's bank is emitted flagged; a live writer's is read again).
+    """
+    unpack = _BANK.unpack_from
+    seq_wid = _SEQ_WID.unpack_from
+    fields = unpack(buf, offset)
+    for _ in range(retries):
+        seq, wid, total, lo, hi, last, ts, inc = fields
+        hist = read_hist(buf, hist_offset) if hist_offset is not None and seq >= 2.0 else None
+        seq2, wid2 = seq_wid(buf, offset)
+        if seq == seq2 and wid == wid2 and not (int(seq) & 1):
+            return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc, hist=hist)
+        fields = unpack(buf, offset)
+    seq, wid, total, lo, hi, last, ts, inc = fields
+    count = int(seq) >> 1 if seq == seq else 0
+    if count == 0:
+        # Caught in the reset for a new window: the data words may still be the previous window's (or hold
+        # the one sample being written); no complete sample is known, so no figure is reported.
+        return BankSnapshot(wid, 0, 0.0, 0.0, 0.0, 0.0, 0, inc, torn=True)
+    return BankSnapshot(wid, count, total, lo, hi, last, ts, inc, torn=True)
+
+
+def read_hist(buf: memoryview, offset: int) -> Histogram | None:
+    """Decode the histogram at ``offset`` (the caller holds the seqlock's copy discipline); None if its
+    header is not one a writer can produce (garbage: the window is then reported without percentiles)."""
+    scale, zero, pos_lo, pos_hi, neg_lo, neg_hi = _HIST_HEAD.unpack_from(buf, offset)
+    if not _MIN_SCALE <= scale <= _MAX_SCALE:
+        return None
+    h = _Histogram(scale, zero)
+    m = HIST_BUCKETS
+    for lo, hi, base, side in ((pos_lo, pos_hi, offset + HIST_COUNTS, h.pos),
+                               (neg_lo, neg_hi, offset + HIST_COUNTS + 4 * m, h.neg)):
+        if lo > hi:
+            continue
+        n = hi - lo + 1
+        if n > m:
+            return None
+        start = lo % m  # the indices in use are one run of the ring, or two when it wraps
+        counts = _COUNTS.unpack_from(buf, base)
+        run = counts[start : start + n] if start + n <= m else counts[start:] + counts[: start + n - m]
+        side.update(compress(zip(range(lo, hi + 1), run, strict=True), run))  # the nonzero counts, at C speed
+    return h
+
+
+def encode_name(text: str, limit: int, what: str) -> bytes:
+    """UTF-8 encode a stat name or group, or raise ConfigError if empty or longer than ``limit`` bytes."""
+    from ..errors import ConfigError
+
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{what} must be a non-empty string, got {text!r}")
+    raw = text.encode("utf-8")
+    if len(raw) > limit:
+        raise ConfigError(f"{what} {text[:40]!r}... is {len(raw)} bytes in UTF-8; shorten it to at most {limit}")
+    return raw

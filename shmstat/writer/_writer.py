@@ -1,0 +1,420 @@
+"""The one writer of a slot in this process: the C ``SlotWriter`` or its pure-Python twin, and what both share.
+
+Every Stat of one key in a process, and every ``add`` a user kept bound after the Stat was gone, writes through
+one :class:`SlotBinding`, so their samples land in one window (re-created or closed Stats lose nothing).
+Threads: the C add runs without giving up the GIL (Python callbacks such as the window report run after the
+bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Forks: a
+binding taken before a fork re-binds, in the child, to a slot of the child's own writer entry on its first
+add (a fork generation checked per add), so a child never writes its parent's slot.
+No slot (the stat or percentile table is full, or the process holds no entry of the job): the writer is in *drop
+mode*: ``add`` still checks the value, then only counts the sample as dropped in the segment (its rank's entry,
+or the header) with an atomic add, so nothing raises and ``shmstat ls`` and a collector can show the loss.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .._backend import backend
+from ..aggregation import Aggregation, aggregate
+from ..errors import CapacityError, SegmentError
+from ..histogram import Histogram
+from ..job import _state
+from ..job._drops import add_counter
+from ..shm import layout as L
+from ._pyhist import hist_add, hist_reset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..job.rank import RankAttachment, StatKey
+
+__all__ = ["SlotBinding", "Summary", "coerce_value"]
+
+Clock = Callable[[], int]
+
+_generation = [0]  # bumped in the child of every fork
+_all: weakref.WeakSet[SlotBinding] = weakref.WeakSet()
+_inherited: dict[tuple[str, int, StatKey], SlotBinding] = {}  # in a forked child: the parent's bindings
+
+
+class Summary:
+    """Values of one closed window, as torch.monitor reports them (zeros for an empty window), and its
+    histogram for a stat with percentiles."""
+
+    __slots__ = ("count", "hist", "last", "max", "min", "sum")
+
+    def __init__(self, count: int = 0, total: float = 0.0, lo: float = 0.0, hi: float = 0.0, last: float = 0.0,
+                 hist: Histogram | None = None):
+        self.count, self.sum, self.min, self.max, self.last, self.hist = count, total, lo, hi, last, hist
+
+    def value(self, agg: Aggregation) -> float:
+        """The figure of one aggregation."""
+        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
+
+
+def coerce_value(v: Any) -> float:
+    """A sample as a float, by the C path's rules (``PyFloat_AsDouble``): int and bool, then ``__float__``,
+    then ``__index__``; anything else (str, None, complex) is a ``TypeError`` and changes nothing."""
+    if type(v) is float:
+        return v
+    if isinstance(v, int):
+        return float(v)  # OverflowError past a double's range, as in C
+    as_float = getattr(type(v), "__float__", None)
+    if as_float is not None:
+        result = as_float(v)
+        if not isinstance(result, float):
+            raise TypeError(f"{type(v).__name__}.__float__ returned {type(result).__name__}, not float")
+        return float(result)
+    as_index = getattr(type(v), "__index__", None)
+    if as_index is not None:
+        return float(as_index(v))
+    raise TypeError(f"must be real number, not {type(v).__name__}")
+
+
+class SlotBinding:
+    """This process's writer of one stat key's slot: ``add``, the last closed window, the Stats it reports to."""
+
+    def __init__(self, att: RankAttachment, key: StatKey, window_ns: int, want_last: bool, clock: Clock,
+                 flags: int = 0) -> None:
+        self.key = key
+        self.window_ns = window_ns
+        self.want_last = want_last
+        self.clock = clock
+        self.last = Summary()
+        self.stats: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Live Stats of this key: a closed window is logged to local handlers once, through one of them."""
+        self.job = att.segment.job
+        self.owner = att.owner_local_rank
+        self.att = att
+        self.flags = flags
+        self.index = _allocate(att, key, flags)
+        """The slot's descriptor index in ``att``'s entry; -1 in drop mode (no slot)."""
+        self.hist0 = att.hist_offset(self.index) if self.index >= 0 else -1
+        self._gen = _generation[0]
+        self.add: Callable[[float], None]
+        self.count: Callable[[], int]
+        self._c: Any = None
+        c_writer = backend().SlotWriter  # None: the pure-Python twin below
+        if c_writer is not None:
+            slot0, nan_w, disc_w, beat_w = self._slot_words(att)
+            self._c = c_writer(
+                att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key[3],
+                want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
+                None if clock is time.time_ns else clock, self.rebind, self.hist0,
+            )
+            if self.index < 0:
+                self._c.drop(att.drop_offset)
+            self.add = self._c.add
+            self.count = lambda: self._c.count
+        else:
+            self.add, self.count, self._repoint = _python_writer(self, att)
+        _all.add(self)
+        att.writers[key] = self
+
+    @property
+    def dropping(self) -> bool:
+        """Whether this writer has no slot (every sample is dropped and counted)."""
+        return self.index < 0
+
+    def _slot_words(self, att: RankAttachment) -> tuple[int, int, int, int]:
+        """(first word of the slot, nan word, discarded word, heartbeat word) of this binding in ``att``; in drop
+        mode every word is the drop counter (never written as a slot)."""
+        if self.index < 0:
+            return 0, att.drop_offset // 8, att.drop_offset // 8, att.drop_offset // 8
+        slot0 = att.segment.geometry.slot_offset(att.local_rank, self.index) // 8
+        return slot0, att.word(L.R_NAN), att.word(L.R_DISCARDED), att.word(L.R_HEARTBEAT)
+
+    def on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
+        """A window closed in this process (called after the bank is consistent): remember it, log it locally;
+        at most once a second, check that the segment is still there (:func:`check_removed`)."""
+        if time.monotonic() >= _next_check[0]:
+            check_removed(self.att)
+        hist = self._closed_hist(t, n >= self.key[3]) if n and self.hist0 >= 0 else None
+        self.last = Summary(n, total, lo, hi, lastv, hist) if n else Summary()
+        if n and _state.STATE.handler_tuple:
+            for stat in list(self.stats):
+                stat._log_window(self.last, t)
+                break
+
+    def _closed_hist(self, t: int, full: bool = False) -> Histogram | None:
+        """The histogram of the window that just closed: in the bank of the newest window before ``t``'s, or of
+        ``t``'s own when it closed by filling up (this process is the slot's one writer, so nothing changes it
+        meanwhile)."""
+        seg = self.att.segment
+        geo = seg.geometry
+        slot0 = geo.slot_offset(self.att.local_rank, self.index)
+        open_wid = t // self.window_ns + (1 if full else 0)
+        best = None
+        for b in range(geo.banks):
+            wid = seg.i64[(slot0 + b * L.BANK_SIZE) // 8 + L.B_WID]
+            if wid < open_wid and (best is None or wid > best[0]):
+                best = (wid, b)
+        return None if best is None else L.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
+
+    def rebind(self) -> None:
+        """In a forked child, on the first add: write a slot of the child's own writer entry from now on."""
+        from ..job.attach import ensure_init  # late: attach imports the publisher
+
+        try:
+            att = ensure_init()
+        except Exception:  # telemetry's state never raises into an add: drop and count in the parent's segment
+            att = None
+        if att is None or att.segment.job != self.job:
+            drop_inherited(self)
+            return
+        adopt(self, att)
+
+
+def _allocate(att: RankAttachment, key: StatKey, flags: int) -> int:
+    """The descriptor index of ``key`` in ``att``, or -1 (drop mode) when there is no room, counted and reported,
+    or the segment was removed."""
+    if check_removed(att):
+        return -1
+    try:
+        return att.allocate_stat(*key, flags=flags)
+    except CapacityError as exc:
+        full = "percentiles" if "percentile" in str(exc) else "stats"
+        att.refuse_stat(key[0], full, str(exc))
+        return -1
+    except (SegmentError, OSError) as exc:  # the job lock cannot be taken (its file was replaced or removed)
+        att.refuse_stat(key[0], "lock", f"the job lock cannot be taken ({exc})")
+        return -1
+
+
+def adopt(binding: SlotBinding, att: RankAttachment) -> None:
+    """Make ``binding`` (inherited from the parent) the writer of its key in ``att``, a fresh slot of the child
+    (or drop mode when there is no room)."""
+    _inherited.pop((binding.job, binding.owner, binding.key), None)
+    binding.att = att
+    binding.index = _allocate(att, binding.key, binding.flags)
+    binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
+    binding._gen = _generation[0]
+    binding.last = Summary()
+    slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
+    if binding._c is not None:
+        binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
+        if binding.index < 0:
+            binding._c.drop(att.drop_offset)
+    else:
+        binding._repoint(att, slot0, nan_w, disc_w, beat_w)
+    att.writers[binding.key] = binding
+
+
+def drop_inherited(binding: SlotBinding) -> None:
+    """In a forked child that could not attach at all: keep ``binding`` on the parent's mapping, in drop mode
+    (counted in its rank's entry there, which ``shmstat ls`` reads if the segment still exists)."""
+    _inherited.pop((binding.job, binding.owner, binding.key), None)
+    _drop_mode(binding)
+
+
+def _drop_mode(binding: SlotBinding) -> None:
+    """Put ``binding`` in drop mode on its attachment's mapping (counted in its rank's ``dropped``)."""
+    binding.index = -1
+    binding.hist0 = -1
+    binding._gen = _generation[0]
+    binding.last = Summary()
+    if binding._c is not None:
+        binding._c.drop(binding.att.drop_offset)
+    else:
+        slot0, nan_w, disc_w, beat_w = binding._slot_words(binding.att)
+        binding._repoint(binding.att, slot0, nan_w, disc_w, beat_w)
+
+
+_next_check = [0.0]  # time.monotonic() of the next check that the segment is still in /dev/shm
+
+
+def check_removed(att: RankAttachment) -> bool:
+    """Whether the job's segment was removed from /dev/shm (``shmstat clean``, by hand) while this process writes
+    it and no collector still reads this mapping; the first time, every writer of this process goes to drop
+    mode (samples counted in the orphaned mapping, as :func:`shmstat.job.stats` shows) and the process warns once.
+    Costs one ``stat()``; callers run it at most once a second and when a Stat is created."""
+    _next_check[0] = time.monotonic() + 1.0
+    if att.gone:
+        return True
+    seg = att.segment
+    if seg.inode < 0:
+        return False
+    from ..shm.runtime import segment_name
+    from ..shm.segment import pid_alive
+
+    try:
+        if os.stat("/dev/shm" + segment_name(seg.job)).st_ino == seg.inode:
+            return False
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    try:
+        header = seg.header()
+    except ValueError:  # unmapped: detached
+        return False
+    if header.collector_pid and pid_alive(header.collector_pid):
+        return False  # a collector mapped it before the removal and still reads it
+    att.gone = True
+    for binding in list(att.writers.values()):
+        if binding.att is att and binding.index >= 0:
+            _drop_mode(binding)
+    from ..job._drops import warn_once
+
+    warn_once("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs (by "
+              "'shmstat clean' or by hand); this process's samples are dropped and counted (shmstat.stats()); "
+              "restart the job to collect it again")
+    return True
+
+
+def binding_for(att: RankAttachment, key: StatKey, window_ns: int, want_last: bool, clock: Clock,
+                flags: int = 0) -> SlotBinding:
+    """The writer of ``key`` in ``att``: the existing one, one inherited across a fork, or a new one."""
+    found = att.writers.get(key)
+    if found is not None and found._gen == _generation[0]:
+        return found
+    inherited = _inherited.get((att.segment.job, att.owner_local_rank, key))
+    if inherited is not None:
+        adopt(inherited, att)
+        return inherited
+    return SlotBinding(att, key, window_ns, want_last, clock, flags)
+
+
+def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any, Any]:
+    """The pure-Python ``add``/``count`` of a binding, and its ``repoint`` (used after a fork)."""
+    clock, wns, want_last = binding.clock, binding.window_ns, binding.want_last
+    max2 = 2.0 * binding.key[3]
+    nbanks = att.segment.geometry.banks
+    f, q, u = att.segment.f64, att.segment.i64, att.segment.u32
+    slot0, nan_word, disc_word, beat_word = binding._slot_words(att)
+    hist0 = binding.hist0
+    hist = -1  # byte offset of the open window's histogram
+    inc = att.incarnation
+    seq = sm = mn = mx = lastv = 0.0
+    wend = 0
+    full_reported = False  # the open window filled up and was reported then (as the C writer's)
+    base = slot0
+    lock = threading.Lock()
+    gen = [_generation[0]]
+    seg = att.segment
+    drop_at = att.drop_offset if binding.index < 0 else -1  # drop mode: the counter's byte offset
+
+    def roll(v: float, t: int) -> tuple[int, float, float, float, float, int] | None:
+        # Slow path, once per window: start the window of ``t``. The new bank is marked before the clock is read
+        # again (the C roll() says why); if the window ended meanwhile, its bank stays empty and the sample goes
+        # to the window of the later reading. Returns what the caller reports once the bank is consistent.
+        nonlocal seq, sm, mn, mx, lastv, wend, base, hist, full_reported
+        if v != v:
+            q[nan_word] += 1
+            return None
+        report = ((int(seq) >> 1, sm, mn, mx, lastv, t) if seq and not full_reported
+                  else ((0, 0.0, 0.0, 0.0, 0.0, t) if wend else None))
+        full_reported = False
+        while True:
+            wid = t // wns
+            end = (wid + 1) * wns
+            b = slot0 + (wid % nbanks) * L.BANK_WORDS
+            if hist0 >= 0:
+                hist = hist0 + (wid % nbanks) * L.HIST_SIZE
+            f[b] = 1.0
+            q[b + L.B_WID] = wid
+            q[b + L.B_INC] = inc
+            t2 = clock()
+            if t2 < end:
+                break
+            f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = 0.0
+            q[b + L.B_TS] = 0
+            f[b] = 0.0
+            t = t2
+        wend, base = end, b
+        if hist >= 0:
+            hist_reset(q, u, hist)
+            hist_add(q, u, hist, v)
+        f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = v
+        q[b + L.B_TS] = t
+        sm = mn = mx = lastv = v
+        seq = 2.0
+        f[b] = 2.0
+        q[beat_word] = t
+        if seq >= max2:  # max_samples 1: full at once (the previous window was reported when it filled)
+            full_reported = True
+            return (1, v, v, v, v, t)
+        return report
+
+    def add(v: float) -> None:
+        # The open window's bank is marked (odd seq) before the clock is read, so that a collector closing the
+        # window after that reading sees the write in progress and waits for it (see _fastpath.c).
+        nonlocal seq, sm, mn, mx, lastv, full_reported
+        if gen[0] != _generation[0]:
+            binding.rebind()
+        if type(v) is not float:
+            v = coerce_value(v)
+        if drop_at >= 0:
+            add_counter(seg, drop_at)
+            return
+        with lock:
+            b = base
+            if wend:
+                f[b] = seq + 1.0
+            t = clock()
+            if t < wend and v == v and seq < max2:
+                sm += v
+                f[b + 2] = sm
+                if v < mn:
+                    mn = v
+                    f[b + 3] = v
+                elif v > mx:
+                    mx = v
+                    f[b + 4] = v
+                if want_last:
+                    lastv = v
+                    f[b + 5] = v
+                    q[b + 6] = t
+                if hist >= 0:
+                    hist_add(q, u, hist, v)
+                seq += 2.0
+                f[b] = seq
+                if seq < max2:
+                    return
+                full_reported = True  # torch.monitor logs a full window at once
+                report: tuple[int, float, float, float, float, int] | None = (int(seq) >> 1, sm, mn, mx, lastv, t)
+            else:
+                if wend:
+                    f[b] = seq
+                if t >= wend:
+                    report = roll(v, t)
+                else:
+                    q[nan_word if v != v else disc_word] += 1
+                    return
+        if report is not None:
+            binding.on_roll(*report)
+
+    def count() -> int:
+        return int(seq) >> 1 if clock() < wend and not full_reported else 0
+
+    def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_disc: int, new_beat: int) -> None:
+        nonlocal f, q, u, slot0, nan_word, disc_word, beat_word, inc, seq, sm, mn, mx, lastv, wend, base, lock
+        nonlocal hist0, hist, seg, drop_at, full_reported
+        full_reported = False
+        f, q, u = new_att.segment.f64, new_att.segment.i64, new_att.segment.u32
+        seg = new_att.segment
+        drop_at = new_att.drop_offset if binding.index < 0 else -1
+        hist0, hist = binding.hist0, -1
+        slot0, nan_word, disc_word, beat_word = new_slot0, new_nan, new_disc, new_beat
+        inc = new_att.incarnation
+        seq = sm = mn = mx = lastv = 0.0
+        wend = 0
+        base = slot0
+        lock = threading.Lock()
+        gen[0] = _generation[0]
+
+    return add, count, repoint
+
+
+def _after_fork_in_child() -> None:
+    _generation[0] += 1
+    _inherited.clear()
+    for binding in list(_all):
+        _inherited[(binding.job, binding.owner, binding.key)] = binding
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

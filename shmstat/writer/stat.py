@@ -1,0 +1,366 @@
+"""``Stat``: windowed summary statistics, in-process (as torch.monitor) or in the job's shared memory.
+
+Two cores share one face:
+
+- in-process (no job attached): windows close lazily, on the first ``add`` after the window ended and when
+  the Stat is closed or garbage-collected, and are logged to the local handlers as ``torch.monitor.Stat``
+  events with torch.monitor's data keys (``<name>.<aggregation>``), exactly as torch.monitor does;
+- attached (a job is configured): ``add`` writes into this rank's slot of the segment (see
+  :mod:`shmstat.shm.layout`) without a lock, allocation or system call beyond the clock, and the node's collector
+  closes windows on time, even for idle ranks. Local handlers still see each window when it rolls over (or
+  fills up).
+
+Windows are aligned to the wall clock (``window id = time_ns // window_ns``, int64) so ranks and nodes line up.
+Any window from 1 ms to 2**62 ns (~146 years) is accepted. In a job, a window longer than an hour is also closed,
+for this process, by ``max_samples`` (as torch.monitor logs it at once) and by this process's end, so the collector
+emits it then rather than at its wall-clock end (see :mod:`shmstat.shm.layout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import mmap
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .._backend import backend
+from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
+from ..errors import ConfigError
+from ..histogram import Histogram
+from ..shm import layout as L
+from ._writer import Summary, binding_for, coerce_value
+
+__all__ = ["DEFAULT_GROUP", "Stat"]
+
+DEFAULT_GROUP = "default"
+_UNLIMITED = 9223372036854775807
+_KEY_ORDER = (Aggregation.COUNT, Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, Aggregation.MIN,
+              Aggregation.VALUE, Aggregation.P50, Aggregation.P90, Aggregation.P99, Aggregation.P999)
+
+Clock = Callable[[], int]
+
+
+def _window_ns(window_size: Any) -> int:
+    """The window in ns (``timedelta`` or float seconds, truncated to ms); refuses one under 1 ms or over
+    :data:`shmstat.shm.layout.MAX_WINDOW_MS` (2**62 ns, ~146 years: the longest that int64 window ends hold)."""
+    if isinstance(window_size, _dt.timedelta):
+        ms = window_size // _dt.timedelta(milliseconds=1)
+    elif isinstance(window_size, (int, float)) and not isinstance(window_size, bool):
+        if not math.isfinite(window_size):
+            raise ConfigError(f"window_size {window_size!r} is not a finite number of seconds")
+        ms = int(window_size * 1000) if abs(window_size) < 1e15 else int(math.copysign(1e18, window_size))
+    else:
+        raise TypeError(
+            f"window_size must be a datetime.timedelta or seconds as a float, not {type(window_size).__name__}"
+        )
+    if ms < 1:
+        raise ConfigError(f"window_size {window_size!r} is under 1 ms; use a window of at least 1 ms")
+    if ms > L.MAX_WINDOW_MS:
+        raise ConfigError(
+            f"window_size {window_size!r} is over the longest window of {L.MAX_WINDOW_MS} ms (about 146 years); "
+            "use a shorter window"
+        )
+    return ms * 1_000_000
+
+
+class Stat:
+    """Summary statistics of values added over fixed windows (``torch.monitor.Stat`` compatible).
+
+    ``Stat(name, aggregations, window_size, max_samples=2**63-1)``; ``window_size`` is a ``timedelta`` or
+    seconds, truncated to milliseconds (1 ms to 2**62 ns, about 146 years; in a job at least
+    :func:`shmstat.shm.layout.min_window_ms`). The add that brings a window to ``max_samples`` logs it at once and
+    the window's later adds are discarded, as in torch.monitor. Keyword-only extras: ``group`` (the metric group the
+    collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
+    flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
+    ``Aggregation.P50``/``P90``/``P99``/``P999`` keep an exponential histogram per window (same figures
+    in process and in a job; error bound in :mod:`shmstat.histogram`).
+
+    ``add(v)`` adds a value to the open window; it is a per-instance function (the fastest call CPython has),
+    not a method. Promises: a closed window is logged once; ``get()`` returns the last closed window as
+    ``{Aggregation: float}`` (zeros before any and after an empty window); ``count`` is the number of samples
+    in the open window; NaN samples are ignored and counted, infinities are kept; ``Aggregation.VALUE`` yields
+    the last value added (key ``<name>.value``), where torch.monitor yields nothing.
+    """
+
+    __slots__ = ("__weakref__", "_aggs", "_core", "_flags", "_group", "_max_samples", "_name",
+                 "_window_ns", "add")
+
+    def __init__(
+        self,
+        name: str,
+        aggregations: Iterable[Aggregation],
+        window_size: _dt.timedelta | float,
+        max_samples: int = _UNLIMITED,
+        *,
+        group: str = DEFAULT_GROUP,
+        higher_is_better: bool = False,
+        clock: Clock = time.time_ns,
+    ) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"Stat name must be a str, not {type(name).__name__}")
+        if not name:
+            raise ConfigError("Stat name must not be empty")
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int):
+            raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
+        if max_samples < 1:
+            raise ConfigError(f"max_samples is {max_samples}; it must be at least 1")
+        self._name = name
+        self._aggs = from_mask(to_mask(aggregations))
+        self._window_ns = _window_ns(window_size)
+        self._max_samples = max_samples
+        self._group = group
+        self._flags = L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0
+        from ..job.attach import ensure_init  # late: attach imports the publisher
+
+        attachment = ensure_init()
+        if attachment is not None:
+            self._core: _LocalCore | _CLocalCore | _SharedCore = _SharedCore(self, attachment, clock)
+        else:
+            self._core = _CLocalCore.make(self, clock) or _LocalCore(self, clock)
+        self.add: Callable[[float], None] = self._core.add
+
+    @property
+    def name(self) -> str:
+        """The name given at creation."""
+        return self._name
+
+    @property
+    def group(self) -> str:
+        """The metric group the collector dispatches this stat's windows to."""
+        return self._group
+
+    @property
+    def count(self) -> int:
+        """Number of samples in the open window (0 right after a window was logged)."""
+        return self._core.count()
+
+    def get(self) -> dict[Aggregation, float]:
+        """The last closed window as ``{Aggregation: float}`` for each requested aggregation."""
+        summary = self._core.last
+        return {agg: summary.value(agg) for agg in self._aggs}
+
+    def close(self) -> None:
+        """Log what the open window holds (in-process) and release this Stat's slot; idempotent."""
+        core = self._core
+        if core is not None:
+            self._core = _ClosedCore()
+            self.add = _closed_add
+            core.close()
+            self._core.last = core.last
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Stat(name={self._name!r}, window_ms={self._window_ns // 1_000_000}, group={self._group!r})"
+
+    # -- shared by both cores ----------------------------------------------------------------------------
+    def _log_window(self, summary: Summary, now_ns: int) -> None:
+        from ..publish.events import STAT_EVENT, Event, _dispatch_local
+
+        data: dict[str, float] = {}
+        for agg in _KEY_ORDER:
+            if agg in self._aggs:
+                data[f"{self._name}.{aggregation_key(agg)}"] = summary.value(agg)
+        _dispatch_local(Event._from_ns(STAT_EVENT, now_ns, data))
+
+
+def _closed_add(v: float) -> None:
+    """``add`` on a closed Stat: ignored, as on a destroyed torch.monitor Stat."""
+
+
+class _ClosedCore:
+    def __init__(self) -> None:
+        self.last = Summary()
+
+    def add(self, v: float) -> None:
+        pass
+
+    def count(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _LocalCore:
+    """In-process windows with torch.monitor's lazy closing; adds from several threads are serialised."""
+
+    def __init__(self, stat: Stat, clock: Clock) -> None:
+        self.last = Summary()
+        self.nan_count = 0
+        stat_ref = weakref.ref(stat)
+        wns, max_samples = stat._window_ns, stat._max_samples
+        n = 0
+        total = lo = hi = last = 0.0
+        wend = 0
+        full = False
+        core = self
+        lock = threading.Lock()
+        keeps_hist = any(a in PERCENTILES for a in stat._aggs)
+        hist = Histogram() if keeps_hist else None
+
+        def close_window() -> Summary:
+            nonlocal n, hist
+            core.last = Summary(n, total, lo, hi, last, hist)
+            n = 0
+            hist = Histogram() if keeps_hist else None
+            return core.last
+
+        def roll_or_skip(v: float, t: int) -> list[tuple[Summary, int]]:
+            # the slow cases, under the lock: a new window, a full window, a NaN
+            nonlocal n, total, lo, hi, last, wend, full
+            logged = []
+            if t >= wend:
+                wend = (t // wns + 1) * wns
+                if n:
+                    logged.append((close_window(), t))
+                elif wend:
+                    core.last = Summary()
+                full = False
+            if full:
+                return logged
+            if v != v:
+                core.nan_count += 1
+                return logged
+            if n:
+                total += v
+                if v < lo:
+                    lo = v
+                if v > hi:
+                    hi = v
+            else:
+                total = lo = hi = v
+            last = v
+            n += 1
+            if hist is not None:
+                hist.add(v)
+            if n >= max_samples:
+                full = True  # torch.monitor logs the window the moment it is full
+                logged.append((close_window(), t))
+            return logged
+
+        def _log(summary: Summary, t: int) -> None:
+            s = stat_ref()
+            if s is not None:
+                s._log_window(summary, t)
+
+        def add(v: float) -> None:
+            nonlocal n, total, lo, hi, last, full
+            if type(v) is not float:
+                v = coerce_value(v)
+            with lock:
+                t = clock()
+                if t < wend and n and not full and v == v and n + 1 < max_samples:
+                    total += v
+                    if v < lo:
+                        lo = v
+                    elif v > hi:
+                        hi = v
+                    last = v
+                    n += 1
+                    if hist is not None:
+                        hist.add(v)
+                    return
+                logged = roll_or_skip(v, t)
+            for summary, at in logged:  # local handlers run outside the lock (they may add to this Stat)
+                _log(summary, at)
+
+        def count() -> int:
+            return n
+
+        def close() -> None:
+            with lock:
+                logged = (close_window(), clock()) if n else None
+            if logged is not None:
+                _log(*logged)
+
+        self.add, self.count, self.close = add, count, close
+
+
+class _CLocalCore:
+    """In-process windows written by the C writer into a private buffer (one bank): torch.monitor's lazy
+    closing, and thread-safe at C speed (the C add runs without giving up the GIL). Used when the C path is
+    built and ``max_samples`` is unlimited (torch logs a full window at once, which the Python core does)."""
+
+    _BUF_BYTES = L.BANK_SIZE + 3 * 8  # the bank, then nan_count, discarded, heartbeat
+
+    @classmethod
+    def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
+        """The C-backed core, or None when the C path is not available or does not apply."""
+        c_writer = backend().SlotWriter
+        if c_writer is None or stat._max_samples != _UNLIMITED or any(a in PERCENTILES for a in stat._aggs):
+            return None
+        return cls(stat, clock, c_writer)
+
+    def __init__(self, stat: Stat, clock: Clock, c_writer: Any) -> None:
+        self.last = Summary()
+        self._stat_ref = weakref.ref(stat)
+        self._clock = clock
+        self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
+        bank = L.BANK_SIZE
+        self._writer = c_writer(
+            self._buf, 0, 1, stat._window_ns, 0, _UNLIMITED, Aggregation.VALUE in stat._aggs, bank, bank + 8,
+            bank + 16, self._on_roll, None if clock is time.time_ns else clock,
+        )
+        self.add = self._writer.add
+
+    def _on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
+        self.last = Summary(n, total, lo, hi, lastv) if n else Summary()
+        stat = self._stat_ref()
+        if n and stat is not None:
+            stat._log_window(self.last, t)
+
+    @property
+    def nan_count(self) -> int:
+        """NaN samples ignored so far."""
+        return int.from_bytes(self._buf[L.BANK_SIZE : L.BANK_SIZE + 8], "little")
+
+    def count(self) -> int:
+        """Samples in the open window (torch's lazy count: until the next add, the window that ended)."""
+        return int(self._writer.state()[0]) >> 1
+
+    def close(self) -> None:
+        """Log what the open window holds."""
+        seq, total, lo, hi, lastv = self._writer.state()
+        if seq:
+            self._on_roll(int(seq) >> 1, total, lo, hi, lastv, self._clock())
+
+
+class _SharedCore:
+    """Writes through this process's one writer of the stat's slot (:class:`shmstat.writer._writer.SlotBinding`)."""
+
+    def __init__(self, stat: Stat, attachment: Any, clock: Clock) -> None:
+        from ..job.rank import RankAttachment
+
+        att: RankAttachment = attachment
+        geo = att.segment.geometry
+        window_ms = stat._window_ns // 1_000_000
+        shortest = L.min_window_ms(geo.banks)
+        if window_ms < shortest:
+            raise ConfigError(
+                f"window_size of {window_ms} ms is too short for job {att.segment.job!r}: with {geo.banks} banks "
+                f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
+                "use a longer window or a segment with more banks"
+            )
+        key = (stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
+        binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)
+        binding.stats.add(stat)
+        self.binding = binding
+        self.index = binding.index
+        self.add = binding.add
+        self.count = binding.count
+
+    @property
+    def last(self) -> Summary:
+        """The last window this process closed on the slot (whichever Stat of the key added to it)."""
+        return self.binding.last
+
+    def close(self) -> None:
+        """Nothing to release: the slot stays this process's (a kept bound ``add`` may still write it)."""
