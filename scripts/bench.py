@@ -473,8 +473,7 @@ def worker_scrape(args: argparse.Namespace) -> None:
     and what a scrape over HTTP then takes."""
     import urllib.request
 
-    from collector.prometheus.exporter.exporter import PrometheusExporter
-
+    from collector.prometheus.exporter import PrometheusExporter
     from collector.read.merge import Summary, WindowRow
 
     ex = PrometheusExporter("127.0.0.1:0")

@@ -1,4 +1,4 @@
-"""Rank bodies for tests/test_testing_plugin.py (spawned: they must live in an importable module)."""
+"""Rank bodies for tests/rank/test_testing_plugin.py (spawned: they must live in an importable module)."""
 
 from __future__ import annotations
 

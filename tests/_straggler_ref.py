@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-from collector.daemon.collector.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
+from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 
 from collector.read.columns import Columns
 from collector.read.hist_batch import HistBatch

@@ -336,4 +336,4 @@ if (_BACKEND.log_event is not None and _BACKEND.set_log_state is not None and _B
         and _EventStorage is not _PyEventStorage):
     _BACKEND.set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
     _state.set_sync_hook(_BACKEND.sync_log_state)  # the C log_event reads its copy of STATE's fields
-    log_event = _BACKEND.log_event  # type: ignore[assignment]  # the same function, in C (tests/test_event_paths.py)
+    log_event = _BACKEND.log_event  # type: ignore[assignment]  # the same function, in C (tests/rank/test_event_paths.py)

@@ -7,10 +7,10 @@ import sys
 
 from _procs import REPO
 from _support import MS, FakeClock, step_and_wait
-from collector.cli.command.admin import segment_info
 from tests_user_handler import Recording
 
 from collector import PLATFORM_GROUP, Collector, CollectorConfig
+from collector.cli.admin import segment_info
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init, shutdown
 from shmstat.shm.segment import Segment

@@ -14,8 +14,8 @@ from collections import defaultdict
 
 import pytest
 from _procs import REPO, load_counts, rank_worker, spawn, start_collector
-from collector.handlers.api.api import build_handler
 
+from collector.handlers.api import build_handler
 from elastic.metrics import MetricData, StatMetricData
 from shmstat.errors import ConfigError
 
@@ -133,7 +133,7 @@ def test_a_user_class_is_built_with_typed_spec_arguments(job, tmp_path):
 
 
 def test_spec_argument_values_and_plain_strings():
-    from collector.handlers.api.api import parse_spec_kwargs
+    from collector.handlers.api import parse_spec_kwargs
 
     assert parse_spec_kwargs("s", 'a=1,b=-2.5e3,c=true,d=null,e="x,y=z",f=/tmp/p q,g=[1,2],h={"k": [3]},i=') == {
         "a": 1, "b": -2500.0, "c": True, "d": None, "e": "x,y=z", "f": "/tmp/p q", "g": [1, 2], "h": {"k": [3]},
@@ -174,7 +174,7 @@ def test_a_bad_spec_is_one_sentence_and_exit_2(job, spec, says):
 def test_window_index_is_exact_at_todays_unix_times():
     import time
 
-    from collector.handlers.api.tensorboard import _window_index
+    from collector.handlers.tensorboard import _window_index
 
     now_ns = time.time_ns()
     for window_ms in (1, 7, 50, 1000, 3_600_000):

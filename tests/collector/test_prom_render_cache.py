@@ -1,4 +1,4 @@
-"""The cached ``/metrics`` rendering (collector/prom_http.py), over a real HTTP server on a free loopback port:
+"""The cached ``/metrics`` rendering (collector/prometheus/server.py), over a real HTTP server on a free loopback port:
 a cheap rendering is redone for a scrape that finds new figures; while an expensive one is under way a scrape
 gets the previous rendering at once (not a half-built one) and the next scrape the new one; a failing
 rendering answers 500 with the reason; the exporter's figures reach a scrape right after ``observe``."""
@@ -10,12 +10,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from collector.prometheus.exporter.exporter import PrometheusExporter
-from collector.prometheus.exporter.server import MetricsServer, RenderCache
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from collector.prometheus.exporter import PrometheusExporter
+from collector.prometheus.server import MetricsServer, RenderCache
 from collector.read.merge import Summary, WindowRow
 
 

@@ -8,9 +8,9 @@ import math
 import random
 
 import pytest
-from collector.handlers.api.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
-from collector.handlers.api.dispatch import ThreadedDispatcher
 
+from collector.handlers.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
+from collector.handlers.dispatch import ThreadedDispatcher
 from collector.read.merge import Summary, WindowRow, merge, merge_all
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A

@@ -7,9 +7,9 @@ import random
 
 import numpy as np
 from _straggler_ref import update_rows
-from collector.daemon.collector.straggler import StragglerDetector
 
 from collector import Columns, takes_columns
+from collector.daemon.straggler import StragglerDetector
 from collector.read.column_merge import Parts, StatTable, merge_parts
 from collector.read.hist_batch import HistBatch
 from collector.read.merge import Summary, merge_all
@@ -97,7 +97,7 @@ def test_takes_columns():
 
 
 def test_the_prometheus_exporter_folds_columns_exactly_as_rows():
-    from collector.prometheus.exporter.exporter import PrometheusExporter
+    from collector.prometheus.exporter import PrometheusExporter
 
     rng = random.Random(11)
     by_rows, by_cols = PrometheusExporter("127.0.0.1:0"), PrometheusExporter("127.0.0.1:0")

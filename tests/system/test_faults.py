@@ -31,8 +31,8 @@ from _faultkit import (
 )
 from _procs import REPO, read_jsonl, spawn, start_collector
 from _support import step_and_wait, wait_for
-from collector.daemon.collector.collector import Collector, CollectorConfig
 
+from collector.daemon.collector import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

@@ -21,8 +21,8 @@ import pytest
 from _percentile_kit import percentile_rank
 from _procs import REPO, spawn, start_collector
 from _support import unique_job, wait_for
-from collector.prometheus.exporter.exporter import BUCKET_BOUNDS
 
+from collector.prometheus.exporter import BUCKET_BOUNDS
 from shmstat.shm.segment import Segment
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]
 _PACKAGES = ("shmstat", "elastic", "collector")
 _LAYER = {"shmstat": 0, "elastic": 1, "collector": 2}
 

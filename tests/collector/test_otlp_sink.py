@@ -14,8 +14,8 @@ import pytest
 from _percentile_kit import percentile_rank
 from _procs import assert_rank_workers_reconcile, read_jsonl, spawn, start_collector
 from _support import wait_for
-from collector.handlers.api.api import build_handler
 
+from collector.handlers.api import build_handler
 from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
@@ -170,8 +170,8 @@ def test_a_failing_receiver_neither_crashes_nor_stalls_the_collector(job, tmp_pa
 @needs_otel
 def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
     from _otlp_kit import receiver
-    from collector.handlers.api.otlp import OtlpExportError, OtlpMetricHandler
 
+    from collector.handlers.otlp import OtlpExportError, OtlpMetricHandler
     from collector.read.merge import Summary, WindowRow
     from shmstat import Aggregation as A
     from shmstat.aggregation import to_mask

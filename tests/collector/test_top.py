@@ -15,9 +15,9 @@ import uuid
 import pytest
 from _procs import REPO
 from _support import MS, FakeClock, wait_for
-from collector.cli.command.top import abbreviate, render, snapshot, window_label
 from rich.console import Console
 
+from collector.cli.top import abbreviate, render, snapshot, window_label
 from shmstat.aggregation import Aggregation as A
 from shmstat.job import _state
 from shmstat.job.rank import RankAttachment

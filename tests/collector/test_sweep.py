@@ -11,8 +11,8 @@ import signal
 from _procs import spawn
 from _support import wait_for
 from _sweep_kit import rank_main
-from collector.daemon.collector.sweep import remove_if_dead
 
+from collector.daemon.sweep import remove_if_dead
 from shmstat.shm import layout as L
 from shmstat.shm.runtime import lock_path
 from shmstat.shm.segment import Segment

@@ -15,7 +15,8 @@ import sys
 import time
 
 from _procs import REPO
-from collector.prometheus.exporter.server import LISTEN_BACKLOG
+
+from collector.prometheus.server import LISTEN_BACKLOG
 
 _SERVER = """
 import sys, time

@@ -90,9 +90,9 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
     import msgpack
     import zmq
     from _support import wait_for
-    from collector.cli.command.launcher import Agent
 
     from collector import Collector, CollectorConfig
+    from collector.cli.launcher import Agent
 
     job = unique_job("ev")
     collector = Collector(CollectorConfig(job=job, handlers={"*": "null"}, usage_interval_s=0.05))

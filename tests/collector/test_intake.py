@@ -14,9 +14,9 @@ from typing import Any
 import msgpack
 import pytest
 import test_collector_bad_input as bad_input
-import test_wire
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rank import test_wire  # tests/rank/test_wire.py (tests/ is on sys.path: pyproject)
 
 from collector._backend import c_intake_check
 from collector.wire import intake

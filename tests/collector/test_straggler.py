@@ -11,7 +11,8 @@ from _faultkit import Subscriber
 from _procs import read_jsonl, spawn, start_collector
 from _straggler_ref import columns_of
 from _support import wait_for
-from collector.daemon.collector.straggler import (
+
+from collector.daemon.straggler import (
     EVENT_TOPICS,
     RECOVERED_EVENT,
     STRAGGLER_EVENT,
@@ -19,7 +20,6 @@ from collector.daemon.collector.straggler import (
     StragglerEvent,
     StragglerUpdate,
 )
-
 from collector.read.merge import Summary, WindowRow
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
