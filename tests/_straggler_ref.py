@@ -9,8 +9,8 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 
+from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 from collector.read.columns import Columns
 from collector.read.hist_batch import HistBatch
 from collector.read.merge import Summary, WindowRow
