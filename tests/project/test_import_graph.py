@@ -1,6 +1,12 @@
 """The package layering holds and no module-level import circle exists: ``shmstat`` (rank side) <- ``elastic``
 <- ``collector`` (node side), no import going upward. Imports inside functions (deliberately late) and under
-``TYPE_CHECKING`` count too, except a function-level import may not point upward either."""
+``TYPE_CHECKING`` count too, except a function-level import may not point upward either.
+
+Inside each package the subpackages are layered too (:data:`_SUBPACKAGE_LAYERS`, bottom first): a module imports
+only its own subpackage, a lower layer, or the package's root modules (``shmstat.errors``, ``.aggregation``,
+``.histogram``: the vocabulary everyone shares, which import no subpackage). Subpackages of one layer do not import
+each other. The package's ``__init__`` and ``__main__`` are its faces and may import anything in it. The few
+arrows that go up on purpose are listed in :data:`_UPWARD_ON_PURPOSE`, each with its reason."""
 
 from __future__ import annotations
 
@@ -10,6 +16,19 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parents[2]
 _PACKAGES = ("shmstat", "elastic", "collector")
 _LAYER = {"shmstat": 0, "elastic": 1, "collector": 2}
+
+_SUBPACKAGE_LAYERS: dict[str, list[set[str]]] = {
+    "shmstat": [{"shm", "wire"}, {"job"}, {"publish"}, {"writer", "testing"}],
+    "elastic": [{"metrics"}, {"events"}],
+    "collector": [{"read", "wire"}, {"handlers", "prometheus"}, {"daemon"}, {"cli"}],
+}
+_FACES = {"__init__", "__main__"}
+_UPWARD_ON_PURPOSE = {
+    # attaching is the job's business, and it starts the job's publisher (late: the publisher needs the job)
+    ("shmstat.job.attach", "shmstat.publish.publisher"),
+    # start_exporter(config) is typed with the daemon's CollectorConfig (TYPE_CHECKING only)
+    ("collector.prometheus.exporter", "collector.daemon.config"),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -57,7 +76,9 @@ def _imports(path: Path, modules: set[str]) -> tuple[set[str], set[str]]:
 
 def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     paths = [p for pkg in _PACKAGES for p in (_ROOT / pkg).rglob("*.py")]
-    modules = {_module_name(p) for p in paths}
+    # C extensions are modules too (``from .. import _fastpath``), named after their source file
+    extensions = {_module_name(c) for pkg in _PACKAGES for c in (_ROOT / pkg).rglob("*.c")}
+    modules = {_module_name(p) for p in paths} | extensions
     top, every = {}, {}
     for p in paths:
         top[_module_name(p)], every[_module_name(p)] = _imports(p, modules)
@@ -94,3 +115,51 @@ def test_no_module_level_import_circle():
         if m not in state:
             dfs(m)
     assert not cycles, f"import circles: {cycles}"
+
+
+def _unit(module: str) -> tuple[str, str | None]:
+    """(package, subpackage) of a module: None for the package's root modules, "" for its faces."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in _FACES:
+        return parts[0], ""
+    pkg_dir = _ROOT / parts[0] / parts[1]
+    return parts[0], parts[1] if pkg_dir.is_dir() else None
+
+
+def _rank(package: str, sub: str | None) -> int:
+    if sub is None:
+        return -1
+    return next(i for i, layer in enumerate(_SUBPACKAGE_LAYERS[package]) if sub in layer)
+
+
+def test_every_subpackage_has_a_layer():
+    for pkg in _PACKAGES:
+        subs = {p.parent.name for p in (_ROOT / pkg).glob("*/__init__.py")}
+        declared = set().union(*_SUBPACKAGE_LAYERS[pkg])
+        assert subs == declared, f"{pkg}: subpackages {sorted(subs)} but layers for {sorted(declared)}"
+        nested = sorted(str(p.parent.relative_to(_ROOT)) for p in (_ROOT / pkg).glob("*/*/__init__.py"))
+        assert nested == [], f"a subpackage inside a subpackage needs a layer too: {nested}"
+
+
+def test_subpackages_import_only_downward():
+    _, every = _graph()
+    bad, used = [], set()
+    for m, targets in every.items():
+        pkg, sub = _unit(m)
+        for t in targets:
+            tpkg, tsub = _unit(t)
+            if tpkg != pkg or sub == "" or tsub == sub:
+                continue  # across packages: test_no_import_goes_upward; faces may import anything
+            if tsub == "":
+                ok = False  # nothing imports a package's face from inside it
+            elif sub is None:
+                ok = tsub is None  # root modules are the bottom: they import only each other
+            else:
+                ok = _rank(tpkg, tsub) < _rank(pkg, sub)
+            if not ok:
+                if (m, t) in _UPWARD_ON_PURPOSE:
+                    used.add((m, t))
+                else:
+                    bad.append(f"{m} -> {t}")
+    assert not bad, f"imports that go upward or sideways between subpackages: {bad}"
+    assert used == _UPWARD_ON_PURPOSE, f"listed as upward on purpose, no longer imported: {_UPWARD_ON_PURPOSE - used}"
