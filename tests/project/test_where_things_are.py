@@ -1,0 +1,47 @@
+"""README's "Where things are" lists exactly the packages and subpackages that exist, bottom layer first, and
+exactly the directories of tests/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from test_import_graph import _PACKAGES, _SUBPACKAGE_LAYERS
+
+_ROOT = Path(__file__).resolve().parents[2]
+_LINE = re.compile(r"^- `([a-z_]+/(?:[a-z_]+/)?)` — ", re.MULTILINE)
+
+
+def _section() -> str:
+    text = (_ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Where things are\n")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def _listed() -> list[str]:
+    return _LINE.findall(_section())
+
+
+def test_the_section_lists_exactly_the_packages_and_subpackages() -> None:
+    listed = [p for p in _listed() if p != "tests/"]
+    assert len(listed) == len(set(listed)), "a package is listed twice"
+    inits = [init for pkg in _PACKAGES for init in (_ROOT / pkg).rglob("__init__.py")]
+    existing = {f"{init.parent.relative_to(_ROOT).as_posix()}/" for init in inits}
+    assert sorted(listed) == sorted(existing)
+
+
+def test_subpackages_are_listed_bottom_layer_first() -> None:
+    for pkg in _PACKAGES:
+        subs = [p.split("/")[1] for p in _listed() if p.startswith(f"{pkg}/") and p.count("/") == 2]
+        layer = {sub: i for i, subs_of_layer in enumerate(_SUBPACKAGE_LAYERS[pkg]) for sub in subs_of_layer}
+        ranks = [layer[s] for s in subs]
+        assert ranks == sorted(ranks), f"{pkg}: {subs} is not bottom first"
+
+
+def test_the_tests_line_names_every_directory_of_tests() -> None:
+    (line,) = [chunk for chunk in re.split(r"\n(?=- )", _section()) if chunk.startswith("- `tests/`")]
+    named = set(re.findall(r"`([a-z_]+)/`", line)) - {"tests"}
+    dirs = {d.name for d in (_ROOT / "tests").iterdir()
+            if d.is_dir() and d.name != "scripts" and not d.name.startswith((".", "_"))}
+    assert named == dirs
