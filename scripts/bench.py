@@ -746,7 +746,7 @@ def scrape_lines(res: dict[str, Any]) -> list[str]:
             f"{ours['observe_s'] * 1000:,.0f} ms. The rendering is prometheus_client's text format, about "
             "20 us per line here (each label name validated and escaped per line): it runs in a background thread "
             "after each pass, capped at a fifth of a core, and a scrape sends the newest complete rendering "
-            "(collector/prom_http.py)."]
+            "(collector/prometheus/server.py)."]
     return out
 
 

@@ -320,7 +320,7 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        counts = emit_scan(self, now, final=final)  # collector/passes.py
+        counts = emit_scan(self, now, final=final)  # collector/daemon/passes.py
         self.windows_emitted += counts.windows
         self.rows_emitted += counts.rows
         self.overwritten += counts.overwritten
