@@ -56,7 +56,7 @@ def test_collect_on_a_too_small_dev_shm_fails_in_one_sentence_and_leaves_nothing
 def test_segment_open_on_a_too_small_dev_shm_raises_segment_error_and_leaves_nothing():
     script = textwrap.dedent("""
         "$PY" - <<'EOF'
-        from shmstat import layout as L
+        from shmstat.shm import layout as L
         from shmstat.errors import SegmentError
         from shmstat.shm.segment import Segment
         try:

@@ -97,7 +97,7 @@ def test_the_c_and_python_event_constructors_agree():
 _LOG_CASES = r"""
 import datetime, json, logging
 import shmstat
-from shmstat import events
+from shmstat.publish import events
 from shmstat.job._state import STATE
 logging.disable(logging.CRITICAL)
 out = []
@@ -144,7 +144,7 @@ def swap(e):
 hs.append(shmstat.register_event_handler(swap))
 shmstat.log_event(shmstat.Event("swap", now, {}))  # the handler swaps publishers before the event is published
 shmstat.log_event(shmstat.Event("to second", now, {}))
-from shmstat import _state
+from shmstat.job import _state
 _state.reset()  # no publisher, no handlers
 shmstat.log_event(shmstat.Event("nowhere", now, {}))
 out.append([first.got, second.got])

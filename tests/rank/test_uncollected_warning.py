@@ -15,7 +15,7 @@ from shmstat.shm.segment import Segment
 
 _RANK = """
 import datetime, time, shmstat
-from shmstat import _state
+from shmstat.job import _state
 end = time.monotonic() + float({seconds})
 n = 0
 while time.monotonic() < end:
