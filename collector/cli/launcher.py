@@ -291,7 +291,7 @@ def run_job(args: argparse.Namespace) -> int:
         if config.ready_file is not None:
             with contextlib.suppress(OSError):
                 os.unlink(config.ready_file)
-    if collector.daemon.config.status_interval_s > 0:
+    if collector.config.status_interval_s > 0:
         collector.print_status()
     if result.state == "INTERRUPTED":
         how = ", then ".join(signal.Signals(s).name for s in agent.signals_sent) or "nothing (no worker was left)"

@@ -255,7 +255,7 @@ class _NodeStatus:
             default.show_job = True
 
     def let_go(self, collector: Collector) -> None:
-        self.served.add(collector.daemon.config.job)
+        self.served.add(collector.config.job)
         counters = collector.counters()
         for key in self._SUMMED:
             self.done[key] += counters[key]

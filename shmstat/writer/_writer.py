@@ -230,7 +230,7 @@ _next_check = [0.0]  # time.monotonic() of the next check that the segment is st
 def check_removed(att: RankAttachment) -> bool:
     """Whether the job's segment was removed from /dev/shm (``shmstat clean``, by hand) while this process writes
     it and no collector still reads this mapping; the first time, every writer of this process goes to drop
-    mode (samples counted in the orphaned mapping, as :func:`shmstat.job.stats` shows) and the process warns once.
+    mode (samples counted in the orphaned mapping, as :func:`shmstat.stats` shows) and the process warns once.
     Costs one ``stat()``; callers run it at most once a second and when a Stat is created."""
     _next_check[0] = time.monotonic() + 1.0
     if att.gone:

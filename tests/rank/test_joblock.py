@@ -19,13 +19,9 @@ import pytest
 from _procs import REPO
 
 from shmstat.errors import ConfigError
+from shmstat.job.rank import RankAttachment
 from shmstat.shm.runtime import lock_path, semaphore_name, validate_job
 from shmstat.shm.segment import Segment
-
-try:
-    from shmstat.job.rank import RankAttachment
-except ImportError:  # before RankAttachment moved out of shmstat.shm.segment
-    from shmstat.shm.segment import RankAttachment
 
 FORK = mp.get_context("fork")
 
