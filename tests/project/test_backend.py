@@ -19,7 +19,8 @@ from shmstat.publish.outbox import Outbox, new_outbox
 _CHOICE = r"""
 import json, os
 import shmstat
-from shmstat import _backend, events
+from shmstat import _backend
+from shmstat.publish import events
 from shmstat.publish.outbox import new_outbox
 first = _backend.backend()
 os.environ[_backend.VARIABLE] = "0" if first.name == "python" else "1"  # too late: chosen at import

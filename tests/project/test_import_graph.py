@@ -24,6 +24,12 @@ _SUBPACKAGE_LAYERS: dict[str, list[set[str]]] = {
 }
 _FACES = {"__init__", "__main__"}
 _UPWARD_ON_PURPOSE = {
+    # the build-time generator of the C extensions' header (shmstat/_c/layout.h) reads the constants of every
+    # layer whose bytes C writes: it is a build tool beside the C sources, imported by nothing at run time
+    ("shmstat._clayout", "shmstat.shm.layout"),
+    ("shmstat._clayout", "shmstat.wire"),
+    ("shmstat._clayout", "shmstat.publish.outbox"),
+    ("shmstat._clayout", "shmstat.publish.backlog"),
     # attaching is the job's business, and it starts the job's publisher (late: the publisher needs the job)
     ("shmstat.job.attach", "shmstat.publish.publisher"),
     # start_exporter(config) is typed with the daemon's CollectorConfig (TYPE_CHECKING only)
