@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
 from ..errors import EventTooLargeError
@@ -80,13 +80,16 @@ class _PyEventStorage:
 
 
 _BACKEND = backend()  # Event's storage and log_event are fixed here, when shmstat is imported (see _backend)
-_EventStorage: type = _PyEventStorage
-if _BACKEND.EventBase is not None and _BACKEND.set_event_checks is not None:
-    _EventStorage = _BACKEND.EventBase  # the same checks, in C
-    _BACKEND.set_event_checks(_check_name, _check_timestamp, _check_data_slow)
+if TYPE_CHECKING:  # the C twin has the same slots and constructor: type-check against the Python one
+    _EventStorage = _PyEventStorage
+else:
+    _EventStorage: type = _PyEventStorage
+    if _BACKEND.EventBase is not None and _BACKEND.set_event_checks is not None:
+        _EventStorage = _BACKEND.EventBase  # the same checks, in C
+        _BACKEND.set_event_checks(_check_name, _check_timestamp, _check_data_slow)
 
 
-class Event(_EventStorage):  # type: ignore[misc, valid-type]
+class Event(_EventStorage):
     """A named, timestamped record with structured data, to be passed to :func:`log_event`.
 
     ``Event(name, timestamp, data)``: raises :class:`TypeError` if any argument, key or value has a wrong type;

@@ -187,10 +187,10 @@ class Publisher(_SocketProtocol):
         self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
         self._warned_slow = False
-        self._flush_waiting: list[_FlushRequest] = []
+        self._flush_waiting = []
 
         # shared control
-        self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
+        self._flush_requests = collections.deque()
         self._wake = threading.Event()
         self._stop = False
         self._close_linger_ms = 0
