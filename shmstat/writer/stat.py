@@ -119,7 +119,7 @@ class Stat:
 
         attachment = ensure_init()
         if attachment is not None:
-            self._core: _LocalCore | _CLocalCore | _SharedCore = _SharedCore(self, attachment, clock)
+            self._core: _LocalCore | _CLocalCore | _SharedCore | _ClosedCore = _SharedCore(self, attachment, clock)
         else:
             self._core = _CLocalCore.make(self, clock) or _LocalCore(self, clock)
         self.add: Callable[[float], None] = self._core.add
@@ -148,10 +148,10 @@ class Stat:
         """Log what the open window holds (in-process) and release this Stat's slot; idempotent."""
         core = self._core
         if core is not None:
-            self._core = _ClosedCore()
+            self._core = closed = _ClosedCore()
             self.add = _closed_add
             core.close()
-            self._core.last = core.last
+            closed.last = core.last
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -162,9 +162,9 @@ class Stat:
 
     # -- shared by both cores ----------------------------------------------------------------------------
     def _log_window(self, summary: Summary, now_ns: int) -> None:
-        from ..publish.events import STAT_EVENT, Event, _dispatch_local
+        from ..publish.events import STAT_EVENT, Event, _dispatch_local, data_value_t
 
-        data: dict[str, float] = {}
+        data: dict[str, data_value_t] = {}
         for agg in _KEY_ORDER:
             if agg in self._aggs:
                 data[f"{self._name}.{aggregation_key(agg)}"] = summary.value(agg)
