@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
 from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
@@ -34,6 +34,9 @@ from ..errors import ConfigError
 from ..histogram import Histogram
 from ..shm import layout as L
 from ._writer import Summary, binding_for, coerce_value
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..publish.events import data_value_t
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
 
@@ -162,7 +165,7 @@ class Stat:
 
     # -- shared by both cores ----------------------------------------------------------------------------
     def _log_window(self, summary: Summary, now_ns: int) -> None:
-        from ..publish.events import STAT_EVENT, Event, _dispatch_local, data_value_t
+        from ..publish.events import STAT_EVENT, Event, _dispatch_local
 
         data: dict[str, data_value_t] = {}
         for agg in _KEY_ORDER:
