@@ -38,7 +38,7 @@ import zmq
 
 from .. import wire
 from ..shm.runtime import env_number
-from .outbox import counters_of
+from .outbox import Outbox, counters_of
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
 
@@ -79,7 +79,7 @@ class _SocketProtocol:
     pid: int
     incarnation: int
     _sock: zmq.Socket[Any] | None
-    _outbox: Any  # shmstat.publish.outbox.Outbox or its C twin
+    _outbox: Outbox  # or its C twin (the same methods)
     _idle_sleep_s: float
     _max_sleep_s: float
     _first_publish: float
