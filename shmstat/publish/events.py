@@ -133,7 +133,7 @@ class Event(_EventStorage):
         """The timestamp when the Event happened (for internal events: naive local time, microseconds)."""
         ts = self._ts
         if ts is None:
-            ts = self._ts = _datetime_from_ns(self._ts_ns)  # type: ignore[arg-type]
+            ts = self._ts = _datetime_from_ns(self._ts_ns)  # type: ignore[arg-type]  # _ts or _ts_ns is always set
         return ts
 
     @timestamp.setter
@@ -158,7 +158,7 @@ class Event(_EventStorage):
         """
         ns = self._ts_ns
         if ns is None:
-            ts: datetime = self._ts  # type: ignore[assignment]
+            ts: datetime = self._ts  # type: ignore[assignment]  # _ts_ns is None: _ts is set
             if ts.tzinfo is None:
                 ns = _c_naive_ns(ts) if _c_naive_ns is not None else None
                 if ns is None:
