@@ -276,8 +276,8 @@ def run_job(args: argparse.Namespace) -> int:
         raise
     for sig in handled:
         signal.signal(sig, agent.on_signal)
-    for sig in stopped:  # a signal that came while the collector was being made
-        agent.on_signal(sig)
+    for signum in stopped:  # a signal that came while the collector was being made
+        agent.on_signal(signum)
     print(f"shmstat run: job {job}, {args.nproc_per_node} workers, collector publish {collector.publish_endpoint}",
           file=sys.stderr, flush=True)
     thread = threading.Thread(target=collector.serve, name="shmstat-collector", daemon=True)

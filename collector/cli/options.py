@@ -73,7 +73,7 @@ TUNED: tuple[Tuned, ...] = (
 def config_default(name: str) -> Any:
     """The default of :class:`CollectorConfig`'s field ``name`` (the one source of the collector's defaults)."""
     f = {f.name: f for f in fields(CollectorConfig)}[name]
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+    return f.default_factory() if f.default is MISSING and callable(f.default_factory) else f.default
 
 
 def _shown(value: Any) -> str:

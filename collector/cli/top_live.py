@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 
 from shmstat.errors import ConfigError, ShmstatError
@@ -83,7 +83,7 @@ def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "nam
     console = console or Console()
     segments = _Segments(job)
 
-    def frame(height: int | None) -> object:
+    def frame(height: int | None) -> RenderableType:
         snap: TopSnapshot = snapshot(segments.current(), clock())
         return render(snap, view=view, stat=stat, sort=sort, width=console.width, height=height)
 

@@ -426,8 +426,8 @@ def _take_instance_lock(segment: Segment) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        holder = segment.header().collector_pid
-        holder = holder if holder > 0 else "?"
+        pid = segment.header().collector_pid
+        holder: int | str = pid if pid > 0 else "?"
         raise CollectorError(
             f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
         ) from None

@@ -284,7 +284,8 @@ class Dispatcher:
 
     def __init__(self, handlers: dict[str, MetricHandler], default: MetricHandler | None = None) -> None:
         self.handlers = dict(handlers)
-        self.default = default if default is not None else self.handlers.pop("*", None) or CompactWindowHandler()
+        star: MetricHandler | None = self.handlers.pop("*", None)
+        self.default = default if default is not None else star or CompactWindowHandler()
 
     @classmethod
     def from_specs(cls, specs: dict[str, str]) -> Dispatcher:

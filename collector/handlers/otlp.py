@@ -168,9 +168,10 @@ class OtlpMetricHandler(MetricHandler):
         attrs: dict[str, str | int] = {"job": job, "group": row.group, "stat": row.name}
         if row.rank is not None:
             attrs["rank"] = row.rank
-        series = self._series.get((*stat_key, row.rank))
+        series_key = (*stat_key, row.rank)
+        series = self._series.get(series_key)
         if series is None:
-            series = self._series[(*stat_key, row.rank)] = _Series(start)
+            series = self._series[series_key] = _Series(start)
         series.count += s.count
         if s.count:
             series.sum += s.sum

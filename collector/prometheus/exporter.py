@@ -287,10 +287,10 @@ class PrometheusExporter:
             except Exception:  # a job's collector closing meanwhile: its counters are simply not shown
                 continue
             for name, value in values.items():
-                fam = own.get(name)
-                if fam is None:
-                    fam = own[name] = CounterMetricFamily(f"shmstat_collector_{name}", f"Collector counter {name}")
-                fam.samples.append(Sample(f"shmstat_collector_{name}_total", {"job": job, "node": node}, value))
+                counter = own.get(name)
+                if counter is None:
+                    counter = own[name] = CounterMetricFamily(f"shmstat_collector_{name}", f"Collector counter {name}")
+                counter.samples.append(Sample(f"shmstat_collector_{name}_total", {"job": job, "node": node}, value))
         yield from own.values()
 
     def _drop_retired(self) -> None:

@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 _log = logging.getLogger("shmstat.prometheus")
 
@@ -186,7 +186,8 @@ class MetricsServer:
             daemon_threads = True
             request_queue_size = LISTEN_BACKLOG
 
-        self._server = Server(sockaddr[:2], Handler)
+        # AI_PASSIVE with SOCK_STREAM gives an IPv4 or IPv6 address: (host, port) leads both
+        self._server = Server(cast("tuple[str, int]", sockaddr[:2]), Handler)
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, name="shmstat-prometheus-http",
                                         daemon=True)

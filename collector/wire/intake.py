@@ -77,7 +77,7 @@ def inspect(topic: Any, payload: Any) -> Received:
         return _decoded(topic, payload)
     if got is None:
         return _decoded(topic, payload)
-    if type(got) is str:
+    if isinstance(got, str):
         raise WireError(got)
     kind, rank, pid, incarnation, seq, n_items = got
     return Received(topic, payload, kind, rank, pid, incarnation, seq, n_items)

@@ -88,9 +88,9 @@ def _scalar(value: Any) -> str | int | float | bool:
     value, ints beyond 64 bits and everything else (``None`` included) as ``str(value)``."""
     kind = type(value)
     if kind is str or kind is bool or kind is float:
-        return value  # type: ignore[no-any-return]
+        return value
     if kind is int:
-        return value if _INT64_MIN <= value <= _INT64_MAX else str(value)  # type: ignore[no-any-return]
+        return value if _INT64_MIN <= value <= _INT64_MAX else str(value)
     if isinstance(value, Enum):
         return _scalar(value.value)
     if isinstance(value, bool):

@@ -13,13 +13,13 @@ from typing import TextIO
 __all__ = ["get_logging_handler"]
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """A StreamHandler on whatever ``sys.stderr`` is when a record is written."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         """The current ``sys.stderr``."""
         return sys.stderr

@@ -69,7 +69,7 @@ class StatMetricData(MetricData):
         being the window's end (what the collector builds for a whole pass: the same rows as ``__new__``, without
         its keyword handling per row)."""
         new = tuple.__new__
-        out = []
+        out: list[StatMetricData] = []
         append = out.append
         for end, group, name, value, rank, start, torn in figures:
             row = new(cls, (end, group, name, value))
@@ -94,7 +94,7 @@ class StatMetricData(MetricData):
             raise TypeError(f"Expected 4 arguments, got {len(values)}")
         return cls(*values, rank=rank, window_start=window_start, window_end=window_end, torn=torn, job=job)
 
-    def _replace(self, **changes: Any) -> StatMetricData:  # type: ignore[override]
+    def _replace(self, **changes: Any) -> StatMetricData:
         """A copy with some fields or extras replaced; unknown names raise :class:`ValueError` (as namedtuple)."""
         values = [changes.pop(field, value) for field, value in zip(self._fields, self, strict=True)]
         extras = {key: changes.pop(key, getattr(self, key)) for key in _EXTRAS}

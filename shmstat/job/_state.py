@@ -71,7 +71,7 @@ def reset() -> None:
     if old.attachment is not None:
         with contextlib.suppress(Exception):
             old.attachment.detach()
-    STATE.__init__()  # in place: other modules hold a reference to STATE
+    GlobalState.__init__(STATE)  # in place: other modules hold a reference to STATE
     from ._drops import reset_warnings
 
     reset_warnings()

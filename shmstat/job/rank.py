@@ -59,7 +59,7 @@ class RankAttachment:
     """The local rank this process writes for when it holds a writer entry; -1 for the rank's own process."""
     index: dict[StatKey, int] = field(default_factory=dict)
     """Published descriptors of this entry by key (built once at registration; O(1) allocation after)."""
-    writers: dict[int, Any] = field(default_factory=dict)
+    writers: dict[tuple[str, str, int, int, int], Any] = field(default_factory=dict)
     """The one writer of each slot in this process (shared by every Stat and bound ``add`` of that key)."""
     gone: bool = False
     """Set once the segment was found removed from /dev/shm while this process wrote it (every writer drops)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
 from ..errors import EventTooLargeError
@@ -80,13 +80,16 @@ class _PyEventStorage:
 
 
 _BACKEND = backend()  # Event's storage and log_event are fixed here, when shmstat is imported (see _backend)
-_EventStorage: type = _PyEventStorage
-if _BACKEND.EventBase is not None and _BACKEND.set_event_checks is not None:
-    _EventStorage = _BACKEND.EventBase  # the same checks, in C
-    _BACKEND.set_event_checks(_check_name, _check_timestamp, _check_data_slow)
+if TYPE_CHECKING:  # the C twin has the same slots and constructor: type-check against the Python one
+    _EventStorage = _PyEventStorage
+else:
+    _EventStorage: type = _PyEventStorage
+    if _BACKEND.EventBase is not None and _BACKEND.set_event_checks is not None:
+        _EventStorage = _BACKEND.EventBase  # the same checks, in C
+        _BACKEND.set_event_checks(_check_name, _check_timestamp, _check_data_slow)
 
 
-class Event(_EventStorage):  # type: ignore[misc, valid-type]
+class Event(_EventStorage):
     """A named, timestamped record with structured data, to be passed to :func:`log_event`.
 
     ``Event(name, timestamp, data)``: raises :class:`TypeError` if any argument, key or value has a wrong type;
@@ -130,7 +133,7 @@ class Event(_EventStorage):  # type: ignore[misc, valid-type]
         """The timestamp when the Event happened (for internal events: naive local time, microseconds)."""
         ts = self._ts
         if ts is None:
-            ts = self._ts = _datetime_from_ns(self._ts_ns)  # type: ignore[arg-type]
+            ts = self._ts = _datetime_from_ns(self._ts_ns)  # type: ignore[arg-type]  # _ts or _ts_ns is always set
         return ts
 
     @timestamp.setter
@@ -155,7 +158,7 @@ class Event(_EventStorage):  # type: ignore[misc, valid-type]
         """
         ns = self._ts_ns
         if ns is None:
-            ts: datetime = self._ts  # type: ignore[assignment]
+            ts: datetime = self._ts  # type: ignore[assignment]  # _ts_ns is None: _ts is set
             if ts.tzinfo is None:
                 ns = _c_naive_ns(ts) if _c_naive_ns is not None else None
                 if ns is None:

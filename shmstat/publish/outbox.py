@@ -349,7 +349,7 @@ def counters_of(outbox: Any) -> OutboxCounters:
     return OutboxCounters._make(outbox.counters())
 
 
-def new_outbox(**kwargs: int) -> Any:
+def new_outbox(**kwargs: int) -> Outbox:
     """An outbox of the backend in use (:func:`shmstat._backend.backend`): the C one, or :class:`Outbox`;
     ``kwargs`` as for :class:`Outbox`."""
     c_outbox = backend().Outbox

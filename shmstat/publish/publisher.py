@@ -69,7 +69,7 @@ from .backlog import (
     backlog_bytes_from_env,
     item_bytes,
 )
-from .outbox import KIND_CODES, counters_of, new_outbox
+from .outbox import KIND_CODES, Outbox, counters_of, new_outbox
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -178,7 +178,7 @@ class Publisher(_SocketProtocol):
         self._outbox_args = {"rank": rank, "pid": pid, "incarnation": incarnation, "batch_max": batch_max,
                              "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
                              "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
-        self._outbox: Any = new_outbox(**self._outbox_args)
+        self._outbox: Outbox = new_outbox(**self._outbox_args)
         self._started = False
 
         # thread side (written only by the background thread while it runs)
@@ -187,10 +187,10 @@ class Publisher(_SocketProtocol):
         self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
         self._warned_slow = False
-        self._flush_waiting: list[_FlushRequest] = []
+        self._flush_waiting = []
 
         # shared control
-        self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
+        self._flush_requests = collections.deque()
         self._wake = threading.Event()
         self._stop = False
         self._close_linger_ms = 0

@@ -27,16 +27,18 @@ sets follow from it):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Protocol, cast
 
 import zmq
 
 from .. import wire
 from ..shm.runtime import env_number
-from .outbox import counters_of
+from .outbox import Outbox, counters_of
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
 
@@ -60,8 +62,38 @@ def unacked_warning_from_env() -> float:
     return DEFAULT_UNCOLLECTED_WARNING_S if seconds is None else seconds
 
 
+class _FlushWait(Protocol):
+    """A :meth:`Publisher.flush` waiting for the sent frontier (``publisher._FlushRequest``)."""
+
+    target: int
+    cancelled: bool
+    done: threading.Event
+
+
 class _SocketProtocol:
     """The thread side of the socket (mixed into the publisher)."""
+
+    # the state these methods use: set up by Publisher.__init__ (declared here for the type checker only)
+    job: str | None
+    rank: int
+    pid: int
+    incarnation: int
+    _sock: zmq.Socket[Any] | None
+    _outbox: Outbox  # or its C twin (the same methods)
+    _idle_sleep_s: float
+    _max_sleep_s: float
+    _first_publish: float
+    _unacked_warning_s: float
+    _stop: bool
+    _ever_subscribed: bool
+    _subscribed: bool
+    _handed_over: bool
+    _warned_invalid: bool
+    _prefixes: set[bytes]
+    _wake: threading.Event
+    _close_linger_ms: int
+    _flush_requests: collections.deque[_FlushWait]
+    _flush_waiting: list[_FlushWait]
 
     def _run(self) -> None:
         sock = self._sock
@@ -106,7 +138,7 @@ class _SocketProtocol:
 
     def _step(self, sock: zmq.Socket[Any]) -> bool:
         """One round: subscriptions, flush requests, send. True if anything was sent."""
-        if sock.get(zmq.EVENTS) & zmq.POLLIN:
+        if cast(int, sock.get(zmq.EVENTS)) & zmq.POLLIN:  # EVENTS is an int option
             self._read_subscriptions(sock)
         requests = self._flush_requests
         while requests:
@@ -122,7 +154,7 @@ class _SocketProtocol:
 
     def _resolve_flushes(self) -> None:
         frontier = self._outbox.frontier()
-        still: list[Any] = []  # publisher._FlushRequest
+        still: list[_FlushWait] = []
         for req in self._flush_waiting:
             if req.cancelled:
                 continue

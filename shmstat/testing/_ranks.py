@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError, ShmstatError
 from ._records import tail
@@ -214,16 +214,17 @@ class RankGroup:
         for i, p in enumerate(self._procs):
             fd = _pidfd(int(p.pid))
             if fd is None:
-                for fd in fds:
-                    os.close(fd)
+                for open_fd in fds:
+                    os.close(open_fd)
                 self._poll_each()
                 return
             fds[fd] = i
         try:
             while fds:
-                for fd in mp.connection.wait(list(fds)):
-                    self._ended(fds.pop(fd))
-                    os.close(fd)
+                for ready in mp.connection.wait(list(fds)):
+                    ready_fd = cast(int, ready)  # wait() returns the objects it was given: these fds
+                    self._ended(fds.pop(ready_fd))
+                    os.close(ready_fd)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -234,7 +235,7 @@ class RankGroup:
         while left:
             for i in sorted(left):
                 try:
-                    ended = os.waitid(os.P_PID, self._procs[i].pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    ended: object = os.waitid(os.P_PID, self._procs[i].pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                 except ChildProcessError:
                     ended = True
                 if ended is not None:
@@ -250,7 +251,7 @@ class RankGroup:
     def _results(self) -> list[RankResult]:
         with self._cond:
             return [RankResult(i, self._codes[i], tail(self._outputs[i]),
-                               None if self._ended_at[i] is None else self._ended_at[i] - self._started[i],
+                               None if (end := self._ended_at[i]) is None else end - self._started[i],
                                i in self._stopped)
                     for i in range(len(self._procs))]
 

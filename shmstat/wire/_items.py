@@ -4,7 +4,7 @@ decode side, which raise :class:`~shmstat.errors.WireError` with a one-sentence 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, NoReturn
 
 from ..errors import WireError
@@ -157,7 +157,7 @@ def check_map_items(items: list[Any], kind: str) -> None:
             _fail(f"a {kind} item is not a map")
         if not str_only.issuperset(map(type, item)):
             _fail(f"a {kind} item has a key that is not a str")
-        values = item.values()
+        values: Iterable[Any] = item.values()
         if kind == "stat" and "hist" in item:
             problem = hist_problem(item["hist"])
             if problem is not None:

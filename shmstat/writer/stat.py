@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
 from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
@@ -34,6 +34,9 @@ from ..errors import ConfigError
 from ..histogram import Histogram
 from ..shm import layout as L
 from ._writer import Summary, binding_for, coerce_value
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..publish.events import data_value_t
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
 
@@ -119,7 +122,7 @@ class Stat:
 
         attachment = ensure_init()
         if attachment is not None:
-            self._core: _LocalCore | _CLocalCore | _SharedCore = _SharedCore(self, attachment, clock)
+            self._core: _LocalCore | _CLocalCore | _SharedCore | _ClosedCore = _SharedCore(self, attachment, clock)
         else:
             self._core = _CLocalCore.make(self, clock) or _LocalCore(self, clock)
         self.add: Callable[[float], None] = self._core.add
@@ -148,10 +151,10 @@ class Stat:
         """Log what the open window holds (in-process) and release this Stat's slot; idempotent."""
         core = self._core
         if core is not None:
-            self._core = _ClosedCore()
+            self._core = closed = _ClosedCore()
             self.add = _closed_add
             core.close()
-            self._core.last = core.last
+            closed.last = core.last
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -164,7 +167,7 @@ class Stat:
     def _log_window(self, summary: Summary, now_ns: int) -> None:
         from ..publish.events import STAT_EVENT, Event, _dispatch_local
 
-        data: dict[str, float] = {}
+        data: dict[str, data_value_t] = {}
         for agg in _KEY_ORDER:
             if agg in self._aggs:
                 data[f"{self._name}.{aggregation_key(agg)}"] = summary.value(agg)
