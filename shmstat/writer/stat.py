@@ -337,7 +337,7 @@ class _SharedCore:
     """Writes through this process's one writer of the stat's slot (:class:`shmstat.writer._writer.SlotBinding`)."""
 
     def __init__(self, stat: Stat, attachment: Any, clock: Clock) -> None:
-        from ..job.rank import RankAttachment
+        from ..job.rank import RankAttachment, SlotKey
 
         att: RankAttachment = attachment
         geo = att.segment.geometry
@@ -349,7 +349,7 @@ class _SharedCore:
                 f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
                 "use a longer window or a segment with more banks"
             )
-        key = (stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
+        key = SlotKey(stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
         binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)
         binding.stats.add(stat)
         self.binding = binding
