@@ -32,7 +32,7 @@ from ._pyhist import hist_add, hist_reset
 if TYPE_CHECKING:  # pragma: no cover
     from ..job.rank import RankAttachment, SlotKey
 
-__all__ = ["SlotBinding", "Summary", "coerce_value"]
+__all__ = ["SlotBinding", "WindowSummary", "coerce_value"]
 
 Clock = Callable[[], int]
 
@@ -41,7 +41,7 @@ _all: weakref.WeakSet[SlotBinding] = weakref.WeakSet()
 _inherited: dict[tuple[str, int, SlotKey], SlotBinding] = {}  # in a forked child: the parent's bindings
 
 
-class Summary:
+class WindowSummary:
     """Values of one closed window, as torch.monitor reports them (zeros for an empty window), and its
     histogram for a stat with percentiles."""
 
@@ -84,7 +84,7 @@ class SlotBinding:
         self.window_ns = window_ns
         self.want_last = want_last
         self.clock = clock
-        self.last = Summary()
+        self.last = WindowSummary()
         self.stats: weakref.WeakSet[Any] = weakref.WeakSet()
         """Live Stats of this key: a closed window is logged to local handlers once, through one of them."""
         self.job = att.segment.job
@@ -134,7 +134,7 @@ class SlotBinding:
         if time.monotonic() >= _next_check[0]:
             check_removed(self.att)
         hist = self._closed_hist(t, n >= self.key.max_samples) if n and self.hist0 >= 0 else None
-        self.last = Summary(n, total, lo, hi, lastv, hist) if n else Summary()
+        self.last = WindowSummary(n, total, lo, hi, lastv, hist) if n else WindowSummary()
         if n and _state.STATE.handler_tuple:
             for stat in list(self.stats):
                 stat._log_window(self.last, t)
@@ -193,7 +193,7 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     binding.index = _allocate(att, binding.key, binding.flags)
     binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
-    binding.last = Summary()
+    binding.last = WindowSummary()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
     if binding._c is not None:
         binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
@@ -216,7 +216,7 @@ def _drop_mode(binding: SlotBinding) -> None:
     binding.index = -1
     binding.hist0 = -1
     binding._gen = _generation[0]
-    binding.last = Summary()
+    binding.last = WindowSummary()
     if binding._c is not None:
         binding._c.drop(binding.att.drop_offset)
     else:
