@@ -16,9 +16,9 @@ import pytest
 import zmq
 from _procs import REPO
 from _support import wait_for
-from collector.cli.command.options import TUNED, add_collector_options, collector_config, config_default
 
-from collector.cli.command import command as cli
+from collector.cli import command as cli
+from collector.cli.options import TUNED, add_collector_options, collector_config, config_default
 from collector.daemon.config import CollectorConfig
 from shmstat.shm.layout import Geometry
 
