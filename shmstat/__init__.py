@@ -19,7 +19,7 @@ from .errors import (
     WireError,
 )
 from .job.attach import init, shutdown
-from .job.stats import stats
+from .job.counters import stats
 from .publish.events import (
     STAT_EVENT,
     Event,

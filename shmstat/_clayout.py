@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import histogram, wire
-from .publish import backlog, outbox
+from .publish import item_sizes, outbox
 from .shm import layout as L
 
 __all__ = ["HEADER_PATH", "constants", "main", "render"]
@@ -45,16 +45,16 @@ def constants() -> list[tuple[str, list[tuple[str, int]]]]:
             ("MAX_TOPIC", wire.MAX_TOPIC),
             ("MAX_PAYLOAD", wire.MAX_PAYLOAD),
         ]),
-        ("shmstat/outbox.py and shmstat/backlog.py: the publisher's outbox", [
+        ("shmstat/publish/outbox.py and shmstat/publish/item_sizes.py: the publisher's outbox", [
             ("MAX_OPEN", outbox.MAX_OPEN),
             ("K_EVENT", kinds["event"]),
             ("K_METRIC", kinds["metric"]),
             ("K_STAT", kinds["stat"]),
             ("K_RANK", kinds["rank"]),
             ("K_GAP", outbox._GAP),
-            ("ITEM_OVERHEAD", backlog._ITEM_OVERHEAD),
-            ("ITEM_KEY_BYTES", backlog._KEY_BYTES),
-            ("ITEM_RECOUNT_BYTES", backlog._RECOUNT_BYTES),
+            ("ITEM_OVERHEAD", item_sizes._ITEM_OVERHEAD),
+            ("ITEM_KEY_BYTES", item_sizes._KEY_BYTES),
+            ("ITEM_RECOUNT_BYTES", item_sizes._RECOUNT_BYTES),
         ]),
     ]
 

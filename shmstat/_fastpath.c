@@ -297,7 +297,7 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         return 0;
     }
     if (self->on_roll != NULL && (self->seq != 0.0 || self->wend != 0)) {
-        /* Python: ``if seq: core.last = _Summary(...)`` / ``elif wend: core.last = _Summary()``: an empty
+        /* Python: ``if seq: core.last = WindowSummary(...)`` / ``elif wend: core.last = WindowSummary()``: an empty
          * previous window is reported as count 0 with zeros. Reported by the caller after the roll. */
         int any = self->seq != 0.0 && !self->full_reported;
         rolled->pending = 1;

@@ -23,8 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* MAX_OPEN, K_* (KIND_CODES), KIND_NAMES_INIT, ITEM_* (item_bytes), WIRE_VERSION: generated from shmstat/outbox.py,
- * shmstat/backlog.py and shmstat/wire.py */
+/* MAX_OPEN, K_* (KIND_CODES), KIND_NAMES_INIT, ITEM_* (item_bytes), WIRE_VERSION: generated from
+ * shmstat/publish/outbox.py, shmstat/publish/item_sizes.py and shmstat/wire/ */
 #include "_c/layout.h"
 
 static const char *KIND_NAMES[4] = KIND_NAMES_INIT;

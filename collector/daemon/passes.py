@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["PassCounts", "emit_scan"]
 
 
-class Collector(Protocol):
+class PassHost(Protocol):
     """What :func:`emit_scan` reads of :class:`collector.daemon.collector.Collector` (it changes none of it)."""
 
     config: CollectorConfig
@@ -53,7 +53,7 @@ class PassCounts(NamedTuple):
     """Windows flagged torn (a writer died in the middle of an ``add``)."""
 
 
-def emit_scan(c: Collector, now: int, *, final: bool) -> PassCounts:
+def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
     the rows, flush the handlers and commit the watermarks; returns what the pass counted (``c`` is only read)."""
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,10 +48,16 @@ from .hist_reader import read_histograms
 from .long_windows import long_slots_to_read
 from .merge import WindowRow
 
-__all__ = ["ScanResult", "Scanner"]
+__all__ = ["MergeKey", "ScanResult", "Scanner"]
 
-StatKey = tuple[str, str, int, int]
-"""(group, name, window_ms, agg_mask): the stats that merge across ranks."""
+class MergeKey(NamedTuple):
+    """What makes slots of several ranks one stat that merges across ranks (max_samples may differ)."""
+
+    group: str
+    name: str
+    window_ms: int
+    agg_mask: int
+
 
 _WORDS = L.BANK_WORDS
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
@@ -110,25 +117,25 @@ class _Table:
         """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
         self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
         self.after_inc = np.fromiter((s.after_inc for s in slots), np.int64, n)
-        keys: dict[StatKey, int] = {}
+        keys: dict[MergeKey, int] = {}
         self.keys = keys
-        """Stat key -> its id in :attr:`key_id`."""
+        """Merge key -> its id in :attr:`key_id`."""
         groups: dict[str, int] = {}
-        self.key_id = np.fromiter(
-            (keys.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), len(keys)) for s in slots),
-            np.int64, n,
-        )
+        merge_keys = [MergeKey(s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask) for s in slots]
+        self.key_id = np.fromiter((keys.setdefault(k, len(keys)) for k in merge_keys), np.int64, n)
         self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
-        first_slot: dict[StatKey, int] = {}  # the first slot of a stat: its descriptor's flags speak for the stat
-        for i, s in enumerate(slots):
-            first_slot.setdefault((s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask), i)
+        first_slot: dict[MergeKey, int] = {}  # the first slot of a stat: its descriptor's flags speak for the stat
+        for i, k in enumerate(merge_keys):
+            first_slot.setdefault(k, i)
         order = np.empty(len(keys), np.int64)
         order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
         self.stats = StatTable(
-            np.array([k[0] for k in keys] + [None], object)[:-1], np.array([k[1] for k in keys] + [None], object)[:-1],
-            np.array([k[2] for k in keys], np.int64).reshape(-1), np.array([k[3] for k in keys], np.int64).reshape(-1),
+            np.array([k.group for k in keys] + [None], object)[:-1],
+            np.array([k.name for k in keys] + [None], object)[:-1],
+            np.array([k.window_ms for k in keys], np.int64).reshape(-1),
+            np.array([k.agg_mask for k in keys], np.int64).reshape(-1),
             np.array([slots[first_slot[k]].desc.higher_is_better for k in keys], bool).reshape(-1),
-            np.array([bool(k[3] & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
+            np.array([bool(k.agg_mask & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
         )
         """The stats, by key id (for :func:`collector.read.column_merge.merge_parts`)."""
         self.groups = list(groups)

@@ -29,7 +29,7 @@
 #define MAX_TOPIC 4096
 #define MAX_PAYLOAD 16777216
 
-/* shmstat/outbox.py and shmstat/backlog.py: the publisher's outbox */
+/* shmstat/publish/outbox.py and shmstat/publish/item_sizes.py: the publisher's outbox */
 #define MAX_OPEN 16
 #define K_EVENT 0
 #define K_METRIC 1

@@ -5,7 +5,7 @@
 - :mod:`~shmstat.job.attach`: ``init()``, ``shutdown()`` and the lazy attach from the environment;
 - :mod:`~shmstat.job._state`: the process-global state (handlers, attachment, publisher);
 - :mod:`~shmstat.job._drops`: degrading instead of raising (drop counters, once-only warnings, capacities);
-- :mod:`~shmstat.job.stats`: ``shmstat.stats()``, this process's own counters.
+- :mod:`~shmstat.job.counters`: ``shmstat.stats()``, this process's own counters.
 
 The modules are imported by name; the public names are re-exported by :mod:`shmstat`.
 """

@@ -17,37 +17,73 @@ if TYPE_CHECKING:  # pragma: no cover
     from .rank import RankAttachment
 
 
+_sync_hook: Callable[[tuple[Any, ...], Any, bool], None] | None = None
+
+
 @dataclass
 class GlobalState:
-    """Process-wide state: handler registry, attachment and publisher, plus counters users can read."""
+    """Process-wide state: handler registry, attachment and publisher, plus counters users can read.
+
+    Three fields are also read by ``log_event``'s C twin, which keeps its own copy of them: :attr:`handler_tuple`,
+    :attr:`publisher` and :attr:`auto_init_done` are properties whose setters pass the new values on (see
+    :func:`set_sync_hook`); every other field is a plain attribute.
+    """
 
     handlers: list[Any] = field(default_factory=list)
     """Registered handler handles, in registration order (see :mod:`shmstat.publish.events`)."""
-    handler_tuple: tuple[Any, ...] = ()
-    """The registered callbacks, in order, as one immutable snapshot (rebuilt on register/unregister)."""
     handler_errors: int = 0
     """Exceptions raised by event handlers (logged and counted, never propagated)."""
     attachment: RankAttachment | None = None
-    publisher: Any = None
-    """The rank's :class:`shmstat.publish.publisher.Publisher`, or None (typed loosely: the publisher imports this
-    module, not the other way round)."""
     publish_target: tuple[str, int, int] | None = None
     """(endpoint, rank, incarnation) of the publisher, so a forked child can open its own."""
     fork_owner: tuple[Any, int] | None = None
     """In a child forked from an attached rank: (segment, owner local rank) to register a writer entry under."""
-    auto_init_done: bool = False
-    """Whether the environment was consulted for a job (done lazily, once)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
+    _handler_tuple: tuple[Any, ...] = field(default=(), repr=False)
+    _publisher: Any = field(default=None, repr=False)
+    _auto_init_done: bool = field(default=False, repr=False)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Assign, and pass the fields ``log_event``'s C twin reads on every call to it (see set_sync_hook)."""
-        object.__setattr__(self, name, value)
-        if name in _SYNCED and _sync_hook is not None:
-            _sync_hook(self.handler_tuple, self.publisher, self.auto_init_done)
+    def __post_init__(self) -> None:
+        self._mirror()
 
+    @property
+    def handler_tuple(self) -> tuple[Any, ...]:
+        """The registered callbacks, in order, as one immutable snapshot (rebuilt on register/unregister);
+        setting it passes it to the C ``log_event``."""
+        return self._handler_tuple
 
-_SYNCED = frozenset({"handler_tuple", "publisher", "auto_init_done"})
-_sync_hook: Callable[[tuple[Any, ...], Any, bool], None] | None = None
+    @handler_tuple.setter
+    def handler_tuple(self, value: tuple[Any, ...]) -> None:
+        self._handler_tuple = value
+        self._mirror()
+
+    @property
+    def publisher(self) -> Any:
+        """The rank's :class:`shmstat.publish.publisher.Publisher`, or None (typed loosely: the publisher imports
+        this module, not the other way round); setting it passes it to the C ``log_event``."""
+        return self._publisher
+
+    @publisher.setter
+    def publisher(self, value: Any) -> None:
+        self._publisher = value
+        self._mirror()
+
+    @property
+    def auto_init_done(self) -> bool:
+        """Whether the environment was consulted for a job (done lazily, once); setting it passes it to the C
+        ``log_event``."""
+        return self._auto_init_done
+
+    @auto_init_done.setter
+    def auto_init_done(self, value: bool) -> None:
+        self._auto_init_done = value
+        self._mirror()
+
+    def _mirror(self) -> None:
+        """Pass the three fields the C ``log_event`` copies to it (no-op before :func:`set_sync_hook`)."""
+        if _sync_hook is not None:
+            _sync_hook(self._handler_tuple, self._publisher, self._auto_init_done)
+
 
 STATE = GlobalState()
 

@@ -12,7 +12,7 @@ workers with no collector: a new writer every epoch), counting the samples it he
 entry. A process that finds no entry at all gets an attachment *without* one (``local_rank == -1``): its Stats
 count their samples as dropped (:func:`shmstat.job._drops.add_counter`) and nothing raises.
 
-Within one process a stat key (name, group, window, max_samples, aggregations) has one slot and one writer:
+Within one process a :class:`SlotKey` (name, group, window, max_samples, aggregations) has one slot and one writer:
 a Stat re-created under the same key continues it, so closing and re-creating Stats loses nothing, and a slot
 is never handed to another stat while this process lives (a kept bound ``add`` may still write it).
 """
@@ -25,21 +25,28 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import CapacityError, ConfigError
 from ..shm import layout as L
 from ..shm.segment import Segment, pid_alive
 from ._drops import add_counter, warn_once
 
-__all__ = ["EntryHeldError", "RankAttachment", "StatKey"]
+__all__ = ["EntryHeldError", "RankAttachment", "SlotKey"]
 
 
 class EntryHeldError(ConfigError):
     """The rank entry asked for is held by another live process (two processes given the same LOCAL_RANK)."""
 
-StatKey = tuple[str, str, int, int, int]
-"""(name, group, window_ms, max_samples, agg_mask): what makes two Stats of one process the same stat."""
+class SlotKey(NamedTuple):
+    """What makes two Stats of one process the same slot (and one writer): equal in all five fields."""
+
+    name: str
+    group: str
+    window_ms: int
+    max_samples: int
+    agg_mask: int
+
 
 _ENTRY = struct.Struct("<qQqqqqq")  # pid, incarnation, rank, local_rank, world_size, start_ns, heartbeat_ns
 
@@ -57,7 +64,7 @@ class RankAttachment:
     incarnation: int
     writer_of: int = -1
     """The local rank this process writes for when it holds a writer entry; -1 for the rank's own process."""
-    index: dict[StatKey, int] = field(default_factory=dict)
+    index: dict[SlotKey, int] = field(default_factory=dict)
     """Published descriptors of this entry by key (built once at registration; O(1) allocation after)."""
     writers: dict[tuple[str, str, int, int, int], Any] = field(default_factory=dict)
     """The one writer of each slot in this process (shared by every Stat and bound ``add`` of that key)."""
@@ -195,7 +202,7 @@ class RankAttachment:
         struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
         att = cls(segment, i, rank, world_size, pid, incarnation, writer_of)
         for d in segment.descriptors(i):  # an earlier incarnation's stats: reused under the same key
-            att.index.setdefault((d.name, d.group, d.window_ms, d.max_samples, d.agg_mask), d.index)
+            att.index.setdefault(SlotKey(d.name, d.group, d.window_ms, d.max_samples, d.agg_mask), d.index)
         return att
 
     def prefault(self) -> None:
@@ -217,7 +224,7 @@ class RankAttachment:
         Raises :class:`CapacityError` when the entry's stat or histogram table is full, or the process holds no
         entry; nothing is written then (the caller counts the refusal, see :meth:`refuse_stat`).
         """
-        key = (name, group, window_ms, max_samples, agg_mask)
+        key = SlotKey(name, group, window_ms, max_samples, agg_mask)
         found = self.index.get(key)
         if found is not None:
             return found

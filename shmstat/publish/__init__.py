@@ -3,8 +3,8 @@
 - :mod:`~shmstat.publish.events`: ``Event``, ``log_event`` and the event handler registry, with the checks of an
   event's data in :mod:`~shmstat.publish._eventdata`; :mod:`~shmstat.publish.tensorboard`: the TensorBoard handler;
 - :mod:`~shmstat.publish.publisher`: the rank's publisher to the node's collector, never blocking its caller, with
-  its backlog (:mod:`~shmstat.publish.outbox`, bounds in :mod:`~shmstat.publish.backlog`), its socket thread
-  (:mod:`~shmstat.publish.xpub`) and its fork and exit hooks (:mod:`~shmstat.publish._pubprocess`).
+  its backlog (:mod:`~shmstat.publish.outbox`, its bounds and item sizes in :mod:`~shmstat.publish.item_sizes`),
+  its socket thread (:mod:`~shmstat.publish.xpub`) and its fork and exit hooks (:mod:`~shmstat.publish._pubprocess`).
 
 The C twin of the hot paths is ``shmstat._pubfast``. The modules are imported by name; the public names are
 re-exported by :mod:`shmstat`.

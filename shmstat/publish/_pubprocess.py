@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..job import _state
 
 
-class Publisher(Protocol):
+class LivePublisher(Protocol):
     """What this module needs of a :class:`shmstat.publish.publisher.Publisher` (named here by shape, not imported:
     the publisher imports this module)."""
 
@@ -39,16 +39,16 @@ __all__ = ["EXIT_BUDGET_S", "after_fork_in_child", "ensure_exit_hooks", "forget"
 EXIT_BUDGET_S = 2.0
 """Seconds the exit flush may take for all of a process's publishers together."""
 
-_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[LivePublisher] = weakref.WeakSet()
 _FORK_ORPHANS: list[Any] = []  # zmq objects inherited by a forked child: kept alive, never closed, never used
 
 
-def register(pub: Publisher) -> None:
+def register(pub: LivePublisher) -> None:
     """Count ``pub`` among this process's live publishers (flushed at exit, marked dead in a forked child)."""
     _LIVE.add(pub)
 
 
-def forget(pub: Publisher) -> None:
+def forget(pub: LivePublisher) -> None:
     """``pub`` is closed (or given up): no exit flush, no fork handling for it any more."""
     _LIVE.discard(pub)
 

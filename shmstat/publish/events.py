@@ -43,7 +43,7 @@ from ._eventdata import (
     _naive_local_ns,
     data_value_t,
 )
-from .backlog import item_bytes
+from .item_sizes import item_bytes
 
 __all__ = [
     "STAT_EVENT",

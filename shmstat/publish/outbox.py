@@ -7,8 +7,8 @@ publisher thread, below ``batch_max`` items and ``max_batch_bytes`` encoded byte
 the end. Open batches are forgotten whenever a batch of another kind or a gap is added (or more than
 :data:`MAX_OPEN` topics interleave), so topics of one kind published interleaved (``@prof``'s success and
 duration) share large messages while the order between kinds and the place of every gap stay those of
-publishing. At most ``max_items`` items and ``max_bytes`` estimated bytes (:func:`shmstat.publish.backlog.item_bytes`)
-are held; past that an item becomes a gap of one.
+publishing. At most ``max_items`` items and ``max_bytes`` estimated bytes
+(:func:`shmstat.publish.item_sizes.item_bytes`) are held; past that an item becomes a gap of one.
 
 The publisher thread seals the first batch (:meth:`Outbox.head`: it takes the next sequence numbers and gets its
 two frames, the payload being the wire header, the array header and the encoded items) and, once zmq took the
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from .._backend import backend
-from .backlog import item_bytes
+from .item_sizes import item_bytes
 
 __all__ = ["KIND_CODES", "MAX_OPEN", "Outbox", "OutboxCounters", "counters_of", "new_outbox"]
 

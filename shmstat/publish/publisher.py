@@ -62,7 +62,7 @@ from .. import wire
 from ..errors import ConfigError
 from . import _pubprocess
 from ._pubprocess import after_fork_in_child
-from .backlog import (
+from .item_sizes import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
     METRIC_BYTES,

@@ -30,18 +30,18 @@ from ..shm import layout as L
 from ._pyhist import hist_add, hist_reset
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..job.rank import RankAttachment, StatKey
+    from ..job.rank import RankAttachment, SlotKey
 
-__all__ = ["SlotBinding", "Summary", "coerce_value"]
+__all__ = ["SlotBinding", "WindowSummary", "coerce_value"]
 
 Clock = Callable[[], int]
 
 _generation = [0]  # bumped in the child of every fork
 _all: weakref.WeakSet[SlotBinding] = weakref.WeakSet()
-_inherited: dict[tuple[str, int, StatKey], SlotBinding] = {}  # in a forked child: the parent's bindings
+_inherited: dict[tuple[str, int, SlotKey], SlotBinding] = {}  # in a forked child: the parent's bindings
 
 
-class Summary:
+class WindowSummary:
     """Values of one closed window, as torch.monitor reports them (zeros for an empty window), and its
     histogram for a stat with percentiles."""
 
@@ -78,13 +78,13 @@ def coerce_value(v: Any) -> float:
 class SlotBinding:
     """This process's writer of one stat key's slot: ``add``, the last closed window, the Stats it reports to."""
 
-    def __init__(self, att: RankAttachment, key: StatKey, window_ns: int, want_last: bool, clock: Clock,
+    def __init__(self, att: RankAttachment, key: SlotKey, window_ns: int, want_last: bool, clock: Clock,
                  flags: int = 0) -> None:
         self.key = key
         self.window_ns = window_ns
         self.want_last = want_last
         self.clock = clock
-        self.last = Summary()
+        self.last = WindowSummary()
         self.stats: weakref.WeakSet[Any] = weakref.WeakSet()
         """Live Stats of this key: a closed window is logged to local handlers once, through one of them."""
         self.job = att.segment.job
@@ -102,7 +102,7 @@ class SlotBinding:
         if c_writer is not None:
             slot0, nan_w, disc_w, beat_w = self._slot_words(att)
             self._c = c_writer(
-                att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key[3],
+                att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key.max_samples,
                 want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
                 None if clock is time.time_ns else clock, self.rebind, self.hist0,
             )
@@ -133,8 +133,8 @@ class SlotBinding:
         at most once a second, check that the segment is still there (:func:`check_removed`)."""
         if time.monotonic() >= _next_check[0]:
             check_removed(self.att)
-        hist = self._closed_hist(t, n >= self.key[3]) if n and self.hist0 >= 0 else None
-        self.last = Summary(n, total, lo, hi, lastv, hist) if n else Summary()
+        hist = self._closed_hist(t, n >= self.key.max_samples) if n and self.hist0 >= 0 else None
+        self.last = WindowSummary(n, total, lo, hi, lastv, hist) if n else WindowSummary()
         if n and _state.STATE.handler_tuple:
             for stat in list(self.stats):
                 stat._log_window(self.last, t)
@@ -169,7 +169,7 @@ class SlotBinding:
         adopt(self, att)
 
 
-def _allocate(att: RankAttachment, key: StatKey, flags: int) -> int:
+def _allocate(att: RankAttachment, key: SlotKey, flags: int) -> int:
     """The descriptor index of ``key`` in ``att``, or -1 (drop mode) when there is no room, counted and reported,
     or the segment was removed."""
     if check_removed(att):
@@ -178,10 +178,10 @@ def _allocate(att: RankAttachment, key: StatKey, flags: int) -> int:
         return att.allocate_stat(*key, flags=flags)
     except CapacityError as exc:
         full = "percentiles" if "percentile" in str(exc) else "stats"
-        att.refuse_stat(key[0], full, str(exc))
+        att.refuse_stat(key.name, full, str(exc))
         return -1
     except (SegmentError, OSError) as exc:  # the job lock cannot be taken (its file was replaced or removed)
-        att.refuse_stat(key[0], "lock", f"the job lock cannot be taken ({exc})")
+        att.refuse_stat(key.name, "lock", f"the job lock cannot be taken ({exc})")
         return -1
 
 
@@ -193,7 +193,7 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     binding.index = _allocate(att, binding.key, binding.flags)
     binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
-    binding.last = Summary()
+    binding.last = WindowSummary()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
     if binding._c is not None:
         binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
@@ -216,7 +216,7 @@ def _drop_mode(binding: SlotBinding) -> None:
     binding.index = -1
     binding.hist0 = -1
     binding._gen = _generation[0]
-    binding.last = Summary()
+    binding.last = WindowSummary()
     if binding._c is not None:
         binding._c.drop(binding.att.drop_offset)
     else:
@@ -266,7 +266,7 @@ def check_removed(att: RankAttachment) -> bool:
     return True
 
 
-def binding_for(att: RankAttachment, key: StatKey, window_ns: int, want_last: bool, clock: Clock,
+def binding_for(att: RankAttachment, key: SlotKey, window_ns: int, want_last: bool, clock: Clock,
                 flags: int = 0) -> SlotBinding:
     """The writer of ``key`` in ``att``: the existing one, one inherited across a fork, or a new one."""
     found = att.writers.get(key)
@@ -282,7 +282,7 @@ def binding_for(att: RankAttachment, key: StatKey, window_ns: int, want_last: bo
 def _python_writer(binding: SlotBinding, att: RankAttachment) -> tuple[Any, Any, Any]:
     """The pure-Python ``add``/``count`` of a binding, and its ``repoint`` (used after a fork)."""
     clock, wns, want_last = binding.clock, binding.window_ns, binding.want_last
-    max2 = 2.0 * binding.key[3]
+    max2 = 2.0 * binding.key.max_samples
     nbanks = att.segment.geometry.banks
     f, q, u = att.segment.f64, att.segment.i64, att.segment.u32
     slot0, nan_word, disc_word, beat_word = binding._slot_words(att)

@@ -33,7 +33,7 @@ from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, 
 from ..errors import ConfigError
 from ..histogram import Histogram
 from ..shm import layout as L
-from ._writer import Summary, binding_for, coerce_value
+from ._writer import WindowSummary, binding_for, coerce_value
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..publish.events import data_value_t
@@ -164,7 +164,7 @@ class Stat:
         return f"Stat(name={self._name!r}, window_ms={self._window_ns // 1_000_000}, group={self._group!r})"
 
     # -- shared by both cores ----------------------------------------------------------------------------
-    def _log_window(self, summary: Summary, now_ns: int) -> None:
+    def _log_window(self, summary: WindowSummary, now_ns: int) -> None:
         from ..publish.events import STAT_EVENT, Event, _dispatch_local
 
         data: dict[str, data_value_t] = {}
@@ -180,7 +180,7 @@ def _closed_add(v: float) -> None:
 
 class _ClosedCore:
     def __init__(self) -> None:
-        self.last = Summary()
+        self.last = WindowSummary()
 
     def add(self, v: float) -> None:
         pass
@@ -196,7 +196,7 @@ class _LocalCore:
     """In-process windows with torch.monitor's lazy closing; adds from several threads are serialised."""
 
     def __init__(self, stat: Stat, clock: Clock) -> None:
-        self.last = Summary()
+        self.last = WindowSummary()
         self.nan_count = 0
         stat_ref = weakref.ref(stat)
         wns, max_samples = stat._window_ns, stat._max_samples
@@ -209,14 +209,14 @@ class _LocalCore:
         keeps_hist = any(a in PERCENTILES for a in stat._aggs)
         hist = Histogram() if keeps_hist else None
 
-        def close_window() -> Summary:
+        def close_window() -> WindowSummary:
             nonlocal n, hist
-            core.last = Summary(n, total, lo, hi, last, hist)
+            core.last = WindowSummary(n, total, lo, hi, last, hist)
             n = 0
             hist = Histogram() if keeps_hist else None
             return core.last
 
-        def roll_or_skip(v: float, t: int) -> list[tuple[Summary, int]]:
+        def roll_or_skip(v: float, t: int) -> list[tuple[WindowSummary, int]]:
             # the slow cases, under the lock: a new window, a full window, a NaN
             nonlocal n, total, lo, hi, last, wend, full
             logged = []
@@ -225,7 +225,7 @@ class _LocalCore:
                 if n:
                     logged.append((close_window(), t))
                 elif wend:
-                    core.last = Summary()
+                    core.last = WindowSummary()
                 full = False
             if full:
                 return logged
@@ -249,7 +249,7 @@ class _LocalCore:
                 logged.append((close_window(), t))
             return logged
 
-        def _log(summary: Summary, t: int) -> None:
+        def _log(summary: WindowSummary, t: int) -> None:
             s = stat_ref()
             if s is not None:
                 s._log_window(summary, t)
@@ -303,7 +303,7 @@ class _CLocalCore:
         return cls(stat, clock, c_writer)
 
     def __init__(self, stat: Stat, clock: Clock, c_writer: Any) -> None:
-        self.last = Summary()
+        self.last = WindowSummary()
         self._stat_ref = weakref.ref(stat)
         self._clock = clock
         self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
@@ -315,7 +315,7 @@ class _CLocalCore:
         self.add = self._writer.add
 
     def _on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
-        self.last = Summary(n, total, lo, hi, lastv) if n else Summary()
+        self.last = WindowSummary(n, total, lo, hi, lastv) if n else WindowSummary()
         stat = self._stat_ref()
         if n and stat is not None:
             stat._log_window(self.last, t)
@@ -340,7 +340,7 @@ class _SharedCore:
     """Writes through this process's one writer of the stat's slot (:class:`shmstat.writer._writer.SlotBinding`)."""
 
     def __init__(self, stat: Stat, attachment: Any, clock: Clock) -> None:
-        from ..job.rank import RankAttachment
+        from ..job.rank import RankAttachment, SlotKey
 
         att: RankAttachment = attachment
         geo = att.segment.geometry
@@ -352,7 +352,7 @@ class _SharedCore:
                 f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
                 "use a longer window or a segment with more banks"
             )
-        key = (stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
+        key = SlotKey(stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
         binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)
         binding.stats.add(stat)
         self.binding = binding
@@ -361,7 +361,7 @@ class _SharedCore:
         self.count = binding.count
 
     @property
-    def last(self) -> Summary:
+    def last(self) -> WindowSummary:
         """The last window this process closed on the slot (whichever Stat of the key added to it)."""
         return self.binding.last
 

@@ -29,7 +29,7 @@ _UPWARD_ON_PURPOSE = {
     ("shmstat._clayout", "shmstat.shm.layout"),
     ("shmstat._clayout", "shmstat.wire"),
     ("shmstat._clayout", "shmstat.publish.outbox"),
-    ("shmstat._clayout", "shmstat.publish.backlog"),
+    ("shmstat._clayout", "shmstat.publish.item_sizes"),
     # attaching is the job's business, and it starts the job's publisher (late: the publisher needs the job)
     ("shmstat.job.attach", "shmstat.publish.publisher"),
     # start_exporter(config) is typed with the daemon's CollectorConfig (TYPE_CHECKING only)

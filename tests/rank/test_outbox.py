@@ -15,7 +15,7 @@ import msgpack
 import pytest
 
 from shmstat import _backend, wire
-from shmstat.publish.backlog import item_bytes
+from shmstat.publish.item_sizes import item_bytes
 from shmstat.publish.outbox import KIND_CODES, Outbox, counters_of, new_outbox
 
 C = _backend.load("c")  # the C twins, whichever backend this process runs

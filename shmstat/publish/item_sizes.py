@@ -1,4 +1,4 @@
-"""The publisher's backlog bounds: the default sizes and :func:`item_bytes`, the size estimate of an event.
+"""Sizes for the publisher's backlog: its default bounds and :func:`item_bytes`, the size estimate of an item.
 
 The backlog itself (items encoded at publish time, batched per topic, every drop numbered) is
 :mod:`shmstat.publish.outbox` (and its C twin ``shmstat._pubfast``).
