@@ -29,122 +29,27 @@ finds those with such a window (:mod:`collector.read.long_windows`); only these 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from shmstat.aggregation import PERCENTILE_MASK
 from shmstat.histogram import Histogram
 from shmstat.shm import layout as L
 from shmstat.shm.layout import RankInfo, RankState, StatDescriptor
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
-from .column_merge import Parts, StatTable, merge_parts
-from .columns import Columns
+from .column_merge import Parts, merge_parts
 from .hist_batch import HistBatch
 from .hist_reader import read_histograms
 from .long_windows import long_slots_to_read
-from .merge import WindowRow
+from .scan_result import ScanResult, distinct
+from .slot_table import MergeKey, Slot, SlotTable
 
-__all__ = ["MergeKey", "ScanResult", "Scanner"]
-
-class MergeKey(NamedTuple):
-    """What makes slots of several ranks one stat that merges across ranks (max_samples may differ)."""
-
-    group: str
-    name: str
-    window_ms: int
-    agg_mask: int
-
+__all__ = ["MergeKey", "ScanResult", "Scanner"]  # MergeKey, ScanResult: defined in slot_table, scan_result
 
 _WORDS = L.BANK_WORDS
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
 _LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
-
-
-@dataclass
-class ScanResult:
-    """What one pass produced: its rows as :class:`Columns` (window order, merged row first, then one per rank)
-    and counters; :attr:`rows` gives the same rows as :class:`WindowRow` objects (built on first use).
-
-    ``skipped_windows`` / ``skipped_rows``: merged windows / rows (merged and per rank) of groups the caller's
-    ``want`` declined; they were read, counted and are committed like the others, but never built.
-    """
-
-    columns: Columns = field(default_factory=lambda: Columns.empty(""))
-    windows_read: int = 0
-    overwritten: int = 0
-    torn: int = 0
-    skipped_windows: int = 0
-    skipped_rows: int = 0
-    _rows: list[WindowRow] | None = field(default=None, repr=False)
-
-    @property
-    def rows(self) -> list[WindowRow]:
-        """The rows as :class:`WindowRow` objects (built from :attr:`columns` once, on first use)."""
-        if self._rows is None:
-            self._rows = self.columns.to_rows()
-        return self._rows
-
-
-@dataclass
-class _Slot:
-    desc: StatDescriptor
-    after_wid: int
-    after_inc: int = -1
-    """Long windows: the incarnation that wrote window ``after_wid`` when it was emitted (-1: unknown)."""
-
-
-class _Table:
-    """The known slots as arrays, in a fixed order (rebuilt when slots are added)."""
-
-    def __init__(self, slots: list[_Slot], geometry: L.Geometry) -> None:
-        self.slots = slots
-        n = len(slots)
-        banks = geometry.banks
-        lr = np.fromiter((s.desc.local_rank for s in slots), np.int64, n)
-        si = np.fromiter((s.desc.index for s in slots), np.int64, n)
-        self.lr = lr
-        self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
-        self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
-        self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
-        self.long = np.fromiter((s.desc.is_long for s in slots), bool, n)
-        """Slots of windows over an hour: read one by one, they also close by count and by their writer's end."""
-        self.max_samples = np.fromiter((s.desc.max_samples for s in slots), np.int64, n)
-        self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
-        """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
-        self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
-        self.after_inc = np.fromiter((s.after_inc for s in slots), np.int64, n)
-        keys: dict[MergeKey, int] = {}
-        self.keys = keys
-        """Merge key -> its id in :attr:`key_id`."""
-        groups: dict[str, int] = {}
-        merge_keys = [MergeKey(s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask) for s in slots]
-        self.key_id = np.fromiter((keys.setdefault(k, len(keys)) for k in merge_keys), np.int64, n)
-        self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
-        first_slot: dict[MergeKey, int] = {}  # the first slot of a stat: its descriptor's flags speak for the stat
-        for i, k in enumerate(merge_keys):
-            first_slot.setdefault(k, i)
-        order = np.empty(len(keys), np.int64)
-        order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
-        self.stats = StatTable(
-            np.array([k.group for k in keys] + [None], object)[:-1],
-            np.array([k.name for k in keys] + [None], object)[:-1],
-            np.array([k.window_ms for k in keys], np.int64).reshape(-1),
-            np.array([k.agg_mask for k in keys], np.int64).reshape(-1),
-            np.array([slots[first_slot[k]].desc.higher_is_better for k in keys], bool).reshape(-1),
-            np.array([bool(k.agg_mask & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
-        )
-        """The stats, by key id (for :func:`collector.read.column_merge.merge_parts`)."""
-        self.groups = list(groups)
-        self.window_lengths = sorted(set(self.wns.tolist()))
-
-    def sync_back(self) -> None:
-        """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
-        for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
-            slot.after_wid, slot.after_inc = after, inc
 
 
 class Scanner:
@@ -154,11 +59,11 @@ class Scanner:
         self.segment = segment
         self.reader = SegmentReader(segment)
         self.grace_ns = grace_ns
-        self._slots: dict[int, dict[int, _Slot]] = {}
+        self._slots: dict[int, dict[int, Slot]] = {}
         self._infos: dict[int, RankInfo] = {}  # the latest entry of each local rank (read every step)
         self._known_nstats: dict[int, tuple[int, int]] = {}
         self._next_due: dict[int, int] = {}
-        self._table: _Table | None = None
+        self._table: SlotTable | None = None
         self._dirty = True
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._pending_inc: dict[int, int] = {}  # long-window slot -> incarnation of its emitted newest window
@@ -178,15 +83,15 @@ class Scanner:
                     if self._table is not None and not self._dirty:
                         self._table.sync_back()
                     self._dirty = True
-                    slots[desc.index] = _Slot(desc, desc.emitted_wid)
+                    slots[desc.index] = Slot(desc, desc.emitted_wid)
         return ranks
 
-    def _all_slots(self) -> list[_Slot]:
+    def _all_slots(self) -> list[Slot]:
         return [slot for _, slots in sorted(self._slots.items()) for _, slot in sorted(slots.items())]
 
-    def _current_table(self) -> _Table:
+    def _current_table(self) -> SlotTable:
         if self._dirty or self._table is None:
-            self._table = _Table(self._all_slots(), self.segment.geometry)
+            self._table = SlotTable(self._all_slots(), self.segment.geometry)
             self._dirty = False
         return self._table
 
@@ -222,7 +127,7 @@ class Scanner:
         return result
 
     # -- the vectorised pass ------------------------------------------------------------------------------------
-    def _scan_table(self, t: _Table, now_ns: int, final: bool, want: Callable[[str], bool] | None,
+    def _scan_table(self, t: SlotTable, now_ns: int, final: bool, want: Callable[[str], bool] | None,
                     result: ScanResult) -> None:
         banks = self.segment.geometry.banks
         wns = t.wns
@@ -318,8 +223,8 @@ class Scanner:
         self._pending = (pend_i, pend_w)
         if skipped:
             ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
-            result.skipped_windows += _distinct(ks, ws)
-            result.skipped_rows += _distinct(ks, ws) + _distinct(ks, ws, rs)  # a rank's writers: one row
+            result.skipped_windows += distinct(ks, ws)
+            result.skipped_rows += distinct(ks, ws) + distinct(ks, ws, rs)  # a rank's writers: one row
         if found is not None and len(found.wid):
             result.columns = merge_parts(self.segment.job, found, t.stats)
 
@@ -335,7 +240,7 @@ class Scanner:
         return gone, inc
 
     @staticmethod
-    def _hold_back(t: _Table, held: dict[int, int], found: Parts | None,
+    def _hold_back(t: SlotTable, held: dict[int, int], found: Parts | None,
                    skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
                    result: ScanResult) -> tuple[Parts | None, np.ndarray]:
         """A live writer stalled mid-add (torn bank) holds back, for every rank, the windows of its stat from the
@@ -391,7 +296,7 @@ class Scanner:
             count[j] = snap.count
         return sorted(stuck)
 
-    def _collect(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
+    def _collect(self, t: SlotTable, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
                  rank_of: np.ndarray) -> Parts:
         """The found windows of the vectorised read as :class:`Parts` (histograms read for stats keeping them)."""
         n = len(slot_idx)
@@ -408,7 +313,7 @@ class Scanner:
                      f[:, L.B_SUM], f[:, L.B_MIN], f[:, L.B_MAX], f[:, L.B_LAST], fdata[:, L.B_TS],
                      np.zeros(n, bool), HistBatch.assemble(n, pieces))
 
-    def _histograms(self, t: _Table, slot_idx: np.ndarray, fdata: np.ndarray, fgrow: np.ndarray) -> HistBatch:
+    def _histograms(self, t: SlotTable, slot_idx: np.ndarray, fdata: np.ndarray, fgrow: np.ndarray) -> HistBatch:
         """The histograms of found windows of stats that keep percentiles (one row each), read in one vectorised
         pass (:func:`collector.read.hist_reader.read_histograms`); a row without one is to be read again."""
         geo = self.segment.geometry
@@ -429,7 +334,7 @@ class Scanner:
             return None
         return snap.hist
 
-    def _read_python(self, t: _Table, i: int, now_ns: int, final: bool, result: ScanResult,
+    def _read_python(self, t: SlotTable, i: int, now_ns: int, final: bool, result: ScanResult,
                      collected: list[Parts], skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
                      pend_idx: list[np.ndarray],
                      pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> int:
@@ -490,16 +395,3 @@ class Scanner:
             words[t.emitted_word[which]] = wids
         finally:
             del words
-
-
-def _distinct(*columns: np.ndarray) -> int:
-    """Number of distinct rows of equally long integer columns."""
-    if not len(columns[0]):
-        return 0
-    order = np.lexsort(columns[::-1])
-    change = np.zeros(len(order) - 1, bool)
-    for col in columns:
-        c = col[order]
-        change |= c[1:] != c[:-1]
-    return 1 + int(change.sum())
-
