@@ -6,7 +6,7 @@ accepted only when its bank still holds the same ``seq`` and ``wid`` as the copy
 which is the seqlock reader of :mod:`shmstat.shm.layout` (bank, histogram, then ``seq``/``wid`` again) for all
 banks at once. The result is a :class:`collector.read.hist_batch.HistBatch` (no Python object per window). Headers
 a writer cannot produce and banks that changed meanwhile are left to the caller's one-by-one read
-(:func:`shmstat.shm.layout.read_bank` with the histogram), which decides as for any bank.
+(:func:`shmstat.shm.layout_codec.read_bank` with the histogram), which decides as for any bank.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ read (bank ``w % K`` of each window ``w`` past the watermark: one bank per slot 
 separate copies, in this order, which is the seqlock reader of :mod:`shmstat.shm.layout` applied to all banks at
 once (x86-64 keeps the copies in order; the order *inside* one copy does not matter). A bank is consistent when
 both gathers and the copy agree on ``seq`` and ``wid`` and ``seq`` is even. The few candidate banks that are not
-(a rank was writing them at that instant) are read again one by one with :func:`shmstat.shm.layout.read_bank`'s
+(a rank was writing them at that instant) are read again one by one with :func:`shmstat.shm.layout_codec.read_bank`'s
 retry loop; a slot whose bank stays torn goes through :meth:`shmstat.shm.reader.SegmentReader.read_slot`, which
 decides by the writer's liveness. Everything else (which windows are closed and new, how far a slot's watermark
 may move, windows lost to a ring that wrapped) is computed on the arrays with exactly ``read_slot``'s rules
@@ -34,6 +34,7 @@ import numpy as np
 
 from shmstat.histogram import Histogram
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.layout import RankInfo, RankState, StatDescriptor
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
@@ -284,7 +285,7 @@ class Scanner:
         buf, base = self.segment.buf, self.segment.geometry.bank_base
         stuck: set[int] = set()
         for j in retry.tolist():
-            snap = L.read_bank(buf, base + int(grow[j]) * L.BANK_SIZE)
+            snap = codec.read_bank(buf, base + int(grow[j]) * L.BANK_SIZE)
             if snap.torn or not 0 <= snap.count < 2**61:
                 stuck.add(int(pos[j]))
                 continue
@@ -328,7 +329,7 @@ class Scanner:
         bank no longer holds that window as it was read (overwritten since: reported without percentiles)."""
         geo = self.segment.geometry
         bank = wid % geo.banks
-        snap = L.read_bank(self.segment.buf, geo.slot_offset(d.local_rank, d.index) + bank * L.BANK_SIZE,
+        snap = codec.read_bank(self.segment.buf, geo.slot_offset(d.local_rank, d.index) + bank * L.BANK_SIZE,
                            hist_offset=geo.hist_offset(d.local_rank, d.hist) + bank * L.HIST_SIZE)
         if snap.torn or snap.wid != wid or snap.count != count:
             return None

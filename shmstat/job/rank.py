@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from ..errors import CapacityError, ConfigError
 from ..shm import layout as L
+from ..shm import layout_codec as codec
 from ..shm.segment import Segment, pid_alive
 from ._drops import add_counter, warn_once
 
@@ -228,8 +229,8 @@ class RankAttachment:
         found = self.index.get(key)
         if found is not None:
             return found
-        name_b = L.encode_name(name, L.MAX_NAME_BYTES, "stat name")
-        group_b = L.encode_name(group, L.MAX_GROUP_BYTES, "stat group")
+        name_b = codec.encode_name(name, L.MAX_NAME_BYTES, "stat name")
+        group_b = codec.encode_name(group, L.MAX_GROUP_BYTES, "stat group")
         seg, geo = self.segment, self.segment.geometry
         if self.local_rank < 0:
             raise CapacityError(f"this process holds no entry of job {seg.job!r}")
@@ -252,7 +253,7 @@ class RankAttachment:
                         f"(shmstat collect/run: --max-percentile-stats {max(2 * geo.hist_slots, 16)})"
                     )
                 struct.pack_into("<Q", seg.buf, entry + L.R_NHIST, hist + 1)
-            L.write_descriptor(
+            codec.write_descriptor(
                 seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
                 max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation, flags=flags, hist=hist,
             )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..histogram import Histogram
 from . import layout as L
+from . import layout_codec as codec
 from .segment import Segment, pid_alive
 
 __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
@@ -82,7 +83,7 @@ class SegmentReader:
         """Every rank entry that was ever used and can be trusted; unusable ones are skipped and counted."""
         out = []
         for info in self.segment.ranks():
-            problem = L.rank_problem(info, self.geometry)
+            problem = codec.rank_problem(info, self.geometry)
             if problem is None:
                 out.append(info)
             elif self._first(("rank", info.local_rank, info.incarnation, info.pid)):
@@ -94,7 +95,7 @@ class SegmentReader:
         """Published stat descriptors of a rank that can be used; unusable ones are skipped and counted."""
         out = []
         for desc in self.segment.descriptors(local_rank):
-            problem = L.descriptor_problem(desc, self.geometry)
+            problem = codec.descriptor_problem(desc, self.geometry)
             if problem is None:
                 out.append(desc)
             elif self._first(("desc", local_rank, desc.index, desc.incarnation, desc.window_ms, desc.agg_mask)):
@@ -134,7 +135,7 @@ class SegmentReader:
         banks = self.geometry.banks
         base = self.geometry.slot_offset(info.local_rank, desc.index)
         hist0 = self.geometry.hist_offset(info.local_rank, desc.hist) if desc.hist >= 0 else None
-        snaps = [L.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
+        snaps = [codec.read_bank(self.segment.buf, base + b * L.BANK_SIZE,
                              hist_offset=None if hist0 is None else hist0 + b * L.HIST_SIZE) for b in range(banks)]
         lowest = after_wid + 1  # the oldest window to look at
         if desc.is_long:

@@ -23,6 +23,7 @@ import posix_ipc
 
 from ..errors import ConfigError, LayoutMismatchError, SegmentError
 from . import layout as L
+from . import layout_codec as codec
 from ._joblock import JobLock, job_lock
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
 from .shm_entries import SHM_DIR, check_segment_path, scan_shm
@@ -133,7 +134,7 @@ class Segment:
             mm = mmap.mmap(shm.fd, shm.size)
         finally:
             shm.close_fd()
-        header = L.read_header(memoryview(mm))
+        header = codec.read_header(memoryview(mm))
         try:
             _validate_header(header, mm.size(), name, geometry)
         except LayoutMismatchError:
@@ -163,7 +164,7 @@ class Segment:
                 shm.unlink()
             raise
         shm.close_fd()
-        L.write_header(memoryview(mm), geo, time.time_ns())
+        codec.write_header(memoryview(mm), geo, time.time_ns())
         seg = cls(job, mm, geo, created=True)
         seg.inode = inode
         return seg
@@ -180,11 +181,11 @@ class Segment:
     # -- reading -----------------------------------------------------------------------------------------------
     def header(self) -> L.Header:
         """The current header."""
-        return L.read_header(self.buf)
+        return codec.read_header(self.buf)
 
     def rank(self, local_rank: int) -> L.RankInfo:
         """Rank entry ``local_rank``."""
-        return L.read_rank(self.buf, self.geometry, local_rank)
+        return codec.read_rank(self.buf, self.geometry, local_rank)
 
     def ranks(self) -> list[L.RankInfo]:
         """Every rank entry that was ever used (state other than free)."""
@@ -200,14 +201,14 @@ class Segment:
         nstats = min(self.rank(local_rank).nstats, self.geometry.max_stats)
         out = []
         for j in range(nstats):
-            desc = L.read_descriptor(self.buf, self.geometry, local_rank, j)
+            desc = codec.read_descriptor(self.buf, self.geometry, local_rank, j)
             if desc is not None:
                 out.append(desc)
         return out
 
     def read_bank(self, local_rank: int, stat: int, bank: int) -> L.BankSnapshot:
-        """A consistent copy of one bank (see :func:`shmstat.shm.layout.read_bank`)."""
-        return L.read_bank(self.buf, self.geometry.slot_offset(local_rank, stat) + bank * L.BANK_SIZE)
+        """A consistent copy of one bank (see :func:`shmstat.shm.layout_codec.read_bank`)."""
+        return codec.read_bank(self.buf, self.geometry.slot_offset(local_rank, stat) + bank * L.BANK_SIZE)
 
     # -- fields written by the collector -----------------------------------------------------------------------
     def set_collector(self, pid: int, beat_ns: int) -> None:

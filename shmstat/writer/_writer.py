@@ -27,6 +27,7 @@ from ..histogram import Histogram
 from ..job import _state
 from ..job._drops import add_counter
 from ..shm import layout as L
+from ..shm import layout_codec as codec
 from ._pyhist import hist_add, hist_reset
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,7 +154,7 @@ class SlotBinding:
             wid = seg.i64[(slot0 + b * L.BANK_SIZE) // 8 + L.B_WID]
             if wid < open_wid and (best is None or wid > best[0]):
                 best = (wid, b)
-        return None if best is None else L.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
+        return None if best is None else codec.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
 
     def rebind(self) -> None:
         """In a forked child, on the first add: write a slot of the child's own writer entry from now on."""

@@ -163,11 +163,12 @@ def test_merge_parts_percentiles_are_the_object_paths():
 def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
     """Stats written by the real writer in a job (several windows per stat, so banks are reused; values that
     wrap the bucket ring and lower the scale; negatives and zeros): read_histograms of every bank equals
-    layout.read_bank's decode of it, and a bank whose (seq, wid) no longer matches is left to the caller."""
+    layout_codec.read_bank's decode of it, and a bank whose (seq, wid) no longer matches is left to the caller."""
     import shmstat
     from collector.read.hist_reader import read_histograms
     from shmstat import Aggregation
     from shmstat.shm import layout as L
+    from shmstat.shm import layout_codec as codec
 
     shmstat.init(job, rank=0, publish=False)
     t = [1_700_000_000_000_000_000]
@@ -185,7 +186,7 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
         for b in range(geo.banks):
             off = geo.slot_offset(0, d.index) + b * L.BANK_SIZE
             hoff = geo.hist_offset(0, d.hist) + b * L.HIST_SIZE
-            snap = L.read_bank(seg.buf, off, hist_offset=hoff)
+            snap = codec.read_bank(seg.buf, off, hist_offset=hoff)
             if not snap.count:
                 continue
             seq, wid = np.frombuffer(bytes(seg.buf[off:off + 16]), np.int64).tolist()

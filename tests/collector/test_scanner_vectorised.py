@@ -18,6 +18,7 @@ from _support import unique_job
 from collector.read.merge import Summary, WindowRow, merge_all
 from collector.read.scanner import Scanner
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment
 
@@ -43,12 +44,12 @@ def _populate(seg: Segment, rng: random.Random, now_ns: int) -> None:
         nstats = rng.randint(1, geo.max_stats)
         for j in range(nstats):
             window_ms = rng.choice(WINDOWS_MS)
-            L.write_descriptor(buf, geo, r, j, name=f"s{j % 5}".encode(), group=rng.choice([b"a", b"b"]),
+            codec.write_descriptor(buf, geo, r, j, name=f"s{j % 5}".encode(), group=rng.choice([b"a", b"b"]),
                                window_ms=window_ms, max_samples=1 << 40, agg_mask=0b1111100, incarnation=1)
             wns = window_ms * 1_000_000
             cur = now_ns // wns
             after = rng.choice([-1, cur - 1, cur - 2, cur - 3, cur - 6, cur - 40])
-            L.write_emitted_wid(buf, geo, r, j, after)
+            codec.write_emitted_wid(buf, geo, r, j, after)
             for b in range(geo.banks):
                 wid = rng.choice([cur - 8 + k for k in range(10)] + [0])
                 wid -= (wid - b) % geo.banks  # a bank holds windows w with w % K == b

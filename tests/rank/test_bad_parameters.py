@@ -16,6 +16,7 @@ import shmstat
 from shmstat import Aggregation as A
 from shmstat.errors import ConfigError
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
 
 WINDOW_MS = 50
@@ -100,7 +101,7 @@ def _scribble(seg: Segment, rng: random.Random) -> None:
     # but whose banks are random
     struct.pack_into("<QqQqqqqqQQQQ", buf, geo.rank_offset(7), L.RankState.ACTIVE, me, 1, 7, 7, 8, 0, 0, 2, 0, 0, 0)
     for j, window_ms in enumerate((WINDOW_MS, L.MAX_WINDOW_MS)):
-        L.write_descriptor(buf, geo, 7, j, name=b"noise", group=b"train", window_ms=window_ms, max_samples=2**62,
+        codec.write_descriptor(buf, geo, 7, j, name=b"noise", group=b"train", window_ms=window_ms, max_samples=2**62,
                            agg_mask=0b1000, incarnation=1)
         start, end = geo.slot_offset(7, j), geo.slot_offset(7, j) + geo.banks * L.BANK_SIZE
         buf[start:end] = rng.randbytes(end - start)

@@ -19,6 +19,7 @@ from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init, shutdown
 from shmstat.publish.events import register_event_handler, unregister_event_handler
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
 from shmstat.writer.stat import Stat
 
@@ -225,14 +226,14 @@ def test_counters_full_window_and_state():
     # the add that fills the window reports it at once, as torch.monitor logs it; count is 0 from then on
     assert w.count == 0 and w.wend == clock.now + 100 * MS
     assert rolls == [(3, 9.0, 1.0, 5.0, 5.0, clock.now)]
-    bank = L.read_bank(buf, 1024 + (clock.now // (100 * MS)) % 3 * L.BANK_SIZE)
+    bank = codec.read_bank(buf, 1024 + (clock.now // (100 * MS)) % 3 * L.BANK_SIZE)
     assert (bank.count, bank.sum, bank.min, bank.max, bank.last, bank.incarnation) == (3, 9.0, 1.0, 5.0, 5.0, 7)
     t0 = clock.now
     clock.advance_ms(250)
     assert w.count == 0
     w.add(2.0)  # the roll reports the full window no more (an empty report, as after an empty window)
     assert rolls == [(3, 9.0, 1.0, 5.0, 5.0, t0), (0, 0.0, 0.0, 0.0, 0.0, clock.now)]
-    assert L.read_bank(buf, 1024 + ((t0 // (100 * MS)) + 2) % 3 * L.BANK_SIZE).count == 1
+    assert codec.read_bank(buf, 1024 + ((t0 // (100 * MS)) + 2) % 3 * L.BANK_SIZE).count == 1
 
 
 def test_on_roll_error_propagates_after_the_sample_is_written():
@@ -260,7 +261,7 @@ def test_on_roll_error_propagates_after_the_sample_is_written():
     assert _bank(buf, 1024, FakeClock(clock.now - 100 * MS)) == old_bank
     # on_roll runs once the new window's bank is consistent (another thread may add meanwhile): the sample that
     # rolled is written, the report's error reaches the caller, the window goes on
-    new = L.read_bank(buf, 1024 + (clock.now // (100 * MS)) % 3 * L.BANK_SIZE)
+    new = codec.read_bank(buf, 1024 + (clock.now // (100 * MS)) % 3 * L.BANK_SIZE)
     assert (new.count, new.sum, new.torn) == (1, 3.0, False)
     fail[0] = False
     w.add(4.0)
@@ -292,7 +293,7 @@ def test_real_clock_writes_the_current_window():
     after = time.time_ns()
     wns = 3_600_000 * MS
     assert w.wend in ((before // wns + 1) * wns, (after // wns + 1) * wns)
-    bank = L.read_bank(buf, 1024 + ((w.wend // wns) - 1) % 3 * L.BANK_SIZE)
+    bank = codec.read_bank(buf, 1024 + ((w.wend // wns) - 1) % 3 * L.BANK_SIZE)
     assert (bank.count, bank.sum) == (2, 3.0)
     assert before <= bank.last_ts <= after
     assert w.count in (2, 0)

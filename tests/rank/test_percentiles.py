@@ -23,6 +23,7 @@ from shmstat import Aggregation as A
 from shmstat import _backend
 from shmstat.histogram import MAX_BUCKETS, MIN_SCALE, Histogram, error_bound, merge_histograms
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
 
 QS = (0.5, 0.9, 0.99, 0.999)
@@ -132,7 +133,7 @@ def test_the_c_and_pure_python_writers_write_the_same_histogram_bytes(job):
     c_bytes = _write_path(job + "c", False, values)
     py_bytes = _write_path(job + "p", True, values)
     assert c_bytes == py_bytes
-    h = L.read_hist(memoryview(c_bytes), 0)
+    h = codec.read_hist(memoryview(c_bytes), 0)
     assert h is not None and h.count == len(values)
 
 
@@ -153,7 +154,7 @@ def test_a_reader_never_sees_a_torn_histogram(job, tmp_path):
                     continue
                 d = descs[0]
                 for b in range(geo.banks):
-                    snap = L.read_bank(seg.buf, geo.slot_offset(0, d.index) + b * L.BANK_SIZE,
+                    snap = codec.read_bank(seg.buf, geo.slot_offset(0, d.index) + b * L.BANK_SIZE,
                                        hist_offset=geo.hist_offset(0, d.hist) + b * L.HIST_SIZE)
                     if not snap.torn and snap.count:
                         assert snap.hist is not None and snap.hist.count == snap.count
@@ -182,9 +183,9 @@ def test_percentile_stats_past_the_table_are_dropped_counted_and_write_nothing(j
 def test_a_descriptor_with_a_histogram_out_of_range_is_refused():
     geo = L.Geometry(2, 4, 4, 2)
     desc = L.StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 10, -1, 1, 0, 7)
-    assert "histogram 7" in (L.descriptor_problem(desc, geo) or "")
+    assert "histogram 7" in (codec.descriptor_problem(desc, geo) or "")
     no_hist = L.StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 12, -1, 1, 0, -1)
-    assert "without a histogram" in (L.descriptor_problem(no_hist, geo) or "")
+    assert "without a histogram" in (codec.descriptor_problem(no_hist, geo) or "")
 
 
 def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_samples(shmstat_job_factory, tmp_path):

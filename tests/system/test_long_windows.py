@@ -20,6 +20,7 @@ import shmstat
 from shmstat import Aggregation as A
 from shmstat.job.attach import ensure_init
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
 
 HOURS_100 = dt.timedelta(hours=100)
@@ -239,11 +240,11 @@ def test_scanner_refuses_absurd_windows_and_polls_long_ones_without_spinning(job
         struct.pack_into("<QqQqqqqqQQQQ", buf, geo.rank_offset(0), L.RankState.ACTIVE, os.getpid(), 1, 0, 0, 1,
                          now, now, 6, 0, 0, 0)
         for j, window_ms in enumerate([0, 2**62, L.MAX_WINDOW_MS + 1, 2**64 - 1]):
-            L.write_descriptor(buf, geo, 0, j, name=b"absurd", group=b"g", window_ms=window_ms, max_samples=3,
+            codec.write_descriptor(buf, geo, 0, j, name=b"absurd", group=b"g", window_ms=window_ms, max_samples=3,
                                agg_mask=0b11000, incarnation=1)
-        L.write_descriptor(buf, geo, 0, 4, name=b"long", group=b"g", window_ms=L.MAX_WINDOW_MS, max_samples=3,
+        codec.write_descriptor(buf, geo, 0, 4, name=b"long", group=b"g", window_ms=L.MAX_WINDOW_MS, max_samples=3,
                            agg_mask=0b11000, incarnation=1)
-        L.write_descriptor(buf, geo, 0, 5, name=b"short", group=b"g", window_ms=50, max_samples=3,
+        codec.write_descriptor(buf, geo, 0, 5, name=b"short", group=b"g", window_ms=50, max_samples=3,
                            agg_mask=0b11000, incarnation=1)
         short_wid = now // 50_000_000 - 2
         for stat, wid, count, total in ((4, 0, 3, 6.0), (5, short_wid, 2, 5.0)):
@@ -260,7 +261,7 @@ def test_scanner_refuses_absurd_windows_and_polls_long_ones_without_spinning(job
         assert not scanner.due(now) and scanner.due(now + poll)
         assert scanner.scan(now + poll).rows == []  # each window once
         scanner.commit()
-        assert L.read_descriptor(buf, geo, 0, 4).emitted_wid == 0
+        assert codec.read_descriptor(buf, geo, 0, 4).emitted_wid == 0
     finally:
         seg.close()
 
@@ -277,7 +278,7 @@ def test_scanner_survives_random_banks_of_long_window_slots(job):
     try:
         buf, geo, now = seg.buf, seg.geometry, time.time_ns()
         for j, window_ms in enumerate((L.LONG_WINDOW_MS + 1, 100 * 3600 * 1000, L.MAX_WINDOW_MS)):
-            L.write_descriptor(buf, geo, 0, j, name=b"w%d" % j, group=b"g", window_ms=window_ms, max_samples=3,
+            codec.write_descriptor(buf, geo, 0, j, name=b"w%d" % j, group=b"g", window_ms=window_ms, max_samples=3,
                                agg_mask=0b1111000, incarnation=1)
         for seed in range(200):
             rng = random.Random(seed)
@@ -288,7 +289,7 @@ def test_scanner_survives_random_banks_of_long_window_slots(job):
             end = geo.slot_offset(0, 2) + geo.banks * L.BANK_SIZE
             buf[start:end] = rng.randbytes(end - start)
             for j in range(3):
-                L.write_emitted_wid(buf, geo, 0, j, rng.choice([-1, 0, rng.randrange(-(2**63), 2**63)]))
+                codec.write_emitted_wid(buf, geo, 0, j, rng.choice([-1, 0, rng.randrange(-(2**63), 2**63)]))
             scanner = Scanner(seg, 10_000_000)
             for k in range(3):
                 rows = scanner.scan(now + k * L.LONG_POLL_MS * 1_000_000, final=k == 2).rows
@@ -316,7 +317,7 @@ def test_idle_long_window_slots_are_not_read_one_by_one(job):
         struct.pack_into("<QqQqqqqqQQQQ", buf, geo.rank_offset(0), L.RankState.ACTIVE, os.getpid(), 1, 0, 0, 1, now,
                          now, n, 0, 0, 0)
         for j in range(n):
-            L.write_descriptor(buf, geo, 0, j, name=b"s%d" % j, group=b"g", window_ms=H100_NS // 10**6,
+            codec.write_descriptor(buf, geo, 0, j, name=b"s%d" % j, group=b"g", window_ms=H100_NS // 10**6,
                                max_samples=4, agg_mask=0b11000, incarnation=1)
             put(j, 2, 2.0)
         scanner = Scanner(seg, 10_000_000)
