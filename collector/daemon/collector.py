@@ -21,9 +21,9 @@ from typing import IO
 
 import zmq
 
-from elastic.metrics import MetricData, MetricHandler, StatMetricData
+from elastic.metrics import MetricData, MetricHandler
 from shmstat import wire
-from shmstat.errors import CollectorError, WireError
+from shmstat.errors import CollectorError
 from shmstat.shm.layout import RankState
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
@@ -36,6 +36,7 @@ from ..wire.intake import Received
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
 from .liveness import Lifecycle, Liveness
 from .passes import emit_scan
+from .points import dispatch_put_metrics, emit_usage
 from .straggler import StragglerDetector
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
@@ -327,21 +328,7 @@ class Collector:
         self.torn += counts.torn
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
-        discards, exporter = self.dispatcher.discards_points, self.exporter
-        if exporter is None and all(map(discards, _candidate_groups(msg.raw_topic))):
-            return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
-        try:
-            items = msg.items
-        except WireError:  # the C check let through what decode refuses (a bug): count it, never stop
-            self.relay_counters.rejected += 1
-            _log.error("a metric message on %r passed the intake check but not wire.decode", msg.topic)
-            return
-        for group, name, value, ts in items:
-            point = _point(float(ts), group, name, value, msg.rank, self.config.job)
-            if exporter is not None:
-                exporter.observe_metric(self.config.job, point, msg.rank)
-            if not discards(group):
-                self.dispatcher.emit_points(group, [point])
+        dispatch_put_metrics(self.config.job, msg, self.dispatcher, self.exporter, self.relay_counters)
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
@@ -350,23 +337,8 @@ class Collector:
         _log.info("rank %d (pid %d, incarnation %d) %s", change.rank, change.pid, change.incarnation, change.state)
 
     def _emit_usage(self, now: int, ranks: list) -> None:
-        ts = now / 1e9
-        rows: list[MetricData] = []
-        for u in self.liveness.usage(ranks):
-            rows.append(_point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank, self.config.job))
-            rows.append(_point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank, self.config.job))
-        cpu_s, rss = Liveness.self_usage()
         assert self.relay is not None
-        figures = {**self.counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
-        figures.update({f"handler_dropped.{g}": n for g, n in self.dispatcher.dropped_by_group.items()})
-        for name, value in figures.items():
-            rows.append(_point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, self.config.job))
-        items = []
-        self.dispatcher.emit_points(PLATFORM_GROUP, rows)
-        for md in rows:
-            items.append({"group": md.group_name, "name": md.name, "value": md.value,
-                          "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
-        self.relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+        emit_usage(self.config.job, now, ranks, self.liveness, self.counters, self.dispatcher, self.relay)
 
     def print_status(self, ranks: list | None = None) -> None:
         """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
@@ -402,19 +374,6 @@ class Collector:
         return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
                 "no_room_workers": sum(r.writers_refused for r in ranks),
                 "no_room_stats": sum(r.stats_refused for r in ranks)}
-
-
-def _candidate_groups(topic: bytes) -> list[str]:
-    """Every group a valid ``metric/<group>/<name>`` message on ``topic`` may carry: each item's group is the
-    part of the topic before one of its slashes (group and name may both hold slashes)."""
-    rest = bytes(topic)[len(b"metric/"):].decode("utf-8")
-    return [rest[:i] for i, ch in enumerate(rest) if ch == "/"]
-
-
-def _point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:
-    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank and job."""
-    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None,  # type: ignore[arg-type]
-                          job=job)
 
 
 def _take_instance_lock(segment: Segment) -> int:

@@ -92,7 +92,7 @@ def test_events_and_metrics_of_a_real_rank(monkeypatch, backend) -> None:
 
 
 def test_the_groups_a_metric_topic_may_carry_are_its_prefixes_before_each_slash() -> None:
-    from collector.daemon.collector import _candidate_groups
+    from collector.daemon.points import candidate_groups
 
-    assert _candidate_groups(b"metric/a/b/c") == ["a", "a/b"]
-    assert _candidate_groups(b"metric/g/m") == ["g"]
+    assert candidate_groups(b"metric/a/b/c") == ["a", "a/b"]
+    assert candidate_groups(b"metric/g/m") == ["g"]
