@@ -33,7 +33,8 @@ from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, 
 from ..errors import ConfigError
 from ..histogram import Histogram
 from ..shm import layout as L
-from ._writer import WindowSummary, binding_for, coerce_value
+from ._pywriter import coerce_value
+from ._writer import WindowSummary, binding_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..publish.events import data_value_t

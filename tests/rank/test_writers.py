@@ -17,7 +17,7 @@ from _writers_kit import as_rank, fork_with_bound_add, rank_with_workers, recrea
 
 import shmstat
 from shmstat import Aggregation as A
-from shmstat.writer._writer import coerce_value
+from shmstat.writer._pywriter import coerce_value
 
 
 def _collect(make_job, tmp_path, stat: str, target, *args):
