@@ -55,7 +55,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import zmq
 
 from .. import wire
@@ -70,6 +69,7 @@ from .item_sizes import (
     item_bytes,
 )
 from .outbox import KIND_CODES, Outbox, counters_of, new_outbox
+from .slow_path import check_topic, encode_item
 from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
 
 __all__ = [
@@ -244,20 +244,7 @@ class Publisher(_SocketProtocol):
         Checks that ``kind`` is a wire kind and that ``topic`` starts with ``<kind>/`` and, for events and
         metrics, is the topic the item's name implies; raises :class:`~shmstat.errors.ConfigError` if not.
         """
-        if type(kind) is not str or kind not in wire.KINDS:
-            raise ConfigError(f"publish kind must be one of {wire.KINDS}, got {kind!r}")
-        if type(topic) is not str or not topic.startswith(kind + "/"):
-            raise ConfigError(f"publish topic {topic!r} must start with {kind!r} + '/'")
-        expected = topic
-        try:
-            if kind == "event":
-                expected = wire.event_topic(item[0])
-            elif kind == "metric":
-                expected = wire.metric_topic(item[0], item[1])
-        except (TypeError, IndexError, KeyError) as exc:
-            raise ConfigError(f"publish item {item!r} does not have the shape of a {kind} item") from exc
-        if expected != topic:
-            raise ConfigError(f"publish topic {topic!r} does not match the item's topic {expected!r}")
+        check_topic(topic, kind, item)
         if kind == "event":
             self._publish_slow(kind, str(item[0]), None, item, METRIC_BYTES)
         elif kind == "metric":
@@ -270,26 +257,15 @@ class Publisher(_SocketProtocol):
     def _publish_slow(self, kind: str, key1: str, key2: str | None, item: Any, size: int) -> None:
         """Validate and encode an item the outbox's fast path left to us (subclasses, odd values, ``publish``);
         one that cannot go on the wire is dropped, counted and numbered here, and logged once."""
-        reason = wire._encode_item_reason(kind, item)
-        encoded = b""
-        if reason is None:
-            try:
-                encoded = msgpack.packb(item, use_bin_type=True)
-            except (TypeError, ValueError, OverflowError) as exc:  # huge ints, lone surrogates, recursion
-                reason = str(exc)
-        if reason is not None or type(key1) is not str or (key2 is not None and type(key2) is not str):
+        encoded = encode_item(kind, key1, key2, item, size)
+        if isinstance(encoded, str):
             self._outbox.invalid(1)
             if not self._warned_slow:
                 self._warned_slow = True
                 _log.warning("shmstat: dropping items that cannot be sent (%s); further drops are only counted",
-                             reason or "a name that is not a str")
+                             encoded)
             return
-        if kind == "event" and not size:
-            try:
-                size = item_bytes(key1, item[2])
-            except Exception:  # keys that are not str (refused above), or odd mappings
-                size = METRIC_BYTES
-        self._outbox.raw(KIND_CODES[kind], key1, key2, encoded, size)
+        self._outbox.raw(KIND_CODES[kind], key1, key2, *encoded)
 
     # ------------------------------------------------------------------------------------- the fast path
     # log_event and put_metric queue into the outbox directly (in C too: shmstat/_c/log_event.h), then start.
