@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +18,21 @@ MS = 1_000_000
 def unique_job(prefix: str = "t") -> str:
     """A job id no other test uses."""
     return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+
+
+def run_with_private_dev_shm(script: str, env: dict[str, str], cwd: str,
+                             timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``sh -c script`` in a mount namespace of its own (the script mounts its own tmpfs on /dev/shm, so a
+    node collector in it sees only the test's jobs); skips the test where root or ``unshare --mount`` is missing."""
+    import pytest
+
+    if not shutil.which("unshare") or os.getuid() != 0:
+        pytest.skip("needs root and unshare (util-linux) for a private /dev/shm")
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=env, cwd=cwd,
+                          timeout=timeout, capture_output=True, text=True)
 
 
 class FakeClock:

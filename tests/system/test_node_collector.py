@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
 from _procs import REPO, read_jsonl
+from _support import run_with_private_dev_shm
 
 _SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_node_kit.py "$WORK" $MODE'
 
@@ -33,16 +32,11 @@ def test_plain_torchrun_standalone_is_collected_by_a_node_collector_exactly(tmp_
 
 
 def _run_node_kit(tmp_path, mode):
-    if not shutil.which("unshare") or os.getuid() != 0:
-        pytest.skip("needs root and unshare to give the node collector a private /dev/shm")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
     env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO, MODE=mode)
-    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SCRIPT], env=env, cwd=REPO,
-                   check=True, timeout=240)
+    done = run_with_private_dev_shm(_SCRIPT, env, REPO, 240)
+    assert done.returncode == 0, (done.stdout, done.stderr)
     with open(work / "result.json") as f:
         result = json.load(f)
     return result, read_jsonl(str(work / "m.jsonl")), work

@@ -6,27 +6,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
 from _procs import REPO, read_jsonl
+from _support import run_with_private_dev_shm
 
 _SCRIPT = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/_sweep_kit.py "$WORK" "$MODE"'
 
 
 def _run(tmp_path, mode: str) -> tuple[dict, list[dict]]:
-    if not shutil.which("unshare") or os.getuid() != 0:
-        pytest.skip("needs root and unshare to give the node collector a private /dev/shm")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
     env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO, MODE=mode)
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SCRIPT], env=env,
-                          cwd=REPO, timeout=300, capture_output=True, text=True)
+    done = run_with_private_dev_shm(_SCRIPT, env, REPO, 300)
     with open(work / "result.json") as f:
         result = json.load(f)
     assert done.returncode == 0, (done.stdout, done.stderr, result["lines"])

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
 from _procs import REPO
+from _support import run_with_private_dev_shm
 
 _SCRIPT = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$PY" tests/_shared_node_kit.py "$WORK"'
 
@@ -28,15 +27,9 @@ ROOT_RT = ["v.ingest", "w.collector.lock", "x.ingest", "y.publish", "z.collector
 def runs(tmp_path_factory) -> dict:
     if os.getuid() != 0:
         pytest.skip("needs root, to act as a second local user (uid 65534)")
-    if not shutil.which("unshare"):
-        pytest.skip("needs unshare (util-linux) for a private /dev/shm")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"unshare --mount is not permitted here: {probe.stderr.decode().strip()}")
     work = tmp_path_factory.mktemp("shared")
     env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO)
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", _SCRIPT], env=env,
-                          cwd=REPO, timeout=300, capture_output=True, text=True)
+    done = run_with_private_dev_shm(_SCRIPT, env, REPO, 300)
     with open(work / "result.json") as f:
         result = json.load(f)
     assert done.returncode == 0, (done.stdout, done.stderr)
