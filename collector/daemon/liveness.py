@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from shmstat.shm.layout import RankInfo, RankState
+from shmstat.shm.layout import RankState
+from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.segment import Segment
 
 __all__ = ["Lifecycle", "Liveness", "RankUsage"]

@@ -18,7 +18,7 @@ from .config import PLATFORM_GROUP
 from .liveness import Liveness
 
 if TYPE_CHECKING:
-    from shmstat.shm.layout import RankInfo
+    from shmstat.shm.layout_records import RankInfo
 
     from ..handlers.dispatch import ThreadedDispatcher
     from ..prometheus.exporter import PrometheusExporter

@@ -20,7 +20,7 @@ may move, windows lost to a ring that wrapped) is computed on the arrays with ex
 Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
 no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
 
-Slots of windows over an hour (:attr:`shmstat.shm.layout.StatDescriptor.is_long`) are looked at every
+Slots of windows over an hour (:attr:`shmstat.shm.layout_records.StatDescriptor.is_long`) are looked at every
 ``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's end
 (:mod:`shmstat.shm.layout`), so they are not left waiting for a wall-clock end days away. One gather over their banks
 finds those with such a window (:mod:`collector.read.long_windows`); only these are read one by one with ``read_slot``.
@@ -35,7 +35,8 @@ import numpy as np
 from shmstat.histogram import Histogram
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec
-from shmstat.shm.layout import RankInfo, RankState, StatDescriptor
+from shmstat.shm.layout import RankState
+from shmstat.shm.layout_records import RankInfo, StatDescriptor
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 

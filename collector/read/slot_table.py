@@ -11,7 +11,7 @@ import numpy as np
 
 from shmstat.aggregation import PERCENTILE_MASK
 from shmstat.shm import layout as L
-from shmstat.shm.layout import StatDescriptor
+from shmstat.shm.layout_records import StatDescriptor
 
 from .column_merge import StatTable
 

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from ..errors import CapacityError, ConfigError
 from ..shm import layout as L
 from ..shm import layout_codec as codec
+from ..shm.layout_records import RankInfo
 from ..shm.segment import Segment, pid_alive
 from ._drops import add_counter, warn_once
 
@@ -149,8 +150,8 @@ class RankAttachment:
         pid, now = os.getpid(), time.time_ns()
         with segment.locked():
             owner = segment.rank(owner_local_rank)
-            chosen: tuple[int, L.RankInfo] | None = None
-            fallback: tuple[int, int, L.RankInfo] | None = None  # (samples lost, entry, info)
+            chosen: tuple[int, RankInfo] | None = None
+            fallback: tuple[int, int, RankInfo] | None = None  # (samples lost, entry, info)
             for i in range(geo.max_ranks - 1, -1, -1):
                 if i == owner_local_rank:
                     continue
@@ -193,7 +194,7 @@ class RankAttachment:
         return att
 
     @classmethod
-    def _take(cls, segment: Segment, i: int, info: L.RankInfo, rank: int, world_size: int, pid: int, now: int,
+    def _take(cls, segment: Segment, i: int, info: RankInfo, rank: int, world_size: int, pid: int, now: int,
               *, writer_of: int) -> RankAttachment:
         """Write entry ``i`` for this process (job lock held) and index the descriptors it already has."""
         off = segment.geometry.rank_offset(i)
@@ -299,7 +300,7 @@ class RankAttachment:
         self.segment.close()
 
 
-def _unemitted_banks(segment: Segment, info: L.RankInfo) -> list[tuple[int, int]]:
+def _unemitted_banks(segment: Segment, info: RankInfo) -> list[tuple[int, int]]:
     """(byte offset of the bank, samples it holds) of every bank of a gone writer's entry that holds data no
     collector emitted (the writer is gone: nothing changes these banks meanwhile)."""
     geo = segment.geometry
@@ -315,13 +316,13 @@ def _unemitted_banks(segment: Segment, info: L.RankInfo) -> list[tuple[int, int]
     return out
 
 
-def _unemitted(segment: Segment, info: L.RankInfo) -> int:
+def _unemitted(segment: Segment, info: RankInfo) -> int:
     """Samples in a gone writer's entry that no collector emitted (a bank the writer died writing counts its
     complete samples)."""
     return sum(n for _off, n in _unemitted_banks(segment, info))
 
 
-def _forget_unemitted(segment: Segment, info: L.RankInfo) -> None:
+def _forget_unemitted(segment: Segment, info: RankInfo) -> None:
     """Empty the banks of a gone writer whose entry is taken over (their samples were counted as dropped), so a
     collector never emits them under the new writer's rank."""
     for off, _n in _unemitted_banks(segment, info):

@@ -2,6 +2,7 @@
 
 - :mod:`~shmstat.shm.runtime`: job ids, the names of a job's segment and sockets, the owner-only runtime directory;
 - :mod:`~shmstat.shm.layout`: the binary layout of a job's segment, the one source of truth for both sides;
+- :mod:`~shmstat.shm.layout_records`: those records decoded, as values (header, rank entry, stat descriptor, bank);
 - :mod:`~shmstat.shm.layout_codec`: reading and writing that layout's records (header, rank entries, descriptors,
   banks under their seqlock, histograms) and the checks a reader applies to them;
 - :mod:`~shmstat.shm.segment`: creating, attaching and listing segments, under the job lock

@@ -2,7 +2,9 @@
 
 All integers and floats are little-endian, every field is 8 bytes and 8-byte aligned (histogram bucket counts
 are 4 bytes); banks are 64-byte aligned (one cache line each). ``R`` = max ranks, ``S`` = max stats per rank,
-``K`` = banks per slot, ``H`` = stats with percentiles per rank, ``M`` = :data:`HIST_BUCKETS`.
+``K`` = banks per slot, ``H`` = stats with percentiles per rank, ``M`` = :data:`HIST_BUCKETS`. The records read out
+of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves the bytes is in
+:mod:`shmstat.shm.layout_codec`.
 
 ::
 
@@ -122,10 +124,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..histogram import Histogram
 
 __all__ = [
     "BANK_SIZE",
@@ -149,12 +147,8 @@ __all__ = [
     "MAX_WINDOW_NS",
     "RANK_ENTRY_SIZE",
     "RING_BUDGET_MS",
-    "BankSnapshot",
     "Geometry",
-    "Header",
-    "RankInfo",
     "RankState",
-    "StatDescriptor",
     "min_window_ms",
 ]
 
@@ -306,113 +300,3 @@ class Geometry:
         """Byte range ``(start, end)`` of all histograms of one rank (pre-faulted with its banks)."""
         start = self.hist_offset(local_rank, 0)
         return start, start + self.hist_slots * self.banks * HIST_SIZE
-
-
-@dataclass(frozen=True)
-class Header:
-    """The decoded segment header."""
-
-    magic: bytes
-    version: int
-    max_ranks: int
-    max_stats: int
-    banks: int
-    total_size: int
-    created_ns: int
-    collector_pid: int
-    collector_beat_ns: int
-    hist_slots: int = DEFAULT_HIST_SLOTS
-    dropped: int = 0
-    """Samples dropped by processes that got no entry of the job."""
-    ranks_refused: int = 0
-    """Rank processes that got no entry of the job."""
-
-    @property
-    def geometry(self) -> Geometry:
-        """The capacities recorded in the header."""
-        return Geometry(self.max_ranks, self.max_stats, self.banks, self.hist_slots)
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """One decoded rank-table entry."""
-
-    local_rank: int
-    state: int
-    pid: int
-    incarnation: int
-    rank: int
-    world_size: int
-    start_ns: int
-    heartbeat_ns: int
-    nstats: int
-    nan_count: int
-    discarded: int
-    writer_of: int = 0
-    """0 for a rank; ``1 + local rank`` of the rank this writer entry writes for."""
-    dropped: int = 0
-    """Samples of this rank that no slot holds (see the layout above)."""
-    stats_refused: int = 0
-    """Stats of this rank that got no slot."""
-    writers_refused: int = 0
-    """Writer processes of this rank that got no entry."""
-
-    @property
-    def is_writer(self) -> bool:
-        """Whether this entry is an extra writer (forked child, spawned worker) of another rank's samples."""
-        return self.writer_of != 0
-
-    @property
-    def state_name(self) -> str:
-        """``free``, ``active``, ``exited`` or ``died``."""
-        return RankState.NAMES.get(self.state, "unknown")
-
-
-@dataclass(frozen=True)
-class StatDescriptor:
-    """One decoded stat descriptor: what a rank declared about one of its stats."""
-
-    local_rank: int
-    index: int
-    name: str
-    group: str
-    window_ms: int
-    max_samples: int
-    agg_mask: int
-    emitted_wid: int
-    incarnation: int
-    flags: int = 0
-    hist: int = -1
-    """Index of the stat's histogram in its rank's table, -1 for none."""
-
-    @property
-    def higher_is_better(self) -> bool:
-        """Whether the stat declared that a high figure is good (a rate)."""
-        return bool(self.flags & FLAG_HIGHER_IS_BETTER)
-
-    @property
-    def window_ns(self) -> int:
-        """Window length in nanoseconds."""
-        return self.window_ms * 1_000_000
-
-    @property
-    def is_long(self) -> bool:
-        """Whether the window is longer than :data:`LONG_WINDOW_MS`: each writer's window also closes by count
-        or by the writer's end, not only on the wall clock."""
-        return self.window_ms > LONG_WINDOW_MS
-
-
-@dataclass(frozen=True)
-class BankSnapshot:
-    """A consistent copy of one bank (or, if ``torn``, the last inconsistent copy seen)."""
-
-    wid: int
-    count: int
-    sum: float
-    min: float
-    max: float
-    last: float
-    last_ts: int
-    incarnation: int
-    torn: bool = False
-    hist: Histogram | None = None

@@ -38,13 +38,10 @@ from .layout import (
     PERCENTILE_BITS,
     R_DROPPED,
     VALID_AGG_MASK,
-    BankSnapshot,
     Geometry,
-    Header,
-    RankInfo,
     RankState,
-    StatDescriptor,
 )
+from .layout_records import BankSnapshot, Header, RankInfo, StatDescriptor
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..histogram import Histogram

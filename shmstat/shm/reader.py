@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..histogram import Histogram
 from . import layout as L
 from . import layout_codec as codec
+from .layout_records import BankSnapshot, RankInfo, StatDescriptor
 from .segment import Segment, pid_alive
 
 __all__ = ["SegmentReader", "SlotRead", "WindowRead"]
@@ -79,7 +80,7 @@ class SegmentReader:
         """Descriptors skipped because their content is unusable (counted once per descriptor)."""
         self._warned: set[tuple[object, ...]] = set()
 
-    def ranks(self) -> list[L.RankInfo]:
+    def ranks(self) -> list[RankInfo]:
         """Every rank entry that was ever used and can be trusted; unusable ones are skipped and counted."""
         out = []
         for info in self.segment.ranks():
@@ -91,7 +92,7 @@ class SegmentReader:
                 _log.warning("job %s: rank entry %d skipped: %s", self.segment.job, info.local_rank, problem)
         return out
 
-    def descriptors(self, local_rank: int) -> list[L.StatDescriptor]:
+    def descriptors(self, local_rank: int) -> list[StatDescriptor]:
         """Published stat descriptors of a rank that can be used; unusable ones are skipped and counted."""
         out = []
         for desc in self.segment.descriptors(local_rank):
@@ -115,7 +116,7 @@ class SegmentReader:
         return True
 
     def read_slot(
-        self, info: L.RankInfo, desc: L.StatDescriptor, now_ns: int, grace_ns: int, after_wid: int,
+        self, info: RankInfo, desc: StatDescriptor, now_ns: int, grace_ns: int, after_wid: int,
         writer_alive: bool | None = None, after_inc: int = -1,
     ) -> SlotRead:
         """Closed windows of one slot newer than ``after_wid``, oldest first.
@@ -146,7 +147,7 @@ class SegmentReader:
             if newest_closed < lowest:
                 return SlotRead([], after_wid, 0)
         safe = newest_closed
-        found: list[L.BankSnapshot] = []
+        found: list[BankSnapshot] = []
         for snap in snaps:
             if not lowest <= snap.wid <= newest_closed or not 0 <= snap.count < _MAX_COUNT:
                 continue  # (a count no writer reaches: garbage written into the segment, read as empty)
@@ -175,10 +176,10 @@ class SegmentReader:
         return SlotRead(windows, safe, overwritten)
 
 
-def _closed_by_writer(info: L.RankInfo, desc: L.StatDescriptor, snaps: list[L.BankSnapshot],
+def _closed_by_writer(info: RankInfo, desc: StatDescriptor, snaps: list[BankSnapshot],
                       writer_alive: bool | None) -> int:
-    """The newest window of a long-window slot (:attr:`shmstat.shm.layout.StatDescriptor.is_long`) that its writer
-    has closed before the wall-clock end: every window once the writer is gone (entry exited or died, process
+    """The newest window of a long-window slot (:attr:`~shmstat.shm.layout_records.StatDescriptor.is_long`) that its
+    writer has closed before the wall-clock end: every window once the writer is gone (entry exited or died, process
     dead), else every window before the writer's newest one (a writer never goes back to an older window), and
     that newest one too once it holds ``max_samples`` samples (the writer discards the window's later adds)."""
     top = max(snap.wid for snap in snaps)

@@ -25,6 +25,7 @@ from ..errors import ConfigError, LayoutMismatchError, SegmentError
 from . import layout as L
 from . import layout_codec as codec
 from ._joblock import JobLock, job_lock
+from .layout_records import BankSnapshot, Header, RankInfo, StatDescriptor
 from .runtime import lock_path, segment_name, semaphore_name, validate_job
 from .shm_entries import SHM_DIR, check_segment_path, scan_shm
 
@@ -179,15 +180,15 @@ class Segment:
             yield
 
     # -- reading -----------------------------------------------------------------------------------------------
-    def header(self) -> L.Header:
+    def header(self) -> Header:
         """The current header."""
         return codec.read_header(self.buf)
 
-    def rank(self, local_rank: int) -> L.RankInfo:
+    def rank(self, local_rank: int) -> RankInfo:
         """Rank entry ``local_rank``."""
         return codec.read_rank(self.buf, self.geometry, local_rank)
 
-    def ranks(self) -> list[L.RankInfo]:
+    def ranks(self) -> list[RankInfo]:
         """Every rank entry that was ever used (state other than free)."""
         out = []
         for i in range(self.geometry.max_ranks):
@@ -196,7 +197,7 @@ class Segment:
                 out.append(info)
         return out
 
-    def descriptors(self, local_rank: int) -> list[L.StatDescriptor]:
+    def descriptors(self, local_rank: int) -> list[StatDescriptor]:
         """Every published stat descriptor of a rank, in index order."""
         nstats = min(self.rank(local_rank).nstats, self.geometry.max_stats)
         out = []
@@ -206,7 +207,7 @@ class Segment:
                 out.append(desc)
         return out
 
-    def read_bank(self, local_rank: int, stat: int, bank: int) -> L.BankSnapshot:
+    def read_bank(self, local_rank: int, stat: int, bank: int) -> BankSnapshot:
         """A consistent copy of one bank (see :func:`shmstat.shm.layout_codec.read_bank`)."""
         return codec.read_bank(self.buf, self.geometry.slot_offset(local_rank, stat) + bank * L.BANK_SIZE)
 
@@ -371,7 +372,7 @@ def _check_owner(fd: int, name: str) -> int:
     return st.st_ino
 
 
-def _validate_header(header: L.Header, size: int, name: str, want: L.Geometry | None) -> None:
+def _validate_header(header: Header, size: int, name: str, want: L.Geometry | None) -> None:
     if header.magic != L.MAGIC:
         raise LayoutMismatchError(f"segment {name} was not created by shmstat (bad magic); pick another job id")
     if header.version != L.LAYOUT_VERSION:

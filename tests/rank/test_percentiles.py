@@ -24,6 +24,7 @@ from shmstat import _backend
 from shmstat.histogram import MAX_BUCKETS, MIN_SCALE, Histogram, error_bound, merge_histograms
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec
+from shmstat.shm.layout_records import StatDescriptor
 from shmstat.shm.segment import Segment
 
 QS = (0.5, 0.9, 0.99, 0.999)
@@ -182,9 +183,9 @@ def test_percentile_stats_past_the_table_are_dropped_counted_and_write_nothing(j
 
 def test_a_descriptor_with_a_histogram_out_of_range_is_refused():
     geo = L.Geometry(2, 4, 4, 2)
-    desc = L.StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 10, -1, 1, 0, 7)
+    desc = StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 10, -1, 1, 0, 7)
     assert "histogram 7" in (codec.descriptor_problem(desc, geo) or "")
-    no_hist = L.StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 12, -1, 1, 0, -1)
+    no_hist = StatDescriptor(0, 0, "s", "g", 100, 1, 1 << 12, -1, 1, 0, -1)
     assert "without a histogram" in (codec.descriptor_problem(no_hist, geo) or "")
 
 

@@ -1,0 +1,128 @@
+"""The decoded records of a job's segment: what :mod:`shmstat.shm.layout_codec` reads out of the bytes that
+:mod:`shmstat.shm.layout` draws (the header, a rank entry, a stat descriptor, a bank), as plain values.
+
+The fields' meanings, offsets and formats are those of :mod:`shmstat.shm.layout`; this module defines no offset or
+constant of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .layout import DEFAULT_HIST_SLOTS, FLAG_HIGHER_IS_BETTER, LONG_WINDOW_MS, Geometry, RankState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..histogram import Histogram
+
+__all__ = ["BankSnapshot", "Header", "RankInfo", "StatDescriptor"]
+
+
+@dataclass(frozen=True)
+class Header:
+    """The decoded segment header."""
+
+    magic: bytes
+    version: int
+    max_ranks: int
+    max_stats: int
+    banks: int
+    total_size: int
+    created_ns: int
+    collector_pid: int
+    collector_beat_ns: int
+    hist_slots: int = DEFAULT_HIST_SLOTS
+    dropped: int = 0
+    """Samples dropped by processes that got no entry of the job."""
+    ranks_refused: int = 0
+    """Rank processes that got no entry of the job."""
+
+    @property
+    def geometry(self) -> Geometry:
+        """The capacities recorded in the header."""
+        return Geometry(self.max_ranks, self.max_stats, self.banks, self.hist_slots)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One decoded rank-table entry."""
+
+    local_rank: int
+    state: int
+    pid: int
+    incarnation: int
+    rank: int
+    world_size: int
+    start_ns: int
+    heartbeat_ns: int
+    nstats: int
+    nan_count: int
+    discarded: int
+    writer_of: int = 0
+    """0 for a rank; ``1 + local rank`` of the rank this writer entry writes for."""
+    dropped: int = 0
+    """Samples of this rank that no slot holds (see the rank entry in :mod:`shmstat.shm.layout`)."""
+    stats_refused: int = 0
+    """Stats of this rank that got no slot."""
+    writers_refused: int = 0
+    """Writer processes of this rank that got no entry."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this entry is an extra writer (forked child, spawned worker) of another rank's samples."""
+        return self.writer_of != 0
+
+    @property
+    def state_name(self) -> str:
+        """``free``, ``active``, ``exited`` or ``died``."""
+        return RankState.NAMES.get(self.state, "unknown")
+
+
+@dataclass(frozen=True)
+class StatDescriptor:
+    """One decoded stat descriptor: what a rank declared about one of its stats."""
+
+    local_rank: int
+    index: int
+    name: str
+    group: str
+    window_ms: int
+    max_samples: int
+    agg_mask: int
+    emitted_wid: int
+    incarnation: int
+    flags: int = 0
+    hist: int = -1
+    """Index of the stat's histogram in its rank's table, -1 for none."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether the stat declared that a high figure is good (a rate)."""
+        return bool(self.flags & FLAG_HIGHER_IS_BETTER)
+
+    @property
+    def window_ns(self) -> int:
+        """Window length in nanoseconds."""
+        return self.window_ms * 1_000_000
+
+    @property
+    def is_long(self) -> bool:
+        """Whether the window is longer than :data:`~shmstat.shm.layout.LONG_WINDOW_MS`: each writer's window also
+        closes by count or by the writer's end, not only on the wall clock."""
+        return self.window_ms > LONG_WINDOW_MS
+
+
+@dataclass(frozen=True)
+class BankSnapshot:
+    """A consistent copy of one bank (or, if ``torn``, the last inconsistent copy seen)."""
+
+    wid: int
+    count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_ts: int
+    incarnation: int
+    torn: bool = False
+    hist: Histogram | None = None
