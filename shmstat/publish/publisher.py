@@ -8,7 +8,8 @@ added to the open batch of its topic (up to ``batch_max`` items per message; an 
 still waiting to be sent, so topics published interleaved — ``@prof``'s success and duration, a loop's several
 metrics — still travel in large messages). A daemon thread, started on the first publish, owns the socket and
 does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
-them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports.
+them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports. The socket, the thread and
+the thread's state belong to the publisher's sender (:mod:`shmstat.publish.xpub`); the publisher calls it.
 
 What the ``XPUB`` reports, and how the thread answers it, is in :mod:`shmstat.publish.xpub`.
 
@@ -46,12 +47,10 @@ within a bounded time.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +67,9 @@ from .item_sizes import (
     backlog_bytes_from_env,
     item_bytes,
 )
-from .outbox import KIND_CODES, Outbox, counters_of, new_outbox
+from .outbox import KIND_CODES, Outbox, new_outbox
 from .slow_path import check_topic, encode_item
-from .xpub import _MAX_IDLE_SLEEP_S, DEFAULT_SNDHWM, _SocketProtocol, unacked_warning_from_env
+from .xpub import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",
@@ -105,16 +104,7 @@ class PublisherStats:
     backlog: int
 
 
-class _FlushRequest:
-    __slots__ = ("cancelled", "done", "target")
-
-    def __init__(self) -> None:
-        self.target = -1
-        self.cancelled = False
-        self.done = threading.Event()
-
-
-class Publisher(_SocketProtocol):
+class Publisher:
     """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
 
     ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
@@ -164,38 +154,23 @@ class Publisher(_SocketProtocol):
         self.endpoint = endpoint
         self.job = job
         self.rank = rank
-        self._unacked_warning_s = unacked_warning_from_env() if unacked_warning_s is None else unacked_warning_s
-        self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
-        self._ever_subscribed = False
+        if unacked_warning_s is None:
+            unacked_warning_s = unacked_warning_from_env()
         self.incarnation = incarnation
         self.pid = pid
         self._owner_pid = os.getpid()
         self._backlog_bytes = backlog_bytes_from_env() if backlog_bytes is None else backlog_bytes
-        self._idle_sleep_s = float(idle_sleep_s)
-        self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
 
         # the backlog: items encoded at publish time, batched, bounded (C or pure Python, see shmstat.publish.outbox)
         self._outbox_args = {"rank": rank, "pid": pid, "incarnation": incarnation, "batch_max": batch_max,
                              "max_items": backlog_limit, "max_bytes": self._backlog_bytes,
                              "max_batch_bytes": MAX_BATCH_BYTES, "metric_bytes": METRIC_BYTES}
         self._outbox: Outbox = new_outbox(**self._outbox_args)
-        self._started = False
+        self._warned_slow = False  # the slow path's log-once (caller side)
 
-        # thread side (written only by the background thread while it runs)
-        self._prefixes: set[bytes] = set()
-        self._subscribed = False
-        self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
-        self._warned_invalid = False
-        self._warned_slow = False
-        self._flush_waiting = []
-
-        # shared control
-        self._flush_requests = collections.deque()
-        self._wake = threading.Event()
-        self._stop = False
-        self._close_linger_ms = 0
+        # life cycle, under the lock (the sender owns the socket, the thread and the thread's state)
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._closed = False
         self._dead = False
 
@@ -203,17 +178,14 @@ class Publisher(_SocketProtocol):
         self._ctx: zmq.Context[Any] = zmq.Context() if context is None else context
         sock = self._ctx.socket(zmq.XPUB)
         try:
-            sock.setsockopt(zmq.SNDHWM, sndhwm)
-            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
-            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe frame, also a repeated one (see above)
-            sock.setsockopt(zmq.LINGER, 0)  # set for real in close()
-            sock.connect(endpoint)
+            connect_xpub(sock, endpoint, sndhwm)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             if self._own_context:
                 self._ctx.term()
             raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
-        self._sock: zmq.Socket[Any] | None = sock
+        self._sender = _Sender(sock, self._outbox, job=job, rank=rank, pid=pid, incarnation=incarnation,
+                               idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s)
         _pubprocess.register(self)
 
     # ------------------------------------------------------------------------------------- caller side
@@ -288,10 +260,7 @@ class Publisher(_SocketProtocol):
             if self._started or self._closed or self._dead:
                 return
             _pubprocess.ensure_exit_hooks()
-            self._first_publish = time.monotonic()
-            thread = threading.Thread(target=self._run, name=f"shmstat-publisher-r{self.rank}", daemon=True)
-            thread.start()
-            self._thread = thread
+            self._sender.start(f"shmstat-publisher-r{self.rank}")
             self._started = True
 
     # ------------------------------------------------------------------------------------- control
@@ -306,21 +275,7 @@ class Publisher(_SocketProtocol):
         """
         if self._dead:
             return True
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return not counters_of(self._outbox).held
-        req = _FlushRequest()
-        req.target = counters_of(self._outbox).published
-        self._flush_requests.append(req)
-        self._wake.set()
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        while True:
-            remaining = deadline - time.monotonic()
-            if req.done.wait(max(0.0, min(remaining, 0.05))):
-                return True
-            if remaining <= 0 or not thread.is_alive():
-                req.cancelled = True
-                return req.done.is_set()
+        return self._sender.flush(timeout_s)
 
     def close(self, linger_ms: int = 1000) -> None:
         """Flush for up to ``linger_ms``, stop the thread, close the socket (and the context if ours).
@@ -335,22 +290,10 @@ class Publisher(_SocketProtocol):
             self._closed = True
             self._started = True  # never start a thread from now on
             self._outbox.close()  # later publishes are counted as dropped
-        budget_s = max(0, linger_ms) / 1000.0
-        deadline = time.monotonic() + budget_s
-        thread = self._thread
-        if thread is not None:
-            self.flush(budget_s)
-            self._close_linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            self._stop = True
-            self._wake.set()
-            thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
-            if thread.is_alive():  # pragma: no cover - the loop never blocks for long
-                _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
-                _pubprocess.forget(self)
-                return
-        elif self._sock is not None:
-            self._sock.close(linger=0)  # never used by a thread; nothing was ever queued
-        self._sock = None
+        if not self._sender.close(max(0, linger_ms) / 1000.0):  # pragma: no cover - the loop never blocks for long
+            _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
+            _pubprocess.forget(self)
+            return
         self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
@@ -365,7 +308,7 @@ class Publisher(_SocketProtocol):
             sent_items=sent_items,
             sent_messages=sent_messages,
             dropped=dropped + late,
-            subscribed=self._subscribed,
+            subscribed=self._sender.subscribed,
             backlog=held,
         )
 
@@ -378,12 +321,9 @@ class Publisher(_SocketProtocol):
         """In a forked child: forget the parent's socket, context, thread and items; drop from now on."""
         self._dead = True
         self._started = True
-        _pubprocess.keep_fork_orphans(self._sock, self._ctx, self._outbox)
-        self._sock = None
-        self._thread = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a parent's thread may have held it at the fork
+        parent_outbox = self._outbox
         self._outbox = new_outbox(**self._outbox_args)
         self._outbox.close()
-        self._flush_requests = collections.deque()
-        self._flush_waiting = []
-        self._subscribed = False
+        parent_sock = self._sender.forget_in_child(self._outbox)  # its thread, flush requests, subscription
+        _pubprocess.keep_fork_orphans(parent_sock, self._ctx, parent_outbox)

@@ -1,11 +1,14 @@
 """The publisher's socket protocol: the thread that owns the ``XPUB`` socket, sends sealed batches without
 blocking, reads the collector's subscription and hand-over frames, and marks the end of what it sent.
 
-These are the publisher thread's methods (a mixin of :class:`shmstat.publish.publisher.Publisher`, which owns the
-state they use).
+A :class:`_Sender` is the socket side of one :class:`shmstat.publish.publisher.Publisher`: it owns the socket, the
+thread and all the state the thread changes (subscription, hand-over, warnings, waiting flushes), and the controls
+the publisher's callers set for it (flush requests, wake-up, stop). The publisher owns the outbox (its callers
+queue into it; the sender takes from it) and its life cycle (started, closed, dead, under its lock), and calls the
+sender to start the thread, wait for a flush, close, and forget the parent's socket in a forked child.
 
-What the ``XPUB`` tells us (measured on libzmq 4.3.5; the socket options :class:`~shmstat.publish.publisher.Publisher`
-sets follow from it):
+What the ``XPUB`` tells us (measured on libzmq 4.3.5; the socket options :func:`connect_xpub` sets follow from
+it):
 
 - An ``XPUB`` silently discards messages no subscriber has asked for. So until the collector's subscribe-all
   frame has arrived (``subscribed`` is False) items are held in the publisher's bounded backlog, in order.
@@ -32,7 +35,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import zmq
 
@@ -40,7 +43,7 @@ from .. import wire
 from ..shm.runtime import env_number
 from .outbox import Outbox, counters_of
 
-__all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "unacked_warning_from_env"]
+__all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "connect_xpub", "unacked_warning_from_env"]
 
 _log = logging.getLogger("shmstat")
 
@@ -62,41 +65,128 @@ def unacked_warning_from_env() -> float:
     return DEFAULT_UNCOLLECTED_WARNING_S if seconds is None else seconds
 
 
-class _FlushWait(Protocol):
-    """A :meth:`Publisher.flush` waiting for the sent frontier (``publisher._FlushRequest``)."""
+def connect_xpub(sock: zmq.Socket[Any], endpoint: str, sndhwm: int) -> None:
+    """Set the publisher's ``XPUB`` options (see the module docstring) on ``sock`` and connect it to ``endpoint``;
+    raises ``zmq.ZMQError`` if zmq cannot."""
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
+    sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe frame, also a repeated one (see above)
+    sock.setsockopt(zmq.LINGER, 0)  # set for real when the thread closes the socket
+    sock.connect(endpoint)
 
-    target: int
-    cancelled: bool
-    done: threading.Event
+
+class _FlushRequest:
+    """A :meth:`Publisher.flush` waiting for the sent frontier to reach ``target``."""
+
+    __slots__ = ("cancelled", "done", "target")
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.cancelled = False
+        self.done = threading.Event()
 
 
-class _SocketProtocol:
-    """The thread side of the socket (mixed into the publisher)."""
+class _Sender:
+    """The socket side of a publisher (see the module docstring): owns ``sock``, ``thread`` and the thread's state.
 
-    # the state these methods use: set up by Publisher.__init__ (declared here for the type checker only)
-    job: str | None
-    rank: int
-    pid: int
-    incarnation: int
-    _sock: zmq.Socket[Any] | None
-    _outbox: Outbox  # or its C twin (the same methods)
-    _idle_sleep_s: float
-    _max_sleep_s: float
-    _first_publish: float
-    _unacked_warning_s: float
-    _stop: bool
-    _ever_subscribed: bool
-    _subscribed: bool
-    _handed_over: bool
-    _warned_invalid: bool
-    _prefixes: set[bytes]
-    _wake: threading.Event
-    _close_linger_ms: int
-    _flush_requests: collections.deque[_FlushWait]
-    _flush_waiting: list[_FlushWait]
+    ``outbox`` is the publisher's (the sender sends its sealed batches); ``job``, ``rank``, ``pid`` and
+    ``incarnation`` name the publisher in the closing marker, the acknowledgement and the uncollected warning.
+    """
+
+    def __init__(self, sock: zmq.Socket[Any], outbox: Outbox, *, job: str | None, rank: int, pid: int,
+                 incarnation: int, idle_sleep_s: float, unacked_warning_s: float) -> None:
+        self.sock: zmq.Socket[Any] | None = sock  # used only by the thread once it runs
+        self.thread: threading.Thread | None = None
+        self._outbox = outbox  # or its C twin (the same methods)
+        self._job = job
+        self._rank = rank
+        self._pid = pid
+        self._incarnation = incarnation
+        self._idle_sleep_s = float(idle_sleep_s)
+        self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
+        self._unacked_warning_s = unacked_warning_s
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Set (or, in a forked child, reset) everything the thread and the controls change."""
+        # thread side: written only by the thread while it runs
+        self._prefixes: set[bytes] = set()
+        self._subscribed = False
+        self._ever_subscribed = False
+        self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
+        self._warned_invalid = False
+        self._flush_waiting: list[_FlushRequest] = []
+        # controls: set by the publisher's callers, read by the thread
+        self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
+        self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._close_linger_ms = 0
+
+    # ------------------------------------------------------------------------------------- the publisher's calls
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether the collector's subscribe-all frame is in effect (as the thread last saw it)."""
+        return self._subscribed
+
+    def start(self, name: str) -> None:
+        """Start the thread ``name`` (once: the publisher calls this under its lock)."""
+        self._first_publish = time.monotonic()
+        thread = threading.Thread(target=self._run, name=name, daemon=True)
+        thread.start()
+        self.thread = thread
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every item queued before this call was handed to zmq or dropped
+        (:meth:`Publisher.flush`); with no thread running, whether nothing is held."""
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            return not counters_of(self._outbox).held
+        req = _FlushRequest(counters_of(self._outbox).published)
+        self._flush_requests.append(req)
+        self._wake.set()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            remaining = deadline - time.monotonic()
+            if req.done.wait(max(0.0, min(remaining, 0.05))):
+                return True
+            if remaining <= 0 or not thread.is_alive():
+                req.cancelled = True
+                return req.done.is_set()
+
+    def close(self, budget_s: float) -> bool:
+        """Flush for up to ``budget_s``, then stop the thread, which marks the end and closes the socket (or
+        close the socket no thread ever used). False if the thread did not stop in time: its socket is left
+        open."""
+        deadline = time.monotonic() + budget_s
+        thread = self.thread
+        if thread is not None:
+            self.flush(budget_s)
+            self._close_linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            self._stop = True
+            self._wake.set()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()) + 0.5)
+            if thread.is_alive():  # pragma: no cover - the loop never blocks for long
+                return False
+        elif self.sock is not None:
+            self.sock.close(linger=0)  # never used by a thread; nothing was ever queued
+        self.sock = None
+        return True
+
+    def forget_in_child(self, outbox: Outbox) -> zmq.Socket[Any] | None:
+        """In a forked child: forget the parent's thread, flush requests and subscription, use ``outbox`` from
+        now on, and return the parent's socket (for the caller to keep alive, never closed or used)."""
+        sock, self.sock = self.sock, None
+        self.thread = None
+        self._outbox = outbox
+        self._reset_state()
+        return sock
+
+    # ------------------------------------------------------------------------------------- the thread
 
     def _run(self) -> None:
-        sock = self._sock
+        sock = self.sock
         assert sock is not None
         sleep_s = self._idle_sleep_s
         failures = 0
@@ -154,7 +244,7 @@ class _SocketProtocol:
 
     def _resolve_flushes(self) -> None:
         frontier = self._outbox.frontier()
-        still: list[_FlushWait] = []
+        still: list[_FlushRequest] = []
         for req in self._flush_waiting:
             if req.cancelled:
                 continue
@@ -190,17 +280,17 @@ class _SocketProtocol:
         if _WARNED_UNCOLLECTED or time.monotonic() - self._first_publish < self._unacked_warning_s:
             return
         _WARNED_UNCOLLECTED = True
-        job = self.job or "?"
+        job = self._job or "?"
         _log.warning(
             "shmstat: no collector has taken the events of job %s (rank %s) within %g s of the first one; "
             "they wait in this process (up to the backlog bound, then dropped and counted) and stats keep "
             "accumulating in shared memory. Collect them with: shmstat collect  (every job on this node) or "
-            "shmstat collect --job %s", job, self.rank, self._unacked_warning_s, job)
+            "shmstat collect --job %s", job, self._rank, self._unacked_warning_s, job)
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
         has been received, so closing the socket now loses nothing."""
-        ack = wire.ACK_PREFIX + str(self.pid).encode()
+        ack = wire.ACK_PREFIX + str(self._pid).encode()
         deadline = time.monotonic() + budget_ms / 1000
         with contextlib.suppress(zmq.ZMQError):
             while (left := deadline - time.monotonic()) > 0:
@@ -213,7 +303,7 @@ class _SocketProtocol:
         next one) and when this publisher closes. It carries the next sequence number on the wire, or
         ``next_seq`` (closing with items left: the sequence number after them, so they count as a gap)."""
         seq = self._outbox.wire_seq() if next_seq is None else next_seq
-        payload = wire.encode("rank", self.rank, self.pid, self.incarnation, seq, [{"state": "held"}])
+        payload = wire.encode("rank", self._rank, self._pid, self._incarnation, seq, [{"state": "held"}])
         with contextlib.suppress(zmq.ZMQError):
             sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)
 

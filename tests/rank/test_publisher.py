@@ -484,7 +484,7 @@ def test_lifecycle_and_argument_checks(publishers: list[Publisher], endpoint: st
     pub = Publisher(endpoint, rank=0)
     publishers.append(pub)
     assert pub.flush(0) is True  # nothing published, no thread started
-    assert pub._thread is None
+    assert pub._sender.thread is None
     pub.close()
     pub.close()  # idempotent
     pub.publish_event("late", 0, {})
