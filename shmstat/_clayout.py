@@ -38,6 +38,8 @@ def constants() -> list[tuple[str, list[tuple[str, int]]]]:
             ("HI_ZERO", L.HI_ZERO),
             ("HI_POS_LO", L.HI_POS_LO),
             ("HI_NEG_LO", L.HI_NEG_LO),
+            ("HI_POS_INF", L.HI_POS_INF),
+            ("HI_NEG_INF", L.HI_NEG_INF),
             ("HIST_COUNTS", L.HIST_COUNTS),
         ]),
         ("shmstat/wire.py: the messages", [

@@ -120,6 +120,8 @@ hist_reset(char *h)
     }
     st_i64(h + HI_SCALE, HIST_MAX_SCALE);
     st_i64(h + HI_ZERO, 0);
+    st_i64(h + HI_POS_INF, 0);
+    st_i64(h + HI_NEG_INF, 0);
 }
 
 /* Shift one sign's buckets right by ``by`` (a lower scale): counts of merging buckets add up. */
@@ -148,7 +150,8 @@ hist_shift_side(char *h, int side, int by)
     st_i64(range + 8, nhi);
 }
 
-/* Count one sample (not NaN) in the histogram at ``h``; the scale is lowered just enough when needed. */
+/* Count one sample (not NaN) in the histogram at ``h``; the scale is lowered just enough when needed. An
+ * infinity is counted apart (pos_inf / neg_inf) and never changes the scale. */
 static void
 hist_add(char *h, double v)
 {
@@ -158,7 +161,9 @@ hist_add(char *h, double v)
     }
     double m = fabs(v);
     if (m > DBL_MAX) {
-        m = DBL_MAX;
+        char *n = h + (v > 0 ? HI_POS_INF : HI_NEG_INF);
+        st_i64(n, ld_i64(n) + 1);
+        return;
     }
     int64_t i8 = (int64_t)ceil(log2(m) * 256.0) - 1;
     int side = v > 0 ? 0 : 1;

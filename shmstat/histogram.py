@@ -3,7 +3,9 @@
 Semantics are OpenTelemetry's ExponentialHistogram (and Prometheus native histograms, whose bucket index is
 ours plus one): at scale ``s`` the base is ``2 ** (2 ** -s)`` and a value ``v > 0`` falls in bucket
 ``i = ceil(log2(v) * 2**s) - 1``, which holds ``(base**i, base**(i+1)]``; negative values use the same index of
-``|v|`` in a range of their own; ``0.0`` counts in the zero bucket. A window's histogram starts at
+``|v|`` in a range of their own; ``0.0`` counts in the zero bucket; ``+inf`` and ``-inf`` count apart
+(``pos_inf``, ``neg_inf``: OpenTelemetry's SDKs keep them out of the buckets too, as one infinity in a bucket
+would lower the whole window's scale to fit ``2**1024``). A window's histogram starts at
 :data:`MAX_SCALE` and keeps at most :data:`MAX_BUCKETS` buckets per sign: when a value would need more, the
 scale is lowered by just enough (indices shifted right), for both signs at once.
 
@@ -13,10 +15,12 @@ same whoever computed it. Merging brings both to the lower scale and adds bucket
 while a range is too wide; the result is exactly the histogram a single writer would have built from all the
 samples (each writer's scale is the highest that fits its own samples, so the union's is no higher).
 
-Quantiles: the bucket holding the sample of rank ``ceil(q * n)`` (as numpy's ``inverted_cdf``) is reported as
-``2 * lo * hi / (lo + hi)`` of its bounds, clamped to the window's exact min and max. Its relative error is at
-most ``(base - 1) / (base + 1)``: 0.54% at scale 6, 1.1% at scale 5, 2.2% at scale 4. With 272 buckets a
-window keeps scale 5 or better while its values span up to ``2**8`` (``2**8.5``), scale 0 up to ``2**272``.
+Quantiles: the bucket holding the sample of rank ``ceil(q * n)`` (as numpy's ``inverted_cdf``; ``n`` counts the
+infinities, ranked first (``-inf``) and last (``+inf``)) is reported as ``2 * lo * hi / (lo + hi)`` of its
+bounds, clamped to the window's exact min and max; a rank among the infinities is reported as that infinity.
+Its relative error is at most ``(base - 1) / (base + 1)``: 0.54% at scale 6, 1.1% at scale 5, 2.2% at scale 4.
+With 272 buckets a window keeps scale 5 or better while its finite values span up to ``2**8`` (``2**8.5``),
+scale 0 up to ``2**272``.
 
 The in-segment form (one block per bank, written under the bank's seqlock) is drawn in :mod:`shmstat.shm.layout`.
 """
@@ -53,7 +57,8 @@ _DBL_MAX = sys.float_info.max
 
 
 def index_at_max_scale(magnitude: float) -> int:
-    """The bucket index of ``magnitude > 0`` at :data:`MAX_SCALE` (infinity counts as the largest double)."""
+    """The bucket index of ``magnitude > 0`` at :data:`MAX_SCALE` (infinity, which :meth:`Histogram.add` counts
+    apart, as the largest double)."""
     if magnitude > _DBL_MAX:
         magnitude = _DBL_MAX
     return math.ceil(math.log2(magnitude) * 256.0) - 1
@@ -99,14 +104,18 @@ def _shift(counts: dict[int, int], by: int) -> dict[int, int]:
 
 @dataclass
 class Histogram:
-    """One window's exponential histogram: ``scale``, ``zero`` count and sparse ``pos``/``neg`` bucket counts
-    (index at ``scale`` -> count). Build with :meth:`add`, combine with :meth:`merge`, read with
-    :meth:`quantile`."""
+    """One window's exponential histogram: ``scale``, ``zero`` count, sparse ``pos``/``neg`` bucket counts
+    (index at ``scale`` -> count) and the ``pos_inf``/``neg_inf`` counts of infinite samples. Build with
+    :meth:`add`, combine with :meth:`merge`, read with :meth:`quantile`."""
 
     scale: int = MAX_SCALE
     zero: int = 0
     pos: dict[int, int] = field(default_factory=dict)
     neg: dict[int, int] = field(default_factory=dict)
+    pos_inf: int = 0
+    """Samples equal to ``+inf`` (in no bucket)."""
+    neg_inf: int = 0
+    """Samples equal to ``-inf`` (in no bucket)."""
     _bounds: dict[bool, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     """Cached (lowest, highest) index per sign (True: positive), kept by :meth:`add`."""
     _cdf: tuple[list[int], list[tuple[int, int]]] | None = field(default=None, repr=False, compare=False)
@@ -114,13 +123,26 @@ class Histogram:
 
     @property
     def count(self) -> int:
-        """Samples counted."""
+        """Samples counted, the infinite ones included."""
+        return self.finite_count + self.pos_inf + self.neg_inf
+
+    @property
+    def finite_count(self) -> int:
+        """Samples counted in the zero bucket and the buckets (every one but the infinities)."""
         return self.zero + sum(self.pos.values()) + sum(self.neg.values())
 
     def add(self, value: float) -> None:
-        """Count one sample (NaN is the caller's to refuse); lowers the scale when the range needs it."""
+        """Count one sample (NaN is the caller's to refuse); lowers the scale when the range of the finite
+        samples needs it (an infinity is counted apart and never does)."""
         if value == 0.0:
             self.zero += 1
+            return
+        if not -_DBL_MAX <= value <= _DBL_MAX:
+            if value > 0:
+                self.pos_inf += 1
+            else:
+                self.neg_inf += 1
+            self._cdf = None
             return
         i8 = index_at_max_scale(abs(value))
         positive = value > 0
@@ -158,8 +180,9 @@ class Histogram:
 
     def quantile(self, q: float, lo: float | None = None, hi: float | None = None) -> float:
         """The ``q``-quantile (0 < q <= 1) of the counted samples, within :func:`error_bound` of the exact
-        order statistic of rank ``ceil(q * n)``; clamped to ``[lo, hi]`` (the window's exact min and max) when
-        given. 0.0 for an empty histogram."""
+        order statistic of rank ``ceil(q * n)`` (``-inf`` or ``+inf`` exactly when that rank is one of the
+        infinities); clamped to ``[lo, hi]`` (the window's exact min and max) when given. 0.0 for an empty
+        histogram."""
         return self.quantiles((q,), lo, hi)[0]
 
     def quantiles(self, qs: Iterable[float], lo: float | None = None, hi: float | None = None) -> list[float]:
@@ -169,6 +192,10 @@ class Histogram:
             cum: list[int] = []
             buckets: list[tuple[int, int]] = []
             seen = 0
+            if self.neg_inf:
+                seen += self.neg_inf
+                cum.append(seen)
+                buckets.append((-2, 0))
             for i in sorted(self.neg, reverse=True):  # most negative first
                 seen += self.neg[i]
                 cum.append(seen)
@@ -181,6 +208,10 @@ class Histogram:
                 seen += self.pos[i]
                 cum.append(seen)
                 buckets.append((1, i))
+            if self.pos_inf:
+                seen += self.pos_inf
+                cum.append(seen)
+                buckets.append((2, 0))
             cdf = self._cdf = (cum, buckets)
         cum, buckets = cdf
         if not cum:
@@ -190,7 +221,12 @@ class Histogram:
         for q in qs:
             rank = max(1, math.ceil(q * total - 1e-9))
             sign, i = buckets[min(bisect_left(cum, rank), last)]
-            estimate = 0.0 if sign == 0 else sign * bucket_estimate(scale, i)
+            if sign == 0:
+                estimate = 0.0
+            elif sign == 1 or sign == -1:
+                estimate = sign * bucket_estimate(scale, i)
+            else:  # the infinities' counts (sign -2 and 2)
+                estimate = sign * math.inf
             if lo is not None and estimate < lo:
                 estimate = lo
             if hi is not None and estimate > hi:
@@ -199,25 +235,34 @@ class Histogram:
         return out
 
     def to_wire(self) -> dict[str, object]:
-        """A compact map for the wire: ``scale``, ``zero``, and per sign ``[offset, [counts...]]``."""
+        """A compact map for the wire: ``scale``, ``zero``, per sign ``[offset, [counts...]]``, and ``pos_inf`` /
+        ``neg_inf`` when not 0 (absent means 0)."""
         def dense(counts: dict[int, int]) -> list[object]:
             if not counts:
                 return [0, []]
             first = min(counts)
             return [first, [counts.get(i, 0) for i in range(first, max(counts) + 1)]]
 
-        return {"scale": self.scale, "zero": self.zero, "pos": dense(self.pos), "neg": dense(self.neg)}
+        out: dict[str, object] = {"scale": self.scale, "zero": self.zero, "pos": dense(self.pos),
+                                  "neg": dense(self.neg)}
+        if self.pos_inf:
+            out["pos_inf"] = self.pos_inf
+        if self.neg_inf:
+            out["neg_inf"] = self.neg_inf
+        return out
 
 
 def merge_histograms(parts: Iterable[Histogram | None]) -> Histogram | None:
     """Merge any number of histograms in one pass (None parts are skipped; None if there are none): bring every
-    part to the lowest scale, add the bucket counts, then lower the scale while a range is too wide. The result
+    part to the lowest scale, add the bucket counts (and the zero and infinity counts), then lower the scale
+    while a range is too wide. The result
     is exactly the histogram a single writer would have built from all the samples."""
     hs = [p for p in parts if p is not None]
     if not hs:
         return None
     scale = min(h.scale for h in hs)
-    out = Histogram(scale, sum(h.zero for h in hs))
+    out = Histogram(scale, sum(h.zero for h in hs), pos_inf=sum(h.pos_inf for h in hs),
+                    neg_inf=sum(h.neg_inf for h in hs))
     for name in ("pos", "neg"):
         acc: dict[int, int] = {}
         for h in hs:

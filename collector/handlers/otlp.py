@@ -16,7 +16,9 @@ What one window row of stat ``S`` becomes (points of a rank carry the attribute 
   Gauges at the window's end;
 - for a stat that keeps percentiles, ``S.histogram``: an ExponentialHistogram point of the window (delta
   temporality) with the window's own scale, zero count and buckets (:mod:`shmstat.histogram` uses OTel's index
-  semantics, so the buckets go over as they are).
+  semantics, so the buckets go over as they are). Its population is the window's finite samples: ``+inf`` and
+  ``-inf`` samples have no bucket (OTLP's count must be the zero count plus the buckets'), so they are left out
+  of the point, and so are the sum, min and max they make (``S.count``, ``S.min``, ``S.max`` carry them).
 
 Metrics with no window (``put_metric`` values, the collector's own figures) are Gauges named as the metric.
 Empty windows add nothing but their (unchanged) running totals.
@@ -190,13 +192,16 @@ class OtlpMetricHandler(MetricHandler):
             self._add("hist", f"{row.name}.histogram", None, self._hist_point(attrs, start, end, row, s.hist))
 
     def _hist_point(self, attrs: dict[str, str | int], start: int, end: int, row: WindowRow, h: Histogram) -> Any:
+        """The window's ExponentialHistogram point. Its population is the finite samples (OTLP's count is the
+        zero count plus the buckets'): the infinities are left out, and so are the sum, min and max they make
+        (the window's ``S.count``, ``S.min`` and ``S.max`` still have them)."""
         ex = self._otel.export
         s = row.summary
         return ex.ExponentialHistogramDataPoint(
             attributes=attrs, start_time_unix_nano=start, time_unix_nano=end,
-            count=h.count, sum=s.sum, scale=h.scale, zero_count=h.zero,
+            count=h.finite_count, sum=None if h.pos_inf or h.neg_inf else s.sum, scale=h.scale, zero_count=h.zero,
             positive=ex.Buckets(*_dense(h.pos)), negative=ex.Buckets(*_dense(h.neg)),
-            flags=0, min=s.min, max=s.max,
+            flags=0, min=None if h.neg_inf else s.min, max=None if h.pos_inf else s.max,
         )
 
     def emit(self, metric_data: MetricData) -> None:

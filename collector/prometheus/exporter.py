@@ -13,7 +13,8 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   boundaries are those of exponential schema 2, ``2^(k/4)`` for ``k`` in -80..160 (2^-20 to 2^40) and
   ``+Inf``: the same on every node, so ``histogram_quantile(0.99, sum by (le, stat) (rate(...)))`` merges nodes.
   A window's bucket counts map exactly when its scale is 2 or more (values spanning less than 2^68); a coarser
-  bucket counts at its upper edge. Zero and negative samples count in the lowest bucket;
+  bucket counts at its upper edge. Zero and negative samples (``-inf`` too) count in the lowest bucket, ``+inf``
+  only in ``le="+Inf"`` (so ``_count`` is every sample);
 - ``shmstat_metric``: each put metric's newest value (labels ``job``, ``node``, ``group``, ``name``, ``rank``);
 - ``shmstat_collector_<counter>_total``: the collector's own counters per job.
 
@@ -334,7 +335,9 @@ def _classic(hist: Histogram) -> list[tuple[int, int]]:
         j = i >> (s - 2) if s >= 2 else ((i + 1) << (2 - s)) - 1  # schema-2 bucket holding our bucket's top
         p = min(max(j + 1 - _K_MIN, 0), _NB - 1)  # its upper bound 2^((j+1)/4) is BUCKET_BOUNDS[j + 1 - _K_MIN]
         out[p] = out.get(p, 0) + c
-    low = hist.zero + sum(hist.neg.values())
+    low = hist.zero + sum(hist.neg.values()) + hist.neg_inf
     if low:
         out[0] = out.get(0, 0) + low
+    if hist.pos_inf:  # only le="+Inf" holds +inf
+        out[_NB - 1] = out.get(_NB - 1, 0) + hist.pos_inf
     return list(out.items())

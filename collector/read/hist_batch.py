@@ -2,11 +2,12 @@
 object per window).
 
 A batch holds ``n`` rows, each a window's :class:`shmstat.histogram.Histogram` or nothing: per row ``present``,
-``scale`` and ``zero``; and every non-zero bucket of every row as one entry of four equal-length arrays
-(``row``, ``negative``, ``index``, ``count``), sorted by row. Merging rows and reading quantiles follow
-:func:`shmstat.histogram.merge_histograms` and :meth:`Histogram.quantiles` exactly (same scale, same buckets,
-same floats: the bucket estimate is :func:`shmstat.histogram.bucket_estimate`'s on arrays); the differential
-test is ``tests/collector/test_hist_batch.py``. :meth:`HistBatch.histograms` builds the objects for whoever wants them.
+``scale``, ``zero`` and the infinities' counts ``pos_inf`` / ``neg_inf``; and every non-zero bucket of every row
+as one entry of four equal-length arrays (``row``, ``negative``, ``index``, ``count``), sorted by row. Merging
+rows and reading quantiles follow :func:`shmstat.histogram.merge_histograms` and :meth:`Histogram.quantiles`
+exactly (same scale, same buckets, same floats: the bucket estimate is :func:`shmstat.histogram.bucket_estimate`'s
+on arrays); the differential test is ``tests/collector/test_hist_batch.py``. :meth:`HistBatch.histograms` builds
+the objects for whoever wants them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class HistBatch:
     """The entry's bucket index at its row's scale (int64)."""
     count: np.ndarray
     """The entry's count (int64, > 0)."""
+    pos_inf: np.ndarray
+    """Per row: samples equal to ``+inf`` (int64)."""
+    neg_inf: np.ndarray
+    """Per row: samples equal to ``-inf`` (int64)."""
 
     def __len__(self) -> int:
         """Number of rows."""
@@ -55,13 +60,15 @@ class HistBatch:
     def empty(cls, n: int) -> HistBatch:
         """``n`` rows without histograms."""
         none = np.zeros(0, _I64)
-        return cls(np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64), none, np.zeros(0, bool), none, none)
+        return cls(np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64), none, np.zeros(0, bool), none, none,
+                   np.zeros(n, _I64), np.zeros(n, _I64))
 
     @classmethod
     def from_histograms(cls, hists: Sequence[Histogram | None]) -> HistBatch:
         """A batch of ``hists`` (None: a row without one)."""
         n = len(hists)
         present, scale, zero = np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64)
+        pos_inf, neg_inf = np.zeros(n, _I64), np.zeros(n, _I64)
         row: list[int] = []
         negative: list[bool] = []
         index: list[int] = []
@@ -69,7 +76,7 @@ class HistBatch:
         for r, h in enumerate(hists):
             if h is None:
                 continue
-            present[r], scale[r], zero[r] = True, h.scale, h.zero
+            present[r], scale[r], zero[r], pos_inf[r], neg_inf[r] = True, h.scale, h.zero, h.pos_inf, h.neg_inf
             for neg, side in ((False, h.pos), (True, h.neg)):
                 for i, c in side.items():
                     if c:
@@ -78,16 +85,17 @@ class HistBatch:
                         index.append(i)
                         count.append(c)
         return cls(present, scale, zero, np.array(row, _I64), np.array(negative, bool), np.array(index, _I64),
-                   np.array(count, _I64))
+                   np.array(count, _I64), pos_inf, neg_inf)
 
     def histograms(self) -> np.ndarray:
         """Each row's :class:`Histogram` (object array; None where there is none)."""
         n = len(self)
         out = np.full(n, None, object)
         made: list[Histogram | None] = [None] * n
-        for r, s, z in zip(np.flatnonzero(self.present).tolist(), self.scale[self.present].tolist(),
-                           self.zero[self.present].tolist(), strict=True):
-            made[r] = Histogram(s, z)
+        p = self.present
+        for r, s, z, pi, ni in zip(np.flatnonzero(p).tolist(), self.scale[p].tolist(), self.zero[p].tolist(),
+                                   self.pos_inf[p].tolist(), self.neg_inf[p].tolist(), strict=True):
+            made[r] = Histogram(s, z, pos_inf=pi, neg_inf=ni)
         for r, neg, i, c in zip(self.row.tolist(), self.negative.tolist(), self.index.tolist(), self.count.tolist(),
                                 strict=True):
             h = made[r]
@@ -109,28 +117,31 @@ class HistBatch:
         first = np.cumsum(lens) - lens
         take = np.repeat(starts[:-1][sel] - first, lens) + np.arange(total)
         return HistBatch(self.present[sel], self.scale[sel], self.zero[sel], np.repeat(np.arange(len(sel)), lens),
-                         self.negative[take], self.index[take], self.count[take])
+                         self.negative[take], self.index[take], self.count[take], self.pos_inf[sel],
+                         self.neg_inf[sel])
 
     @staticmethod
     def assemble(n: int, pieces: Sequence[tuple[np.ndarray, HistBatch]]) -> HistBatch:
         """A batch of ``n`` rows where ``pieces`` put batch ``b``'s rows at positions ``p`` (``(p, b)`` each,
         ``len(p) == len(b)``); rows no piece covers have no histogram."""
         present, scale, zero = np.zeros(n, bool), np.zeros(n, _I64), np.zeros(n, _I64)
+        pos_inf, neg_inf = np.zeros(n, _I64), np.zeros(n, _I64)
         rows, negs, idxs, counts = [], [], [], []
         for pos, b in pieces:
             pos = np.asarray(pos, _I64)
             present[pos], scale[pos], zero[pos] = b.present, b.scale, b.zero
+            pos_inf[pos], neg_inf[pos] = b.pos_inf, b.neg_inf
             rows.append(pos[b.row])
             negs.append(b.negative)
             idxs.append(b.index)
             counts.append(b.count)
         if not rows:
             return HistBatch(present, scale, zero, np.zeros(0, _I64), np.zeros(0, bool), np.zeros(0, _I64),
-                             np.zeros(0, _I64))
+                             np.zeros(0, _I64), pos_inf, neg_inf)
         row = np.concatenate(rows)
         order = np.argsort(row, kind="stable")
         return HistBatch(present, scale, zero, row[order], np.concatenate(negs)[order], np.concatenate(idxs)[order],
-                         np.concatenate(counts)[order])
+                         np.concatenate(counts)[order], pos_inf, neg_inf)
 
     @staticmethod
     def concat(batches: Sequence[HistBatch]) -> HistBatch:
@@ -149,8 +160,10 @@ class HistBatch:
         present[group[u]] = True
         scale = np.full(groups, MAX_SCALE, _I64)
         np.minimum.at(scale, group[u], self.scale[u])
-        zero = np.zeros(groups, _I64)
+        zero, pos_inf, neg_inf = np.zeros(groups, _I64), np.zeros(groups, _I64), np.zeros(groups, _I64)
         np.add.at(zero, group[u], self.zero[u])
+        np.add.at(pos_inf, group[u], self.pos_inf[u])
+        np.add.at(neg_inf, group[u], self.neg_inf[u])
         keep = u[self.row]
         g = group[self.row[keep]]
         idx = self.index[keep] >> (self.scale[self.row[keep]] - scale[g])
@@ -178,19 +191,22 @@ class HistBatch:
             start = np.flatnonzero(new)
             cnt = np.add.reduceat(cnt, start)
             g, neg, idx = g[start], neg[start], idx[start]
-        return HistBatch(present, np.where(present, scale, 0), zero, g, neg, idx, cnt)
+        return HistBatch(present, np.where(present, scale, 0), zero, g, neg, idx, cnt, pos_inf, neg_inf)
 
     def quantiles(self, qs: Sequence[float], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """``(n, len(qs))``: each row's :meth:`Histogram.quantiles` of ``qs`` clamped to ``lo``/``hi`` (the
         windows' exact min and max); 0.0 for a row without a histogram or with no sample."""
         n = len(self)
         out = np.zeros((n, len(qs)))
-        zrows = np.flatnonzero(self.present & (self.zero > 0))
-        # every bucket in value order: negatives (largest index first), the zero bucket, positives
-        row = np.concatenate((self.row, zrows))
-        cls = np.concatenate((np.where(self.negative, 0, 2), np.ones(len(zrows), _I64)))
-        key = np.concatenate((np.where(self.negative, -self.index, self.index), np.zeros(len(zrows), _I64)))
-        cnt = np.concatenate((self.count, self.zero[zrows]))
+        # every bucket in value order: -inf (class 0), negatives (1, largest index first), the zero bucket (2),
+        # positives (3), +inf (4); the three per-row counts as entries of their own
+        extra = [(k, np.flatnonzero(self.present & (c > 0)), c)
+                 for k, c in ((0, self.neg_inf), (2, self.zero), (4, self.pos_inf))]
+        row = np.concatenate((self.row, *(r for _, r, _ in extra)))
+        cls = np.concatenate((np.where(self.negative, 1, 3), *(np.full(len(r), k, _I64) for k, r, _ in extra)))
+        key = np.concatenate((np.where(self.negative, -self.index, self.index),
+                              *(np.zeros(len(r), _I64) for _, r, _ in extra)))
+        cnt = np.concatenate((self.count, *(c[r] for _, r, c in extra)))
         if not len(row):
             return out
         order = np.lexsort((key, cls, row))
@@ -205,9 +221,9 @@ class HistBatch:
         for j, q in enumerate(qs):
             rank = np.maximum(1.0, np.ceil(q * total - 1e-9))
             at = np.minimum(np.searchsorted(cum, before + rank, side="left"), last)
-            c, i = cls[at], np.where(cls[at] == 0, -key[at], key[at])
+            c, i = cls[at], np.where(cls[at] == 1, -key[at], key[at])
             est = _estimate(scale, i)
-            est = np.where(c == 1, 0.0, np.where(c == 0, -est, est))
+            est = np.select((c == 0, c == 1, c == 2, c == 4), (-np.inf, -est, 0.0, np.inf), est)
             est = np.where(est < lo_r, lo_r, est)
             out[rows, j] = np.where(est > hi_r, hi_r, est)
         return out

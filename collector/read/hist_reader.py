@@ -23,6 +23,7 @@ __all__ = ["read_histograms"]
 _M = L.HIST_BUCKETS
 _BLOCK_WORDS = L.HIST_SIZE // 4
 _COUNTS_FROM = L.HIST_COUNTS // 4
+_HEAD_WORDS = L.HI_NEG_INF // 4 + 2  # the header's 8-byte fields, as 4-byte words
 assert L.HIST_COUNTS % 8 == 0 and L.HIST_SIZE % 8 == 0  # the counts are also read as 64-bit words
 
 
@@ -41,13 +42,14 @@ def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray,
         again = words[(bank_off // 8)[:, None] + np.arange(2)]
     finally:
         del words, blocks  # no array may keep the mapping exported (the segment must stay closable)
-    heads = raw[:, :12].copy().view(np.int64)
+    heads = raw[:, :_HEAD_WORDS].copy().view(np.int64)
     counts = raw[:, _COUNTS_FROM:_COUNTS_FROM + 2 * _M]  # the positive ring, then the negative
     scale, zero = heads[:, 0], heads[:, 1]
     pos_lo, pos_hi, neg_lo, neg_hi = heads[:, 2], heads[:, 3], heads[:, 4], heads[:, 5]
+    pos_inf, neg_inf = heads[:, L.HI_POS_INF // 8], heads[:, L.HI_NEG_INF // 8]
     with np.errstate(over="ignore"):  # a span past 2**63 wraps negative: refused like any span over M
         pos_span, neg_span = pos_hi - pos_lo, neg_hi - neg_lo
-    sane = ((scale >= MIN_SCALE) & (scale <= MAX_SCALE) & (zero >= 0)
+    sane = ((scale >= MIN_SCALE) & (scale <= MAX_SCALE) & (zero >= 0) & (pos_inf >= 0) & (neg_inf >= 0)
             & ((pos_lo > pos_hi) | ((pos_span >= 0) & (pos_span < _M)))
             & ((neg_lo > neg_hi) | ((neg_span >= 0) & (neg_span < _M))))
     ok = sane & (again[:, 0] == seq_bits) & (again[:, 1] == wid)
@@ -65,4 +67,4 @@ def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray,
     lo = np.where(negative, neg_lo[rows], pos_lo[rows])
     index = lo + (position - lo) % _M  # the one index in [lo, lo + M) stored at that position of the ring
     return HistBatch(ok, np.where(ok, scale, 0), np.where(ok, zero, 0), rows, negative, index,
-                     values.astype(np.int64))
+                     values.astype(np.int64), np.where(ok, pos_inf, 0), np.where(ok, neg_inf, 0))

@@ -22,6 +22,8 @@
 #define HI_ZERO 8
 #define HI_POS_LO 16
 #define HI_NEG_LO 32
+#define HI_POS_INF 48
+#define HI_NEG_INF 56
 #define HIST_COUNTS 64
 
 /* shmstat/wire.py: the messages */

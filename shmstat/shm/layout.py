@@ -93,7 +93,8 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
      24  pos_hi           i64  highest
      32  neg_lo           i64  lowest bucket index of |v| for negative samples (neg_lo > neg_hi: none)
      40  neg_hi           i64
-     48  reserved ... 64
+     48  pos_inf          u64  samples equal to +inf (counted apart: an infinity never lowers the scale)
+     56  neg_inf          u64  samples equal to -inf (reserved bytes before, so zero in older segments)
      64  pos              u32[M]  count of positive bucket i at position i mod M (M = 272, so the indices in
                                   use, at most M apart, never share a position)
    1152  neg              u32[M]  the same for negative samples
@@ -101,7 +102,9 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
     Prometheus native histograms use that + 1); a bucket i holds (base**i, base**(i+1)], base = 2**(2**-s). At
     most M buckets per sign per window; the scale is lowered just enough when a value would need more. A quantile
     read from a bucket is within (base - 1) / (base + 1) of the exact one: 2.2% at scale 4, 1.1% at 5. A bucket
-    counts at most 2**32 - 1 samples of one window (then it saturates).
+    counts at most 2**32 - 1 samples of one window (then it saturates). An infinite sample counts in pos_inf or
+    neg_inf, never in a bucket (in one, near 2**1024, it would lower the whole window's scale); NaN is not counted
+    here (the rank's nan_count).
 
 Concurrency guarantees:
 
@@ -222,8 +225,8 @@ D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_FLAGS, D_HIST, D_NAME, D_GROUP = 40, 4
 _DESC_HEAD = struct.Struct("<QQqQqQQQQq")
 
 # Histogram header fields (byte offsets inside a histogram).
-HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI = 0, 8, 16, 24, 32, 40
-_HIST_HEAD = struct.Struct("<qQqqqq")
+HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI, HI_POS_INF, HI_NEG_INF = 0, 8, 16, 24, 32, 40, 48, 56
+_HIST_HEAD = struct.Struct("<qQqqqqQQ")
 _COUNTS = struct.Struct(f"<{HIST_BUCKETS}I")
 
 # Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).

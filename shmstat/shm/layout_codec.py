@@ -178,10 +178,10 @@ def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int 
 def read_hist(buf: memoryview, offset: int) -> Histogram | None:
     """Decode the histogram at ``offset`` (the caller holds the seqlock's copy discipline); None if its
     header is not one a writer can produce (garbage: the window is then reported without percentiles)."""
-    scale, zero, pos_lo, pos_hi, neg_lo, neg_hi = _HIST_HEAD.unpack_from(buf, offset)
-    if not _MIN_SCALE <= scale <= _MAX_SCALE:
+    scale, zero, pos_lo, pos_hi, neg_lo, neg_hi, pos_inf, neg_inf = _HIST_HEAD.unpack_from(buf, offset)
+    if not _MIN_SCALE <= scale <= _MAX_SCALE or (zero | pos_inf | neg_inf) >> 63:  # counts past 2**63: garbage
         return None
-    h = _Histogram(scale, zero)
+    h = _Histogram(scale, zero, pos_inf=pos_inf, neg_inf=neg_inf)
     m = HIST_BUCKETS
     for lo, hi, base, side in ((pos_lo, pos_hi, offset + HIST_COUNTS, h.pos),
                                (neg_lo, neg_hi, offset + HIST_COUNTS + 4 * m, h.neg)):

@@ -26,7 +26,8 @@ Payload (frame 2, at most :data:`MAX_PAYLOAD` bytes) — a msgpack map with exac
                                                                    "<group>/<name>" == topic after "metric/"
     stat    {str: str | int | float | bool | None}   (made by the collector); a stat keeping percentiles also
             has "hist": {"scale": int, "zero": int, "pos": [offset: int, [count: int, ...]],
-            "neg": [offset: int, [count: int, ...]]} (shmstat.histogram.Histogram.to_wire: what subscribers merge)
+            "neg": [offset: int, [count: int, ...]], and "pos_inf": int, "neg_inf": int when not 0 (the +inf
+            and -inf samples, in no bucket)} (shmstat.histogram.Histogram.to_wire: what subscribers merge)
     rank    {str: str | int | float | bool | None}   (made by the collector)
 
 Sequence numbers are per rank and per incarnation and count items (not messages), starting at 0. A sender

@@ -167,12 +167,18 @@ def check_map_items(items: list[Any], kind: str) -> None:
             _fail(f"a {kind} item has a value that is not a str, int, float, bool or nil")
 
 
+_HIST_KEYS = frozenset(("scale", "zero", "pos", "neg"))
+_HIST_INF_KEYS = frozenset(("pos_inf", "neg_inf"))  # present only when not 0
+
+
 def hist_problem(value: Any) -> str | None:
     """Why ``value`` is not a stat item's ``hist`` map (see the module docstring), or None."""
-    if type(value) is not dict or value.keys() != {"scale", "zero", "pos", "neg"}:
-        return "a stat item's hist is not a map of scale, zero, pos and neg"
+    if type(value) is not dict or not _HIST_KEYS <= value.keys() <= _HIST_KEYS | _HIST_INF_KEYS:
+        return "a stat item's hist is not a map of scale, zero, pos and neg (and pos_inf, neg_inf)"
     if not is_int(value["scale"]) or not is_int(value["zero"]) or value["zero"] < 0:
         return "a stat item's hist scale or zero count is not an int"
+    if not all(is_int(value[k]) and value[k] >= 0 for k in _HIST_INF_KEYS & value.keys()):
+        return "a stat item's hist pos_inf or neg_inf count is not a non-negative int"
     for sign in ("pos", "neg"):
         part = value[sign]
         if (type(part) not in (list, tuple) or len(part) != 2 or not is_int(part[0])

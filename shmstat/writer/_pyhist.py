@@ -3,12 +3,16 @@ same index function, the same scale lowering, the same bytes of a bank's histogr
 
 from __future__ import annotations
 
+import sys
+
 from ..histogram import MAX_SCALE, index_at_max_scale
 from ..shm import layout as L
 
 __all__ = ["hist_add", "hist_reset"]
 
 _M = L.HIST_BUCKETS
+_POS_INF, _NEG_INF = L.HI_POS_INF // 8, L.HI_NEG_INF // 8
+_DBL_MAX = sys.float_info.max
 
 
 def hist_reset(q: memoryview, u: memoryview, off: int) -> None:
@@ -25,6 +29,7 @@ def hist_reset(q: memoryview, u: memoryview, off: int) -> None:
         q[w + 3 + 2 * side] = -(1 << 63)
     q[w] = MAX_SCALE
     q[w + 1] = 0
+    q[w + _POS_INF] = q[w + _NEG_INF] = 0
 
 
 def _shift_side(q: memoryview, u: memoryview, off: int, side: int, by: int) -> None:
@@ -44,10 +49,14 @@ def _shift_side(q: memoryview, u: memoryview, off: int, side: int, by: int) -> N
 
 def hist_add(q: memoryview, u: memoryview, off: int, v: float) -> None:
     """Count ``v`` (not NaN) in the histogram at byte offset ``off``: the pure-Python twin of the C
-    ``hist_add`` (same index function, same scale lowering, the same bytes)."""
+    ``hist_add`` (same index function, same scale lowering, the same bytes). An infinity is counted apart and
+    never changes the scale."""
     w = off // 8
     if v == 0.0:
         q[w + 1] += 1
+        return
+    if not -_DBL_MAX <= v <= _DBL_MAX:
+        q[w + (_POS_INF if v > 0 else _NEG_INF)] += 1
         return
     i8 = index_at_max_scale(abs(v))
     side = 0 if v > 0 else 1

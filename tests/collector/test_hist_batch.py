@@ -26,7 +26,7 @@ def _value(rng: random.Random) -> float:
     if kind < 0.05:
         return 0.0
     if kind < 0.08:
-        return rng.choice((sys.float_info.max, math.inf, 5e-324, -5e-324, -sys.float_info.max, 1e-300))
+        return rng.choice((sys.float_info.max, math.inf, -math.inf, 5e-324, -5e-324, -sys.float_info.max, 1e-300))
     sign = -1.0 if rng.random() < 0.2 else 1.0
     return sign * 2.0 ** rng.uniform(-40, 40) if rng.random() < 0.3 else sign * rng.uniform(0.5, 8.0)
 
@@ -201,15 +201,19 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
     got = read_histograms(seg.buf, geo, *args)
     assert got.present.tolist() == [False] + [True] * (len(want) - 1)
     assert list(got.histograms())[1:] == want[1:]
-    # headers no writer produces (scale out of range; a span past 2**63 that wraps; a span of M + 1; negative
-    # zero count) are refused, the other rows still read
+    # headers no writer produces (scale out of range; a span past 2**63 that wraps; a span of M + 1; a zero or
+    # infinity count past 2**63) are refused, by both decoders; the other rows still read
     bad = bytearray(seg.buf)
-    heads = [(99, 0, 0, 1, 1, 0), (3, 0, -(2**63), 2**62, 1, 0), (3, 0, 5, 5 + MAX_BUCKETS, 1, 0), (3, -1, 0, 1, 1, 0)]
+    heads = [(99, 0, 0, 1, 1, 0, 0, 0), (3, 0, -(2**63), 2**62, 1, 0, 0, 0), (3, 0, 5, 5 + MAX_BUCKETS, 1, 0, 0, 0),
+             (3, -1, 0, 1, 1, 0, 0, 0), (3, 0, 0, 1, 1, 0, -1, 0), (3, 0, 0, 1, 1, 0, 0, -(2**62) * 2)]
     for k, head in enumerate(heads, start=1):
-        bad[hist_off[k]:hist_off[k] + 48] = np.array(head, np.int64).tobytes()
+        bad[hist_off[k]:hist_off[k] + 64] = np.array(head, np.int64).tobytes()
+        assert codec.read_hist(memoryview(bad), hist_off[k]) is None
     got = read_histograms(memoryview(bad), geo, *args)
-    assert got.present.tolist() == [False] * 5 + [True] * (len(want) - 5)
-    assert list(got.histograms())[5:] == want[5:]
+    nbad = len(heads) + 1
+    assert got.present.tolist() == [False] * nbad + [True] * (len(want) - nbad)
+    assert list(got.histograms())[nbad:] == want[nbad:]
+    assert sum(h.pos_inf + h.neg_inf for h in want) > 0  # the infinities were read too, by both
 
 
 def test_windows_the_vectorised_read_cannot_confirm_are_read_again_one_by_one(job, monkeypatch):

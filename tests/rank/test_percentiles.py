@@ -6,14 +6,11 @@ rows are exactly the quantiles of all their samples' histogram."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from _percentile_kit import busy_writer, percentile_rank_main, rank_samples
-from _procs import REPO, spawn, wait_file
+from _percentile_kit import busy_writer, histogram_bytes, percentile_rank_main, rank_samples
+from _procs import spawn, wait_file
 from _support import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,27 +100,6 @@ def test_merging_ranks_gives_exactly_the_histogram_of_all_their_samples(parts):
             assert not side or max(side) - min(side) < MAX_BUCKETS
 
 
-def _write_path(job: str, pure: bool, values: list[float]) -> bytes:
-    """The histogram bytes of one window written by the C or the pure-Python writer (a fresh process)."""
-    code = (
-        "import sys, shmstat; from math import inf; from shmstat import Aggregation as A\n"
-        f"shmstat.init({job!r}, rank=0)\n"
-        "t = [1_700_000_000_000_000_000]\n"
-        "s = shmstat.Stat('h', [A.P50], 3600.0, clock=lambda: t[0])\n"
-        f"for v in {values!r}: s.add(v)\n"
-        "seg = shmstat.job._state.STATE.attachment.segment\n"
-        "d = seg.descriptors(0)[0]\n"
-        "off = seg.geometry.hist_offset(0, d.hist) + ((t[0] // 3_600_000_000_000) % seg.geometry.banks) * 2240\n"
-        "sys.stdout.write(bytes(seg.buf[off:off + 2240]).hex())\n"
-        "shmstat.shutdown()\n"
-    )
-    env = dict(os.environ, PYTHONPATH=REPO, **{_backend.VARIABLE: "1" if pure else "0"})
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    Segment.unlink(job)
-    return bytes.fromhex(r.stdout)
-
-
 def test_the_c_and_pure_python_writers_write_the_same_histogram_bytes(job):
     if not _backend.c_available():
         pytest.skip("the C extensions are not built")
@@ -131,8 +107,8 @@ def test_the_c_and_pure_python_writers_write_the_same_histogram_bytes(job):
     values = [*(10.0 ** rng.uniform(-8, 8, 600)).tolist(), *(-(10.0 ** rng.uniform(-3, 3, 200))).tolist(),
               0.0, -0.0, math.inf, -math.inf, 5e-324, 1.7976931348623157e308]
     rng.shuffle(values)
-    c_bytes = _write_path(job + "c", False, values)
-    py_bytes = _write_path(job + "p", True, values)
+    c_bytes = histogram_bytes(job + "c", False, values)
+    py_bytes = histogram_bytes(job + "p", True, values)
     assert c_bytes == py_bytes
     h = codec.read_hist(memoryview(c_bytes), 0)
     assert h is not None and h.count == len(values)
