@@ -6,7 +6,7 @@ from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
 from .handlers.api import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
 from .handlers.compact import CompactWindowHandler
 from .read.columns import Columns
-from .read.merge import Summary, WindowRow, merge, merge_all
+from .read.merge import Summary, WindowRow, merge
 
 __all__ = [
     "PLATFORM_GROUP",
@@ -20,6 +20,5 @@ __all__ = [
     "WindowRow",
     "build_handler",
     "merge",
-    "merge_all",
     "takes_columns",
 ]

@@ -5,11 +5,14 @@ closed window of every stat, merged across ranks, each rank's figure and straggl
 small frozen dataclasses, and :func:`render` turns a :class:`TopSnapshot` into a ``rich`` renderable (a pure
 function of the snapshot). The live loop and ``--once`` are in :mod:`collector.cli.top_live`.
 
-A rank's extra writers (forked children, spawned workers: entries with ``writer_of != 0``) are summed into that
-rank before ranks are merged, as the collector's scanner does. A rank's *figure* and *score* are the collector's
-straggler rule (:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean;
-``median / figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the
-threshold in the window shown.
+The windows are merged by the collector's own merge (:func:`collector.read.column_merge.merge_parts`, the one every
+collector pass uses, so the figures are the collector's to the last bit; only ranks that declare one stat with
+different aggregations are one row here and several there): a stat's merged figure combines the windows of every
+rank, and a rank's extra writers (forked children, spawned workers: entries with ``writer_of != 0``) count in that
+rank's figure. A rank's *figure* and *score* are the collector's straggler rule
+(:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean; ``median /
+figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the threshold in the
+window shown.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +30,9 @@ from shmstat.shm.reader import SegmentReader, WindowRead
 from shmstat.shm.segment import Segment, pid_alive
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, figure, score_ranks
-from ..read.merge import Summary, merge_all
+from ..read.column_merge import Parts, StatTable, merge_parts
+from ..read.hist_batch import HistBatch
+from ..read.merge import Summary, WindowRow
 
 __all__ = [
     "SORTS", "VIEWS", "JobView", "RankFigure", "StatView", "TopSnapshot", "abbreviate", "render", "snapshot",
@@ -142,8 +148,10 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
               alive: dict[int, bool]) -> JobView:
     infos = reader.ranks()
     by_local = {i.local_rank: i for i in infos}
-    # (group, name, window_ns) -> rank -> that rank's windows (its own slot and its writers'), newest closed first
-    found: dict[tuple[str, str, int], dict[int, list[WindowRead]]] = {}
+    # every closed window still in the ring, as (stat, owner rank, window); a rank's own slot and its writers'
+    found: list[tuple[tuple[str, str, int], int, WindowRead]] = []
+    # (group, name, window_ms) -> (agg_mask, higher_is_better, keeps a histogram) of its first descriptor
+    stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]] = {}
     owners: dict[int, tuple[str, int]] = {}
     n_alive = 0
     for info in infos:
@@ -153,15 +161,14 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
             n_alive += info.state_name == "active" and is_alive
             owners[owner.rank] = (info.state_name, info.pid)
         for desc in reader.descriptors(info.local_rank):
-            read = reader.read_slot(info, desc, now_ns, 0, -1)  # every closed window still in the ring
+            read = reader.read_slot(info, desc, now_ns, 0, -1)
             if read.windows:
-                key = (desc.group, desc.name, desc.window_ns)
-                found.setdefault(key, {}).setdefault(owner.rank, []).extend(read.windows)
+                key = (desc.group, desc.name, desc.window_ms)
+                stat_of.setdefault(key, (desc.agg_mask, desc.higher_is_better, desc.hist >= 0))
+                found.extend((key, owner.rank, w) for w in read.windows)
     stats = []
-    for (group, name, wns), by_rank in found.items():
-        wid = max(w.wid for ws in by_rank.values() for w in ws)
-        parts = {rank: merge_all(_summary(w) for w in ws if w.wid == wid) for rank, ws in by_rank.items()}
-        parts = {rank: s for rank, s in sorted(parts.items()) if s.count or s.torn}
+    for merged, per_rank in _newest_windows(reader.segment.job, found, stat_of):
+        parts = {rank: s for rank, s in per_rank.items() if s.count or s.torn}
         figures = {rank: figure(s) for rank, s in parts.items()}
         median, scores = score_ranks(figures, higher_is_better)
         ranks = tuple(
@@ -169,17 +176,51 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
                        *owners.get(rank, ("", 0)))
             for rank, s in parts.items()
         )
-        merged = merge_all(parts.values())
         if not scores:  # one rank: it is the median
             median = next(iter(figures.values()), 0.0)
-        stats.append(StatView(group, name, wid, wns, merged, ranks, median, higher_is_better))
+        stats.append(StatView(merged.group, merged.name, merged.wid, merged.window_ms * 1_000_000, merged.summary,
+                              ranks, median, higher_is_better))
     stats.sort(key=lambda s: (s.key, s.window_ns))
     roots = [i for i in infos if not i.is_writer]
     return JobView(reader.segment.job, tuple(stats), n_alive, len(roots))
 
 
-def _summary(w: WindowRead) -> Summary:
-    return Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn, w.hist)
+def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, WindowRead]],
+                    stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]],
+                    ) -> list[tuple[WindowRow, dict[int, Summary]]]:
+    """The newest window of every stat in ``found``, merged by the collector's merge
+    (:func:`collector.read.column_merge.merge_parts`): per stat its merged row and each rank's summary (by rank)."""
+    if not found:
+        return []
+    keys = {key: k for k, key in enumerate(stat_of)}
+    newest: dict[tuple[str, str, int], int] = {}
+    for key, _rank, w in found:
+        newest[key] = max(newest.get(key, w.wid), w.wid)
+    chosen = [(keys[key], rank, w) for key, rank, w in found if w.wid == newest[key]]
+    order = np.empty(len(keys), np.int64)
+    order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
+    table = StatTable(
+        np.array([k[0] for k in keys] + [None], object)[:-1], np.array([k[1] for k in keys] + [None], object)[:-1],
+        np.array([k[2] for k in keys], np.int64), np.array([m[0] for m in stat_of.values()], np.int64),
+        np.array([m[1] for m in stat_of.values()], bool), np.array([m[2] for m in stat_of.values()], bool), order,
+    )
+    n = len(chosen)
+    ws = [w for _, _, w in chosen]
+    parts = Parts(
+        np.array([k for k, _, _ in chosen], np.int64), np.array([r for _, r, _ in chosen], np.int64),
+        np.arange(n, dtype=np.int64),  # the order read: a rank's own slot and writers merge in that order
+        np.array([w.wid for w in ws], np.int64), np.array([w.count for w in ws], np.int64),
+        np.array([w.sum for w in ws], np.float64), np.array([w.min for w in ws], np.float64),
+        np.array([w.max for w in ws], np.float64), np.array([w.last for w in ws], np.float64),
+        np.array([w.last_ts for w in ws], np.int64), np.array([w.torn for w in ws], bool),
+        HistBatch.from_histograms([w.hist for w in ws]),
+    )
+    cols = merge_parts(job, parts, table)
+    rows, rank = cols.to_rows(), cols.rank.tolist()
+    out = []
+    for i in np.flatnonzero(cols.rank < 0).tolist():  # each window's merged row, then one row per rank
+        out.append((rows[i], {rank[j]: rows[j].summary for j in range(i + 1, i + 1 + rows[i].ranks)}))
+    return out
 
 
 # -- rendering ----------------------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 The scanner hands over its found windows as :class:`Parts` (one entry per slot window: a rank's own slot or
 one of its writers'), and the stats they belong to as :class:`StatTable`. :func:`merge_parts` sorts them into
-the per-row path's order and merges them with the rules of :func:`collector.read.merge.merge_all`, exactly: counts
-and sums added in the same order (so float sums are bit-identical), min/max over non-empty parts, the value of
-the part with the latest timestamp (the first such part on a tie), torn if any part is, histograms merged
-on arrays (:meth:`collector.read.hist_batch.HistBatch.merge_groups`, exactly
+the per-row path's order and merges them with the rules of :func:`collector.read.merge.merge` folded in that
+order, exactly: counts and sums added in the same order (so float sums are bit-identical to the fold), min/max over
+non-empty parts, the value of the part with the latest timestamp (the first such part on a tie), torn if any part
+is, histograms merged on arrays (:meth:`collector.read.hist_batch.HistBatch.merge_groups`, exactly
 :func:`shmstat.histogram.merge_histograms`). A rank's writers give that rank one row; all parts of a window give
-its merged row. No Python object is made per row.
+its merged row. No Python object is made per row. The collector's passes and ``shmstat top``
+(:mod:`collector.cli.top`) both merge windows with it; the per-object fold it is checked against is in
+``tests/_merge_ref.py``.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ def merge_parts(job: str, parts: Parts, stats: StatTable) -> Columns:
 
 
 def _reduce(p: Parts, start: np.ndarray, *, single_raw: bool) -> dict[str, Any]:
-    """Merge the runs of ``p`` beginning at ``start`` (sorted; each run one row) as ``merge_all`` does; with
+    """Merge the runs of ``p`` beginning at ``start`` (sorted; each run one row), folding each run in order; with
     ``single_raw`` a run of one part is that part as it is (the per-rank row of a rank with one writer)."""
     n, groups = len(p.wid), len(start)
     size = np.diff(np.append(start, n))
@@ -132,12 +134,12 @@ def _reduce(p: Parts, start: np.ndarray, *, single_raw: bool) -> dict[str, Any]:
     nonempty = p.count > 0
     count = np.add.reduceat(p.count, start)
     total = np.zeros(groups)
-    for d in range(int(size.max())):  # in part order, one depth at a time: the float sums of merge_all, bit for bit
+    for d in range(int(size.max())):  # in part order, one depth at a time: the float sums of a fold, bit for bit
         g = np.flatnonzero(size > d)
         total[g] += np.where(nonempty[start[g] + d], p.sum[start[g] + d], 0.0)
     lo, hi = np.zeros(groups), np.zeros(groups)
     started = np.zeros(groups, bool)
-    for d in range(int(size.max())):  # min()/max() folded in part order, as merge_all does (NaN included)
+    for d in range(int(size.max())):  # min()/max() folded in part order (NaN included)
         g = np.flatnonzero(size > d)
         j = start[g] + d
         ne, first = nonempty[j], ~started[g]

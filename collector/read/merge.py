@@ -1,20 +1,21 @@
-"""Merging windows across ranks (and, with the same code, node results into job results).
+"""A window's figures as one record: :class:`Summary` and the row it belongs to (:class:`WindowRow`), and the rules
+that merge two of them (:func:`merge`).
 
 COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX are the extremes of the parts, VALUE is the value with
 the latest timestamp, the percentiles come from the parts' histograms merged exactly (:mod:`shmstat.histogram`).
 :func:`merge` is associative and commutative, so any grouping of parts gives the same
-result (a job-level collector merges node rows exactly as a node merges rank rows).
+result (a job-level collector merges node rows exactly as a node merges rank rows). The collector's passes and
+``shmstat top`` merge windows with the same rules on arrays (:func:`collector.read.column_merge.merge_parts`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
-from shmstat.histogram import Histogram, merge_histograms
+from shmstat.histogram import Histogram
 
-__all__ = ["Summary", "WindowRow", "WindowSpan", "merge", "merge_all"]
+__all__ = ["Summary", "WindowRow", "WindowSpan", "merge"]
 
 
 @dataclass(frozen=True)
@@ -64,29 +65,6 @@ def merge(a: Summary, b: Summary) -> Summary:
         a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
         a.torn or b.torn, hist,
     )
-
-
-def merge_all(parts: Iterable[Summary]) -> Summary:
-    """Merge any number of summaries (empty input gives the empty summary), the same as folding :func:`merge`
-    over them; histograms in one pass."""
-    count, total, lo, hi, last, last_ts, torn = 0, 0.0, 0.0, 0.0, 0.0, 0, False
-    hists: list[Histogram] = []
-    for p in parts:
-        torn = torn or p.torn
-        if not p.count:
-            continue
-        if count == 0:
-            lo, hi, last, last_ts = p.min, p.max, p.last, p.last_ts
-        else:
-            lo, hi = min(lo, p.min), max(hi, p.max)
-            if p.last_ts > last_ts:
-                last, last_ts = p.last, p.last_ts
-        count += p.count
-        total += p.sum
-        if p.hist is not None:
-            hists.append(p.hist)
-    hist = hists[0] if len(hists) == 1 else merge_histograms(hists)
-    return Summary(count, total, lo, hi, last, last_ts, torn, hist)
 
 
 class WindowSpan:

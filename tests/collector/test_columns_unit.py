@@ -6,13 +6,14 @@ import pickle
 import random
 
 import numpy as np
+from _merge_ref import merge_all
 from _straggler_ref import update_rows
 
 from collector import Columns, takes_columns
 from collector.daemon.straggler import StragglerDetector
 from collector.read.column_merge import Parts, StatTable, merge_parts
 from collector.read.hist_batch import HistBatch
-from collector.read.merge import Summary, merge_all
+from collector.read.merge import Summary
 from elastic.metrics import MetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

