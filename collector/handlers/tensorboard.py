@@ -29,6 +29,7 @@ A window that may be incomplete (``torn``) is written like any other: TensorBoar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -106,6 +107,8 @@ def _keep_origin(path: str, job: str, proposed_ns: int) -> int:
             json.dump({"job": job, "origin_ns": proposed_ns}, f)
         os.replace(tmp, path)
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         _log.warning("cannot keep the origin of job %s's TensorBoard steps in %s (%s): a restarted collector "
                      "will count them from the job's start again", job, path, exc.strerror)
     return proposed_ns

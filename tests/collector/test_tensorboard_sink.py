@@ -138,6 +138,13 @@ def test_rows_without_window_nonfinite_values_and_jobs(tmp_path):
     again.emit(window_row(1.0, index=7))
     again.close()
     assert _read_scalars(str(tmp_path / "tb2" / "a")) == {"g/lat.max": [(7, 2.0, 1.0)]}
+    os.makedirs(tmp_path / "tb3" / "a", mode=0o700)  # an origin file that is not one is replaced, nothing else
+    (tmp_path / "tb3" / "a" / "shmstat-origin.json").write_text('["not", "an origin"]')
+    third = build_handler(f"tensorboard:{tmp_path / 'tb3'}")
+    third.emit(window_row(1.0, index=7))
+    third.close()
+    assert _read_scalars(str(tmp_path / "tb3" / "a")) == {"g/lat.max": [(0, 2.0, 1.0)]}
+    assert json.loads((tmp_path / "tb3" / "a" / "shmstat-origin.json").read_text())["origin_ns"] == int(1.75e9)
 
 
 def test_without_tensorboard_the_spec_says_what_to_install(tmp_path, monkeypatch):
