@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers.api import Dispatcher, JsonlMetricHandler, build_handler, takes_columns
+from .handlers.api import AgentMetricData, Dispatcher, JsonlMetricHandler, build_handler, takes_columns
 from .handlers.compact import CompactWindowHandler
 from .read.columns import Columns
 from .read.merge import Summary, WindowRow, merge
 
 __all__ = [
     "PLATFORM_GROUP",
+    "AgentMetricData",
     "Collector",
     "CollectorConfig",
     "Columns",

@@ -78,6 +78,7 @@ class Both(MetricHandler):
         cols_jsonl, rows_jsonl, cols_tb, rows_tb = self.sinks
         cols_jsonl.emit_columns(columns)
         cols_tb.emit_columns(columns)
+        rows_tb.start_job(columns.job, columns.job_start_ns)  # what rows do not carry: when the job started
         for metric in rows_the_old_way(columns):
             rows_jsonl.emit(metric)
             rows_tb.emit(metric)

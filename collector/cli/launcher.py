@@ -30,6 +30,7 @@ from shmstat.errors import ConfigError
 from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
+from ..handlers.api import AgentMetricData
 from .stopping import stop_group
 
 __all__ = ["Agent", "AgentResult", "run_job"]
@@ -62,13 +63,15 @@ class AgentResult:
 
 
 class _ToCollector(metrics.MetricHandler):
-    """Hands the agent's own metrics to the collector running in this process."""
+    """Hands the agent's own metrics to the collector running in this process, as the agent's metrics of the job
+    (:class:`collector.handlers.api.AgentMetricData`)."""
 
-    def __init__(self, collector: Collector) -> None:
+    def __init__(self, collector: Collector, job: str) -> None:
         self.collector = collector
+        self.job = job
 
     def emit(self, metric_data: metrics.MetricData) -> None:
-        self.collector.submit_metric(metric_data)
+        self.collector.submit_metric(AgentMetricData.of(metric_data, self.job))
 
 
 class Agent:
@@ -98,7 +101,7 @@ class Agent:
         self.signals_sent: list[int] = []
         """What stopping the group took, for the final report (e.g. SIGINT, then SIGTERM)."""
         self.master_port = _free_port()
-        metrics.configure(_ToCollector(collector), AGENT_GROUP)
+        metrics.configure(_ToCollector(collector, job), AGENT_GROUP)
 
     # -- workers -----------------------------------------------------------------------------------------
     def _worker_env(self, local_rank: int) -> dict[str, str]:

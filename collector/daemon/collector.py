@@ -300,7 +300,8 @@ class Collector:
 
     # -- submissions from other threads of this process (the launcher's agent) ------------------------------
     def submit_metric(self, metric: MetricData) -> None:
-        """Queue a metric made in this process (thread-safe); dispatched and published by the loop."""
+        """Queue a metric made in this process (thread-safe; the agent's): dispatched, exported to Prometheus with
+        no rank label, and published by the loop."""
         self._submitted.append(metric)
 
     def submit_event(self, name: str, data: dict[str, str | int | float | bool]) -> None:
@@ -314,6 +315,8 @@ class Collector:
             if isinstance(item, MetricData):
                 if not self.dispatcher.discards_points(item.group_name):
                     self.dispatcher.emit_points(item.group_name, [item])
+                if self.exporter is not None:
+                    self.exporter.observe_metric(self.config.job, item, None)
                 topic = wire.metric_topic(item.group_name, item.name)
                 self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):

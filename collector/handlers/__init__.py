@@ -1,7 +1,7 @@
 """Where the collector's rows go: handlers per metric group, each in a thread of its own.
 
 - :mod:`~collector.handlers.api`: per-group handlers and handler specs (``Dispatcher``, ``build_handler``,
-  ``JsonlMetricHandler``);
+  ``JsonlMetricHandler``), and ``AgentMetricData``, the agent's metrics as handlers get them;
 - :mod:`~collector.handlers.dispatch`: each handler behind a bounded queue and a thread of its own;
 - :mod:`~collector.handlers.compact`: the default output, one line per merged window, and the status line;
 - :mod:`~collector.handlers.tensorboard` and :mod:`~collector.handlers.otlp`: the ``tensorboard:DIR`` and

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any
 
-from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler
+from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.errors import ConfigError
 
 from .compact import CompactWindowHandler
@@ -35,10 +35,23 @@ from .compact import CompactWindowHandler
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args", "parse_spec_kwargs",
-           "plan_pass", "takes_columns", "takes_windows"]
+__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args",
+           "parse_spec_kwargs", "plan_pass", "takes_columns", "takes_windows"]
 
 _log = logging.getLogger("shmstat.collector")
+
+
+class AgentMetricData(StatMetricData):
+    """A metric the agent of ``shmstat run`` put (its ``@prof`` calls, ``workers.<role>.*``): a
+    :class:`StatMetricData` with ``rank`` None, no window, and the job the agent runs. Handlers that care tell it
+    apart with ``isinstance`` (``tensorboard:DIR`` writes it to the job's own ``agent`` run); to every other
+    handler it is a put metric with no rank."""
+
+    @classmethod
+    def of(cls, metric: MetricData, job: str) -> AgentMetricData:
+        """``metric`` (a torchelastic MetricData the agent made) as the agent's metric of ``job``."""
+        return cls(metric.timestamp, metric.group_name, metric.name, metric.value, rank=None,
+                   window_start=None, window_end=None, job=job)  # type: ignore[arg-type]
 
 
 class JsonlMetricHandler(MetricHandler):

@@ -15,15 +15,21 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   A window's bucket counts map exactly when its scale is 2 or more (values spanning less than 2^68); a coarser
   bucket counts at its upper edge. Zero and negative samples (``-inf`` too) count in the lowest bucket, ``+inf``
   only in ``le="+Inf"`` (so ``_count`` is every sample);
-- ``shmstat_metric``: each put metric's newest value (labels ``job``, ``node``, ``group``, ``name``, ``rank``);
+- put metrics (:mod:`collector.prometheus.put_metrics`; labels ``job``, ``node``, ``group``, ``name`` and ``rank``,
+  none for the agent's): ``shmstat_metric`` (gauge, the newest value), ``shmstat_metric_count_total`` and
+  ``shmstat_metric_sum_total`` (counters: values put and their sum), ``shmstat_metric_dropped_total`` (per job:
+  values of series past the job's bound);
 - ``shmstat_collector_<counter>_total``: the collector's own counters per job.
 
 A scrape sends a cached rendering (:mod:`collector.prometheus.server`): the newest figures while rendering is cheap, at
 most one rendering behind once it is not (8 ranks x 8,000 stats: ~5 s of a background thread per rendering,
 capped at a fifth of a core; the scrape itself takes milliseconds).
 
-A job's series are dropped :data:`RETIRE_AFTER_S` after the node collector let the job go. ``--prometheus-sd
-FILE`` writes a Prometheus ``file_sd`` target file for this endpoint (and removes it on a clean exit).
+Counts are Python ints (exact at any size; the text exposition writes them as ``3.0``, exact up to 2^53).
+Series are bounded: a stat's by the job's segment (its stat and rank tables), put metrics by
+:data:`collector.prometheus.put_metrics.MAX_SERIES_BYTES` per job. A job's series are dropped
+:data:`RETIRE_AFTER_S` after the node collector let the job go. ``--prometheus-sd FILE`` writes a Prometheus
+``file_sd`` target file for this endpoint (and removes it on a clean exit).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
 from ..read.merge import WindowRow
+from .put_metrics import MAX_SERIES_BYTES, PutMetrics, put_families
 from .server import MetricsServer, RenderCache
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -80,13 +87,13 @@ def parse_listen(text: str) -> tuple[str, int]:
 class _Series:
     """Running totals and the newest window of one (job, group, stat, rank) series."""
 
-    count: float = 0.0
+    count: int = 0
     total: float = 0.0
     mean: float = 0.0
     lo: float = 0.0
     hi: float = 0.0
     percentiles: tuple[float, ...] | None = None
-    buckets: list[float] | None = None  # classic, not cumulative; merged series of percentile stats only
+    buckets: list[int] | None = None  # classic, not cumulative; merged series of percentile stats only
 
 
 class PrometheusExporter:
@@ -94,14 +101,14 @@ class PrometheusExporter:
     thread reads under a lock (only copies are made under it) and a scrape sends the cached rendering."""
 
     def __init__(self, listen: str, *, node: str | None = None, sd_file: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_put_bytes: int = MAX_SERIES_BYTES) -> None:
         self.host, port = parse_listen(listen)
         self.node = node or socket.gethostname()
         self.sd_file = sd_file
         self.clock = clock
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}
-        self._metrics: dict[tuple[str, str, str, int | None], float] = {}
+        self._puts = PutMetrics(max_put_bytes)
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self._retired: dict[str, float] = {}
         self._server: MetricsServer | None = None
@@ -202,17 +209,22 @@ class PrometheusExporter:
                 cur.mean, cur.lo, cur.hi, cur.percentiles = mean, lo, hi, pct
                 if classic is not None:
                     if cur.buckets is None:
-                        cur.buckets = [0.0] * _NB
+                        cur.buckets = [0] * _NB
                     b = cur.buckets
                     for i, c in classic:
                         b[i] += c
         self._changed()
 
     def observe_metric(self, job: str, metric: MetricData, rank: int | None) -> None:
-        """A put metric's newest value."""
+        """One put value (``rank`` None: the agent's), folded into its series' newest value, count and sum."""
         with self._lock:
-            self._metrics[(job, metric.group_name, metric.name, rank)] = float(metric.value)
+            self._puts.add(job, metric.group_name, metric.name, rank, metric.value)
         self._changed()
+
+    def put_dropped(self, job: str) -> int:
+        """Put values of ``job`` not exported (see :mod:`collector.prometheus.put_metrics`)."""
+        with self._lock:
+            return self._puts.dropped.get(job, 0)
 
     def add_job(self, job: str, counters: Callable[[], dict[str, int]]) -> None:
         """Export ``counters()`` of a job's collector as ``shmstat_collector_<name>_total``."""
@@ -240,7 +252,7 @@ class PrometheusExporter:
             self._drop_retired()
             series = [(k, v.count, v.total, v.mean, v.lo, v.hi, v.percentiles,
                        list(v.buckets) if v.buckets is not None else None) for k, v in self._series.items()]
-            metrics = list(self._metrics.items())
+            puts = self._puts.snapshot()
             counter_sources = list(self._counters.items())
         self.renders += 1
         node = self.node
@@ -267,20 +279,14 @@ class PrometheusExporter:
                 for fam, value in zip(pcts, pct, strict=True):
                     fam.samples.append(Sample(fam.name, labels, value))
             if buckets is not None:
-                acc = 0.0
+                acc = 0
                 for le, c in zip(_LE, buckets, strict=True):
                     acc += c
                     hist.samples.append(Sample("shmstat_stat_hist_bucket", {**labels, "le": le}, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
         yield from (count, total, mean, lo, hi, *pcts, hist)
-        put = GaugeMetricFamily("shmstat_metric", "Newest value of each put metric")
-        for (job, group, name, rank), value in metrics:
-            labels = {"job": job, "node": node, "group": group, "name": name}
-            if rank is not None:
-                labels["rank"] = str(rank)
-            put.samples.append(Sample("shmstat_metric", labels, value))
-        yield put
+        yield from put_families(puts, node)
         own: dict[str, CounterMetricFamily] = {}
         for job, source in counter_sources:
             try:
@@ -299,9 +305,9 @@ class PrometheusExporter:
         gone = {job for job, at in self._retired.items() if at <= now}
         if not gone:
             return
-        for store in (self._series, self._metrics):
-            for key in [k for k in store if k[0] in gone]:
-                del store[key]
+        for key in [k for k in self._series if k[0] in gone]:
+            del self._series[key]
+        self._puts.forget(gone)
         for job in gone:
             self._counters.pop(job, None)
             del self._retired[job]

@@ -80,8 +80,9 @@ class Parts:
         return Parts(**{n: getattr(self, n)[index] for n in Parts.__dataclass_fields__})
 
 
-def merge_parts(job: str, parts: Parts, stats: StatTable) -> Columns:
-    """The rows of ``parts``: per (window, stat) a merged row, then a row per rank (see the module docstring)."""
+def merge_parts(job: str, parts: Parts, stats: StatTable, job_start_ns: int = 0) -> Columns:
+    """The rows of ``parts``: per (window, stat) a merged row, then a row per rank (see the module docstring);
+    ``job_start_ns`` is passed on (:attr:`Columns.job_start_ns`)."""
     n = len(parts.wid)
     if not n:
         return Columns.empty(job)
@@ -121,7 +122,7 @@ def merge_parts(job: str, parts: Parts, stats: StatTable) -> Columns:
         job, stats.group[key], stats.name[key], rank, ranks, wid, stats.window_ms[key], stats.agg_mask[key],
         count, out["sum"], out["min"], out["max"], out["last"], out["last_ts"], mean,
         pct[Aggregation.P50], pct[Aggregation.P90], pct[Aggregation.P99], pct[Aggregation.P999], out["torn"],
-        stats.higher_is_better[key], hist,
+        stats.higher_is_better[key], hist, job_start_ns,
     )
 
 

@@ -89,13 +89,16 @@ class Columns:
     """What each row's stat declared (bool)."""
     hists: HistBatch
     """Each row's histogram as arrays (none where the stat keeps none or it could not be read)."""
+    job_start_ns: int = 0
+    """When the job's segment was created on this node (Unix ns; 0 if unknown): the same for every pass of the
+    job, across collector restarts (what ``tensorboard:DIR`` counts its steps from)."""
 
     @classmethod
     def empty(cls, job: str) -> Columns:
         """A pass with no rows."""
         arrays: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name not in ("job", "hists"):
+            if f.name not in ("job", "hists", "job_start_ns"):
                 arrays[f.name] = np.empty(0, _DTYPES.get(f.name, np.float64))
         return cls(job, hists=HistBatch.empty(0), **arrays)
 
@@ -131,8 +134,8 @@ class Columns:
 
     def take(self, index: Any) -> Columns:
         """The rows selected by ``index`` (a boolean mask, an index array or a slice), as new Columns."""
-        arrays = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "job"}
-        return Columns(self.job, **arrays)
+        arrays = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name not in ("job", "job_start_ns")}
+        return Columns(self.job, **arrays, job_start_ns=self.job_start_ns)
 
     def merged(self) -> Columns:
         """Only the rows merged across ranks."""
@@ -187,10 +190,11 @@ class Columns:
 
     def flat(self) -> Iterator[tuple[float, str, str, float, int | None, float, bool]]:
         """The figures of :meth:`to_metrics` as plain tuples ``(window_end, group, "<stat>.<aggregation>", value,
-        rank or None, window_start, torn)``, in the same order (what sinks that write one line per figure use)."""
+        rank or None, window_start, torn)``, in the same order (what sinks that write one line per figure use); a
+        ``<stat>.count`` value is an int, every other a float."""
         end_s, start_s = self.window_end.tolist(), self.window_start.tolist()
-        count = self.count.tolist()
-        figures = (self.count.astype(np.float64).tolist(), self.sum.tolist(), self.mean.tolist(),
+        count = self.count.tolist()  # ints: a count is written as an int everywhere (jsonl, subscribers, ...)
+        figures = (count, self.sum.tolist(), self.mean.tolist(),
                    self.max.tolist(), self.min.tolist(), self.value.tolist(), self.p50.tolist(),
                    self.p90.tolist(), self.p99.tolist(), self.p999.tolist())
         torn_col = self.torn.tolist()
@@ -203,7 +207,7 @@ class Columns:
             end, start, torn, r = end_s[i], start_s[i], torn_col[i], None if rank < 0 else rank
             empty = count[i] == 0
             for key, column in plan:
-                yield end, group, key, 0.0 if empty else figures[column][i], r, start, torn
+                yield end, group, key, 0.0 if empty and column else figures[column][i], r, start, torn
 
 def _plan(stat: str, mask: int) -> tuple[tuple[str, int], ...]:
     if len(_plan_cache) > 1 << 17:

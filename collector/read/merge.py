@@ -102,7 +102,8 @@ class WindowRow(WindowSpan):
     figure is low, not high."""
 
     def values(self) -> dict[str, float]:
-        """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order."""
+        """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order; the
+        count is an int, every other figure a float."""
         keys = _keys_cache.get((self.name, self.agg_mask))
         if keys is None:
             if len(_keys_cache) > 1 << 17:
@@ -112,7 +113,7 @@ class WindowRow(WindowSpan):
             )
         s = self.summary
         n, total, lo, hi, last, hist = s.count, s.sum, s.min, s.max, s.last, s.hist
-        return {key: aggregate(a, n, total, lo, hi, last, hist) for key, a in keys}
+        return {key: n if a is Aggregation.COUNT else aggregate(a, n, total, lo, hi, last, hist) for key, a in keys}
 
     def to_wire(self) -> dict[str, object]:
         """The map published on ``stat/<group>/<name>`` (every figure, whatever the stat asked for)."""

@@ -60,6 +60,8 @@ class Scanner:
     def __init__(self, segment: Segment, grace_ns: int) -> None:
         self.segment = segment
         self.reader = SegmentReader(segment)
+        self.job_start_ns = segment.header().created_ns
+        """When the job's segment was created (passed on in every pass's columns)."""
         self.grace_ns = grace_ns
         self._slots: dict[int, dict[int, Slot]] = {}
         self._infos: dict[int, RankInfo] = {}  # the latest entry of each local rank (read every step)
@@ -228,7 +230,7 @@ class Scanner:
             result.skipped_windows += distinct(ks, ws)
             result.skipped_rows += distinct(ks, ws) + distinct(ks, ws, rs)  # a rank's writers: one row
         if found is not None and len(found.wid):
-            result.columns = merge_parts(self.segment.job, found, t.stats)
+            result.columns = merge_parts(self.segment.job, found, t.stats, self.job_start_ns)
 
     def _writers(self) -> tuple[np.ndarray, np.ndarray]:
         """Per local rank: whether the entry's writer can write no more (exited, died, or its process is gone),

@@ -171,12 +171,13 @@ class ShmstatJob:
                 and (group is None or r.group == group) and (rank is _ANY or r.rank == rank)]
 
     def merged(self, stat: str, agg: str = "count") -> float:
-        """The sum over every emitted window of the merged rows' ``agg`` (for ``count``/``sum``: the total)."""
+        """The sum over every emitted window of the merged rows' ``agg`` (for ``count``/``sum``: the total; a
+        count is an int)."""
         return sum(r.value for r in self.rows(stat, agg, rank=None))
 
     def per_rank(self, stat: str, agg: str = "count") -> dict[int, float]:
-        """Per rank, the sum over every emitted window of its rows' ``agg``."""
-        out: dict[int, float] = defaultdict(float)
+        """Per rank, the sum over every emitted window of its rows' ``agg`` (a count is an int: ``{0: 500}``)."""
+        out: dict[int, float] = defaultdict(int)
         for r in self.rows(stat, agg):
             if r.rank is not None:
                 out[r.rank] += r.value

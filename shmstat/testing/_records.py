@@ -22,7 +22,7 @@ class Row:
     """One figure of one closed window as the collector emitted it: ``stat``'s ``agg`` (``count``, ``sum``,
     ``mean``, ``max``, ``min``, ``value``; ``p50``... for stats keeping percentiles) over ``[window_start,
     window_end)`` (Unix seconds), for one ``rank`` or merged across ranks (``rank`` None). Every figure the
-    collector computes is there, whichever aggregations the stat asked for."""
+    collector computes is there, whichever aggregations the stat asked for; a ``count`` is an int."""
 
     group: str
     stat: str

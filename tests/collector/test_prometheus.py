@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -51,21 +52,24 @@ def _value(base: str, promql: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def _scraping(base: str) -> bool:
+    """Whether Prometheus is up and has scraped a target successfully."""
+    try:
+        return bool(_query(base, 'up{job="shmstat"} == 1'))
+    except urllib.error.URLError:  # not listening yet
+        return False
+
+
 def _start(job: str, node: str, sd: str):
     coll = start_collector(job, "--handler", "*=null", "--grace-ms", "10", "--prometheus", "127.0.0.1:0",
                            "--prometheus-node", node, "--prometheus-sd", sd, "--status-interval", "0")
     return coll
 
 
-@pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs Debian's prometheus package "
-                    "(apt-get install -y --no-install-recommends prometheus; .ci/run does it as root)")
-def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
-    jobs = {"node-a": unique_job("pa"), "node-b": unique_job("pb")}
-    sd_dir = tmp_path / "sd"
-    sd_dir.mkdir()
-    colls = {node: _start(job, node, str(sd_dir / f"{node}.json")) for node, job in jobs.items()}
+def _start_prometheus(tmp_path, sd_dir) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus scraping, every second, the targets of the ``file_sd`` files in ``sd_dir``; returns it
+    and its base URL."""
     prom_port = _free_port()
-    base = f"http://127.0.0.1:{prom_port}"
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -75,6 +79,21 @@ def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
     prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                              f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
+    return prom, f"http://127.0.0.1:{prom_port}"
+
+
+needs_prometheus = pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs Debian's prometheus package "
+                                      "(apt-get install -y --no-install-recommends prometheus; .ci/run does it "
+                                      "as root)")
+
+
+@needs_prometheus
+def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
+    jobs = {"node-a": unique_job("pa"), "node-b": unique_job("pb")}
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    colls = {node: _start(job, node, str(sd_dir / f"{node}.json")) for node, job in jobs.items()}
+    prom, base = _start_prometheus(tmp_path, sd_dir)
     n, window_ms = 3000, 100
     try:
         for node in jobs:
@@ -172,3 +191,41 @@ def test_a_port_taken_is_one_sentence(job):
                            capture_output=True, text=True, timeout=60)
     Segment.unlink(job)
     assert r.returncode == 2 and "cannot listen" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@needs_prometheus
+def test_a_real_prometheus_counts_put_metrics_and_prof_calls_exactly(tmp_path):
+    from test_put_metric_counters import FAILURES, SUCCESSES, prof_rank
+
+    job = unique_job("pm")
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    coll = _start(job, "node-a", str(sd_dir / "node-a.json"))
+    prom, base = _start_prometheus(tmp_path, sd_dir)
+    ranks, calls = 3, 200
+    try:
+        wait_for(lambda: _scraping(base), 30, what="Prometheus scraping the collector")
+        # 10 ms between calls: the counters grow over several scrapes, so rate() has something to say
+        procs = [spawn(prof_rank, job, r, ranks, calls, 0.01) for r in range(ranks)]
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        count = f'shmstat_metric_count_total{{job="{job}", name=~".*work_step.%s"}}'
+        wait_for(lambda: _value(base, f"sum({count % 'duration.ms'})") == ranks * calls, 60,
+                 what=f"Prometheus to see every @prof call (log: {tmp_path / 'prometheus.log'})")
+        assert _value(base, f"sum({count % 'success'})") == ranks * SUCCESSES
+        assert _value(base, f"sum({count % 'failure'})") == ranks * FAILURES
+        per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in _query(base, count % "success")}
+        assert per_rank == {str(r): SUCCESSES for r in range(ranks)}
+        total = f'shmstat_metric_sum_total{{job="{job}", name=~".*work_step.success"}}'
+        assert _value(base, f"sum({total})") == ranks * SUCCESSES
+        # counters, as Prometheus reads them: never reset, and rate() sees them grow on every rank
+        assert _value(base, f"sum(resets({count % 'success'}[5m]))") == 0
+        rates = _query(base, f"max_over_time(rate({count % 'success'}[3s])[5m:1s])")
+        assert len(rates) == ranks and all(float(r["value"][1]) > 0 for r in rates), rates
+        assert _value(base, f'sum(shmstat_metric_dropped_total{{job="{job}"}})') == 0
+    finally:
+        prom.terminate()
+        prom.wait(30)
+        coll.stop()
+        Segment.unlink(job)

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import pytest
 from _procs import REPO, load_counts, rank_worker, spawn, start_collector
+from _support import wait_for
 
 from collector.handlers.api import build_handler
 from elastic.metrics import MetricData, StatMetricData
@@ -43,23 +44,41 @@ def _by_step(points: list[tuple[int, float, float]]) -> dict[int, float]:
     return {step: value for step, _, value in points}
 
 
+def _created_ns(job: str) -> int:
+    """When the job's segment was created (its header), read while the segment exists."""
+    from shmstat.shm import layout_codec
+    from shmstat.shm.runtime import segment_name
+
+    with open("/dev/shm" + segment_name(job), "rb") as f:
+        return layout_codec.read_header(memoryview(f.read(4096))).created_ns
+
+
 @needs_tensorboard
-def test_two_ranks_reconcile_exactly_in_tensorboard(job, tmp_path):
+def test_two_ranks_reconcile_exactly_in_tensorboard_with_steps_since_the_job_start_across_a_restart(job, tmp_path):
     logdir = tmp_path / "tb"
-    coll = start_collector(job, "--handler", f"train=tensorboard:{logdir}", "--grace-ms", "10")
-    procs = [spawn(rank_worker, job, r, 2, 0.4, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
+    args = ("--handler", f"train=tensorboard:{logdir}", "--grace-ms", "10", "--status-interval", "0")
+    coll = start_collector(job, *args, "--banks", "64")  # it makes the segment: the job starts now
+    procs = [spawn(rank_worker, job, r, 2, 1.2, WINDOW_MS, str(tmp_path / f"r{r}.json")) for r in range(2)]
+    origin_file = logdir / job / "shmstat-origin.json"
+    wait_for(origin_file.exists, 20, what="the first pass written")
+    created_ns = _created_ns(job)
+    assert coll.stop() == 0  # the ranks go on: a second collector takes the job over, writing the same DIR
+    coll = start_collector(job, *args)
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
     assert coll.stop() == 0
     assert stat.S_IMODE(os.stat(logdir).st_mode) == 0o700
+    assert json.loads(origin_file.read_text()) == {"job": job, "origin_ns": created_ns}
+    assert len([n for n in os.listdir(logdir / job) if n.startswith("events.out.tfevents.")]) == 2
     scalars = _read_scalars(str(logdir / job))  # one directory per job
     tallies = {r: load_counts(str(tmp_path / f"r{r}.json")) for r in range(2)}
-    window_s = WINDOW_MS / 1000
+    window_s, window_ns = WINDOW_MS / 1000, WINDOW_MS * 1_000_000
+    first = created_ns // window_ns  # the window holding the job's start is step 0, whichever collector wrote
     want_merged: dict[int, int] = defaultdict(int)
     for rank, tally in tallies.items():
-        want = {round(start / window_s): n for start, n in tally.items()}
-        got = _by_step(scalars[f"rank{rank}/train/steps.count"])
+        want = {round(start / window_s) - first: n for start, n in tally.items()}
+        got = _by_step(scalars[f"rank{rank}/train/steps.count"])  # a step written twice fails here
         assert {s: v for s, v in got.items() if v} == want, f"rank {rank}: a window missing, extra or miscounted"
         sums = _by_step(scalars[f"rank{rank}/train/steps.sum"])
         assert all(sums[s] == (rank + 1) * n for s, n in want.items())
@@ -68,10 +87,13 @@ def test_two_ranks_reconcile_exactly_in_tensorboard(job, tmp_path):
     merged = scalars["train/steps.count"]
     assert {s: v for s, v in _by_step(merged).items() if v} == want_merged
     assert sum(v for _, _, v in merged) == sum(sum(t.values()) for t in tallies.values())
-    assert len(want_merged) >= 4  # several windows
-    for tag, points in scalars.items():  # wall time = the window's end, exactly as the collector computes it
+    assert len(want_merged) >= 10  # several windows
+    for tag, points in scalars.items():
         assert tag.startswith(("train/", "rank0/train/", "rank1/train/")), tag
-        assert all(wall == (step + 1) * WINDOW_MS * 1_000_000 / 1e9 for step, wall, _ in points), tag
+        steps = [step for step, _, _ in points]
+        assert steps == sorted(steps) and steps[0] >= 0, (tag, steps[:3])  # time in the job, never back
+        # wall time = the window's end, exactly as the collector computes it
+        assert all(wall == (first + step + 1) * window_ns / 1e9 for step, wall, _ in points), tag
 
 
 @needs_tensorboard
@@ -92,16 +114,37 @@ def test_rows_without_window_nonfinite_values_and_jobs(tmp_path):
         handler.emit(StatMetricData(100.0 + i, "g", "loss", float(i), rank=1, window_start=None, window_end=None,
                                     job="a"))
     handler.emit(MetricData(200.0, "g", "plain", 5))  # a torchelastic row: no job, no rank, no window
+    handler.emit(window_row(5.0, index=9))  # two windows after job a's first
+    handler.start_job("c", int(4.6 * 1e9))  # job c said when it started: its steps count from there
+    handler.emit(window_row(6.0, job="c", index=20))
     handler.flush()
     handler.close()
-    assert (handler.written, handler.skipped_nonfinite, handler.skipped_not_numeric) == (7, 4, 1)
-    a = _read_scalars(str(tmp_path / "tb" / "a"))
-    assert a == {"g/lat.max": [(7, 2.0, 1.5)], "rank3/g/lat.max": [(7, 2.0, 2.5)],
+    assert (handler.written, handler.skipped_nonfinite, handler.skipped_not_numeric) == (9, 4, 1)
+    a = _read_scalars(str(tmp_path / "tb" / "a"))  # no job start given: steps from the first window seen
+    assert a == {"g/lat.max": [(0, 2.0, 1.5), (2, 2.5, 5.0)], "rank3/g/lat.max": [(0, 2.0, 2.5)],
                  "rank1/g/loss": [(0, 100.0, 0.0), (1, 101.0, 1.0), (2, 102.0, 2.0)]}
-    assert _read_scalars(str(tmp_path / "tb" / "b")) == {"g/lat.max": [(8, 2.25, 4.0)]}
+    assert _read_scalars(str(tmp_path / "tb" / "b")) == {"g/lat.max": [(0, 2.25, 4.0)]}
+    assert _read_scalars(str(tmp_path / "tb" / "c")) == {"g/lat.max": [(2, 5.25, 6.0)]}  # 4.6 s is in window 18
+    assert json.loads((tmp_path / "tb" / "a" / "shmstat-origin.json").read_text()) == {
+        "job": "a", "origin_ns": int(7 * 0.25 * 1e9)}
     top = [n for n in os.listdir(tmp_path / "tb") if n.startswith("events.out.tfevents.")]
     assert len(top) == 1  # the row naming no job went to DIR itself
     assert _read_scalars(str(tmp_path / "tb"))["g/plain"] == [(0, 200.0, 5.0)]
+    # a handler made anew over the same DIR (a restarted collector) goes on with each job's kept origin
+    again = build_handler(f"tensorboard:{tmp_path / 'tb2'}")
+    os.makedirs(tmp_path / "tb2" / "a", mode=0o700)
+    (tmp_path / "tb2" / "a" / "shmstat-origin.json").write_text(json.dumps({"job": "a", "origin_ns": 0}))
+    again.start_job("a", int(1e9))  # the job's start as this collector sees it: the kept origin wins
+    again.emit(window_row(1.0, index=7))
+    again.close()
+    assert _read_scalars(str(tmp_path / "tb2" / "a")) == {"g/lat.max": [(7, 2.0, 1.0)]}
+    os.makedirs(tmp_path / "tb3" / "a", mode=0o700)  # an origin file that is not one is replaced, nothing else
+    (tmp_path / "tb3" / "a" / "shmstat-origin.json").write_text('["not", "an origin"]')
+    third = build_handler(f"tensorboard:{tmp_path / 'tb3'}")
+    third.emit(window_row(1.0, index=7))
+    third.close()
+    assert _read_scalars(str(tmp_path / "tb3" / "a")) == {"g/lat.max": [(0, 2.0, 1.0)]}
+    assert json.loads((tmp_path / "tb3" / "a" / "shmstat-origin.json").read_text())["origin_ns"] == int(1.75e9)
 
 
 def test_without_tensorboard_the_spec_says_what_to_install(tmp_path, monkeypatch):
@@ -171,17 +214,46 @@ def test_a_bad_spec_is_one_sentence_and_exit_2(job, spec, says):
     assert not [n for n in os.listdir("/dev/shm") if job in n], "a bad spec left something in /dev/shm"
 
 
-def test_window_index_is_exact_at_todays_unix_times():
+def test_window_step_is_exact_at_todays_unix_times():
     import time
 
-    from collector.handlers.tensorboard import _window_index
+    from collector.handlers.tensorboard import _window_step
 
     now_ns = time.time_ns()
+    origin_ns = now_ns - 123_456_789_012  # a job started two minutes ago, off any window boundary
     for window_ms in (1, 7, 50, 1000, 3_600_000):
         window_ns = window_ms * 1_000_000
         first = now_ns // window_ns
         for index in range(first - 3, first + 4):
             start_ns = index * window_ns
             # what the collector puts in a row: float seconds of whole-ns bounds
-            assert _window_index(start_ns / 1e9, (start_ns + window_ns) / 1e9) == index, (window_ms, index)
-    assert _window_index(None, None) is None
+            bounds = (start_ns / 1e9, (start_ns + window_ns) / 1e9)
+            assert _window_step(*bounds, 0) == index, (window_ms, index)
+            assert _window_step(*bounds, origin_ns) == index - origin_ns // window_ns, (window_ms, index)
+    assert _window_step(None, None, 0) is None
+
+
+@needs_tensorboard
+def test_the_agents_metrics_have_a_run_of_their_own_and_nothing_lands_at_the_root(job, tmp_path):
+    logdir = tmp_path / "tb"
+    env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, STEPS="20")
+    done = subprocess.run(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",
+         "0.05", "--handler", f"*=tensorboard:{logdir}", "--handler", "shmstat=null", "--grace-ms", "10",
+         os.path.join(REPO, "tests", "scripts", "elastic_job.py")],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(logdir)) == [job]  # no stray event file at the root of DIR
+    assert stat.S_IMODE(os.stat(logdir / job / "agent").st_mode) == 0o700
+    agent = _read_scalars(str(logdir / job / "agent"))
+    assert {"torchelastic/workers.default.run_total", "torchelastic/workers.default.run_success_no_retries",
+            "torchelastic/Agent._start_workers.success"} <= set(agent)
+    assert all(tag.startswith("torchelastic/") for tag in agent)
+    assert [v for _, _, v in agent["torchelastic/workers.default.run_total"]] == [1.0]
+    ranks = _read_scalars(str(logdir / job))  # the job's own run: its ranks' windows and put metrics only
+    assert not [tag for tag in ranks if tag.startswith("torchelastic/")]
+    assert sum(v for _, _, v in ranks["train/step_ms.count"]) == 2 * 20
+    successes = [tag for tag in ranks if tag.endswith("train_step.success")]
+    assert sorted(successes) == ["rank0/trainer/__main__.train_step.success",
+                                 "rank1/trainer/__main__.train_step.success"]
+    assert all(len(ranks[tag]) == 20 for tag in successes)
