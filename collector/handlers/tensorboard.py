@@ -3,7 +3,9 @@
 Each row becomes one scalar written with :class:`tensorboard.summary.Writer` (the ``tensorboard`` package's
 framework-free summary writer; install it with ``pip install 'shmstat[tensorboard]'``):
 
-- tag ``<group>/<stat>.<agg>`` for a row merged across ranks, ``rank<N>/<group>/<stat>.<agg>`` for rank N's row;
+- tag ``<group>/<stat>.<agg>`` for a row merged across ranks, ``rank<N>/<group>/<stat>.<agg>`` for rank N's row
+  (one tag per row, never shared: a group holds no ``/`` and is never ``rank<N>``, by the name rule of
+  :mod:`shmstat.names`);
 - step = the window index (``window_start / window length``, the same index on every rank and node, since
   windows are aligned to the wall clock), wall time = the window's end;
 - a row with no window (a metric a rank put, a usage sample) gets step = a per-tag counter and its own
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat.errors import ConfigError
+from shmstat.names import rank_segment
 from shmstat.shm.runtime import validate_job
 
 if TYPE_CHECKING:
@@ -130,7 +133,7 @@ class TensorboardMetricHandler(MetricHandler):
                 if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
                     self.skipped_nonfinite += 1
                     continue
-                tag = f"{group}/{name}" if rank is None else f"rank{rank}/{group}/{name}"
+                tag = f"{group}/{name}" if rank is None else f"{rank_segment(rank)}/{group}/{name}"
                 step = steps.get((start, end), -1)
                 if step == -1:
                     step = steps[(start, end)] = _window_index(start, end)
