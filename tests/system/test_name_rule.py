@@ -1,13 +1,17 @@
 """The name rule end to end: names at the rule's limits (non-ASCII, emoji, a '/' in a name) put by real ranks
 through every entry point reach every sink of a real collector exactly as given (jsonl, the stream topics,
-Prometheus' /metrics, TensorBoard, OTLP), each (group, name) in its own topic and tag, every sample counted; the
-names the issue found lost or colliding are refused at the call instead."""
+Prometheus' /metrics and a real Prometheus scraping it, TensorBoard, OTLP), each (group, name) in its own topic
+and tag, every sample counted; the names the issue found lost or colliding are refused at the call instead."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shutil
+import socket
+import subprocess
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 
@@ -30,6 +34,7 @@ from shmstat import wire
 
 WORLD = 2
 _HAVE_TB = importlib.util.find_spec("tensorboard") is not None
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (
     "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http", "opentelemetry.proto"))
 
@@ -76,11 +81,45 @@ def _tb_scalars(logdir: str) -> dict[str, list[float]]:
             for tag in acc.Tags()[TENSORS]}
 
 
+class _Prometheus:
+    """A real Prometheus (Debian's) scraping the collector through the ``file_sd`` file it writes."""
+
+    def __init__(self, tmp_path, sd_file) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: shmstat\n    honor_labels: true\n"
+            f"    file_sd_configs:\n      - files: ['{sd_file}']\n        refresh_interval: 1s\n")
+        self.log = tmp_path / "prometheus.log"
+        self.proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                      f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                     stderr=open(self.log, "w"))  # noqa: SIM115
+
+    def query(self, promql: str) -> list[dict]:
+        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                doc = json.load(r)
+        except OSError:  # not listening yet
+            return []
+        assert doc["status"] == "success", doc
+        return doc["data"]["result"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
 def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_tags(job, tmp_path):
     rows_path, tb, tb_a = tmp_path / "rows.jsonl", tmp_path / "tb", tmp_path / "tb_a"
+    sd_file = tmp_path / "sd.json"
     args = ["--handler", f"*=jsonl:{rows_path}", "--handler", f"{GROUP_TB}=tensorboard:{tb}",
             "--handler", f"{GROUP_A}=tensorboard:{tb_a}", "--grace-ms", "10", "--prometheus", "127.0.0.1:0",
-            "--status-interval", "0"]
+            "--prometheus-sd", str(sd_file), "--status-interval", "0"]
     rx = None
     if _HAVE_OTEL:
         from _otlp_kit import Receiver
@@ -89,6 +128,7 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
         args += ["--handler", f"{GROUP_OTLP}=otlp:{rx.endpoint}"]
     coll = start_collector(job, *args)
     topics = _Topics(coll.publish)
+    prom = _Prometheus(tmp_path, sd_file) if os.path.exists(PROMETHEUS) else None
     try:
         url = coll.lines_seen("Prometheus endpoint").split()[-1]
         wait_for(lambda: topics.drain(), 15, what="the collector's stream flowing")
@@ -121,9 +161,25 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
                     and sum(t.startswith("metric/") for t, _ in topics.items) == WORLD * len(METRICS))
 
         wait_for(topics_done, 30, what="every window, metric and event on its own topic")
+
+        if prom is not None:  # a real Prometheus stores and answers every label as given
+            def scraped() -> dict | None:
+                got = {(r["metric"]["group"], r["metric"]["stat"]): float(r["value"][1]) for r in
+                       prom.query(f'shmstat_stat_count_total{{job="{job}",rank=""}}')}
+                return got if all(got.get(p) == total_count for p in PAIRS) else None
+
+            got = wait_for(scraped, 60, what=f"Prometheus to store every series (log: {prom.log})")
+            assert set(got) == set(PAIRS)
+            one = prom.query(f'shmstat_stat_count_total{{group="{GROUP_A}",stat="b/c",rank="0"}}')
+            assert [float(r["value"][1]) for r in one] == [ADDS]
+            put = {(r["metric"]["group"], r["metric"]["name"], r["metric"]["rank"]): float(r["value"][1])
+                   for r in prom.query(f'shmstat_metric{{job="{job}"}}')}
+            assert put == {(g, n, str(r)): r + 1 for g, n in METRICS for r in range(WORLD)}
     finally:
         assert coll.stop() == 0
         topics.close()
+        if prom is not None:
+            prom.close()
         if rx is not None:
             rx.close()
 
