@@ -32,6 +32,7 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--stop-grace", "-1", "tests/scripts/elastic_job.py"),
      "--stop-grace"),
     (("collect", "--job", "{job}", "--handler", "*=compactt"), "use compact, console, null"),
+    (("collect", "--job", "{job}", "--handler", "rank0=console"), "no rank can have"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
     (("top", "--job", "{job}", "--once"), "no shared memory segment"),
     (("top", "--job", "{job}", "--sort", "bogus"), "--sort must be one of name, count, mean, p99, spread"),
