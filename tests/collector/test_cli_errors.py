@@ -33,6 +33,8 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
      "--stop-grace"),
     (("collect", "--job", "{job}", "--handler", "*=compactt"), "use compact, console, null"),
     (("collect", "--job", "{job}", "--handler", "rank0=console"), "no rank can have"),
+    (("run", "--job", "{job}", "--nproc-per-node", "1", "--role", "a\tb", "tests/scripts/elastic_job.py"),
+     "the name rule"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
     (("top", "--job", "{job}", "--once"), "no shared memory segment"),
     (("top", "--job", "{job}", "--sort", "bogus"), "--sort must be one of name, count, mean, p99, spread"),
