@@ -304,7 +304,8 @@ check_event(Rd *r, const uint8_t *rest, size_t rest_n)
     return OK;
 }
 
-/* A metric item: [group: str, name: str, value: int | float | bool, ts: float | int], group/name == rest. */
+/* A metric item: [group: str, name: str, value: int | float | bool, ts: float | int], group/name == rest, no '/' in
+ * group. */
 static int
 check_metric(Rd *r, const uint8_t *rest, size_t rest_n)
 {
@@ -315,6 +316,7 @@ check_metric(Rd *r, const uint8_t *rest, size_t rest_n)
     if ((rc = want_array(r, 4, "a metric item is not a [group, name, value, ts] array")) != OK) return rc;
     if ((rc = want_str(r, &g, &gn, gn_why)) != OK) return rc;
     if ((rc = want_str(r, &s, &n, gn_why)) != OK) return rc;
+    if (memchr(g, '/', gn) != NULL) return fail(r, SEM, "a metric item's group holds '/'");
     if (gn + 1 + n != rest_n || memcmp(g, rest, gn) != 0 || rest[gn] != '/' || memcmp(s, rest + gn + 1, n) != 0) {
         return fail(r, SEM, "a metric item's group and name do not match its topic");
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import histogram, wire
+from . import histogram, names, wire
 from .publish import item_sizes, outbox
 from .shm import layout as L
 
@@ -57,6 +57,9 @@ def constants() -> list[tuple[str, list[tuple[str, int]]]]:
             ("ITEM_OVERHEAD", item_sizes._ITEM_OVERHEAD),
             ("ITEM_KEY_BYTES", item_sizes._KEY_BYTES),
             ("ITEM_RECOUNT_BYTES", item_sizes._RECOUNT_BYTES),
+        ]),
+        ("shmstat/names.py: the name rule (C accepts its common case, printable ASCII, and asks Python otherwise)", [
+            ("MAX_EVENT_NAME_BYTES", names.MAX_NAME_BYTES),
         ]),
     ]
 

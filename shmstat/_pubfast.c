@@ -49,7 +49,8 @@ static PyMethodDef module_methods[] = {
      "With no handlers and no job attached this is a no-op; a job configured by the environment is attached on\n"
      "the first call, as by a Stat. A handler's exception is logged and counted, never raised, and the\n"
      "remaining handlers still run; a handler may itself call ``log_event``. Raises TypeError if ``event`` is\n"
-     "not an Event and EventTooLargeError if it is to be published and is over shmstat.wire.MAX_EVENT_BYTES\n"
+     "not an Event, ConfigError if its name breaks the name rule of shmstat.names (before any handler sees\n"
+     "it) and EventTooLargeError if it is to be published and is over shmstat.wire.MAX_EVENT_BYTES\n"
      "(after the local handlers saw it). (The C twin of shmstat.events._py_log_event.)"},
     {NULL, NULL, 0, NULL},
 };

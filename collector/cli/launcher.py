@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from elastic import metrics
 from shmstat.errors import ConfigError
+from shmstat.names import check_name
 from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
@@ -82,7 +83,7 @@ class Agent:
         monitor_interval_s: float = 0.1, role: str = "default", env: dict[str, str] | None = None,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
     ) -> None:
-        _check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s)
+        _check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s, role)
         self.collector = collector
         self.job = job
         self.cmd = cmd
@@ -236,7 +237,10 @@ class Agent:
             metrics.put_metric(f"workers.{role}.{name}", 1 if name == outcome else 0, AGENT_GROUP)
 
 
-def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float) -> None:
+def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float,
+                         role: str) -> None:
+    # the longest metric name the agent puts for its role follows the name rule (else put_metric raises mid-run)
+    check_name(f"workers.{role}.run_success_with_retries", f"--role {role!r} gives the metric name")
     if not 1 <= nproc <= 4096:
         raise ConfigError(f"--nproc-per-node must be between 1 and 4096, got {nproc}")
     if max_restarts < 0:
@@ -262,7 +266,7 @@ def run_job(args: argparse.Namespace) -> int:
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
     if not os.path.exists(args.script):
         raise ConfigError(f"script {args.script!r} does not exist")
-    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace)
+    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace, args.role)
     config = collector_config(args, job)  # before anything is made
     stopped: list[int] = []
     # a signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a job started with & by a script)

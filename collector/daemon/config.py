@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from elastic.metrics import MetricHandler
 from shmstat.errors import ConfigError
+from shmstat.names import COLLECTOR_GROUP
 from shmstat.shm.layout import Geometry
 
 from ..handlers.api import Dispatcher
@@ -20,9 +21,9 @@ from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
 __all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "write_ready_file"]
 
-PLATFORM_GROUP = "shmstat"
-"""The collector's own metric group (rank CPU/RSS and the collector's counters), as torchelastic's agent has
-``torchelastic``."""
+PLATFORM_GROUP = COLLECTOR_GROUP
+"""The collector's own metric group, ``shmstat`` (rank CPU/RSS and the collector's counters), as torchelastic's agent
+has ``torchelastic``; the name rule (:mod:`shmstat.names`) keeps every rank out of it."""
 
 
 @dataclass

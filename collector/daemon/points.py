@@ -74,10 +74,10 @@ def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, co
 
 
 def candidate_groups(topic: bytes) -> list[str]:
-    """Every group a valid ``metric/<group>/<name>`` message on ``topic`` may carry: each item's group is the
-    part of the topic before one of its slashes (group and name may both hold slashes)."""
-    rest = bytes(topic)[len(b"metric/"):].decode("utf-8")
-    return [rest[:i] for i, ch in enumerate(rest) if ch == "/"]
+    """The group a valid ``metric/<group>/<name>`` message on ``topic`` carries, as a list (empty for a topic no
+    valid message has): a group holds no ``/`` (:mod:`shmstat.names`, checked by the wire), a name may."""
+    group, sep, _ = bytes(topic)[len(b"metric/"):].decode("utf-8").partition("/")
+    return [group] if sep else []
 
 
 def point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:

@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.errors import ConfigError
+from shmstat.names import COLLECTOR_GROUP, RULE, group_problem
 
 from .compact import CompactWindowHandler
 
@@ -281,12 +282,17 @@ def _one_line(exc: BaseException) -> str:
 
 
 def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
-    """``["GROUP=SPEC", ...]`` to ``{group: spec}``; raises :class:`ConfigError` on a malformed entry."""
+    """``["GROUP=SPEC", ...]`` to ``{group: spec}``; raises :class:`ConfigError` on a malformed entry, or on a
+    GROUP no rank can use (the name rule, :mod:`shmstat.names`; ``*`` and the collector's own group are fine)."""
     out: dict[str, str] = {}
     for arg in args:
         group, sep, spec = arg.partition("=")
         if not sep or not group or not spec:
             raise ConfigError(f"--handler {arg!r} is not GROUP=SPEC (e.g. train=jsonl:/tmp/m.jsonl or *=console)")
+        problem = None if group in ("*", COLLECTOR_GROUP) else group_problem(group)
+        if problem is not None:
+            raise ConfigError(f"--handler {arg!r} names a group no rank can have: {group!r} {problem} "
+                              f"(the name rule: {RULE})")
         out[group] = spec
     return out
 

@@ -3,7 +3,9 @@
 Each row becomes one scalar written with :class:`tensorboard.summary.Writer` (the ``tensorboard`` package's
 framework-free summary writer; install it with ``pip install 'shmstat[tensorboard]'``):
 
-- tag ``<group>/<stat>.<agg>`` for a row merged across ranks, ``rank<N>/<group>/<stat>.<agg>`` for rank N's row;
+- tag ``<group>/<stat>.<agg>`` for a row merged across ranks, ``rank<N>/<group>/<stat>.<agg>`` for rank N's row
+  (one tag per row, never shared: a group holds no ``/`` and is never ``rank<N>``, by the name rule of
+  :mod:`shmstat.names`);
 - step = windows since the job started: the row's window index minus the index of the window (of the same
   length) holding the job's origin. The origin is the job's start, the moment its segment was created on this
   node (:attr:`collector.read.columns.Columns.job_start_ns`), kept in ``DIR/<job>/shmstat-origin.json``
@@ -41,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat.errors import ConfigError
+from shmstat.names import rank_segment
 from shmstat.shm.runtime import validate_job
 
 from .api import AgentMetricData
@@ -203,7 +206,7 @@ class TensorboardMetricHandler(MetricHandler):
                 if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
                     self.skipped_nonfinite += 1
                     continue
-                tag = f"{group}/{name}" if rank is None else f"rank{rank}/{group}/{name}"
+                tag = f"{group}/{name}" if rank is None else f"{rank_segment(rank)}/{group}/{name}"
                 step = steps.get((start, end), -1)
                 if step == -1:
                     if origin is None and start is not None and end is not None:

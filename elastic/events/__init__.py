@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from shmstat.names import check_event_name
+
 from ..metrics._registry import publisher
 from .api import Event, EventMetadataValue, EventSource, NodeState, RdzvEvent
 from .handlers import get_logging_handler
@@ -122,6 +124,12 @@ def _event_data(event: Any) -> tuple[str, int, dict[str, str | int | float | boo
     return None
 
 
+def _check_name(event: Any) -> None:
+    """The name rule for ``event.name`` (an object without a ``name`` is never published: nothing to check)."""
+    if hasattr(event, "name"):
+        check_event_name(event.name)
+
+
 def _publish(event: Any) -> None:
     """Publish ``event`` to the collector on ``event/<name>`` when this process is attached to a job."""
     pub = publisher()
@@ -136,8 +144,10 @@ def record(event: Event, destination: str = "null") -> None:
     """Log ``event``'s JSON (:meth:`Event.serialize`) to ``destination``; publish it too when attached.
 
     ``destination`` is ``"console"``, ``"null"`` or ``"dynamic_rendezvous"``; an unknown one raises
-    :class:`KeyError` (and nothing is published).
+    :class:`KeyError` (and nothing is published). An event whose name breaks the name rule
+    (:mod:`shmstat.names`) raises :class:`~shmstat.errors.ConfigError` before anything is logged or published.
     """
+    _check_name(event)
     logger = _get_or_create_logger(destination)
     if _has_output(logger):
         logger.info(event.serialize())
@@ -145,7 +155,10 @@ def record(event: Event, destination: str = "null") -> None:
 
 
 def record_rdzv_event(event: RdzvEvent) -> None:
-    """Log ``event``'s JSON to the ``dynamic_rendezvous`` destination; publish it too when attached."""
+    """Log ``event``'s JSON to the ``dynamic_rendezvous`` destination; publish it too when attached. A name that
+    breaks the name rule (:mod:`shmstat.names`) raises :class:`~shmstat.errors.ConfigError` first, as in
+    :func:`record`."""
+    _check_name(event)
     logger = _get_or_create_logger("dynamic_rendezvous")
     if _has_output(logger):
         logger.info(event.serialize())

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from shmstat.job._state import STATE
+from shmstat.names import KNOWN, check_metric
 
 from ._data import MetricData, StatMetricData
 from ._handlers import ConsoleMetricHandler, MetricHandler, NullMetricHandler
@@ -73,6 +74,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 _time = time.time
 _clock = time.perf_counter
+_KNOWN_NAMES, _KNOWN_GROUPS = KNOWN  # names and groups found valid (put_metric's inline lookups)
 
 
 class MetricsConfig:
@@ -108,7 +110,9 @@ class CollectorMetricHandler(MetricHandler):
     """
 
     def emit(self, metric_data: MetricData) -> None:
-        """Publish ``metric_data`` (never blocks; values the wire cannot carry are converted or counted)."""
+        """Publish ``metric_data`` (never blocks; values the wire cannot carry are converted or counted); raises
+        :class:`~shmstat.errors.ConfigError` if its name or group breaks the name rule (:mod:`shmstat.names`)."""
+        check_metric(metric_data.name, metric_data.group_name)
         pub = _publisher()
         if pub is not None:
             ts, group, name, value = metric_data
@@ -168,7 +172,15 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     The handler is looked up on every call (so a later :func:`configure` applies at once). With no handler
     configured for the group or as default, the point goes to the collector when the process is attached
     and nowhere otherwise. Usage: ``put_metric("metric_name", 1)``, ``put_metric("metric_name", 1, "group")``.
+    Raises :class:`~shmstat.errors.ConfigError` if the name or group breaks the name rule (:mod:`shmstat.names`;
+    a name or group that is not a ``str`` is checked as its ``str``), whichever handler serves the group.
     """
+    try:
+        known = metric_name in _KNOWN_NAMES and metric_group in _KNOWN_GROUPS
+    except TypeError:  # unhashable: checked as its str
+        known = False
+    if not known:
+        check_metric(metric_name, metric_group)  # the name rule (shmstat.names): ConfigError naming it
     if getStream is not _GET_STREAM:  # replaced (as torchelastic's own tests patch it): go through it, as torchelastic
         getStream(metric_group).add_value(metric_name, metric_value)
         return
@@ -219,8 +231,11 @@ def _get_metric_name(fn: Callable[..., Any]) -> str:
 
 
 def _profiled(fn: F, key: str, group: Any) -> F:
-    """Wrap ``fn`` to emit ``<key>.success``/``<key>.failure`` = 1 and ``<key>.duration.ms`` to ``group``."""
+    """Wrap ``fn`` to emit ``<key>.success``/``<key>.failure`` = 1 and ``<key>.duration.ms`` to ``group``; the
+    names are checked now (name rule, :mod:`shmstat.names`), so the wrapper never raises for them."""
     success, failure, duration = f"{key}.success", f"{key}.failure", f"{key}.duration.ms"
+    for name in (success, failure, duration):
+        check_metric(name, group)
     clock = _clock
 
     @functools.wraps(fn)
@@ -249,7 +264,8 @@ def prof(fn: F | None = None, group: str = "torchelastic") -> F | Callable[[F], 
 
     ``key`` is the function's ``__qualname__`` when it has a dot (``Class.method``), else
     ``<leaf module>.<function>``. Duration is whole milliseconds; it is published even when the function
-    raises. Use as ``@prof`` or ``@prof(group="agent")``; metrics go through :func:`put_metric`.
+    raises. Use as ``@prof`` or ``@prof(group="agent")``; metrics go through :func:`put_metric`. A key or group
+    that breaks the name rule (:mod:`shmstat.names`) raises :class:`~shmstat.errors.ConfigError` when decorating.
     """
 
     def wrap(f: F) -> F:

@@ -42,6 +42,9 @@
 #define ITEM_KEY_BYTES 16
 #define ITEM_RECOUNT_BYTES 4096
 
+/* shmstat/names.py: the name rule (C accepts its common case, printable ASCII, and asks Python otherwise) */
+#define MAX_EVENT_NAME_BYTES 255
+
 /* shmstat/outbox.py: KIND_CODES, as names indexed by their code */
 #define KIND_NAMES_INIT {"event", "metric", "stat", "rank"}
 

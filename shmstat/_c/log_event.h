@@ -18,11 +18,13 @@ static PyObject *fs_outbox;    /* fs_pub.outbox when it is a C Outbox, else NULL
 static int fs_auto_init_done;  /* STATE.auto_init_done */
 static int fs_started;         /* fs_pub.started was seen true (it never goes back) */
 
+static PyObject *ls_check_name;  /* shmstat.names.check_event_name */
+
 static PyObject *
 set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *a[6];
-    if (!PyArg_ParseTuple(args, "OOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5])) return NULL;
+    PyObject *a[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6])) return NULL;
     if (!PyType_Check(a[0]) || !PyType_IsSubtype((PyTypeObject *)a[0], &EventBaseType)) {
         PyErr_SetString(PyExc_TypeError, "set_log_state: the Event class must derive from EventBase");
         return NULL;
@@ -31,10 +33,29 @@ set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
     if (max == -1 && PyErr_Occurred()) return NULL;
     PyObject **slots[5] = {&ls_event_type, &ls_failed, &ls_attach, &ls_slow, &ls_too_large};
     for (int i = 0; i < 5; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    Py_XSETREF(ls_check_name, Py_NewRef(a[6]));
     ls_max = max;
     /* Event(name, timestamp, data) without the argument tuple and type_call (see event_vectorcall) */
     ((PyTypeObject *)a[0])->tp_vectorcall = event_vectorcall;
     Py_RETURN_NONE;
+}
+
+/* The name rule (shmstat.names) for an event's name: its common case, 1 to MAX_EVENT_NAME_BYTES characters of
+ * printable ASCII, is accepted here; anything else goes to shmstat.names.check_event_name, which accepts it or
+ * raises exactly as on the pure-Python path. 0 if the name is one, -1 with the exception set if not. */
+static int
+check_event_name(PyObject *name)
+{
+    if (PyUnicode_CheckExact(name) && PyUnicode_IS_ASCII(name)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(name), i = 0;
+        const Py_UCS1 *p = PyUnicode_1BYTE_DATA(name);
+        while (i < n && p[i] >= 0x20 && p[i] < 0x7f) i++;
+        if (i == n && n >= 1 && n <= MAX_EVENT_NAME_BYTES) return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(ls_check_name, name);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
 }
 
 /* sync_log_state(handler_tuple, publisher, auto_init_done): STATE's fields changed (see above). */
@@ -169,6 +190,12 @@ c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_TypeError, "log_event expects an Event, not %s", _PyType_Name(Py_TYPE(event)));
         return NULL;
     }
+    PyObject *name = ((EventBaseObject *)event)->name;
+    if (name == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_name");
+        return NULL;
+    }
+    if (check_event_name(name) < 0) return NULL;  /* before any handler sees it */
     if (PyTuple_GET_SIZE(fs_handlers) && run_handlers(event) < 0) return NULL;
     return publish_event(event);
 }

@@ -31,6 +31,8 @@ from .._backend import backend
 from ..errors import EventTooLargeError
 from ..job import _state
 from ..job._state import STATE
+from ..names import KNOWN as _KNOWN
+from ..names import check_event_name
 from ..wire import MAX_EVENT_BYTES
 from ._eventdata import (
     _NS_PER_S,
@@ -56,6 +58,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger("shmstat")
+
+_KNOWN_NAMES = _KNOWN[0]  # names found valid so far (shmstat.names)
 
 STAT_EVENT = "torch.monitor.Stat"
 """The name of the Event a Stat logs when a window closes (the same string torch uses)."""
@@ -261,11 +265,15 @@ def log_event(event: Event) -> None:
     With no handlers and no job attached this is a no-op; a job configured by the environment is attached on
     the first call, as by a :class:`Stat`. A handler's exception is logged and counted, never raised, and the
     remaining handlers still run; a handler may itself call ``log_event``. Raises :class:`TypeError` if
-    ``event`` is not an :class:`Event` and :class:`~shmstat.errors.EventTooLargeError` if it is to be published
-    and is over :data:`shmstat.wire.MAX_EVENT_BYTES` (after the local handlers saw it).
+    ``event`` is not an :class:`Event`, :class:`~shmstat.errors.ConfigError` if its name breaks the name rule of
+    :mod:`shmstat.names` (before any handler sees it; an Event itself takes any ``str``, as torch's does) and
+    :class:`~shmstat.errors.EventTooLargeError` if it is to be published and is over
+    :data:`shmstat.wire.MAX_EVENT_BYTES` (after the local handlers saw it).
     """
     if not isinstance(event, Event):
         raise TypeError(f"log_event expects an Event, not {type(event).__name__}")
+    if event._name not in _KNOWN_NAMES:
+        check_event_name(event._name)
     for callback in STATE.handler_tuple:
         try:
             callback(event)
@@ -337,6 +345,7 @@ def _dispatch_local(event: Event) -> None:
 _py_log_event = log_event
 if (_BACKEND.log_event is not None and _BACKEND.set_log_state is not None and _BACKEND.sync_log_state is not None
         and _EventStorage is not _PyEventStorage):
-    _BACKEND.set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES)
+    _BACKEND.set_log_state(Event, _handler_failed, _attach_from_env, _publish, _too_large, MAX_EVENT_BYTES,
+                           check_event_name)
     _state.set_sync_hook(_BACKEND.sync_log_state)  # the C log_event reads its copy of STATE's fields
     log_event = _BACKEND.log_event  # type: ignore[assignment]  # the same function, in C (tests/rank/test_event_paths.py)

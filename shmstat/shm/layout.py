@@ -128,6 +128,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from .. import names as _names
+
 __all__ = [
     "BANK_SIZE",
     "DEFAULT_BANKS",
@@ -166,8 +168,8 @@ HIST_SIZE = 2240
 HIST_BUCKETS = 272  # shmstat.histogram.MAX_BUCKETS
 HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
 FLAG_HIGHER_IS_BETTER = 1
-MAX_NAME_BYTES = 80
-MAX_GROUP_BYTES = 48
+MAX_NAME_BYTES = _names.MAX_STAT_NAME_BYTES  # 80: the name rule's limits for a stat are these fields' sizes
+MAX_GROUP_BYTES = _names.MAX_GROUP_BYTES  # 48
 
 DEFAULT_MAX_RANKS = 64
 DEFAULT_MAX_STATS = 512
@@ -223,6 +225,7 @@ _RANK_DROPS = struct.Struct("<QQQ")  # dropped, stats_refused, writers_refused
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
 D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_FLAGS, D_HIST, D_NAME, D_GROUP = 40, 48, 56, 64, 72, 80, 160
 _DESC_HEAD = struct.Struct("<QQqQqQQQQq")
+assert D_NAME + MAX_NAME_BYTES == D_GROUP and D_GROUP + MAX_GROUP_BYTES == DESC_SIZE  # the fields hold the rule
 
 # Histogram header fields (byte offsets inside a histogram).
 HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI, HI_POS_INF, HI_NEG_INF = 0, 8, 16, 24, 32, 40, 48, 56

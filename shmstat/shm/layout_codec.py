@@ -11,6 +11,7 @@ import struct
 from itertools import compress
 from typing import TYPE_CHECKING
 
+from .. import names as _names
 from ..histogram import MAX_SCALE as _MAX_SCALE
 from ..histogram import MIN_SCALE as _MIN_SCALE
 from ..histogram import Histogram as _Histogram
@@ -112,8 +113,12 @@ def descriptor_problem(desc: StatDescriptor, geometry: Geometry | None = None) -
         return f"max_samples {desc.max_samples} under 1"
     if desc.agg_mask & ~VALID_AGG_MASK:
         return f"aggregation mask {desc.agg_mask:#x} names no known aggregation"
-    if not desc.name or "\ufffd" in desc.name or "\ufffd" in desc.group:
-        return "empty or invalid UTF-8 name"
+    for what, text, problem in (("name", desc.name, _names.name_problem(desc.name, MAX_NAME_BYTES)),
+                                ("group", desc.group, _names.group_problem(desc.group))):
+        if problem is not None:
+            if any("\udc80" <= ch <= "\udcff" for ch in text):  # read_descriptor's mark of bytes that are not UTF-8
+                return f"the {what} is not valid UTF-8"
+            return f"the {what} {text[:40]!r} breaks the name rule: it {problem}"
     return None
 
 
@@ -126,8 +131,9 @@ def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: 
         return None
     name_len = min(name_len, MAX_NAME_BYTES)
     group_len = min(group_len, MAX_GROUP_BYTES)
-    name = bytes(buf[off + D_NAME : off + D_NAME + name_len]).decode("utf-8", "replace")
-    group = bytes(buf[off + D_GROUP : off + D_GROUP + group_len]).decode("utf-8", "replace")
+    # bytes that are not UTF-8 become lone surrogates, which descriptor_problem refuses (a rank never writes them)
+    name = bytes(buf[off + D_NAME : off + D_NAME + name_len]).decode("utf-8", "surrogateescape")
+    group = bytes(buf[off + D_GROUP : off + D_GROUP + group_len]).decode("utf-8", "surrogateescape")
     return StatDescriptor(local_rank, stat, name, group, window_ms, max_samples, mask, emitted, inc, flags, hist - 1)
 
 
@@ -198,12 +204,7 @@ def read_hist(buf: memoryview, offset: int) -> Histogram | None:
 
 
 def encode_name(text: str, limit: int, what: str) -> bytes:
-    """UTF-8 encode a stat name or group, or raise ConfigError if empty or longer than ``limit`` bytes."""
-    from ..errors import ConfigError
-
-    if not isinstance(text, str) or not text:
-        raise ConfigError(f"{what} must be a non-empty string, got {text!r}")
-    raw = text.encode("utf-8")
-    if len(raw) > limit:
-        raise ConfigError(f"{what} {text[:40]!r}... is {len(raw)} bytes in UTF-8; shorten it to at most {limit}")
-    return raw
+    """UTF-8 encode a stat name (``limit`` :data:`MAX_NAME_BYTES`) or group (:data:`MAX_GROUP_BYTES`), or raise
+    ConfigError naming the rule (:mod:`shmstat.names`) if it breaks it."""
+    text = _names.check_group(text, what) if limit == MAX_GROUP_BYTES else _names.check_name(text, what, limit)
+    return text.encode("utf-8")

@@ -23,7 +23,8 @@ Payload (frame 2, at most :data:`MAX_PAYLOAD` bytes) — a msgpack map with exac
 
     event   [name: str, ts_ns: int, data: {str: str | int | float | bool}]   name == topic after "event/"
     metric  [group: str, name: str, value: int | float | bool, ts: float | int (unix seconds)]
-                                                                   "<group>/<name>" == topic after "metric/"
+                                                                   "<group>/<name>" == topic after "metric/",
+                                                                   no "/" in group (shmstat.names)
     stat    {str: str | int | float | bool | None}   (made by the collector); a stat keeping percentiles also
             has "hist": {"scale": int, "zero": int, "pos": [offset: int, [count: int, ...]],
             "neg": [offset: int, [count: int, ...]], and "pos_inf": int, "neg_inf": int when not 0 (the +inf
@@ -125,12 +126,14 @@ def event_topic(name: str) -> str:
 
 
 def metric_topic(group: str, name: str) -> str:
-    """The topic of metric ``name`` in ``group``: ``metric/<group>/<name>``."""
+    """The topic of metric ``name`` in ``group``: ``metric/<group>/<name>`` (one topic per pair: a group holds no
+    ``/`` by the name rule of :mod:`shmstat.names`, so the topic splits back at its second ``/``)."""
     return f"metric/{group}/{name}"
 
 
 def stat_topic(group: str, name: str) -> str:
-    """The topic of the windows of stat ``name`` in ``group``: ``stat/<group>/<name>``."""
+    """The topic of the windows of stat ``name`` in ``group``: ``stat/<group>/<name>`` (one topic per pair, as
+    :func:`metric_topic`)."""
     return f"stat/{group}/{name}"
 
 

@@ -58,6 +58,8 @@ def encode_item_reason(kind: str, item: Any) -> str | None:
         group, name, value, ts = item
         if not isinstance(group, str) or not isinstance(name, str):
             return "a metric group or name is not a str"
+        if "/" in group:
+            return "a metric group holds '/' (the topic's separator, kept out of groups by shmstat.names)"
         if not isinstance(value, (int, float)):
             return f"a metric value is a {type(value).__name__}, not int/float"
         if not isinstance(ts, (int, float)) or isinstance(ts, bool):
@@ -100,6 +102,7 @@ def fast_ok(kind: str, items: Sequence[Any]) -> bool:
             if (
                 type(group) is not str
                 or type(name) is not str
+                or "/" in group
                 or type(value) not in data_types
                 or type(value) is str
                 or (type(ts) is not float and type(ts) is not int)
@@ -131,13 +134,16 @@ def check_event_items(items: list[Any], name_expected: str) -> None:
 
 
 def check_metric_items(items: list[Any], rest: str) -> None:
-    """Raise WireError unless every item is exactly ``[group, name, value, ts]`` with ``group/name == rest``."""
+    """Raise WireError unless every item is exactly ``[group, name, value, ts]`` with ``group/name == rest`` and no
+    ``/`` in ``group`` (so a topic names one group and one name)."""
     for item in items:
         if type(item) is not list or len(item) != 4:
             _fail("a metric item is not a [group, name, value, ts] array")
         group, name, value, ts = item
         if type(group) is not str or type(name) is not str:
             _fail("a metric item's group or name is not a str")
+        if "/" in group:
+            _fail("a metric item's group holds '/'")
         if rest != f"{group}/{name}":
             _fail("a metric item's group and name do not match its topic")
         tv = type(value)

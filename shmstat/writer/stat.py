@@ -32,6 +32,7 @@ from .._backend import backend
 from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
 from ..errors import ConfigError
 from ..histogram import Histogram
+from ..names import MAX_STAT_NAME_BYTES, check_group, check_name
 from ..shm import layout as L
 from ._pywriter import coerce_value
 from ._writer import WindowSummary, binding_for
@@ -80,7 +81,8 @@ class Stat:
     :func:`shmstat.shm.layout.min_window_ms`). The add that brings a window to ``max_samples`` logs it at once and
     the window's later adds are discarded, as in torch.monitor. Keyword-only extras: ``group`` (the metric group the
     collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
-    flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests).
+    flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests). ``name`` and
+    ``group`` follow the name rule of :mod:`shmstat.names` (in a job or not): :class:`ConfigError` otherwise.
     ``Aggregation.P50``/``P90``/``P99``/``P999`` keep an exponential histogram per window (same figures
     in process and in a job; error bound in :mod:`shmstat.histogram`).
 
@@ -105,10 +107,8 @@ class Stat:
         higher_is_better: bool = False,
         clock: Clock = time.time_ns,
     ) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"Stat name must be a str, not {type(name).__name__}")
-        if not name:
-            raise ConfigError("Stat name must not be empty")
+        name = check_name(name, "Stat name", MAX_STAT_NAME_BYTES)  # the name rule (shmstat.names)
+        group = check_group(group, "Stat group")
         if isinstance(max_samples, bool) or not isinstance(max_samples, int):
             raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
         if max_samples < 1:

@@ -121,7 +121,8 @@ def test_well_formed_messages_are_accepted_with_their_header() -> None:
         "event", 3, 4, 5, 6, 3)
     accepted(b"event/", wire.encode("event", -1, 0, 0, 0, [["", -5, {}]]))
     accepted(b"metric/a/b/c", wire.encode("metric", 0, 1, 2, (1 << 64) - 1,
-                                          [["a", "b/c", True, 1], ["a/b", "c", 2.5, 1.5]]))
+                                          [["a", "b/c", True, 1], ["a", "b/c", 2.5, 1.5]]))
+    assert agree(b"metric/a/b/c", pack(header("metric", [["a", "b/c", 1, 2], ["a/b", "c", 1, 2]]))) == "refused"
     accepted("event/é€😀".encode(), wire.encode("event", 0, 1, 0, 0, [["é€😀", 0, {"ключ": "значение"}]]))
     for wide in (1, 2):  # non-canonical widths are still valid msgpack
         accepted(b"event/e", pack(header(items=[["e", 7, {"a": 1, "b": -2, "c": 0.5, "d": "x", "e": False}]]),

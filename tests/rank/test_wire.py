@@ -73,9 +73,13 @@ def test_metric_round_trip() -> None:
     assert type(msg.items[2][2]) is bool
 
 
-def test_group_and_name_with_slashes_must_match_topic_exactly() -> None:
-    items = [["a/b", "c", 1, 1.0]]
+def test_a_metric_name_may_hold_slashes_and_a_group_may_not() -> None:
+    items = [["a", "b/c", 1, 1.0]]
     assert decode(b"metric/a/b/c", encode("metric", 0, 1, 0, 0, items)).items == items
+    with pytest.raises(WireError, match="holds '/'"):  # the topic would be the same: one of them is refused
+        encode("metric", 0, 1, 0, 0, [["a/b", "c", 1, 1.0]])
+    raw = msgpack.packb({"v": 1, "k": "metric", "r": 0, "p": 1, "i": 0, "s": 0, "items": [["a/b", "c", 1, 1.0]]})
+    _rejects(b"metric/a/b/c", raw, "holds '/'")
 
 
 @pytest.mark.parametrize("kind", ["stat", "rank"])
