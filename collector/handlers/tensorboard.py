@@ -16,12 +16,14 @@ framework-free summary writer; install it with ``pip install 'shmstat[tensorboar
   rows: they carry no job start) has the start of its first window as origin, unless
   :meth:`~TensorboardMetricHandler.start_job` said when it started. Wall time = the window's end;
 - a row with no window (a metric a rank put, a usage sample) gets step = a per-tag counter (its n-th value
-  since this collector started) and its own timestamp as wall time;
+  since this collector started) and its own timestamp as wall time; a job's rows with no window go to a run of
+  their own, ``DIR/<job>/metrics/``, so a put metric never shares a tag with a stat's figure (a put
+  ``x.count`` next to the stat ``x``);
 - a value that is not a real number, or not finite as a float32 (NaN, infinities, beyond 3.4e38), is skipped
   and counted (:attr:`TensorboardMetricHandler.skipped_nonfinite`, ``skipped_not_numeric``);
 - whole passes come as columns (``emit_columns``), written as the same scalars in the same order;
 - rows of a job go to ``DIR/<job>/`` (the node collector serves several jobs), one writer and one event file
-  per job; the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.api.AgentMetricData`) go to
+  per job (and its ``metrics/`` run for rows with no window); the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.api.AgentMetricData`) go to
   a run of their own, ``DIR/<job>/agent/``; rows naming no job go to ``DIR`` itself. ``DIR`` and the
   directories under it are created mode 0700.
 
@@ -59,6 +61,9 @@ _FLOAT32_MAX = 3.4028234663852886e38
 """TensorBoard stores a scalar as a float32: a finite float64 beyond this would be written as an infinity."""
 AGENT_RUN = "agent"
 """The run (directory under ``DIR/<job>/``) of the agent's metrics."""
+PUT_RUN = "metrics"
+"""The run (directory under ``DIR/<job>/``) of the metrics the job's ranks put: a tag of its own namespace, so a
+put metric ``x.count`` of rank 0 in group ``g`` is never the stat ``x``'s ``rank0/g/x.count``."""
 ORIGIN_FILE = "shmstat-origin.json"
 """Where, in ``DIR/<job>/``, the origin of the job's steps is kept (``{"job": ..., "origin_ns": ...}``)."""
 
@@ -157,8 +162,14 @@ class TensorboardMetricHandler(MetricHandler):
             with self._lock:
                 self.skipped_not_numeric += 1
             return
-        run = AGENT_RUN if isinstance(metric_data, AgentMetricData) else ""
-        self._write(getattr(metric_data, "job", None), run,
+        job = getattr(metric_data, "job", None)
+        if isinstance(metric_data, AgentMetricData):
+            run = AGENT_RUN
+        elif job is not None and getattr(metric_data, "window_start", None) is None:
+            run = PUT_RUN
+        else:
+            run = ""
+        self._write(job, run,
                     ((float(metric_data.timestamp), metric_data.group_name, metric_data.name, float(value),
                       getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
                       getattr(metric_data, "window_end", None)),))

@@ -121,8 +121,10 @@ def test_rows_without_window_nonfinite_values_and_jobs(tmp_path):
     handler.close()
     assert (handler.written, handler.skipped_nonfinite, handler.skipped_not_numeric) == (9, 4, 1)
     a = _read_scalars(str(tmp_path / "tb" / "a"))  # no job start given: steps from the first window seen
-    assert a == {"g/lat.max": [(0, 2.0, 1.5), (2, 2.5, 5.0)], "rank3/g/lat.max": [(0, 2.0, 2.5)],
-                 "rank1/g/loss": [(0, 100.0, 0.0), (1, 101.0, 1.0), (2, 102.0, 2.0)]}
+    assert a == {"g/lat.max": [(0, 2.0, 1.5), (2, 2.5, 5.0)], "rank3/g/lat.max": [(0, 2.0, 2.5)]}
+    # put metrics: a run of their own, so a put "lat.max" could never be the stat's "g/lat.max"
+    assert _read_scalars(str(tmp_path / "tb" / "a" / "metrics")) == {
+        "rank1/g/loss": [(0, 100.0, 0.0), (1, 101.0, 1.0), (2, 102.0, 2.0)]}
     assert _read_scalars(str(tmp_path / "tb" / "b")) == {"g/lat.max": [(0, 2.25, 4.0)]}
     assert _read_scalars(str(tmp_path / "tb" / "c")) == {"g/lat.max": [(2, 5.25, 6.0)]}  # 4.6 s is in window 18
     assert json.loads((tmp_path / "tb" / "a" / "shmstat-origin.json").read_text()) == {
@@ -250,10 +252,12 @@ def test_the_agents_metrics_have_a_run_of_their_own_and_nothing_lands_at_the_roo
             "torchelastic/Agent._start_workers.success"} <= set(agent)
     assert all(tag.startswith("torchelastic/") for tag in agent)
     assert [v for _, _, v in agent["torchelastic/workers.default.run_total"]] == [1.0]
-    ranks = _read_scalars(str(logdir / job))  # the job's own run: its ranks' windows and put metrics only
+    ranks = _read_scalars(str(logdir / job))  # the job's own run: its ranks' windows only
     assert not [tag for tag in ranks if tag.startswith("torchelastic/")]
     assert sum(v for _, _, v in ranks["train/step_ms.count"]) == 2 * 20
-    successes = [tag for tag in ranks if tag.endswith("train_step.success")]
+    put = _read_scalars(str(logdir / job / "metrics"))  # what the ranks put, in a run of its own
+    assert not [tag for tag in ranks if tag.endswith("train_step.success")]
+    successes = [tag for tag in put if tag.endswith("train_step.success")]
     assert sorted(successes) == ["rank0/trainer/__main__.train_step.success",
                                  "rank1/trainer/__main__.train_step.success"]
-    assert all(len(ranks[tag]) == 20 for tag in successes)
+    assert all(len(put[tag]) == 20 for tag in successes)
