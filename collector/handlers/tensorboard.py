@@ -23,7 +23,8 @@ framework-free summary writer; install it with ``pip install 'shmstat[tensorboar
   and counted (:attr:`TensorboardMetricHandler.skipped_nonfinite`, ``skipped_not_numeric``);
 - whole passes come as columns (``emit_columns``), written as the same scalars in the same order;
 - rows of a job go to ``DIR/<job>/`` (the node collector serves several jobs), one writer and one event file
-  per job (and its ``metrics/`` run for rows with no window); the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.api.AgentMetricData`) go to
+  per job (and its ``metrics/`` run for rows with no window);
+  the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.api.AgentMetricData`) go to
   a run of their own, ``DIR/<job>/agent/``; rows naming no job go to ``DIR`` itself. ``DIR`` and the
   directories under it are created mode 0700.
 
