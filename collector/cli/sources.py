@@ -4,8 +4,9 @@ job a collector serves on this node (neither: the node collector's jobs, and tho
 
 A collector binds a job's publish socket at :func:`shmstat.shm.runtime.publish_endpoint` (an ``ipc://`` path in
 the owner-only runtime directory) while it serves the job and removes it when it stops; the job's segment is in
-``/dev/shm`` from the first rank or collector on until the job is over. So the jobs served now are the segments of
-this user whose publish socket exists, and a job is over once both are gone.
+``/dev/shm`` from the first rank or collector on until the job is over, and its header names the collector
+serving it (0 once the last one emitted every window, -1 when it left windows for a next one). So the jobs served
+now are the segments of this user whose publish socket exists, and :func:`job_over` tells a job that ended.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import os
 import stat
 
+from shmstat.errors import ShmstatError
+from shmstat.shm.layout import RankState
 from shmstat.shm.runtime import publish_endpoint, segment_name
+from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import SHM_DIR, entry_problem, scan_shm
 
-__all__ = ["segment_exists", "served_jobs", "socket_identity"]
+__all__ = ["job_over", "served_jobs", "socket_identity"]
 
 
 def socket_identity(endpoint: str) -> int | None:
@@ -33,9 +37,22 @@ def socket_identity(endpoint: str) -> int | None:
     return st.st_ino
 
 
-def segment_exists(job: str) -> bool:
-    """Whether the job's segment is in ``/dev/shm`` (a job is over once it is gone)."""
-    return os.path.lexists(SHM_DIR + segment_name(job))
+def job_over(job: str) -> bool:
+    """Whether ``job`` is over, at a look (no lock taken): its segment is gone, or no collector serves it, no
+    rank of it is active and the last collector did not leave windows for a next one."""
+    if not os.path.lexists(SHM_DIR + segment_name(job)):
+        return True
+    try:
+        seg = Segment.open(job, create=False, wait=False)
+    except (ShmstatError, OSError, ValueError):
+        return False  # being created, or not ours to read: not known to be over
+    try:
+        collector = seg.header().collector_pid
+        if collector == -1 or (collector > 0 and pid_alive(collector)):
+            return False
+        return not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in seg.ranks())
+    finally:
+        seg.close()
 
 
 def served_jobs() -> dict[str, str]:

@@ -28,7 +28,7 @@ from shmstat.shm.runtime import publish_endpoint
 from shmstat.shm.shm_entries import Skipped, entry_problem
 from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, followed_kinds
 
-from .sources import segment_exists, served_jobs, socket_identity
+from .sources import job_over, served_jobs, socket_identity
 
 __all__ = ["gap_line", "message_to_json", "subscribe"]
 
@@ -93,6 +93,7 @@ class _Source:
     endpoint: str
     job: str | None
     ends: bool
+    discovered: bool = False  # node-wide: let go when the job ends, picked up again if it starts again
     sock: zmq.Socket | None = None
     inode: int | None = None  # the socket file's identity while it was there (node-wide: to tell a new one)
     seen: bool = False  # its socket file (or a message) was seen: it can end
@@ -184,13 +185,16 @@ class _Subscriber:
         self.end(source, f"shmstat subscribe: {name} ended (its collector's last message received)")
 
     def end(self, source: _Source, line: str) -> None:
-        """``source``'s job is over: say so; a ``--job`` one is done, a discovered one let go."""
+        """``source``'s job is over: say so; a ``--job`` one is done (unless followed on), a discovered one let go
+        (picked up again if the job starts again)."""
         print(line, file=sys.stderr, flush=True)
         if self.records:
             self._write(json.dumps({"record": "end", "source": source.endpoint, "job": source.job}))
-        if source.job is not None:
+        if source.ends or source.discovered:
             self.disconnect(source)
             source.done = True
+        else:
+            self.tracker.forget(source.endpoint)  # followed on: the next collector there starts anew
 
     def _write(self, line: str) -> None:
         self.out.write(line + "\n")
@@ -284,20 +288,22 @@ def _discover(sub: _Subscriber, discovered: dict[str, _Source]) -> None:
             continue
         if known is not None:
             sub.tracker.forget(known.endpoint)
-        source = discovered[job] = _Source(endpoint, job, False)
+        source = discovered[job] = _Source(endpoint, job, False, discovered=True)
         sub.connect(source)
         print(f"shmstat subscribe: following job {job}", file=sys.stderr, flush=True)
 
 
 def _watch_ends(sub: _Subscriber, sources: list[_Source], now: float) -> None:
-    """A job whose collector went away without a final heartbeat (killed, or the heartbeat lost to a full
-    queue) has ended once its socket and its segment are gone for :data:`_GONE_S`."""
+    """A job whose final heartbeat did not arrive (its collector killed, or the heartbeat lost to a full queue)
+    has ended once its socket is gone and :func:`job_over` says so, for :data:`_GONE_S`."""
     for source in sources:
         if source.job is None or source.done or source.sock is None:
             continue
+        if not source.ends and not source.discovered:
+            continue  # --follow: a job that is gone may start again
         there = socket_identity(source.endpoint) is not None
         source.seen = source.seen or there
-        if there or not source.seen or segment_exists(source.job):
+        if there or not source.seen or not job_over(source.job):
             source.gone_since = None
             continue
         if source.gone_since is None:

@@ -84,8 +84,7 @@ class Relay:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
         self.pid = os.getpid() if pid is None else pid
-        self.book = SenderBook(self.pid, _MAX_TRACKED)
-        """Every sender's newest sequence number and items relayed, for the heartbeats."""
+        self.book = SenderBook(self.pid, _MAX_TRACKED)  # every sender's newest seq and items, for heartbeats
         self.heartbeat_interval_s = heartbeat_interval_s
         self._next_beat = 0.0
         self._seq = 0
@@ -233,26 +232,28 @@ class Relay:
         self._send([topic.encode("utf-8"), payload], kind)
 
     def heartbeat_if_due(self, now: float | None = None) -> None:
-        """Publish a heartbeat (:mod:`shmstat.wire.heartbeat`) if ``heartbeat_interval_s`` has passed since the
-        last one and someone listens on its topic; ``now`` is :func:`time.monotonic`."""
+        """Publish a heartbeat (:mod:`shmstat.wire.heartbeat`) every ``heartbeat_interval_s`` (``now``:
+        :func:`time.monotonic`) if someone listens on its topic."""
         now = time.monotonic() if now is None else now
         if now < self._next_beat:
             return
         self._next_beat = now + self.heartbeat_interval_s
-        self._drain_subscriptions()
         if self.wants(wire.HEARTBEAT_TOPIC):
             for frames in self.book.heartbeat():
                 self._send(frames, wire.HEARTBEAT_KIND)
 
-    def final_heartbeat(self, job_ended: bool, wait_s: float = 0.5) -> None:
-        """The last heartbeat, as the collector closes (``job_ended``: no rank alive, every window emitted). A
-        subscriber whose queue is full gets up to ``wait_s`` to make room for it; it comes after everything this
-        relay sent, so a subscriber that reads it has had the job's last messages."""
+    def final_heartbeat(self, job_ended: bool, wait_s: float = 1.0) -> None:
+        """The last heartbeat, as the collector closes (``job_ended``: no rank alive, every window emitted); it
+        comes after everything this relay sent, so a subscriber that reads it has had the job's last messages.
+        A subscriber whose queue is full gets up to ``wait_s`` to make room for it; after an overflow libzmq
+        skips an overflowed subscriber unseen until it has read half its queue, so then the beat is sent again
+        every 0.1 s within ``wait_s`` (a repeat tells nothing new: subscribers count it once)."""
         self._drain_subscriptions()
         if not self.wants(wire.HEARTBEAT_TOPIC):
             return
         deadline = time.monotonic() + wait_s
-        for frames in self.book.heartbeat(final=True, job_ended=job_ended):
+        beat = self.book.heartbeat(final=True, job_ended=job_ended)
+        for frames in beat:
             while time.monotonic() < deadline:
                 try:
                     self.xpub.send_multipart(frames, zmq.NOBLOCK)
@@ -262,6 +263,11 @@ class Relay:
                     time.sleep(0.005)
             else:
                 self._send(frames, wire.HEARTBEAT_KIND)
+        while any(self.counters.overflows.values()) and time.monotonic() + 0.1 < deadline:
+            time.sleep(0.1)
+            for frames in beat:
+                with contextlib.suppress(zmq.Again):
+                    self.xpub.send_multipart(frames, zmq.NOBLOCK)
 
     def _send(self, frames: list[bytes], kind: str) -> None:
         if not self.prefixes:  # nobody subscribed: the XPUB would discard it anyway
@@ -269,8 +275,7 @@ class Relay:
         try:
             self.xpub.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:  # a subscriber of this topic has a full queue: count, then give it to the others
-            overflows = self.counters.overflows
-            overflows[kind] = overflows.get(kind, 0) + 1
+            self.counters.overflows[kind] = self.counters.overflows.get(kind, 0) + 1
             self.xpub.setsockopt(zmq.XPUB_NODROP, 0)
             try:
                 self.xpub.send_multipart(frames, zmq.NOBLOCK)
