@@ -238,3 +238,12 @@ def test_followed_kinds_are_those_received_whole():
     assert followed_kinds([]) == {"event", "metric", "stat", "rank"}
     assert followed_kinds(["event/", "stat"]) == {"event", "stat"}
     assert followed_kinds(["event/tick", "stat/train/"]) == frozenset()
+
+
+def test_the_book_of_senders_is_bounded_and_forgets_the_least_recently_active():
+    book = SenderBook(pid=7, max_senders=1000)
+    for rank in range(5000):
+        book.relayed((rank, 1, 0), "event", 1, 1)
+        book.relayed((0, 1, 0), "metric", 1, 1)  # one sender stays active all along
+    assert len(book._senders) <= 1000
+    assert (0, 1, 0) in book._senders and (4999, 1, 0) in book._senders and (100, 1, 0) not in book._senders
