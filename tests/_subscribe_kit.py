@@ -1,8 +1,8 @@
 """Node-wide ``shmstat subscribe`` in a private /dev/shm (a mount namespace): ``python tests/_subscribe_kit.py
 WORKDIR`` first runs ``shmstat subscribe --timeout 1`` with no collector on the node, then starts ``shmstat
 subscribe --json`` with no endpoint and no ``--job``, a node collector, and the ranks of two jobs nobody named;
-each rank attaches, waits until the subscriber follows its job, adds its samples and logs an event. Once the
-subscriber said both jobs ended it is stopped; ``WORKDIR/result.json`` holds what it printed."""
+each rank attaches, waits until the subscriber has had a heartbeat of its job, adds its samples and logs an
+event. Once the subscriber said both jobs ended it is stopped; ``WORKDIR/result.json`` holds what it printed."""
 
 from __future__ import annotations
 
@@ -57,6 +57,11 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _beaten(path: str, job: str) -> bool:
+    lines = [json.loads(line) for line in _read(path).split("\n")[:-1]]
+    return any(line.get("kind") == "heartbeat" and line.get("job") == job for line in lines)
+
+
 def main(workdir: str) -> None:
     runtime = tempfile.mkdtemp(prefix="subs-", dir="/tmp")  # Unix socket paths must stay short
     env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=runtime)
@@ -79,8 +84,8 @@ def main(workdir: str) -> None:
             procs.append(ctx.Process(target=rank, args=(job, r, world, go)))
     for p in procs:
         p.start()
-    for job in jobs:  # the ranks start adding once the subscriber follows their job
-        _wait(lambda job=job: f"following job {job}" in _read(err), 30)
+    for job in jobs:  # the ranks start adding once the subscriber receives their job's stream (a heartbeat)
+        _wait(lambda job=job: _beaten(out, job), 30)
         open(os.path.join(workdir, f"{job}.go"), "w").close()
     for p in procs:
         p.join(120)

@@ -224,10 +224,10 @@ def subscribe(
     if follow and not jobs:
         raise ConfigError("--follow keeps following a --job after it ends; name the job with --job JOB")
     node_wide = not endpoints and not jobs
-    sources = [_Source(ep, None, False) for ep in endpoints if _usable(ep)]
-    sources += [_Source(publish_endpoint(job), job, not follow) for job in jobs]
+    named = [*((ep, None) for ep in endpoints), *((publish_endpoint(job), job) for job in jobs)]
+    sources = [_Source(ep, job, job is not None and not follow) for ep, job in named if _usable(ep)]
     if not node_wide and not sources:
-        raise ConfigError(f"no endpoint to subscribe to: {', '.join(endpoints)} skipped")
+        raise ConfigError(f"no endpoint to subscribe to: {', '.join(ep for ep, _ in named)} skipped")
     sub = _Subscriber(topics, out, records)
     try:
         for source in sources:
