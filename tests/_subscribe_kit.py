@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,7 @@ def main(workdir: str) -> None:
     code = sub.wait(30)
     coll.send_signal(signal.SIGTERM)
     coll.wait(30)
+    shutil.rmtree(runtime, ignore_errors=True)
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump({"jobs": jobs, "exitcodes": [p.exitcode for p in procs], "code": code, "out": _read(out),
                    "err": _read(err), "idle_code": idle.returncode, "idle_err": idle.stderr}, f)
