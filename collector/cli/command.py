@@ -51,12 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
 
-    s = command("subscribe", _subscribe, "print every message of one or more collectors as JSON lines")
-    s.add_argument("endpoints", nargs="*", metavar="ENDPOINT")
-    s.add_argument("--job", action="append", default=[], help="subscribe to this job's collector on this node")
+    s = command("subscribe", _subscribe, "print the messages of collectors as JSON lines, and what was lost")
+    s.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
+                   help="collector publish endpoints (default: every job a collector serves on this node)")
+    s.add_argument("--job", action="append", default=[],
+                   help="subscribe to this job's collector on this node, until the job ends (repeatable)")
+    s.add_argument("--follow", action="store_true", help="with --job: keep following after the job ends")
     s.add_argument("--topic", action="append", default=[], metavar="PREFIX", help="only topics with this prefix")
     s.add_argument("--count", type=int, default=None, help="exit after N messages")
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
+    s.add_argument("--json", action="store_true",
+                   help='also print heartbeats, and {"record": "gap"} and {"record": "end"} lines, on stdout')
 
     t = command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers")
     t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
@@ -127,14 +132,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _subscribe(args: argparse.Namespace) -> int:
-    from shmstat.shm.runtime import publish_endpoint
+    from shmstat.shm.runtime import validate_job
 
     from .subscribe import subscribe
 
-    endpoints = [*args.endpoints, *(publish_endpoint(job) for job in args.job)]
-    if not endpoints:
-        raise ConfigError("subscribe needs an ENDPOINT or --job JOB")
-    return subscribe(endpoints, topics=args.topic, count=args.count, timeout_s=args.timeout)
+    return subscribe(args.endpoints, jobs=[validate_job(j) for j in args.job], follow=args.follow,
+                     topics=args.topic, count=args.count, timeout_s=args.timeout, records=args.json)
 
 
 def _top(args: argparse.Namespace) -> int:

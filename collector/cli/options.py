@@ -54,7 +54,11 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--grace-ms", "grace_ms", int, f"wait this long after a window ends before reading it (at most "
                                          f"{MAX_GRACE_MS})"),
     Tuned("--publish-buffer-mb", "publish_buffer_bytes", float,
-          "MiB queued per subscriber before a slow one loses messages", scale=1 << 20),
+          "MiB queued per subscriber before a slow one loses messages (libzmq counts messages: MiB / 2 of them, "
+          "each at most 2 MiB)", scale=1 << 20),
+    Tuned("--heartbeat-interval", "heartbeat_interval_s", float,
+          "seconds between heartbeats on heartbeat/ (each sender's newest sequence number: subscribers see what "
+          "they lost)", metavar="SECONDS"),
     Tuned("--handler-queue", "handler_queue", int, "rows queued per handler before a slow one loses rows, counted"),
     Tuned("--hold-ms", "hold_ms", int, "at start-up, hold the ranks' events up to this long for subscribers to "
                                        "reconnect"),
@@ -139,6 +143,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
     for flag, value in (("--hold-ms", args.hold_ms), ("--status-interval", args.status_interval)):
         if value < 0:
             raise ConfigError(f"{flag} must not be negative, got {value}")
+    if not 0.01 <= args.heartbeat_interval <= 3600:
+        raise ConfigError(f"--heartbeat-interval must be between 0.01 and 3600 seconds, got {args.heartbeat_interval}")
     if not 1 <= args.publish_buffer_mb <= 1 << 20:
         raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
     if not 1 <= args.handler_queue <= 100_000_000:

@@ -1,4 +1,12 @@
-"""``shmstat subscribe``: tail one or more collectors' streams as JSON lines on stdout."""
+"""``shmstat subscribe``: tail collectors' streams as JSON lines on stdout, and say on stderr what was lost.
+
+Three ways to name what to follow (:mod:`collector.cli.sources`): ``ENDPOINT``s (followed until stopped), jobs
+(``--job J``: followed until J ends, after its collector's last message, unless ``--follow``), or nothing: every
+job a collector serves on this node, picked up as it starts and let go as it ends, until stopped. Every collector
+sends heartbeats (:mod:`shmstat.wire.heartbeat`); they are compared with what arrived, and each loss is one line on
+stderr (and a ``{"record": "gap"}`` line with ``--json``). Heartbeats are not data: they are printed only with
+``--json``, as messages of kind ``heartbeat``.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +17,24 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 import zmq
 
 from shmstat import wire
 from shmstat.errors import ConfigError, WireError
+from shmstat.shm.runtime import publish_endpoint
 from shmstat.shm.shm_entries import Skipped, entry_problem
+from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, followed_kinds
 
-__all__ = ["message_to_json", "subscribe"]
+from .sources import job_over, served_jobs, socket_identity
+
+__all__ = ["gap_line", "message_to_json", "subscribe"]
+
+_RCVHWM = 64  # messages queued in this process at most (each at most 2 MiB)
+_DISCOVER_S = 0.1  # node-wide: how often /dev/shm is looked at for jobs that start
+_GONE_S = 1.0  # a job whose socket and segment are gone this long, with no final heartbeat seen, has ended
 
 
 def _jsonable(value: Any) -> Any:
@@ -30,13 +47,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def message_to_json(msg: wire.WireMessage, endpoint: str) -> str:
-    """One JSON line for a decoded message: topic, kind, rank, pid, incarnation, seq, items, source."""
+def message_to_json(msg: wire.WireMessage, endpoint: str, job: str | None = None) -> str:
+    """One JSON line for a decoded message: topic, kind, rank, pid, incarnation, seq, items, source, job."""
     return json.dumps(
         {"topic": msg.topic, "kind": msg.kind, "rank": msg.rank, "pid": msg.pid, "incarnation": msg.incarnation,
-         "seq": msg.seq, "items": _jsonable(msg.items), "source": endpoint},
+         "seq": msg.seq, "items": _jsonable(msg.items), "source": endpoint, "job": job},
         allow_nan=False,
     )
+
+
+def gap_line(gap: Gap, job: str | None) -> str:
+    """The one stderr line of a gap: which job, sender and stream, how many items."""
+    who = f"job {job}, " if job else f"{gap.source}, "
+    sender = (f"the collector (pid {gap.pid})" if gap.rank == wire.COLLECTOR_RANK
+              else f"rank {gap.rank} (pid {gap.pid}, incarnation {gap.incarnation})")
+    if gap.stream == SENDER_STREAM:
+        return f"shmstat subscribe: gap: {who}{sender}: {gap.items} items dropped before they reached the collector"
+    return f"shmstat subscribe: gap: {who}{sender}: {gap.items} {gap.stream} items lost on the way to this subscriber"
 
 
 def _usable(endpoint: str) -> bool:
@@ -59,70 +86,231 @@ def _usable(endpoint: str) -> bool:
     return False
 
 
-def subscribe(
-    endpoints: Sequence[str], *, topics: Sequence[str] = (), count: int | None = None,
-    timeout_s: float | None = None, out: IO[str] | None = None,
-) -> int:
-    """Print every message from ``endpoints`` whose topic starts with one of ``topics`` (all if none).
+@dataclass
+class _Source:
+    """One endpoint followed: the job it is (None for a given endpoint), whether its end ends the command."""
 
-    Stops after ``count`` messages or ``timeout_s`` seconds if given, else on Ctrl-C. Malformed messages are
-    counted on stderr at the end, never printed as data. An ``ipc://`` endpoint whose path is not this user's
-    socket is skipped with one line (none left: :class:`ConfigError`). Returns the exit status.
+    endpoint: str
+    job: str | None
+    ends: bool
+    discovered: bool = False  # node-wide: let go when the job ends, picked up again if it starts again
+    sock: zmq.Socket | None = None
+    inode: int | None = None  # the socket file's identity while it was there (node-wide: to tell a new one)
+    seen: bool = False  # its socket file (or a message) was seen: it can end
+    gone_since: float | None = None
+    done: bool = False
+
+
+class _Subscriber:
+    """The sockets, the gap tracker and the output of one ``shmstat subscribe``."""
+
+    def __init__(self, topics: Sequence[str], out: IO[str], records: bool) -> None:
+        self.topics = [t.encode("utf-8") for t in topics] or [b""]
+        self.kinds = followed_kinds(topics)
+        if not any(wire.HEARTBEAT_TOPIC.encode().startswith(t) for t in self.topics):
+            self.topics.append(wire.HEARTBEAT_TOPIC.encode())  # last: its first beat follows the others' start
+        self.out, self.records = out, records
+        self.ctx = zmq.Context()
+        self.tracker = GapTracker(self.kinds)
+        self.sources: dict[zmq.Socket, _Source] = {}
+        self.poller = zmq.Poller()
+        self.seen = self.bad = self.gaps = 0
+
+    def connect(self, source: _Source) -> None:
+        sock = self.ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, _RCVHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
+        try:
+            sock.connect(source.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close()
+            raise ConfigError(f"cannot connect to {source.endpoint!r}: {exc}") from None
+        for t in self.topics:
+            sock.setsockopt(zmq.SUBSCRIBE, t)
+        source.sock = sock
+        source.inode = socket_identity(source.endpoint)
+        source.seen = source.seen or source.inode is not None
+        self.sources[sock] = source
+        self.poller.register(sock, zmq.POLLIN)
+
+    def disconnect(self, source: _Source) -> None:
+        if source.sock is not None:
+            self.poller.unregister(source.sock)
+            self.sources.pop(source.sock, None)
+            source.sock.close(0)
+            source.sock = None
+        self.tracker.forget(source.endpoint)
+
+    def drain(self, sock: zmq.Socket, limit: int | None) -> None:
+        """Take what ``sock`` holds (data messages up to ``limit`` more)."""
+        source = self.sources[sock]
+        while limit is None or self.seen < limit:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msg = wire.decode_frames(frames)
+            except WireError:
+                self.bad += 1
+                continue
+            source.seen = True
+            beat = self.tracker.take(source.endpoint, msg)
+            if beat is None:
+                self._write(message_to_json(msg, source.endpoint, source.job))
+                self.seen += 1
+                continue
+            if self.records:
+                self._write(message_to_json(msg, source.endpoint, source.job))
+            for gap in beat.gaps:
+                self.gaps += gap.items
+                print(gap_line(gap, source.job), file=sys.stderr, flush=True)
+                if self.records:
+                    self._write(json.dumps({"record": "gap", "source": gap.source, "job": source.job,
+                                            "rank": gap.rank, "pid": gap.pid, "incarnation": gap.incarnation,
+                                            "stream": gap.stream, "items": gap.items}))
+            if beat.final:
+                self._final(source, beat.job_ended)
+                if source.sock is None:
+                    break
+        self.out.flush()
+
+    def _final(self, source: _Source, job_ended: bool) -> None:
+        name = f"job {source.job}" if source.job else source.endpoint
+        if not job_ended:
+            print(f"shmstat subscribe: {name}: its collector stopped while the job runs; waiting for the next one",
+                  file=sys.stderr, flush=True)
+            return
+        self.end(source, f"shmstat subscribe: {name} ended (its collector's last message received)")
+
+    def end(self, source: _Source, line: str) -> None:
+        """``source``'s job is over: say so; a ``--job`` one is done (unless followed on), a discovered one let go
+        (picked up again if the job starts again)."""
+        print(line, file=sys.stderr, flush=True)
+        if self.records:
+            self._write(json.dumps({"record": "end", "source": source.endpoint, "job": source.job}))
+        if source.ends or source.discovered:
+            self.disconnect(source)
+            source.done = True
+        else:
+            self.tracker.forget(source.endpoint)  # followed on: the next collector there starts anew
+
+    def _write(self, line: str) -> None:
+        self.out.write(line + "\n")
+
+    def close(self) -> None:
+        for sock in list(self.sources):
+            sock.close(0)
+        self.ctx.term()
+
+
+def subscribe(
+    endpoints: Sequence[str] = (), *, jobs: Sequence[str] = (), follow: bool = False, topics: Sequence[str] = (),
+    count: int | None = None, timeout_s: float | None = None, records: bool = False, out: IO[str] | None = None,
+) -> int:
+    """Print every data message of ``endpoints``, of ``jobs``' collectors, or (neither) of every job served on
+    this node, whose topic starts with one of ``topics`` (all if none); report losses on stderr.
+
+    Stops after ``count`` data messages or ``timeout_s`` seconds if given, once every job of ``jobs`` has ended
+    (unless ``follow`` or endpoints are given too), else on Ctrl-C. ``records``: also print heartbeats and
+    ``{"record": "gap" | "end"}`` lines. Malformed messages are counted on stderr at the end, never printed. An
+    ``ipc://`` endpoint whose path is not this user's socket is skipped with one line (none left:
+    :class:`ConfigError`). Returns the exit status.
     """
     out = out if out is not None else sys.stdout
     if count is not None and count < 1:
         raise ConfigError(f"--count must be at least 1, got {count}")
-    usable = [ep for ep in endpoints if _usable(ep)]
-    if not usable:
-        raise ConfigError(f"no endpoint to subscribe to: {', '.join(endpoints)} skipped")
-    endpoints = usable
-    ctx = zmq.Context()
-    socks: dict[zmq.Socket, str] = {}
-    poller = zmq.Poller()
+    if follow and not jobs:
+        raise ConfigError("--follow keeps following a --job after it ends; name the job with --job JOB")
+    node_wide = not endpoints and not jobs
+    named = [*((ep, None) for ep in endpoints), *((publish_endpoint(job), job) for job in jobs)]
+    sources = [_Source(ep, job, job is not None and not follow) for ep, job in named if _usable(ep)]
+    if not node_wide and not sources:
+        raise ConfigError(f"no endpoint to subscribe to: {', '.join(ep for ep, _ in named)} skipped")
+    sub = _Subscriber(topics, out, records)
     try:
-        for ep in endpoints:
-            sock = ctx.socket(zmq.SUB)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
-            try:
-                sock.connect(ep)
-            except zmq.ZMQError as exc:
-                sock.close()
-                raise ConfigError(f"cannot connect to {ep!r}: {exc}") from None
-            for t in topics or [""]:
-                sock.setsockopt(zmq.SUBSCRIBE, t.encode("utf-8"))
-            socks[sock] = ep
-            poller.register(sock, zmq.POLLIN)
-        seen = bad = 0
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while count is None or seen < count:
-            wait = 200 if deadline is None else max(0, min(200, int((deadline - time.monotonic()) * 1000)))
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            for sock, _ in poller.poll(wait):
-                while count is None or seen < count:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        msg = wire.decode_frames(frames)
-                    except WireError:
-                        bad += 1
-                        continue
-                    out.write(message_to_json(msg, socks[sock]) + "\n")
-                    seen += 1
-                out.flush()
-        if bad:
-            print(f"shmstat subscribe: {bad} malformed messages skipped", file=sys.stderr)
-        if seen == 0:
-            print(f"shmstat subscribe: nothing received from {', '.join(endpoints)} (is a collector running there?)",
-                  file=sys.stderr)
-        if count is not None and seen < count:
-            print(f"shmstat subscribe: {seen} of {count} messages received before the timeout", file=sys.stderr)
-            return 1
-        return 0
+        for source in sources:
+            sub.connect(source)
+        return _loop(sub, sources, node_wide, bool(endpoints), count, timeout_s)
     finally:
-        for sock in socks:
-            sock.close(0)
-        ctx.term()
+        sub.close()
+
+
+def _loop(sub: _Subscriber, sources: list[_Source], node_wide: bool, fixed: bool, count: int | None,
+          timeout_s: float | None) -> int:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    discovered: dict[str, _Source] = {}
+    idle_said = False
+    next_look = 0.0
+    while count is None or sub.seen < count:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            break
+        if now >= next_look:
+            next_look = now + _DISCOVER_S
+            if node_wide:
+                _discover(sub, discovered)
+                if sub.sources:
+                    idle_said = False
+                elif not idle_said:
+                    idle_said = True
+                    print("shmstat subscribe: no collector serves a job of yours on this node now; waiting for one "
+                          "(start one with: shmstat collect)", file=sys.stderr, flush=True)
+            _watch_ends(sub, sources + list(discovered.values()), now)
+            jobs = [s for s in sources if s.ends]
+            if jobs and not fixed and all(s.done for s in jobs):
+                break
+        wait = 100 if deadline is None else max(0, min(100, int((deadline - now) * 1000)))
+        for sock, _ in sub.poller.poll(wait):
+            if sock in sub.sources:
+                sub.drain(sock, count)
+    if sub.bad:
+        print(f"shmstat subscribe: {sub.bad} malformed messages skipped", file=sys.stderr)
+    if sub.seen == 0 and not node_wide and not any(s.seen for s in sources):
+        names = ", ".join(s.job or s.endpoint for s in sources)
+        print(f"shmstat subscribe: nothing received from {names} (is a collector running there?)", file=sys.stderr)
+    if count is not None and sub.seen < count:
+        print(f"shmstat subscribe: {sub.seen} of {count} messages received before the timeout", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _discover(sub: _Subscriber, discovered: dict[str, _Source]) -> None:
+    """Node-wide: follow every job whose collector's socket is there now; a job that ended and started again
+    (a new socket) is followed anew."""
+    served = served_jobs()
+    for job in [j for j, src in discovered.items() if src.sock is None and j not in served]:
+        del discovered[job]  # ended and its socket gone: whatever binds there next is new
+    for job, endpoint in served.items():
+        known = discovered.get(job)
+        if known is not None and (known.sock is not None or known.inode == socket_identity(endpoint)):
+            continue
+        if known is not None:
+            sub.tracker.forget(known.endpoint)
+        source = discovered[job] = _Source(endpoint, job, False, discovered=True)
+        sub.connect(source)
+        print(f"shmstat subscribe: following job {job}", file=sys.stderr, flush=True)
+
+
+def _watch_ends(sub: _Subscriber, sources: list[_Source], now: float) -> None:
+    """A job whose final heartbeat did not arrive (its collector killed, or the heartbeat lost to a full queue)
+    has ended once its socket is gone and :func:`job_over` says so, for :data:`_GONE_S`."""
+    for source in sources:
+        if source.job is None or source.done or source.sock is None:
+            continue
+        if not source.ends and not source.discovered:
+            continue  # --follow: a job that is gone may start again
+        there = socket_identity(source.endpoint) is not None
+        source.seen = source.seen or there
+        if there or not source.seen or not job_over(source.job):
+            source.gone_since = None
+            continue
+        if source.gone_since is None:
+            source.gone_since = now
+        elif now - source.gone_since >= _GONE_S:
+            for sock in [s for s, src in sub.sources.items() if src is source]:
+                sub.drain(sock, None)  # whatever arrived before it went
+            if source.sock is not None:
+                sub.end(source, f"shmstat subscribe: job {source.job} ended without its collector's final "
+                                "heartbeat (its last messages may be missing)")

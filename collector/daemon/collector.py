@@ -77,7 +77,8 @@ class Collector:
 
             self.relay = Relay(config.ingest or ingest_endpoint(config.job),
                                config.publish or publish_endpoint(config.job),
-                               sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES))
+                               sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES),
+                               heartbeat_interval_s=config.heartbeat_interval_s)
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
             if self.exporter is None and config.prometheus:
                 self.exporter = start_exporter(config, self.out)
@@ -211,6 +212,7 @@ class Collector:
         if self.config.status_interval_s > 0 and mono >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
             self.print_status(ranks)
+        self.relay.heartbeat_if_due(mono)
         self.segment.set_collector(os.getpid(), now)
 
     def shutdown(self) -> None:
@@ -245,6 +247,8 @@ class Collector:
         if self.segment is not None:
             with contextlib.suppress(Exception):  # -1: windows left for the next collector (ranks keep the segment)
                 self.segment.set_collector(0 if self.emitted_everything else -1, self.clock())
+        with contextlib.suppress(Exception):  # behind every message sent: subscribers know they have the tail
+            self.relay.final_heartbeat(job_ended=self.emitted_everything)
         self._release()
 
     def finish(self) -> str:
@@ -356,6 +360,8 @@ class Collector:
             "windows_emitted": self.windows_emitted, "rows_emitted": self.rows_emitted,
             "events_relayed": c.events, "metrics_relayed": c.metrics,
             "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+            "subscriber_overflows": sum(c.overflows.values()),
+            **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
             "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
             "windows_overwritten": self.overwritten,
             "windows_torn": self.torn,

@@ -41,9 +41,14 @@ class CollectorConfig:
     status_interval_s: float = 10.0
     """Seconds between one-line status reports on stderr (:func:`collector.handlers.compact.status_line`; 0: none)."""
     publish_buffer_bytes: int = 256 * 1024 * 1024
-    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (it sees the
-    gap in the per-rank sequence numbers): the queue holds ``publish_buffer_bytes // MAX_MESSAGE_BYTES``
-    messages, each of at most :data:`collector.wire.relay.MAX_MESSAGE_BYTES`."""
+    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (counted in
+    ``subscriber_overflows``; the subscriber learns what it lost from the heartbeats). libzmq bounds a queue in
+    messages, so the queue holds ``max(4, publish_buffer_bytes // MAX_MESSAGE_BYTES)`` messages, each of at most
+    :data:`collector.wire.relay.MAX_MESSAGE_BYTES` (2 MiB): at most that many bytes, and fewer when messages are
+    smaller (a rank's message batches up to 1,024 items or 256 KiB)."""
+    heartbeat_interval_s: float = 1.0
+    """Seconds between heartbeats on ``heartbeat/`` (the newest sequence number of every sender relayed, so a
+    subscriber tells loss from silence: :mod:`shmstat.wire.heartbeat`); one more is sent as the collector closes."""
     hold_ms: int = 300
     """At start-up, how long the ranks' held events and metrics wait for a subscriber to (re)connect before
     they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""

@@ -240,7 +240,7 @@ class _NodeStatus:
     (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
 
     _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
-               "samples_dropped")
+               "samples_dropped", "subscriber_overflows")
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s

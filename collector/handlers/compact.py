@@ -91,7 +91,8 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
             f"{counters['windows_emitted']} windows emitted, {counters['events_relayed']} events relayed, "
             f"{dropped} dropped")
     for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
-                       ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors")):
+                       ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors"),
+                       ("subscriber_overflows", "messages a slow subscriber lost")):
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line

@@ -1,7 +1,8 @@
 """The collector's sockets: the ranks' messages in, everything out to subscribers.
 
 - :mod:`~collector.wire.relay`: ranks in on ``XSUB``, everything out on ``XPUB``;
-- :mod:`~collector.wire.intake`: the check of a rank's message on the way in (C twin: ``collector._intake``).
+- :mod:`~collector.wire.intake`: the check of a rank's message on the way in (C twin: ``collector._intake``);
+- :mod:`~collector.wire.beats`: what the relay has from every sender, and the heartbeats that say it.
 
 The format itself is :mod:`shmstat.wire`. The modules are imported by name.
 """

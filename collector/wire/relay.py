@@ -6,8 +6,14 @@ validated as :func:`shmstat.wire.decode` would (:func:`collector.wire.intake.ins
 the optional C check, without decoding their items); valid messages are re-published unchanged, invalid ones
 are counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
 by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
-rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), a subscriber's queue
-at most ``sndhwm`` such messages (a slow subscriber loses its own messages past it); a subscription topic is
+rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by zmq), and so is every message
+the collector makes (:meth:`Relay.publish` splits a larger one), so a subscriber's queue of at most ``sndhwm``
+messages (libzmq counts messages, not bytes) holds at most ``sndhwm * MAX_MESSAGE_BYTES`` bytes. A slow
+subscriber loses its own messages past it: the XPUB runs with ``XPUB_NODROP``, so a message that finds a
+subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr:`RelayCounters.overflows` and
+is then handed to the other subscribers (lossy send); libzmq then offers that subscriber nothing until it has
+read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
+(:mod:`collector.wire.beats`, :mod:`shmstat.wire.heartbeat`). A subscription topic is
 at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics the publish socket is
 bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood
 of subscriptions from a local client neither grows the collector nor starves its loop.
@@ -19,13 +25,14 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 
+from .beats import SenderBook
 from .intake import Received, inspect
 
 __all__ = ["Relay", "RelayCounters"]
@@ -46,6 +53,9 @@ MAX_PREFIXES = 1024
 """Distinct subscription topics at most, over all subscribers; past it the publish socket is bound anew."""
 
 
+_OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
+
+
 @dataclass
 class RelayCounters:
     """What went through the relay."""
@@ -59,16 +69,24 @@ class RelayCounters:
     """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
     subscription_resets: int = 0
     """Times the publish socket was bound anew because subscribers asked for too many topics."""
+    overflows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
+    """Per kind (``event``, ``metric``, ``stat``, ``rank``, ``heartbeat``): messages that found a subscriber's
+    queue full, so that subscriber lost them (it goes on losing, unseen here, until it has read half its queue;
+    its heartbeats tell it exactly what it lost)."""
+
 
 
 class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
-                 rcvhwm: int = 8) -> None:
+                 rcvhwm: int = 8, heartbeat_interval_s: float = 1.0) -> None:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
         self.pid = os.getpid() if pid is None else pid
+        self.book = SenderBook(self.pid, _MAX_TRACKED)  # every sender's newest seq and items, for heartbeats
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._next_beat = 0.0
         self._seq = 0
         self._next_seq: dict[tuple[int, int, int], int] = {}
         self.prefixes: set[bytes] = set()
@@ -143,6 +161,9 @@ class Relay:
             except WireError:
                 c.rejected += 1
                 continue
+            if msg.kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
+                c.rejected += 1
+                continue
             c.messages += 1
             n = msg.n_items
             if msg.kind == "event":
@@ -151,7 +172,7 @@ class Relay:
                 c.metrics += n
             items += n
             self._track_seq(msg)
-            self._send(frames)
+            self._send(frames, msg.kind)
             yield msg
         self._drain_subscriptions()
 
@@ -167,17 +188,21 @@ class Relay:
         if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
             self.counters.gaps += msg.seq - expected
             self._next_seq[key] = msg.seq
+            self.book.held(key, msg.seq, msg.seq - expected)
         with contextlib.suppress(zmq.ZMQError):
             self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
 
     def _track_seq(self, msg: Received) -> None:
         key = (msg.rank, msg.pid, msg.incarnation)
         expected = self._next_seq.get(key)
+        dropped = 0
         if expected is not None and msg.seq > expected:
-            self.counters.gaps += msg.seq - expected
+            dropped = msg.seq - expected
+            self.counters.gaps += dropped
         if expected is None and len(self._next_seq) >= _MAX_TRACKED:
             self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
         self._next_seq[key] = msg.seq + msg.n_items
+        self.book.relayed(key, msg.kind, msg.n_items, msg.seq + msg.n_items, dropped)
 
     def update_subscriptions(self) -> None:
         """Take the subscription changes the XPUB has queued (also done by every :meth:`receive`)."""
@@ -192,26 +217,77 @@ class Relay:
         return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in self.prefixes)
 
     def publish(self, topic: str, kind: str, items: list) -> None:
-        """Publish collector-made items (stat windows, rank lifecycle) on XPUB."""
+        """Publish collector-made items (stat windows, rank lifecycle) on XPUB, in messages of at most
+        :data:`MAX_MESSAGE_BYTES` (a larger batch is split; a single larger item goes alone)."""
         if not items:
             return
         payload = wire.encode(kind, wire.COLLECTOR_RANK, self.pid, 0, self._seq, items)
+        if len(payload) > MAX_MESSAGE_BYTES and len(items) > 1:
+            half = len(items) // 2
+            self.publish(topic, kind, items[:half])
+            self.publish(topic, kind, items[half:])
+            return
         self._seq += len(items)
-        self._send([topic.encode("utf-8"), payload])
+        self.book.relayed((wire.COLLECTOR_RANK, self.pid, 0), kind, len(items), self._seq)
+        self._send([topic.encode("utf-8"), payload], kind)
 
-    def _send(self, frames: list[bytes]) -> None:
+    def heartbeat_if_due(self, now: float | None = None) -> None:
+        """Publish a heartbeat (:mod:`shmstat.wire.heartbeat`) every ``heartbeat_interval_s`` (``now``:
+        :func:`time.monotonic`) if someone listens on its topic."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.heartbeat_interval_s
+        if self.wants(wire.HEARTBEAT_TOPIC):
+            for frames in self.book.heartbeat():
+                self._send(frames, wire.HEARTBEAT_KIND)
+
+    def final_heartbeat(self, job_ended: bool, wait_s: float = 1.0) -> None:
+        """The last heartbeat, as the collector closes (``job_ended``: no rank alive, every window emitted); it
+        comes after everything this relay sent, so a subscriber that reads it has had the job's last messages.
+        A subscriber whose queue is full gets up to ``wait_s`` to make room for it; after an overflow libzmq
+        skips an overflowed subscriber unseen until it has read half its queue, so then the beat is sent again
+        every 0.1 s within ``wait_s`` (a repeat tells nothing new: subscribers count it once)."""
+        self._drain_subscriptions()
+        if not self.wants(wire.HEARTBEAT_TOPIC):
+            return
+        deadline = time.monotonic() + wait_s
+        beat = self.book.heartbeat(final=True, job_ended=job_ended)
+        for frames in beat:
+            while time.monotonic() < deadline:
+                try:
+                    self.xpub.send_multipart(frames, zmq.NOBLOCK)
+                    self.counters.published += 1
+                    break
+                except zmq.Again:
+                    time.sleep(0.005)
+            else:
+                self._send(frames, wire.HEARTBEAT_KIND)
+        while any(self.counters.overflows.values()) and time.monotonic() + 0.1 < deadline:
+            time.sleep(0.1)
+            for frames in beat:
+                with contextlib.suppress(zmq.Again):
+                    self.xpub.send_multipart(frames, zmq.NOBLOCK)
+
+    def _send(self, frames: list[bytes], kind: str) -> None:
         if not self.prefixes:  # nobody subscribed: the XPUB would discard it anyway
             return
         try:
             self.xpub.send_multipart(frames, zmq.NOBLOCK)
-            self.counters.published += 1
-        except zmq.Again:  # no subscriber is reading fast enough: PUB semantics, drop
-            pass
+        except zmq.Again:  # a subscriber of this topic has a full queue: count, then give it to the others
+            self.counters.overflows[kind] = self.counters.overflows.get(kind, 0) + 1
+            self.xpub.setsockopt(zmq.XPUB_NODROP, 0)
+            try:
+                self.xpub.send_multipart(frames, zmq.NOBLOCK)
+            finally:
+                self.xpub.setsockopt(zmq.XPUB_NODROP, 1)
+        self.counters.published += 1
 
     def _configure_xpub(self, sock: zmq.Socket) -> None:
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
+        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is reported (zmq.Again): see _send
 
     def _drain_subscriptions(self) -> None:
         # Subscribers' (un)subscribe frames queue on XPUB: keep the set of prefixes someone listens to.

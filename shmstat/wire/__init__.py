@@ -9,12 +9,14 @@ Topic (frame 1, UTF-8, at most :data:`MAX_TOPIC` bytes) — subscribers filter o
 ``metric/<group>/<name>``   torchelastic-style metrics (``put_metric``)
 ``stat/<group>/<name>``     closed stat windows, produced by the collector
 ``rank/<state>``            rank lifecycle (registered, exited, dead, ...), produced by the collector
+``heartbeat/``              the collector's heartbeats: the newest sequence number of every sender it
+                            relays, so a subscriber can tell loss from silence (:mod:`shmstat.wire.heartbeat`)
 ==========================  =========================================================================
 
 Payload (frame 2, at most :data:`MAX_PAYLOAD` bytes) — a msgpack map with exactly these keys::
 
     {"v": 1,              wire version (int); anything else is refused
-     "k": kind,           "event" | "metric" | "stat" | "rank"; must equal the topic's first segment
+     "k": kind,           "event" | "metric" | "stat" | "rank" | "heartbeat"; must equal the topic's first segment
      "r": rank,           int >= -1; -1 (COLLECTOR_RANK) marks a message made by the collector itself
      "p": pid,            int >= 0, the sending process
      "i": incarnation,    int >= 0, bumped each time the rank re-registers (restart)
@@ -30,6 +32,8 @@ Payload (frame 2, at most :data:`MAX_PAYLOAD` bytes) — a msgpack map with exac
             "neg": [offset: int, [count: int, ...]], and "pos_inf": int, "neg_inf": int when not 0 (the +inf
             and -inf samples, in no bucket)} (shmstat.histogram.Histogram.to_wire: what subscribers merge)
     rank    {str: str | int | float | bool | None}   (made by the collector)
+    heartbeat {str: str | int | float | bool | None}  (made by the collector: :mod:`shmstat.wire.heartbeat`
+                                                       says which maps; its seqs count heartbeat items)
 
 Sequence numbers are per rank and per incarnation and count items (not messages), starting at 0. A sender
 that loses or drops an item still consumes its seq, so a gap of ``n`` seen by a receiver is exactly ``n``
@@ -65,6 +69,8 @@ __all__ = [
     "ACK_PREFIX",
     "COLLECTOR_RANK",
     "HANDOVER_REQUEST",
+    "HEARTBEAT_KIND",
+    "HEARTBEAT_TOPIC",
     "HELD_TOPIC",
     "KINDS",
     "MAX_EVENT_BYTES",
@@ -109,13 +115,19 @@ to HANDOVER_REQUEST, and the last message of a publisher that closes). It takes 
 not re-published."""
 
 KINDS: Final = ("event", "metric", "stat", "rank")
-"""The message kinds, which are also the first segment of every topic."""
+"""The kinds of data message, which are also the first segment of their topics (what a rank may publish)."""
+
+HEARTBEAT_KIND: Final = "heartbeat"
+"""The kind of the collector's heartbeats (never a rank's: the collector refuses it from a rank)."""
+
+HEARTBEAT_TOPIC: Final = "heartbeat/"
+"""The topic of every heartbeat message (:mod:`shmstat.wire.heartbeat`)."""
 
 COLLECTOR_RANK: Final = -1
 """The rank field of messages made by the collector itself (stat windows, rank lifecycle)."""
 
 _KEYS: Final = frozenset(("v", "k", "r", "p", "i", "s", "items"))
-_KIND_SET: Final = frozenset(KINDS)
+_KIND_SET: Final = frozenset((*KINDS, HEARTBEAT_KIND))
 _INT64_MIN: Final = -(1 << 63)
 _UINT64_MAX: Final = (1 << 64) - 1
 
@@ -165,7 +177,7 @@ class WireMessage:
 def _check_header(kind: object, rank: object, pid: object, incarnation: object, seq: object) -> str | None:
     """The reason the header fields are invalid, or None."""
     if type(kind) is not str or kind not in _KIND_SET:
-        return f"kind {kind!r} is not one of {', '.join(KINDS)}"
+        return f"kind {kind!r} is not one of {', '.join(sorted(_KIND_SET))}"
     if type(rank) is not int or rank < COLLECTOR_RANK:
         return f"rank {rank!r} is not an int >= {COLLECTOR_RANK}"
     if type(pid) is not int or pid < 0:
@@ -259,7 +271,7 @@ def decode(topic: bytes, payload: bytes) -> WireMessage:
         _fail("the topic is not valid UTF-8")
     kind, sep, rest = topic_s.partition("/")
     if not sep or kind not in _KIND_SET:
-        _fail(f"the topic {topic_s[:64]!r} does not start with event/, metric/, stat/ or rank/")
+        _fail(f"the topic {topic_s[:64]!r} does not start with event/, metric/, stat/, rank/ or heartbeat/")
     n = len(payload)
     if n > MAX_PAYLOAD:
         _fail(f"the payload is {n} bytes, more than {MAX_PAYLOAD}")

@@ -47,6 +47,10 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("collect", "--job", "{job}", "--straggler-windows", "1001"), "--straggler-windows"),
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--straggler-threshold", "nan", "tests/scripts/elastic_job.py"),
      "--straggler-threshold"),
+    (("collect", "--job", "{job}", "--heartbeat-interval", "0"), "--heartbeat-interval"),
+    (("collect", "--job", "{job}", "--heartbeat-interval", "nan"), "--heartbeat-interval"),
+    (("subscribe", "--follow"), "--follow keeps following a --job"),
+    (("subscribe", "--job", "bad/job"), "job id"),
 ])
 def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     done = _shmstat(*(a.format(job=job) for a in args))
