@@ -233,8 +233,9 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
                     assert sum(scalars[f"rank{r}/{group}/{stat}.count"]) == ADDS
             put_tags = {f"rank{r}/{g}/{n}" for g, n in METRICS if g == group for r in range(WORLD)}
             want = {f"{pre}{group}/{s}.{agg}" for s in names for agg in ("count", "sum")
-                    for pre in ["", *(f"rank{r}/" for r in range(WORLD))]} | put_tags
+                    for pre in ["", *(f"rank{r}/" for r in range(WORLD))]}
             assert set(scalars) == want
+            assert set(_tb_scalars(str(logdir / job / "metrics"))) == put_tags  # put metrics: their own run
 
     # OTLP: group and stat attributes as given
     if rx is not None:
