@@ -73,7 +73,7 @@ class JsonlMetricHandler(MetricHandler):
         start = getattr(metric_data, "window_start", None)
         if self._written and start is not None and (
                 getattr(metric_data, "job", None), metric_data.group_name, metric_data.name,
-                getattr(metric_data, "rank", None), float(start)) in self._written:
+                getattr(metric_data, "rank", None), float(start), _json_number(metric_data.value)) in self._written:
             self.skipped += 1
             return
         self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
@@ -87,7 +87,8 @@ class JsonlMetricHandler(MetricHandler):
         rows: Iterable[tuple[float, str, str, float, int | None, float, bool]] = columns.flat()
         if self._written:  # a restarted collector may emit again windows the file holds: those rows are skipped
             every, written = list(rows), self._written
-            rows = [row for row in every if (job, row[1], row[2], row[4], row[5]) not in written]
+            rows = [row for row in every
+                    if (job, row[1], row[2], row[4], row[5], _json_number(row[3])) not in written]
             self.skipped += len(every) - len(rows)
         lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
                  for end, group, name, value, rank, start, torn in rows]

@@ -5,10 +5,11 @@ A collector commits a pass's watermark only once every handler took it (:mod:`co
 collector killed between the jsonl handler's write and that commit leaves rows in the file that the next
 collector emits again. On open, the handler repairs the last line if a kill cut it (the file is truncated after
 the last complete line: those rows are emitted again whole), then reads the file's last ``tail_bytes`` (16 MiB by
-default: bounded work at start, about 90,000 rows) for the windows already written, keyed by (job, group, name,
-rank, window start); rows with those keys are skipped. Rows of windows written further back than the tail are
-written again only if a handler held the watermark back that long (``commit_wait_s``), which a restart then shows
-as a repeated row. Files that are not regular files (a pipe, ``/dev/stdout``) are written as they are.
+default: bounded work at start, about 90,000 rows) for the window rows already written, keyed by (job, group,
+name, rank, window start, value); a row emitted again with the same key is skipped. Rows of windows written
+further back than the tail are written again only if a handler held the watermark back that long
+(``commit_wait_s``), which a restart then shows as a repeated row. Files that are not regular files (a pipe,
+``/dev/stdout``) are written as they are.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ _log = logging.getLogger("shmstat.collector")
 DEFAULT_TAIL_BYTES = 16 << 20
 """Bytes at the end of a jsonl file read back on open for the windows already written."""
 
-WindowKey = tuple[str | None, str, str, int | None, float]
-"""(job, group, name, rank or None for the merged row, window start in unix seconds): one row of one window."""
+WindowKey = tuple[str | None, str, str, int | None, float, object]
+"""(job, group, name, rank or None for the merged row, window start in unix seconds, value as written): one row of
+one window. The value is part of it so that a second row a window may legitimately get (a merged row split by a
+stalled rank, see README's Guarantees) is not taken for one written already."""
 
 
 class Resumed(NamedTuple):
@@ -80,7 +83,7 @@ def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Re
             continue
         try:
             row = json.loads(line)
-            key = (row.get("job"), row["group"], row["name"], row["rank"], float(row["window_start"]))
+            key = (row.get("job"), row["group"], row["name"], row["rank"], float(row["window_start"]), row["value"])
         except (ValueError, KeyError, TypeError, AttributeError):  # not a row of ours: not a window written
             continue
         written.add(key)

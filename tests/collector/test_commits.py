@@ -115,13 +115,15 @@ def test_jsonl_repairs_a_cut_last_line_and_skips_the_windows_it_holds(tmp_path):
         for rank in (None, 0, 1):
             again.emit(_row("j", "lat.count", rank, start, 3))
     again.emit(_row("other-job", "lat.count", None, 1.0, 7))  # another job's window of the same start: written
+    again.emit(_row("j", "lat.count", None, 1.1, 2))  # a second merged row of a window (a late rank's): written
     again.emit(MetricData(1.2, "g", "loss", 0.5))
     again.close()
     assert again.skipped == 6
     with open(path) as f:
         rows = [json.loads(line) for line in f]  # every line strict JSON
-    keys = [(r.get("job"), r["name"], r["rank"], r["window_start"]) for r in rows if r["window_start"] is not None]
-    assert len(keys) == len(set(keys)) == 3 * 3 + 1
+    keys = [(r.get("job"), r["name"], r["rank"], r["window_start"], r["value"]) for r in rows
+            if r["window_start"] is not None]
+    assert len(keys) == len(set(keys)) == 3 * 3 + 2
     assert [r["value"] for r in rows if r["name"] == "loss"] == [0.5, 0.5]
 
 
