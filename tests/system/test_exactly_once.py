@@ -43,7 +43,7 @@ def many_stats_rank(job: str, rank: int, stop_path: str, out_path: str) -> None:
             s.add(1.0)
         per_window[repr(last[0] // wns * wns / 1e9)] += 1
         steps += 1
-        time.sleep(0.001)
+        time.sleep(0.002)
     with open(out_path + ".tmp", "w") as f:
         json.dump({"steps": steps, "windows": per_window}, f)
     os.replace(out_path + ".tmp", out_path)
@@ -73,7 +73,7 @@ class _Progress:
                     return True
             return False
 
-        wait_for(noted, timeout_s, 0.001, what=f"collector {pid} to note {what!r}")
+        wait_for(noted, timeout_s, 0.002, what=f"collector {pid} to note {what!r}")
 
 
 def _wid(window_start: float | str) -> int:
@@ -123,6 +123,7 @@ def test_collector_sigkilled_at_any_moment_of_a_pass_leaves_every_window_exactly
             rows = [json.loads(line) for line in data.split(b"\n")[:-1]]
             newest = max((r["window_start"] for r in rows if r["name"] == "s00.count" and r["rank"] == 0), default=0)
             ahead_of_watermark += _wid(newest) > _durable_watermark(job)
+            restarted_at = data.rfind(b"\n") + 1
             coll = start_collector(job, *args)
         seen.wait("f", coll.proc.pid)
         open(stop, "w").close()
@@ -132,10 +133,14 @@ def test_collector_sigkilled_at_any_moment_of_a_pass_leaves_every_window_exactly
         last = {r: max(map(_wid, _report(tmp_path, r)["windows"])) for r in range(RANKS)}
 
         def caught_up() -> bool:  # the handler wrote the ranks' last closed windows: little is left for the stop
-            done = {(r["rank"], _wid(r["window_start"])) for r in read_jsonl(out) if r["name"] == "s00.count"}
+            with open(out, "rb") as f:
+                f.seek(restarted_at)  # what the last collector wrote (read whole each time, so only that)
+                data = f.read()
+            done = {(r["rank"], _wid(r["window_start"])) for r in map(json.loads, data.split(b"\n")[:-1])
+                    if r["name"] == "s00.count"}
             return all((r, w - 1) in done for r, w in last.items())
 
-        wait_for(caught_up, 20, 0.05, what="the handler to catch up")
+        wait_for(caught_up, 20, 0.1, what="the handler to catch up")
         assert coll.stop() == 0
     finally:
         open(stop, "w").close()
