@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import stat
+import sys
 from typing import NamedTuple
 
 __all__ = ["DEFAULT_TAIL_BYTES", "WindowKey", "resume_jsonl"]
@@ -83,7 +84,9 @@ def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Re
             continue
         try:
             row = json.loads(line)
-            key = (row.get("job"), row["group"], row["name"], row["rank"], float(row["window_start"]), row["value"])
+            job = row.get("job")
+            key = (None if job is None else sys.intern(job), sys.intern(row["group"]), sys.intern(row["name"]),
+                   row["rank"], float(row["window_start"]), row["value"])  # (interned: one copy of each name)
         except (ValueError, KeyError, TypeError, AttributeError):  # not a row of ours: not a window written
             continue
         written.add(key)
