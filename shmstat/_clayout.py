@@ -30,6 +30,9 @@ def constants() -> list[tuple[str, list[tuple[str, int]]]]:
             *((f"B_{field}", 8 * getattr(L, f"B_{field}")) for field in ("SEQ", "WID", "SUM", "MIN", "MAX", "LAST",
                                                                        "TS", "INC")),
         ]),
+        ("shmstat/layout.py: windows longer than this also close by count and by their writer's end", [
+            ("LONG_WINDOW_NS", L.LONG_WINDOW_MS * 1_000_000),
+        ]),
         ("shmstat/layout.py and shmstat/histogram.py: a bank's histogram (byte offsets)", [
             ("HIST_SIZE", L.HIST_SIZE),
             ("HIST_M", L.HIST_BUCKETS),

@@ -285,6 +285,76 @@ now_ns(SlotWriter *self)
     return (int64_t)t;
 }
 
+static inline double ld_f64(const char *p) { double v; __atomic_load((const double *)p, &v, __ATOMIC_RELAXED); return v; }
+
+/* The samples (as 2 * count) an earlier writer of this slot left in window ``wid``'s bank ``b``, which this
+ * writer continues instead of starting it empty: a rank restarted (or attached again) inside a window keeps the
+ * earlier incarnation's samples of that window, which the window's one row then holds. 0.0 when the bank holds
+ * another window or nothing. A bank left odd by a writer that died in an add keeps its complete samples. Not
+ * for windows over LONG_WINDOW_NS: the earlier writer's end closes those, and the collector emits them apart. */
+static double
+resumable(const SlotWriter *self, const char *b, int64_t wid)
+{
+    if (self->window_ns > LONG_WINDOW_NS || ld_i64(b + B_WID) != wid) {
+        return 0.0;
+    }
+    double seq = ld_f64(b + B_SEQ);
+    if (!(seq >= 2.0 && seq < 0x1p62)) { /* empty, or garbage (NaN, negative, absurd): started empty */
+        return 0.0;
+    }
+    return 2.0 * floor(seq / 2.0);
+}
+
+/* The first sample of this writer into a window an earlier writer left ``kept`` samples in (its bank ``b`` is
+ * marked odd, with seq = kept + 1): take the window's figures from the bank and add ``v`` as add_locked() would. */
+static int
+resume(SlotWriter *self, char *b, double kept, double v, int64_t t, Rolled *rolled)
+{
+    self->seq = kept;
+    self->sum = ld_f64(b + B_SUM);
+    self->min = ld_f64(b + B_MIN);
+    self->max = ld_f64(b + B_MAX);
+    self->last = ld_f64(b + B_LAST);
+    if (kept >= self->max2) { /* the earlier writer filled the window already */
+        st_f64_release(b + B_SEQ, kept);
+        self->full_reported = 1;
+        bump_u64(self->disc_p);
+        return 0;
+    }
+    self->sum += v;
+    st_f64(b + B_SUM, self->sum);
+    if (v < self->min) {
+        self->min = v;
+        st_f64(b + B_MIN, v);
+    }
+    if (v > self->max) {
+        self->max = v;
+        st_f64(b + B_MAX, v);
+    }
+    if (self->want_last) {
+        self->last = v;
+        st_f64(b + B_LAST, v);
+        st_i64(b + B_TS, t);
+    }
+    if (self->hist0 != NULL) {
+        hist_add(self->hist, v);
+    }
+    self->seq = kept + 2.0;
+    st_f64_release(b + B_SEQ, self->seq);
+    st_i64(self->beat_p, t);
+    if (self->seq >= self->max2 && self->on_roll != NULL) {
+        self->full_reported = 1;
+        rolled->pending = 1;
+        rolled->count = (long long)self->seq >> 1;
+        rolled->sum = self->sum;
+        rolled->min = self->min;
+        rolled->max = self->max;
+        rolled->last = self->last;
+        rolled->t = (long long)t;
+    }
+    return 0;
+}
+
 /* Slow path, once per window: report the previous window to on_roll, then start the window of ``t``.
  *
  * The new window's bank is marked (odd seq, wid) before the clock is read again: if that second reading is
@@ -314,8 +384,10 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         rolled->t = (long long)t;
     }
     self->full_reported = 0;
+    int first = self->wend == 0; /* this binding's first window: the bank may hold an earlier writer's samples */
     char *b;
     int64_t wid, wend;
+    double kept; /* 2 * the samples an earlier writer of this slot left in the window (0: none, a fresh bank) */
     for (;;) {
         wid = floor_div(t, self->window_ns);
         if (__builtin_mul_overflow(wid + 1, self->window_ns, &wend)) {
@@ -326,7 +398,8 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         if (self->hist0 != NULL) {
             self->hist = self->hist0 + k * HIST_SIZE;
         }
-        st_f64(b + B_SEQ, 1.0);
+        kept = first ? resumable(self, b, wid) : 0.0;
+        st_f64(b + B_SEQ, kept + 1.0);
         __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
         st_i64(b + B_WID, wid);
         st_i64(b + B_INC, self->incarnation);
@@ -339,6 +412,12 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         if (t2 < wend) {
             break;
         }
+        if (kept != 0.0) { /* the window ended meanwhile: leave the earlier writer's samples as they were */
+            st_f64_release(b + B_SEQ, kept);
+            kept = 0.0;
+            t = t2;
+            continue;
+        }
         /* The window ended meanwhile: leave its bank empty (consistent) and start over from the later time. */
         st_f64(b + B_SUM, 0.0);
         st_f64(b + B_MIN, 0.0);
@@ -350,6 +429,9 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
     }
     self->wend = wend;
     self->bank = b;
+    if (kept != 0.0) {
+        return resume(self, b, kept, v, t, rolled);
+    }
     if (self->hist0 != NULL) {
         hist_reset(self->hist);
         hist_add(self->hist, v);

@@ -60,6 +60,8 @@ TUNED: tuple[Tuned, ...] = (
           "seconds between heartbeats on heartbeat/ (each sender's newest sequence number: subscribers see what "
           "they lost)", metavar="SECONDS"),
     Tuned("--handler-queue", "handler_queue", int, "rows queued per handler before a slow one loses rows, counted"),
+    Tuned("--commit-wait", "commit_wait_s", float, "seconds a pass waits for a stuck handler before the point a "
+                                                   "restarted collector resumes from moves past it, counted"),
     Tuned("--hold-ms", "hold_ms", int, "at start-up, hold the ranks' events up to this long for subscribers to "
                                        "reconnect"),
     Tuned("--status-interval", "status_interval_s", float, "seconds between status lines on stderr: ranks alive, "
@@ -149,6 +151,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
     if not 1 <= args.handler_queue <= 100_000_000:
         raise ConfigError(f"--handler-queue must be between 1 and 100000000, got {args.handler_queue}")
+    if not 0 < args.commit_wait <= 3600:
+        raise ConfigError(f"--commit-wait must be more than 0 and at most 3600 seconds, got {args.commit_wait}")
     if not 0 < args.straggler_threshold < 1:
         raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
     if not 1 <= args.straggler_windows <= MAX_WINDOWS:

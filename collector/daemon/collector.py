@@ -33,6 +33,7 @@ from ..handlers.dispatch import ThreadedDispatcher
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.scanner import Scanner
 from ..wire.intake import Received
+from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
 from .liveness import Lifecycle, Liveness
 from .passes import emit_scan
@@ -70,6 +71,7 @@ class Collector:
             self.segment = Segment.open(config.job, geometry=config.geometry)
             self._lock_fd = _take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
+            self.commits = PendingCommits(config.commit_wait_s)
             self.liveness = Liveness(self.segment)
             self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
                                                 windows=config.straggler_windows)
@@ -205,6 +207,7 @@ class Collector:
             self._lifecycle(change)
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
+        self.commits.apply(self.segment)
         mono = time.monotonic()
         if mono >= self._next_usage:
             self._next_usage = mono + self.config.usage_interval_s
@@ -245,6 +248,8 @@ class Collector:
                 self.emitted_everything = False
                 self.not_emitted = f"rows queued for handlers, which failed to close ({exc!r})"
         if self.segment is not None:
+            with contextlib.suppress(Exception):  # the watermarks of the passes the handlers took (and of the rest)
+                self.commits.drain(self.segment, 0.0 if self._owns_dispatcher else self.dispatcher.close_budget_s)
             with contextlib.suppress(Exception):  # -1: windows left for the next collector (ranks keep the segment)
                 self.segment.set_collector(0 if self.emitted_everything else -1, self.clock())
         with contextlib.suppress(Exception):  # behind every message sent: subscribers know they have the tail
@@ -283,9 +288,12 @@ class Collector:
         self.shutdown()
 
     def wait_handlers(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every handler has taken the rows dispatched so far (handlers run in threads of their own);
-        False on timeout (a stuck handler)."""
-        return self.dispatcher.wait(timeout_s)
+        """Wait until every handler has taken the rows dispatched so far (handlers run in threads of their own),
+        then commit the watermarks of the passes they took; False on timeout (a stuck handler)."""
+        taken = self.dispatcher.wait(timeout_s)
+        if self.segment is not None:
+            self.commits.apply(self.segment)
+        return taken
 
     def _release(self) -> None:
         if self._owns_exporter and self.exporter is not None:
@@ -365,6 +373,7 @@ class Collector:
             "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
             "windows_overwritten": self.overwritten,
             "windows_torn": self.torn,
+            "passes_not_taken": self.commits.not_taken,
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
             **self._drop_counters(),

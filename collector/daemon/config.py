@@ -17,6 +17,7 @@ from shmstat.shm.layout import Geometry
 
 from ..handlers.api import Dispatcher
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
+from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
 __all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "write_ready_file"]
@@ -54,6 +55,9 @@ class CollectorConfig:
     they flow anyway (they flow at once when one connects): subscribers of a restarted collector miss none."""
     handler_queue: int = DEFAULT_HANDLER_QUEUE
     """Rows queued per handler (each runs in a thread of its own) before rows for it are dropped and counted."""
+    commit_wait_s: float = DEFAULT_COMMIT_WAIT_S
+    """Seconds a pass waits for every handler to take it before its watermark is written into the segment anyway
+    (counted in ``collector.passes_not_taken``; :mod:`collector.daemon.commits`)."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported

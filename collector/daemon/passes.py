@@ -1,5 +1,8 @@
 """One collector pass out of the scanner and into every consumer (:func:`emit_scan`, the daemon's step).
 
+Its watermark moves at once in the scanner's memory, and into the segment only once every handler took the pass
+(:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one.
+
 The pass is read as :class:`collector.read.columns.Columns` and handed to the dispatcher whole
 (:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: as columns to handlers that take them, one
 MetricData per aggregation to the others). :class:`collector.read.merge.WindowRow` objects are built only for
@@ -23,6 +26,7 @@ if TYPE_CHECKING:
     from ..read.columns import Columns
     from ..read.scanner import Scanner
     from ..wire.relay import Relay
+    from .commits import PendingCommits
     from .config import CollectorConfig
     from .straggler import StragglerDetector
 
@@ -38,6 +42,7 @@ class PassHost(Protocol):
     exporter: Any
     scanner: Scanner
     stragglers: StragglerDetector
+    commits: PendingCommits
 
 
 class PassCounts(NamedTuple):
@@ -55,7 +60,9 @@ class PassCounts(NamedTuple):
 
 def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
-    the rows, flush the handlers and commit the watermarks; returns what the pass counted (``c`` is only read)."""
+    the rows, flush the handlers and hand the pass's watermarks to ``c.commits``, which writes them into the
+    segment once every handler took the pass (:mod:`collector.daemon.commits`); returns what the pass counted
+    (``c`` is only read)."""
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
     assert relay is not None
     relay.update_subscriptions()  # first: rows nobody receives are never built
@@ -80,8 +87,7 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
         dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
         relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
-    dispatcher.flush()
-    c.scanner.commit()
+    c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
 

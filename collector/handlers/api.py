@@ -32,6 +32,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP, RULE, group_problem
 
 from .compact import CompactWindowHandler
+from .jsonl_resume import DEFAULT_TAIL_BYTES, resume_jsonl
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -62,19 +63,33 @@ class JsonlMetricHandler(MetricHandler):
     ``window_end`` (unix seconds) are null for put metrics. Non-finite floats are written as the strings
     ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON. The file is opened 0600 in
     append mode, and flushed after every collector pass.
+
+    Exactly once across collector crashes: on open, a last line cut by a kill is removed and the rows of the
+    windows in the file's last ``tail_bytes`` are not written again (:mod:`collector.handlers.jsonl_resume`).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
         self.path = path
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open jsonl output {path!r}: {exc.strerror}") from None
+        resumed = resume_jsonl(fd, path, tail_bytes)
+        self._written = resumed.written
+        """Rows of windows the file's tail held when opened (skipped if emitted again)."""
+        self.skipped = 0
+        """Rows not written because the file already held them (windows emitted again by a restarted collector)."""
         self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
 
     def emit(self, metric_data: MetricData) -> None:
         """Write one line for ``metric_data`` (a metric put by a rank, the collector's own figures, or a user's
         row: whatever it carries of rank, window, job)."""
+        start = getattr(metric_data, "window_start", None)
+        if self._written and start is not None and (
+                getattr(metric_data, "job", None), metric_data.group_name, metric_data.name,
+                getattr(metric_data, "rank", None), float(start), _json_number(metric_data.value)) in self._written:
+            self.skipped += 1
+            return
         self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
                               getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
                               getattr(metric_data, "window_end", None), getattr(metric_data, "torn", False),
@@ -83,8 +98,14 @@ class JsonlMetricHandler(MetricHandler):
     def emit_columns(self, columns: Columns) -> None:
         """Write one line per figure of a pass, in the order of :meth:`collector.read.columns.Columns.flat`."""
         job = columns.job
+        rows: Iterable[tuple[float, str, str, float, int | None, float, bool]] = columns.flat()
+        if self._written:  # a restarted collector may emit again windows the file holds: those rows are skipped
+            every, written = list(rows), self._written
+            rows = [row for row in every
+                    if (job, row[1], row[2], row[4], row[5], _json_number(row[3])) not in written]
+            self.skipped += len(every) - len(rows)
         lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
-                 for end, group, name, value, rank, start, torn in columns.flat()]
+                 for end, group, name, value, rank, start, torn in rows]
         if lines:
             lines.append("")
             self._out.write("\n".join(lines))

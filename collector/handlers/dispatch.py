@@ -1,6 +1,8 @@
 """Handlers off the scanning loop: each handler runs in a thread of its own, fed through a bounded queue.
 
-A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. When a
+A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. Each pass ends with
+a flush marker; :meth:`ThreadedDispatcher.flush` returns a :class:`PassTaken` ticket that says when every handler
+has reached it, which is when the collector commits the pass's watermark (:mod:`collector.daemon.commits`). When a
 handler's queue is full (``handler_queue`` rows, default 100,000, about 30 MB of rows), new rows for it are
 dropped, counted (``dropped``, and per group) and warned about once. A pass queued as columns for a handler
 that takes them (``emit_columns``) counts as its number of rows (a row of columns is ~200 bytes), and is cut
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from ..read.columns import Columns
     from ..read.merge import WindowRow
 
-__all__ = ["DEFAULT_HANDLER_QUEUE", "ThreadedDispatcher"]
+__all__ = ["DEFAULT_HANDLER_QUEUE", "PassTaken", "ThreadedDispatcher"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -50,6 +52,29 @@ class _Pass(NamedTuple):
     """A pass queued whole for a handler that takes columns (its ``emit_columns``)."""
 
     columns: Columns
+
+
+class PassTaken:
+    """Whether every handler has taken what was queued for it up to one :meth:`ThreadedDispatcher.flush`: its
+    ``emit``/``emit_columns`` returned (or raised: counted in ``errors``) and its ``flush`` ran. Rows dropped for a
+    handler whose queue was full (counted in ``dropped``) are taken as far as this ticket is concerned."""
+
+    def __init__(self, waits: list[tuple[MetricHandler, threading.Event]]) -> None:
+        self._waits = waits
+
+    @property
+    def done(self) -> bool:
+        """Every handler took the pass."""
+        return all(event.is_set() for _, event in self._waits)
+
+    def waiting(self) -> list[MetricHandler]:
+        """The handlers that have not taken it yet."""
+        return [handler for handler, event in self._waits if not event.is_set()]
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for every handler to take the pass; whether they all did."""
+        deadline = time.monotonic() + timeout_s
+        return all(event.wait(max(0.0, deadline - time.monotonic())) for _, event in self._waits)
 
 
 class _Worker:
@@ -235,10 +260,12 @@ class ThreadedDispatcher:
                              "are dropped and counted in collector.handler_dropped", handler, group,
                              self.handler_queue)
 
-    def flush(self) -> None:
-        """Ask every handler to flush once it has taken what was queued before (does not wait)."""
-        for worker in list(self._workers.values()):
-            worker.control(_FLUSH)
+    def flush(self) -> PassTaken:
+        """Ask every handler to flush once it has taken what was queued before (does not wait); the ticket
+        returned says when each has (what the collector waits for before it commits a pass's watermark)."""
+        if self._closed:  # the handlers' threads stopped: nothing more reaches them
+            return PassTaken([])
+        return PassTaken([(w.handler, w.control(_FLUSH)) for w in list(self._workers.values())])
 
     def wait(self, timeout_s: float = 10.0) -> bool:
         """Wait until every handler has taken what was queued before this call; False on timeout."""

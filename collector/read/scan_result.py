@@ -1,16 +1,21 @@
-"""What one pass of :class:`collector.read.scanner.Scanner` produced (:class:`ScanResult`), and the count of
-distinct rows its counters are computed with."""
+"""What one pass of :class:`collector.read.scanner.Scanner` produced (:class:`ScanResult`), the watermarks it
+leaves to write into the segment (:class:`DurableMarks`), and the count of distinct rows its counters are computed
+with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from .columns import Columns
 from .merge import WindowRow
 
-__all__ = ["ScanResult", "distinct"]
+if TYPE_CHECKING:
+    from shmstat.shm.segment import Segment
+
+__all__ = ["DurableMarks", "ScanResult", "distinct"]
 
 
 @dataclass
@@ -48,3 +53,32 @@ def distinct(*columns: np.ndarray) -> int:
         c = col[order]
         change |= c[1:] != c[:-1]
     return 1 + int(change.sum())
+
+
+class DurableMarks(NamedTuple):
+    """Watermarks of one pass still to be written into the segment: ``emitted_wid`` words and their values."""
+
+    words: np.ndarray
+    """Indices of the descriptors' ``emitted_wid`` words, counted in 8-byte words from the segment's start."""
+    wids: np.ndarray
+
+    def then(self, later: DurableMarks) -> DurableMarks:
+        """These watermarks followed by ``later``'s: one set, the later value of each word kept (watermarks only
+        move forward, so that is the larger one)."""
+        words, wids = np.concatenate([self.words, later.words]), np.concatenate([self.wids, later.wids])
+        order = np.lexsort((wids, words))
+        words, wids = words[order], wids[order]
+        last = np.ones(len(words), bool)
+        last[:-1] = words[1:] != words[:-1]
+        return DurableMarks(words[last], wids[last])
+
+    def write(self, segment: Segment) -> None:
+        """Write the watermarks into ``segment`` (a restarted collector resumes after them)."""
+        if not len(self.words):
+            return
+        buf = segment.buf
+        words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        try:
+            words[self.words] = self.wids
+        finally:
+            del words

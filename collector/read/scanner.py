@@ -2,8 +2,9 @@
 
 Each slot's watermark (the newest window already emitted) lives in the segment, in the descriptor's
 ``emitted_wid``: a restarted collector resumes where the previous one stopped, so no window still in the
-ring is lost and none is emitted twice. The watermark is written right after the rows were handed to the
-handlers (a crash between the two can repeat at most that one pass).
+ring is lost and none is emitted twice. :meth:`Scanner.advance` moves the watermark in memory at once and
+returns it as :class:`DurableMarks`, which the collector writes into the segment only once every handler took
+the pass (:mod:`collector.daemon.commits`): a collector killed before re-emits that pass when restarted.
 
 How a pass reads (vectorised with NumPy, because a node can hold 64k slots and the pass runs every window):
 for every slot with a window that closed since its watermark, only the banks that can hold such a window are
@@ -44,10 +45,10 @@ from .column_merge import Parts, merge_parts
 from .hist_batch import HistBatch
 from .hist_reader import read_histograms
 from .long_windows import long_slots_to_read
-from .scan_result import ScanResult, distinct
+from .scan_result import DurableMarks, ScanResult, distinct
 from .slot_table import MergeKey, Slot, SlotTable
 
-__all__ = ["MergeKey", "ScanResult", "Scanner"]  # MergeKey, ScanResult: defined in slot_table, scan_result
+__all__ = ["DurableMarks", "MergeKey", "ScanResult", "Scanner"]  # all but Scanner: defined in slot_table, scan_result
 
 _WORDS = L.BANK_WORDS
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
@@ -379,7 +380,14 @@ class Scanner:
         return read.safe_wid
 
     def commit(self) -> None:
-        """Record in the segment that the last scan's windows were emitted."""
+        """Record in the segment, at once, that the last scan's windows were emitted (:meth:`advance`, then
+        :meth:`DurableMarks.write`)."""
+        self.advance().write(self.segment)
+
+    def advance(self) -> DurableMarks:
+        """Move the in-memory watermarks past the last scan's windows (the next scan never returns them) and
+        return what is still to be written into the segment, which a collector does only once every handler
+        took the pass (:mod:`collector.daemon.commits`): a collector that dies before re-emits it when restarted."""
         pending, self._pending = self._pending, None
         pending_inc, self._pending_inc = self._pending_inc, {}
         t = self._table
@@ -388,14 +396,10 @@ class Scanner:
         if pending is None or t is None or not len(pending[0]):
             if t is not None and pending_inc and self._dirty:
                 t.sync_back()
-            return
+            return DurableMarks(np.zeros(0, np.int64), np.zeros(0, np.int64))
         which, wids = pending
         t.after[which] = wids
         if self._dirty:  # slots were added since the scan: the next table is built from the slot objects
             t.sync_back()
-        buf = self.segment.buf
-        words = np.frombuffer(buf, np.int64, len(buf) // 8)
-        try:
-            words[t.emitted_word[which]] = wids
-        finally:
-            del words
+        return DurableMarks(t.emitted_word[which], np.asarray(wids, np.int64))
+

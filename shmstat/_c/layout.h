@@ -14,6 +14,9 @@
 #define B_TS 48
 #define B_INC 56
 
+/* shmstat/layout.py: windows longer than this also close by count and by their writer's end */
+#define LONG_WINDOW_NS 3600000000000
+
 /* shmstat/layout.py and shmstat/histogram.py: a bank's histogram (byte offsets) */
 #define HIST_SIZE 2240
 #define HIST_M 272

@@ -55,6 +55,17 @@ def coerce_value(v: Any) -> float:
     raise TypeError(f"must be real number, not {type(v).__name__}")
 
 
+def _resumable(f: Any, q: Any, b: int, wid: int, wns: int) -> float:
+    """2 * the samples an earlier writer of the slot left in window ``wid``'s bank (word ``b``), which a new
+    writer continues (the C ``resumable()``: not for windows over an hour, a torn bank keeps its complete ones)."""
+    if wns > L.LONG_WINDOW_MS * 1_000_000 or q[b + L.B_WID] != wid:
+        return 0.0
+    seq = float(f[b])
+    if not 2.0 <= seq < 2.0**62:
+        return 0.0
+    return 2.0 * (seq // 2.0)
+
+
 def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) -> tuple[Any, Any, Any]:
     """The pure-Python ``add``/``count`` of a binding, and its ``repoint`` (used after a fork); ``generation``
     is the writer module's fork generation (bumped in the child of every fork: ``add`` then re-binds)."""
@@ -86,23 +97,54 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
         report = ((int(seq) >> 1, sm, mn, mx, lastv, t) if seq and not full_reported
                   else ((0, 0.0, 0.0, 0.0, 0.0, t) if wend else None))
         full_reported = False
+        first = not wend  # this binding's first window: the bank may hold an earlier writer's samples
         while True:
             wid = t // wns
             end = (wid + 1) * wns
             b = slot0 + (wid % nbanks) * L.BANK_WORDS
             if hist0 >= 0:
                 hist = hist0 + (wid % nbanks) * L.HIST_SIZE
-            f[b] = 1.0
+            kept = _resumable(f, q, b, wid, wns) if first else 0.0
+            f[b] = kept + 1.0
             q[b + L.B_WID] = wid
             q[b + L.B_INC] = inc
             t2 = clock()
             if t2 < end:
                 break
+            if kept:  # the window ended meanwhile: the earlier writer's samples stay as they were
+                f[b] = kept
+                t = t2
+                continue
             f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = 0.0
             q[b + L.B_TS] = 0
             f[b] = 0.0
             t = t2
         wend, base = end, b
+        if kept:  # continue the earlier writer's window (the C resume())
+            seq, sm, mn, mx, lastv = kept, f[b + L.B_SUM], f[b + L.B_MIN], f[b + L.B_MAX], f[b + L.B_LAST]
+            if kept >= max2:
+                f[b] = kept
+                full_reported = True
+                q[disc_word] += 1
+                return report
+            sm += v
+            f[b + L.B_SUM] = sm
+            if v < mn:
+                mn = f[b + L.B_MIN] = v
+            if v > mx:
+                mx = f[b + L.B_MAX] = v
+            if want_last:
+                lastv = f[b + L.B_LAST] = v
+                q[b + L.B_TS] = t
+            if hist >= 0:
+                hist_add(q, u, hist, v)
+            seq = kept + 2.0
+            f[b] = seq
+            q[beat_word] = t
+            if seq >= max2:
+                full_reported = True
+                return (int(seq) >> 1, sm, mn, mx, lastv, t)
+            return report
         if hist >= 0:
             hist_reset(q, u, hist)
             hist_add(q, u, hist, v)

@@ -45,6 +45,8 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("collect", "--job", "{job}", "--straggler-threshold", "0"), "--straggler-threshold"),
     (("collect", "--job", "{job}", "--straggler-windows", "0"), "--straggler-windows"),
     (("collect", "--job", "{job}", "--straggler-windows", "1001"), "--straggler-windows"),
+    (("collect", "--job", "{job}", "--commit-wait", "0"), "--commit-wait"),
+    (("collect", "--job", "{job}", "--commit-wait", "nan"), "--commit-wait"),
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--straggler-threshold", "nan", "tests/scripts/elastic_job.py"),
      "--straggler-threshold"),
     (("collect", "--job", "{job}", "--heartbeat-interval", "0"), "--heartbeat-interval"),

@@ -53,6 +53,40 @@ def test_rank_restart_continues_without_mixing_incarnations(job):
         c.close()
 
 
+def test_a_rank_registered_again_inside_a_window_continues_it(job, backend):
+    """A restarted rank (a new incarnation of the same entry) writing into the window its predecessor was in
+    continues that window: the predecessor's samples are emitted with its own, none is lost (both writers)."""
+    clock = FakeClock()
+    clock.to_window(100)
+    c, rec = _collector(job, clock)
+    aggs = [A.COUNT, A.SUM, A.MIN, A.MAX, A.P50]
+    try:
+        init(job, rank=0, publish=False)
+        s = Stat("lat", aggs, 0.1, clock=clock, group="g")
+        full = Stat("full", [A.COUNT], 0.1, 4, clock=clock, group="g")
+        for v in (1.0, 2.0, 3.0):
+            s.add(v)
+        for _ in range(4):
+            full.add(1.0)
+        shutdown()
+        clock.advance_ms(30)
+        init(job, rank=0, publish=False)  # the same rank registers again, inside the same window
+        s2 = Stat("lat", aggs, 0.1, clock=clock, group="g")
+        full2 = Stat("full", [A.COUNT], 0.1, 4, clock=clock, group="g")
+        for v in (10.0, 0.5):
+            s2.add(v)
+        full2.add(1.0)  # the window holds max_samples already: discarded (and counted), as in one process
+        clock.advance_ms(70)
+        c.step()
+        got = {m.name: m.value for m in rec.got if m.group_name == "g" and m.rank == 0}
+        assert {k: got[k] for k in ("lat.count", "lat.sum", "lat.min", "lat.max", "full.count")} == {
+            "lat.count": 5, "lat.sum": 16.5, "lat.min": 0.5, "lat.max": 10.0, "full.count": 4}
+        assert abs(got["lat.p50"] - 2.0) <= 2.0 * 0.022  # the histogram went on too
+        assert Segment.open(job, create=False).rank(0).discarded == 1
+    finally:
+        c.close()
+
+
 def test_platform_group_has_rank_usage_and_collector_counters(job):
     clock = FakeClock()
     platform = Recording()

@@ -8,6 +8,7 @@ A ``time.sleep`` here is only ever the fault itself (an outage, a stall); everyt
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import signal
@@ -381,25 +382,35 @@ def _metric_values(rows: list[dict]) -> dict[int, list[int]]:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_collector_killed_and_restarted(job, tmp_path, sig):
-    """Windows: none lost, none repeated. Metrics published during the outage reach the restarted collector.
-    After SIGTERM nothing at all is lost; after SIGKILL only metrics the dead collector had in hand (received, not
-    yet written) are lost, all in one run just before the kill."""
-    out1, out2 = str(tmp_path / "m1.jsonl"), str(tmp_path / "m2.jsonl")
+    """Windows: none lost, none repeated (both collectors write one jsonl file: a window the first wrote but had
+    not committed when killed is skipped by the second). Metrics published during the outage reach the restarted
+    collector. After SIGTERM nothing at all is lost; after SIGKILL only metrics the dead collector had in hand
+    (received, not yet written) are lost, all in one run just before the kill."""
+    out = str(tmp_path / "m.jsonl")
     # the largest ring (64 windows, 2.6 s): an outage longer than that (possible on a loaded machine) loses the
     # oldest windows, and those must be counted as overwritten by the restarted collector
     args = ("--grace-ms", "10", "--banks", "64", "--max-ranks", "8", "--max-stats", "8", "--status-interval", "0")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out1}", *args)
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", *args)
     stop = str(tmp_path / "stop")
     ranks = [spawn(idle_adder, job, r, WINDOW_MS, str(tmp_path / f"r{r}.json"), stop, None, False, True)
              for r in range(2)]
+
+    def second_rows() -> list[dict]:  # what the restarted collector wrote: the file past the first one's lines
+        with open(out, "rb") as f:
+            f.seek(first_bytes)
+            data = f.read()
+        return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
     try:
-        wait_for(lambda: all(len(v) > 20 for v in _metric_values(read_jsonl(out1)).values())
-                 and len(_metric_values(read_jsonl(out1))) == 2, 30, 0.02, what="metrics at the first collector")
+        wait_for(lambda: all(len(v) > 20 for v in _metric_values(read_jsonl(out)).values())
+                 and len(_metric_values(read_jsonl(out))) == 2, 30, 0.02, what="metrics at the first collector")
         coll.stop(sig)
+        with open(out, "rb") as f:
+            first_bytes = f.read().rfind(b"\n") + 1  # its whole lines (the next collector removes a cut one)
         time.sleep(0.3)  # the outage: ~7 windows with no collector; the ranks keep adding and putting metrics
-        coll = start_collector(job, "--handler", f"*=jsonl:{out2}", *args)
-        wait_for(lambda: all(len(v) > 20 for v in _metric_values(read_jsonl(out2)).values())
-                 and len(_metric_values(read_jsonl(out2))) == 2, 30, 0.02, what="metrics at the restarted collector")
+        coll = start_collector(job, "--handler", f"*=jsonl:{out}", *args)
+        wait_for(lambda: all(len(v) > 20 for v in _metric_values(second_rows()).values())
+                 and len(_metric_values(second_rows())) == 2, 30, 0.02, what="metrics at the restarted collector")
         open(stop, "w").close()
         for p in ranks:
             p.join(60)
@@ -407,7 +418,8 @@ def test_collector_killed_and_restarted(job, tmp_path, sig):
     finally:
         open(stop, "w").close()
         assert coll.stop() == 0
-    rows1, rows2 = read_jsonl(out1), read_jsonl(out2)
+    rows2, every = second_rows(), read_jsonl(out)
+    rows1 = every[: len(every) - len(rows2)]
     # windows
     merged, per_rank, repeats = rows_by_rank_window(rows1 + rows2, "steps", WINDOW_MS)
     assert repeats == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 from _procs import REPO, read_jsonl
@@ -133,3 +134,37 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
         sub2.close(0)
         ctx.term()
         Segment.unlink(job)
+
+
+def _window_ms_with_room(room_ms: int) -> int:
+    """A window length (30 to 60 s) whose current window has at least ``room_ms`` left: windows are aligned to
+    the epoch, so the test picks the length instead of waiting for a window to start."""
+    now_ms = time.time_ns() // 1_000_000
+    return next(w for w in range(30_000, 60_000) if now_ms % w < w - room_ms)
+
+
+def test_a_restart_inside_one_window_keeps_the_first_attempts_samples(tmp_path):
+    job = unique_job("rw")
+    out = str(tmp_path / "m.jsonl")
+    k1, k2 = 700, 300
+    window_ms = _window_ms_with_room(25_000)
+    env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, K1=str(k1), K2=str(k2), WINDOW_MS=str(window_ms))
+    r = subprocess.run(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "3", "--max-restarts", "1",
+         "--monitor-interval", "0.05", "--grace-ms", "10", "--status-interval", "0", "--handler", f"*=jsonl:{out}",
+         os.path.join(REPO, "tests", "scripts", "restart_in_window.py")],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    left = _left_behind(job)
+    Segment.unlink(job)
+    assert r.returncode == 0, r.stderr
+    assert left == []
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("added-")) == [
+        f"added-{rank}-{attempt}" for rank in range(3) for attempt in range(2)]
+    rows = [row for row in read_jsonl(out) if row["group"] == "restart"]
+    assert len({row["window_start"] for row in rows}) == 1, "both attempts were to fall inside one window"
+    count = {row["rank"]: row["value"] for row in rows if row["name"] == "samples.count"}
+    total = {row["rank"]: row["value"] for row in rows if row["name"] == "samples.sum"}
+    # rank 0 failed, rank 1 was stopped cleanly, rank 2 was killed by the SIGTERM: each keeps its first attempt
+    assert count == {None: 3 * (k1 + k2), 0: k1 + k2, 1: k1 + k2, 2: k1 + k2}
+    assert total == {None: 6 * (k1 + k2), 0: k1 + k2, 1: 2 * (k1 + k2), 2: 3 * (k1 + k2)}

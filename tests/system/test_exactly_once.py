@@ -1,0 +1,163 @@
+"""Exactly once across collector crashes: a collector SIGKILLed at any moment of a pass (in the middle of the jsonl
+handler's write, right after the handler wrote and before the watermark was committed, or at a random time) and
+started again leaves every (stat, window, rank) in the jsonl once, and the counts add up to what the ranks added."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter, defaultdict
+
+from _procs import read_jsonl, spawn, start_collector
+from _support import wait_for
+
+from shmstat.shm.segment import Segment
+
+WINDOW_MS = 100
+STATS = 20
+RANKS = 2
+
+
+def many_stats_rank(job: str, rank: int, stop_path: str, out_path: str) -> None:
+    """Add 1.0 to each of STATS stats per step until ``stop_path`` exists; write the steps taken and, for stat 0,
+    the count per window (read from the clock its adds used)."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=rank, local_rank=rank, world_size=RANKS, publish=False)
+    last = [0]
+
+    def clock() -> int:
+        last[0] = time.time_ns()
+        return last[0]
+
+    stats = [shmstat.Stat(f"s{i:02d}", [A.COUNT], WINDOW_MS / 1000, group="g", clock=clock if i == 0 else None)
+             for i in range(STATS)]
+    wns = WINDOW_MS * 1_000_000
+    per_window: dict[str, int] = defaultdict(int)
+    steps = 0
+    while not os.path.exists(stop_path):
+        for s in stats:
+            s.add(1.0)
+        per_window[repr(last[0] // wns * wns / 1e9)] += 1
+        steps += 1
+        time.sleep(0.002)
+    with open(out_path + ".tmp", "w") as f:
+        json.dump({"steps": steps, "windows": per_window}, f)
+    os.replace(out_path + ".tmp", out_path)
+    shmstat.shutdown()
+
+
+class _Progress:
+    """What the SlowJsonl handlers of every collector so far noted (``tests/tests_slow_jsonl.py``), read as it
+    grows."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.offset = path, 0  # bytes of the file consumed so far
+
+    def wait(self, what: str, pid: int, timeout_s: float = 20.0) -> None:
+        """Wait until collector ``pid`` notes ``what`` after everything consumed so far."""
+        want = f"{pid} {what}".encode()
+
+        def noted() -> bool:
+            if not os.path.exists(self.path):
+                return False
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+            for line in data.split(b"\n")[:-1]:  # whole lines only
+                self.offset += len(line) + 1
+                if line == want:
+                    return True
+            return False
+
+        wait_for(noted, timeout_s, 0.002, what=f"collector {pid} to note {what!r}")
+
+
+def _wid(window_start: float | str) -> int:
+    """The window id of a window start in seconds (as a rank reported it, or as jsonl wrote it)."""
+    return round(float(window_start) * 1000 / WINDOW_MS)
+
+
+def _report(tmp_path, rank: int) -> dict:
+    with open(tmp_path / f"r{rank}.json") as f:
+        return json.load(f)
+
+
+def _durable_watermark(job: str) -> int:
+    """The newest window of stat s00 of rank 0 the segment says was emitted (what a restarted collector resumes
+    after)."""
+    seg = Segment.open(job, create=False)
+    try:
+        return next((d.emitted_wid for d in seg.descriptors(0) if d.name == "s00"), -1)
+    finally:
+        seg.close()
+
+
+def test_collector_sigkilled_at_any_moment_of_a_pass_leaves_every_window_exactly_once(job, tmp_path):
+    out, progress, stop = str(tmp_path / "m.jsonl"), str(tmp_path / "progress"), str(tmp_path / "stop")
+    spec = f"*=tests_slow_jsonl:SlowJsonl,path={out},progress={progress},buffer=2048"
+    args = ("--handler", spec, "--grace-ms", "10", "--status-interval", "0")
+    coll = start_collector(job, *args, "--banks", "64", "--max-ranks", "4", "--max-stats", "64")
+    procs = [spawn(many_stats_rank, job, r, stop, str(tmp_path / f"r{r}.json")) for r in range(RANKS)]
+    seen = _Progress(progress)
+    cut_lines = ahead_of_watermark = 0
+    try:
+        wait_for(lambda: any(r["group"] == "g" for r in read_jsonl(out)), 30, 0.02, what="the ranks' first windows")
+        # Where each kill lands: mid-write (the file ends in a cut line), right after the handler wrote and
+        # flushed a pass (before its watermark is committed), after a write ending at a line's end, and at a
+        # time unrelated to the handler.
+        for moment in ("w0", "f", "w1", "f", "t", "w0"):
+            if moment == "t":
+                seen.wait("f", coll.proc.pid)
+                time.sleep(0.037)
+            else:
+                seen.wait(moment, coll.proc.pid)
+            coll.proc.send_signal(signal.SIGKILL)
+            coll.stop()
+            with open(out, "rb") as f:
+                data = f.read()
+            cut_lines += not data.endswith(b"\n")
+            rows = [json.loads(line) for line in data.split(b"\n")[:-1]]
+            newest = max((r["window_start"] for r in rows if r["name"] == "s00.count" and r["rank"] == 0), default=0)
+            ahead_of_watermark += _wid(newest) > _durable_watermark(job)
+            restarted_at = data.rfind(b"\n") + 1
+            coll = start_collector(job, *args)
+        seen.wait("f", coll.proc.pid)
+        open(stop, "w").close()
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        last = {r: max(map(_wid, _report(tmp_path, r)["windows"])) for r in range(RANKS)}
+
+        def caught_up() -> bool:  # the handler wrote the ranks' last closed windows: little is left for the stop
+            with open(out, "rb") as f:
+                f.seek(restarted_at)  # what the last collector wrote (read whole each time, so only that)
+                data = f.read()
+            done = {(r["rank"], _wid(r["window_start"])) for r in map(json.loads, data.split(b"\n")[:-1])
+                    if r["name"] == "s00.count"}
+            return all((r, w - 1) in done for r, w in last.items())
+
+        wait_for(caught_up, 20, 0.1, what="the handler to catch up")
+        assert coll.stop() == 0
+    finally:
+        open(stop, "w").close()
+        if coll.proc.poll() is None:
+            coll.stop(signal.SIGKILL)
+    assert cut_lines >= 1, "no kill landed in the middle of a line: the repair of a cut line went untested"
+    assert ahead_of_watermark >= 1, "no kill landed between a write and its commit: the de-duplication went untested"
+
+    rows = [r for r in read_jsonl(out) if r["group"] == "g"]  # every line is strict JSON: the cut ones were repaired
+    keys = Counter((r["name"], r["rank"], r["window_start"]) for r in rows)
+    assert [k for k, n in keys.items() if n > 1] == [], "a window was written twice"
+    reports = [_report(tmp_path, r) for r in range(RANKS)]
+    added = sum(rep["steps"] for rep in reports)
+    for i in range(STATS):
+        merged = sum(r["value"] for r in rows if r["name"] == f"s{i:02d}.count" and r["rank"] is None)
+        per_rank = sum(r["value"] for r in rows if r["name"] == f"s{i:02d}.count" and r["rank"] is not None)
+        assert merged == per_rank == added, f"stat s{i:02d}: {merged} merged, {per_rank} per rank, {added} added"
+    for rank, rep in enumerate(reports):
+        got = {r["window_start"]: r["value"] for r in rows if r["name"] == "s00.count" and r["rank"] == rank}
+        assert got == {float(k): n for k, n in rep["windows"].items()}, f"rank {rank}: windows differ"
