@@ -5,6 +5,7 @@ from __future__ import annotations
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
 from .handlers.api import AgentMetricData, Dispatcher, JsonlMetricHandler, build_handler, takes_columns
 from .handlers.compact import CompactWindowHandler
+from .handlers.events import EventHandler, EventRecord, GapRecord, build_event_handler
 from .read.columns import Columns
 from .read.merge import Summary, WindowRow, merge
 
@@ -16,9 +17,13 @@ __all__ = [
     "Columns",
     "CompactWindowHandler",
     "Dispatcher",
+    "EventHandler",
+    "EventRecord",
+    "GapRecord",
     "JsonlMetricHandler",
     "Summary",
     "WindowRow",
+    "build_event_handler",
     "build_handler",
     "merge",
     "takes_columns",

@@ -1,4 +1,5 @@
-"""A local OTLP/HTTP metrics receiver for the OTLP handler's tests, and a rank writing to two groups."""
+"""A local OTLP/HTTP receiver (metrics and logs) for the OTLP handler's and events sink's tests, and a rank writing
+to two groups."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from typing import Any
 
 
 class Receiver:
-    """``POST /v1/metrics`` on 127.0.0.1 (a free port): decodes each ``ExportMetricsServiceRequest`` and answers
-    an empty ``ExportMetricsServiceResponse``, or ``status`` when it is set to an error (e.g. 500)."""
+    """``POST /v1/metrics`` and ``POST /v1/logs`` on 127.0.0.1 (a free port): decodes each
+    ``ExportMetricsServiceRequest`` (``ExportLogsServiceRequest``) and answers an empty response, or ``status``
+    when it is set to an error (e.g. 500)."""
 
     def __init__(self) -> None:
+        from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs_pb
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as pb
 
         self.requests: list[Any] = []
+        self.log_requests: list[Any] = []
         self.refused = 0
         self.status = 200
         self._lock = threading.Lock()
@@ -29,13 +33,20 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path != "/v1/metrics":
+                if self.path not in ("/v1/metrics", "/v1/logs"):
                     self._answer(404, b"")
                     return
                 if receiver.status != 200:
                     with receiver._lock:
                         receiver.refused += 1
                     self._answer(receiver.status, b"")
+                    return
+                if self.path == "/v1/logs":
+                    logs = logs_pb.ExportLogsServiceRequest()
+                    logs.ParseFromString(body)
+                    with receiver._lock:
+                        receiver.log_requests.append(logs)
+                    self._answer(200, logs_pb.ExportLogsServiceResponse().SerializeToString())
                     return
                 request = pb.ExportMetricsServiceRequest()
                 request.ParseFromString(body)
@@ -56,6 +67,7 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}/v1/metrics"
+        self.logs_endpoint = f"http://127.0.0.1:{self.port}/v1/logs"
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)
         self._thread.start()
@@ -80,6 +92,21 @@ class Receiver:
                         kind = m.WhichOneof("data")
                         for p in getattr(m, kind).data_points:
                             out.append((res, m, p, _attrs(p.attributes)))
+        return out
+
+
+    def log_records(self) -> list[tuple[dict[str, Any], str, Any, dict[str, Any]]]:
+        """Every log record received: (resource attributes, scope name, record, record attributes) in arrival
+        order."""
+        out = []
+        with self._lock:
+            requests = list(self.log_requests)
+        for req in requests:
+            for rl in req.resource_logs:
+                res = _attrs(rl.resource.attributes)
+                for sl in rl.scope_logs:
+                    for rec in sl.log_records:
+                        out.append((res, sl.scope.name, rec, _attrs(rec.attributes)))
         return out
 
 

@@ -62,6 +62,9 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--handler-queue", "handler_queue", int, "rows queued per handler before a slow one loses rows, counted"),
     Tuned("--commit-wait", "commit_wait_s", float, "seconds a pass waits for a stuck handler before the point a "
                                                    "restarted collector resumes from moves past it, counted"),
+    Tuned("--events-queue-mb", "events_queue_bytes", float,
+          "MiB queued per events sink before a slow one loses events, counted and written as gap records",
+          scale=1 << 20),
     Tuned("--hold-ms", "hold_ms", int, "at start-up, hold the ranks' events up to this long for subscribers to "
                                        "reconnect"),
     Tuned("--status-interval", "status_interval_s", float, "seconds between status lines on stderr: ranks alive, "
@@ -99,6 +102,10 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="handler for a metric group: compact, console, null, jsonl:PATH, tensorboard:DIR, "
                         "otlp:ENDPOINT, pkg.module:Class[,key=value...]; GROUP * = default (default: compact, one "
                         "line per merged window; put metrics and @prof calls of a group only with GROUP=console)")
+    p.add_argument("--events", action="append", default=[], metavar="SPEC",
+                   help="keep every event (ranks' log_event and elastic.events.record, the backlog they held, the "
+                        "collector's own, gaps as records): jsonl:PATH, console, otlp:ENDPOINT, "
+                        "pkg.module:Class[,key=value...] with emit_events(batch); repeatable")
     for t in TUNED:
         default = t.default()
         p.add_argument(t.flag, type=t.type, default=default, metavar=t.metavar,
@@ -149,6 +156,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--heartbeat-interval must be between 0.01 and 3600 seconds, got {args.heartbeat_interval}")
     if not 1 <= args.publish_buffer_mb <= 1 << 20:
         raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
+    if not 1 <= args.events_queue_mb <= 1 << 20:
+        raise ConfigError(f"--events-queue-mb must be between 1 and 1048576, got {args.events_queue_mb}")
     if not 1 <= args.handler_queue <= 100_000_000:
         raise ConfigError(f"--handler-queue must be between 1 and 100000000, got {args.handler_queue}")
     if not 0 < args.commit_wait <= 3600:
@@ -160,11 +169,19 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
     if args.publish is not None:
         _check_publish(args.publish, args.allow_remote_publish)
     return CollectorConfig(
-        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), geometry=geometry_from(args),
+        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), events=_checked_events(args.events),
+        geometry=geometry_from(args),
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
         prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus), ready_file=args.ready_file,
         **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
     )
+
+
+def _checked_events(specs: list[str]) -> list[str]:
+    for spec in specs:
+        if not spec.strip():
+            raise ConfigError("--events needs a SPEC: jsonl:PATH, console, otlp:ENDPOINT or pkg.module:Class")
+    return list(specs)
 
 
 def _checked_listen(listen: str | None) -> str | None:

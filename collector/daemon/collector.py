@@ -30,11 +30,13 @@ from shmstat.shm.segment import Segment, pid_alive
 
 from ..handlers.compact import status_line
 from ..handlers.dispatch import ThreadedDispatcher
+from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.scanner import Scanner
 from ..wire.intake import Received
 from .commits import PendingCommits
-from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, write_ready_file
+from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
+from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
 from .passes import emit_scan
 from .points import dispatch_put_metrics, emit_usage
@@ -53,7 +55,7 @@ class Collector:
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
         out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
-        exporter: PrometheusExporter | None = None,
+        exporter: PrometheusExporter | None = None, events: EventDelivery | None = None,
     ) -> None:
         validate_job(config.job)
         self.config = config
@@ -65,7 +67,11 @@ class Collector:
         self.relay = None
         self.exporter = exporter
         self._owns_exporter = False
+        self.events = KeptEvents(config.job, events, owns=events is None)
+        """What goes to the events sinks (``--events``; a node collector's, shared, as ``events``)."""
         try:
+            if events is None:
+                self.events.delivery = build_event_delivery(config)
             self._owns_dispatcher = dispatcher is None
             self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
             self.segment = Segment.open(config.job, geometry=config.geometry)
@@ -82,11 +88,14 @@ class Collector:
                                sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES),
                                heartbeat_interval_s=config.heartbeat_interval_s)
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
+            if self.events.delivery is not None:
+                self.relay.on_gap = self.events.gap
             if self.exporter is None and config.prometheus:
                 self.exporter = start_exporter(config, self.out)
                 self._owns_exporter = True
         except BaseException:
             self._release()
+            self.events.close()
             raise
         self.windows_emitted = 0
         self.rows_emitted = 0
@@ -200,6 +209,8 @@ class Collector:
         for msg in self.relay.receive():
             if msg.kind == "metric":
                 self._dispatch_put_metrics(msg)
+            elif msg.kind == "event":
+                self.events.message(msg)
         self._drain_submitted()
         now = self.clock()
         ranks = self.scanner.refresh()
@@ -234,6 +245,7 @@ class Collector:
             ranks = self.scanner.refresh()
             live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
+            self.events.close()  # what the sinks held is taken (or counted) before the final counters
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:
@@ -241,6 +253,7 @@ class Collector:
                                     f"{', '.join(map(str, live))}, still running")
         except Exception as exc:  # whatever happens, the sockets and files below are released
             self.not_emitted = f"the last pass, which failed ({exc!r})"
+        self.events.close()
         if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
             try:
                 self.dispatcher.close()
@@ -282,6 +295,8 @@ class Collector:
         for msg in self.relay.hand_over(live_ranks):
             if msg.kind == "metric":
                 self._dispatch_put_metrics(msg)
+            elif msg.kind == "event":
+                self.events.message(msg)
 
     def close(self) -> None:
         """Same as :meth:`shutdown` (idempotent)."""
@@ -332,7 +347,14 @@ class Collector:
                 topic = wire.metric_topic(item.group_name, item.name)
                 self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):
-                self.relay.publish(wire.event_topic(item[0]), "event", [list(item)])
+                self.publish_event(*item)
+
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
+        """Publish an event the collector made on ``event/<name>`` and keep it for the events sinks (the loop's
+        thread only; other threads use :meth:`submit_event`)."""
+        assert self.relay is not None
+        self.relay.publish(wire.event_topic(name), "event", [[name, ts_ns, data]])
+        self.events.own(name, ts_ns, data)
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
@@ -348,7 +370,9 @@ class Collector:
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
         assert self.relay is not None
-        self.relay.publish(wire.rank_topic(change.state), "rank", [change.to_wire()])
+        item = change.to_wire()
+        self.relay.publish(wire.rank_topic(change.state), "rank", [item])
+        self.events.own(wire.rank_topic(change.state), self.clock(), item)  # type: ignore[arg-type]
         _log.info("rank %d (pid %d, incarnation %d) %s", change.rank, change.pid, change.incarnation, change.state)
 
     def _emit_usage(self, now: int, ranks: list) -> None:
@@ -371,6 +395,7 @@ class Collector:
             "subscriber_overflows": sum(c.overflows.values()),
             **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
             "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
+            **self.events.counters(),
             "windows_overwritten": self.overwritten,
             "windows_torn": self.torn,
             "passes_not_taken": self.commits.not_taken,

@@ -17,10 +17,11 @@ from shmstat.shm.layout import Geometry
 
 from ..handlers.api import Dispatcher
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
+from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
-__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "write_ready_file"]
+__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "build_event_delivery", "write_ready_file"]
 
 PLATFORM_GROUP = COLLECTOR_GROUP
 """The collector's own metric group, ``shmstat`` (rank CPU/RSS and the collector's counters), as torchelastic's agent
@@ -58,6 +59,12 @@ class CollectorConfig:
     commit_wait_s: float = DEFAULT_COMMIT_WAIT_S
     """Seconds a pass waits for every handler to take it before its watermark is written into the segment anyway
     (counted in ``collector.passes_not_taken``; :mod:`collector.daemon.commits`)."""
+    events: list[str] = field(default_factory=list)
+    """Events sinks, one SPEC each (``--events``: ``jsonl:PATH``, ``console``, ``otlp:ENDPOINT``,
+    ``pkg.module:Class``; :mod:`collector.handlers.events`); none: events are relayed to subscribers only."""
+    events_queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES
+    """Bytes queued per events sink (each runs in a thread of its own) before events for it are dropped, counted
+    and written as gap records."""
     straggler_threshold: float = DEFAULT_THRESHOLD
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
@@ -91,6 +98,14 @@ def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricH
 
         inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
+
+
+def build_event_delivery(config: CollectorConfig) -> EventDelivery | None:
+    """The events sinks ``config.events`` names, behind their threads (None when it names none); a bad SPEC is a
+    :class:`ConfigError` before anything starts."""
+    if not config.events:
+        return None
+    return EventDelivery.from_specs(config.events, queue_bytes=config.events_queue_bytes)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:

@@ -38,6 +38,7 @@ from ..handlers.compact import CompactWindowHandler, status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..prometheus.exporter import start_exporter
 from .collector import Collector, CollectorConfig, build_dispatcher
+from .config import build_event_delivery
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
@@ -58,10 +59,17 @@ class NodeCollector:
         self.jobs = list(jobs) if jobs else None
         self.out = out if out is not None else sys.stdout
         self.discover_interval_s = discover_interval_s
-        self.dispatcher = build_dispatcher(config)
+        self.events = build_event_delivery(config)
+        """One set of events sinks (``--events``) for every job of the node, or None."""
+        try:
+            self.dispatcher = build_dispatcher(config)
+            self.exporter = start_exporter(config, self.out) if config.prometheus else None
+            """One Prometheus endpoint for every job of the node (``--prometheus``)."""
+        except BaseException:
+            if self.events is not None:
+                self.events.close()
+            raise
         self.status.name_jobs(self.dispatcher)
-        self.exporter = start_exporter(config, self.out) if config.prometheus else None
-        """One Prometheus endpoint for every job of the node (``--prometheus``)."""
         self.collectors: dict[str, Collector] = {}
         self.let_go: list[str] = []
         """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
@@ -154,7 +162,7 @@ class NodeCollector:
                                    "what its rings hold, then removing its segment", self.out)
             try:
                 collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
-                                      dispatcher=self.dispatcher, exporter=self.exporter)
+                                      dispatcher=self.dispatcher, exporter=self.exporter, events=self.events)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
                 self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
@@ -228,6 +236,8 @@ class NodeCollector:
         for job in list(self.collectors):
             if self._release(job):
                 Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
+        if self.events is not None:
+            self.events.close()  # before the final status line, which counts what the sinks lost
         self.status.print(self, final=True)
         with contextlib.suppress(Exception):
             self.dispatcher.close()
@@ -277,6 +287,7 @@ class _NodeStatus:
                 totals[key] += counters[key]
             alive += sum(1 for r in c.scanner.refresh() if r.state_name == "active" and not r.is_writer)
         totals["handler_dropped"] = node.dispatcher.dropped  # one dispatcher for every job: counted once
+        totals["events_dropped"] = node.events.dropped if node.events is not None else 0  # the same
         totals["handler_errors"] = node.dispatcher.errors
         jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
         print(status_line(totals, ranks_alive=alive, jobs=jobs), file=sys.stderr, flush=True)

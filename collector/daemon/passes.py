@@ -44,6 +44,9 @@ class PassHost(Protocol):
     stragglers: StragglerDetector
     commits: PendingCommits
 
+    def publish_event(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
+        """Publish an event the collector made and hand it to the events sinks."""
+
 
 class PassCounts(NamedTuple):
     """What one pass did, for the collector to add to its counters."""
@@ -86,7 +89,7 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     if found.scores and scores_wanted:
         dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
-        relay.publish(wire.event_topic(ev.name), "event", [[ev.name, now, ev.data]])
+        c.publish_event(ev.name, now, ev.data)
     c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)

@@ -5,7 +5,11 @@
 - :mod:`~collector.handlers.dispatch`: each handler behind a bounded queue and a thread of its own;
 - :mod:`~collector.handlers.compact`: the default output, one line per merged window, and the status line;
 - :mod:`~collector.handlers.tensorboard` and :mod:`~collector.handlers.otlp`: the ``tensorboard:DIR`` and
-  ``otlp:ENDPOINT`` handlers.
+  ``otlp:ENDPOINT`` handlers;
+- :mod:`~collector.handlers.events`: events kept (``--events SPEC``): the records, the ``jsonl:PATH`` and
+  ``console`` sinks; :mod:`~collector.handlers.otlp_logs`: ``otlp:ENDPOINT`` (OpenTelemetry logs);
+  :mod:`~collector.handlers.event_delivery`: each events sink in a thread of its own, behind a queue bounded in
+  bytes.
 
 The modules are imported by name; the public names are re-exported by :mod:`collector`.
 """

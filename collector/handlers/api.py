@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
@@ -37,8 +37,8 @@ from .jsonl_resume import DEFAULT_TAIL_BYTES, resume_jsonl
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "parse_handler_args",
-           "parse_spec_kwargs", "plan_pass", "takes_columns", "takes_windows"]
+__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "load_user_class",
+           "parse_handler_args", "parse_spec_kwargs", "plan_pass", "takes_columns", "takes_windows"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -254,18 +254,34 @@ def plan_pass(handler_for: Any, discards: Any, columns: Columns) -> list[tuple[M
 
 
 def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
+    def refusal(cls: Any) -> str | None:
+        if isinstance(cls, type) and issubclass(cls, MetricHandler):
+            return None
+        return f"{module_name}:{class_name} is not a MetricHandler subclass"
+
+    handler: MetricHandler = load_user_class(module_name, class_name, kwargs, what="a handler", refusal=refusal)
+    return handler
+
+
+def load_user_class(module_name: str, class_name: str, kwargs: dict[str, Any], *, what: str,
+                    refusal: Callable[[Any], str | None]) -> Any:
+    """``module_name.class_name(**kwargs)``, the object a ``pkg.module:Class,key=value`` SPEC names. ``what`` names
+    the object in messages (``"a handler"``); ``refusal(cls)`` is the sentence refusing a class that is not one
+    (None accepts it). Raises :class:`ConfigError` with one sentence for a module that cannot be imported, a name
+    that is not there, a refused class, arguments it does not take, or a constructor that raises."""
     target = f"{module_name}:{class_name}"
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import module {module_name!r} for a handler: {_one_line(exc)}") from None
+        raise ConfigError(f"cannot import module {module_name!r} for {what}: {_one_line(exc)}") from None
     except Exception as exc:  # a user's module can raise anything while it is imported
-        raise ConfigError(f"importing module {module_name!r} for a handler raised {_one_line(exc)}") from None
+        raise ConfigError(f"importing module {module_name!r} for {what} raised {_one_line(exc)}") from None
     if not hasattr(module, class_name):
-        raise ConfigError(f"module {module_name!r} has no class {class_name!r} for a handler")
+        raise ConfigError(f"module {module_name!r} has no class {class_name!r} for {what}")
     cls = getattr(module, class_name)
-    if not isinstance(cls, type) or not issubclass(cls, MetricHandler):
-        raise ConfigError(f"{target} is not a MetricHandler subclass")
+    refused = refusal(cls)
+    if refused is not None:
+        raise ConfigError(refused)
     try:
         signature: inspect.Signature | None = inspect.signature(cls)
     except (TypeError, ValueError):  # some classes (C extensions) have no signature to check against

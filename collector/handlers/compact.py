@@ -82,11 +82,13 @@ def _number(value: float) -> str:
 def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None = None, jobs: int | None = None,
                 now: float | None = None) -> str:
     """The one-line status: which job (or how many jobs), ranks alive, windows emitted, events relayed, and what
-    was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read), with
+    was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read, events
+    an events sink lost), with
     samples the ranks dropped for want of room, rejected frames and handler errors when there are any."""
     stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now is None else now))
     who = f"job {job}" if job is not None else f"{jobs} job{'' if jobs == 1 else 's'}"
-    dropped = counters["handler_dropped"] + counters["seq_gaps"] + counters["windows_overwritten"]
+    dropped = (counters["handler_dropped"] + counters["seq_gaps"] + counters["windows_overwritten"]
+               + counters.get("events_dropped", 0))
     line = (f"[{stamp}] shmstat: {who}, {ranks_alive} rank{'' if ranks_alive == 1 else 's'} alive, "
             f"{counters['windows_emitted']} windows emitted, {counters['events_relayed']} events relayed, "
             f"{dropped} dropped")

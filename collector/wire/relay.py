@@ -123,6 +123,9 @@ class Relay:
         self.held: set[tuple[int, int, int]] = set()
         """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
         their publisher closed): everything they sent before it has arrived."""
+        self.on_gap: Callable[[int, int, int, int, int], None] | None = None
+        """Called with ``(rank, pid, incarnation, first missing seq, count)`` for every gap found (also counted in
+        ``counters.gaps``), on the loop that called :meth:`receive`; the collector keeps gaps for its events sinks."""
 
     def subscribe_ranks(self) -> None:
         """Ask every rank to send everything (until then their publishers hold their items, bounded)."""
@@ -186,7 +189,7 @@ class Relay:
         self.held.add(key)
         expected = self._next_seq.get(key)
         if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
-            self.counters.gaps += msg.seq - expected
+            self._gap(key, expected, msg.seq - expected)
             self._next_seq[key] = msg.seq
             self.book.held(key, msg.seq, msg.seq - expected)
         with contextlib.suppress(zmq.ZMQError):
@@ -198,11 +201,16 @@ class Relay:
         dropped = 0
         if expected is not None and msg.seq > expected:
             dropped = msg.seq - expected
-            self.counters.gaps += dropped
+            self._gap(key, expected, dropped)
         if expected is None and len(self._next_seq) >= _MAX_TRACKED:
             self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
         self._next_seq[key] = msg.seq + msg.n_items
         self.book.relayed(key, msg.kind, msg.n_items, msg.seq + msg.n_items, dropped)
+
+    def _gap(self, key: tuple[int, int, int], first: int, count: int) -> None:
+        self.counters.gaps += count
+        if self.on_gap is not None:
+            self.on_gap(key[0], key[1], key[2], first, count)
 
     def update_subscriptions(self) -> None:
         """Take the subscription changes the XPUB has queued (also done by every :meth:`receive`)."""

@@ -70,6 +70,8 @@ def test_walking_the_parser_every_default_and_its_help_come_from_the_config():
             assert action.help.endswith(f"(default {getattr(Geometry(), capacities[flag])})"), flag
         elif flag == "--handler":
             assert action.default == [] and config_default("handlers") == {}
+        elif flag == "--events":
+            assert action.default == [] and config_default("events") == []
         elif flag == "--allow-remote-publish":
             assert action.default is False
         else:  # an option named after its field, default None there too

@@ -1,0 +1,227 @@
+"""Events kept: the records an events sink receives, the built-in sinks and the ``--events SPEC`` that names one.
+
+A sink is any object with ``emit_events(batch)``: ``batch`` is a list of :class:`EventRecord` (one event) and
+:class:`GapRecord` (numbered items that never reached the sink), in the order the collector took them. The
+collector calls it from a thread of the sink's own (:mod:`collector.handlers.event_delivery`), never from its
+loop; ``flush()`` and ``close()``, when the sink has them, are called at shutdown. :class:`EventHandler` is the
+documented base class (subclassing it is optional).
+
+SPECs (``shmstat collect --events SPEC``, repeatable): ``jsonl:PATH`` (:class:`JsonlEventHandler`), ``console``
+(:class:`ConsoleEventHandler`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`: OpenTelemetry logs over
+OTLP/HTTP) and ``pkg.module:Class[,key=value...]`` (keyword arguments read as for ``--handler``, see
+:func:`collector.handlers.api.parse_spec_kwargs`). A bad SPEC is a :class:`ConfigError` of one sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+from shmstat.errors import ConfigError
+
+from .api import load_user_class, parse_spec_kwargs
+
+__all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler",
+           "build_event_handler", "takes_events"]
+
+EventData = dict[str, str | int | float | bool]
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One event as the collector took it.
+
+    ``rank`` is the rank whose process logged it (``shmstat.log_event``, ``elastic.events.record``); it is None
+    for the collector's own events (``rank/joined|exited|died``, ``shmstat.straggler[.recovered]``, the
+    launcher's ``torchelastic.worker.status.<STATE>``), whose data names the rank they are about. ``seq`` is the
+    item's number in its sender's stream, keyed by (``rank``, ``pid``, ``incarnation``): a rank numbers its
+    events and put metrics in one stream, so a rank's events skip the numbers of its metrics; the collector's
+    own events are numbered on their own from 0 per job. A loss is always a :class:`GapRecord`, never only a
+    skipped number.
+    """
+
+    name: str
+    job: str
+    rank: int | None
+    ts_ns: int
+    """When the event happened (unix ns, as the rank stamped it)."""
+    data: EventData
+    seq: int
+    pid: int
+    incarnation: int = 0
+
+    @property
+    def timestamp(self) -> float:
+        """:attr:`ts_ns` in unix seconds."""
+        return self.ts_ns / 1e9
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of a jsonl line: name, job, rank, timestamp (unix seconds), data, seq, pid,
+        incarnation; non-finite floats in data as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+        return {"name": self.name, "job": self.job, "rank": self.rank, "timestamp": self.timestamp,
+                "data": {k: _json_value(v) for k, v in self.data.items()}, "seq": self.seq, "pid": self.pid,
+                "incarnation": self.incarnation}
+
+
+@dataclass(frozen=True, slots=True)
+class GapRecord:
+    """``count`` items of one sender's stream (``job``, ``rank``, ``pid``, ``incarnation``) that this sink never
+    received, numbered ``from_seq`` to ``to_seq``.
+
+    ``at`` says where they were lost: ``"rank"`` — they never reached the collector (the rank dropped them, its
+    backlog full, or they were lost on the way); the numbers are consecutive and ``count`` is
+    ``to_seq - from_seq + 1`` items, events or put metrics (one stream numbers both). ``"collector"`` — they
+    reached the collector, but this sink's queue was full (or shut down): ``count`` events (and the items of
+    ``"rank"`` gaps that did not fit either) between ``from_seq`` and ``to_seq``. ``ts_ns`` is when the collector
+    noticed. ``rank`` None is the collector's own stream.
+    """
+
+    job: str
+    rank: int | None
+    pid: int
+    incarnation: int
+    from_seq: int
+    to_seq: int
+    count: int
+    at: str
+    ts_ns: int
+
+    @property
+    def timestamp(self) -> float:
+        """:attr:`ts_ns` in unix seconds."""
+        return self.ts_ns / 1e9
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of a jsonl line: gap (the count), job, rank, pid, incarnation, from_seq, to_seq, at,
+        timestamp."""
+        return {"gap": self.count, "job": self.job, "rank": self.rank, "pid": self.pid,
+                "incarnation": self.incarnation, "from_seq": self.from_seq, "to_seq": self.to_seq, "at": self.at,
+                "timestamp": self.timestamp}
+
+
+class EventHandler:
+    """The interface of an events sink (``--events pkg.module:Class``); subclassing it is optional, defining
+    :meth:`emit_events` is what counts."""
+
+    def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
+        """Take a batch of records, in the order the collector took them. Called from one thread of this sink's
+        own; a call may block (it delays only this sink, whose queue then fills and drops, counted). Raising
+        counts the call in ``collector.event_handler_errors`` and its events in ``collector.events_dropped``."""
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        """Push what is buffered (called at shutdown, before :meth:`close`)."""
+
+    def close(self) -> None:
+        """Release what the sink holds (called once, at shutdown, if the sink finished its queue in time)."""
+
+
+def takes_events(obj: Any) -> bool:
+    """Whether ``obj`` (an object or a class) is an events sink: it has a callable ``emit_events``."""
+    return callable(getattr(obj, "emit_events", None))
+
+
+class JsonlEventHandler(EventHandler):
+    """Appends one JSON object per record to ``path`` (:meth:`EventRecord.to_json`, :meth:`GapRecord.to_json`),
+    opened 0600 in append mode, flushed after every batch: a reader of the file sees whole lines."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"cannot open the events output {path!r}: {exc.strerror}") from None
+        self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
+
+    def __repr__(self) -> str:
+        return f"JsonlEventHandler({self.path!r})"
+
+    def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
+        """Write one line per record, then flush."""
+        if batch:
+            self._out.write("".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in batch))
+            self._out.flush()
+
+    def flush(self) -> None:
+        """Push buffered lines to the file."""
+        if not self._out.closed:
+            self._out.flush()
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        if not self._out.closed:
+            self._out.close()
+
+
+class ConsoleEventHandler(EventHandler):
+    """Prints one line per record on ``out`` (default: the current stdout), e.g.
+    ``[12:00:05.123] job J rank 0: loss_spike {"step": 3}``, ``[12:00:05.200] job J: rank/joined {...}`` for the
+    collector's own, and ``[12:00:06.000] job J rank 1 (pid 42, incarnation 0): 5 lost at the rank (seq 10..14)``
+    for a gap."""
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "ConsoleEventHandler()"
+
+    def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
+        """Print the batch, one line per record."""
+        lines = [_console_line(r) for r in batch]
+        if lines:
+            out = self.out if self.out is not None else sys.stdout
+            with self._lock:
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+
+
+def _console_line(r: EventRecord | GapRecord) -> str:
+    ms = r.ts_ns // 1_000_000
+    stamp = f"[{time.strftime('%H:%M:%S', time.localtime(ms // 1000))}.{ms % 1000:03d}]"
+    who = f"job {r.job}" + ("" if r.rank is None else f" rank {r.rank}")
+    if isinstance(r, GapRecord):
+        return (f"{stamp} {who} (pid {r.pid}, incarnation {r.incarnation}): {r.count} lost at the {r.at} "
+                f"(seq {r.from_seq}..{r.to_seq})")
+    data = json.dumps({k: _json_value(v) for k, v in r.data.items()}, allow_nan=False)
+    return f"{stamp} {who}: {r.name} {data}"
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def build_event_handler(spec: str) -> Any:
+    """The events sink a SPEC names (see the module docstring); :class:`ConfigError` with one sentence for a bad
+    SPEC, before anything is started."""
+    kind, _, arg = spec.partition(":")
+    if spec == "console":
+        return ConsoleEventHandler()
+    if kind == "jsonl":
+        if not arg:
+            raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
+        return JsonlEventHandler(arg)
+    if kind == "otlp":
+        from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
+
+        return build_otlp_event_handler(arg)
+    class_name, comma, arguments = arg.partition(",")
+    if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
+        kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
+
+        def refusal(cls: Any) -> str | None:
+            if isinstance(cls, type) and takes_events(cls):
+                return None
+            return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
+
+        return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
+    raise ConfigError(f"unknown events spec {spec!r}; use console, jsonl:PATH, otlp:ENDPOINT or "
+                      "pkg.module:Class[,key=value...]")
