@@ -115,6 +115,11 @@ class _Sink:
                 return
         summary[0], summary[1], summary[2] = min(summary[0], first), max(summary[1], last), summary[2] + count
 
+    def lost(self, job: str | None = None) -> int:
+        """Events this sink lost (of ``job``, or of every job); the dict grows in two threads, so under the lock."""
+        with self.cond:
+            return sum(self.dropped.values()) if job is None else self.dropped.get(job, 0)
+
     def control(self, marker: object) -> threading.Event:
         done = threading.Event()
         with self.cond:
@@ -267,11 +272,11 @@ class EventDelivery:
     @property
     def dropped(self) -> int:
         """Events a sink lost (queue full, a call that raised, left at close), summed over sinks."""
-        return sum(sum(s.dropped.values()) for s in self._sinks or ())
+        return sum(s.lost() for s in self._sinks or ())
 
     def dropped_for(self, job: str) -> int:
         """:attr:`dropped` of ``job``'s events."""
-        return sum(s.dropped.get(job, 0) for s in self._sinks or ())
+        return sum(s.lost(job) for s in self._sinks or ())
 
     @property
     def delivered(self) -> int:
