@@ -2,8 +2,9 @@
 
 - :mod:`~collector.daemon.collector`: ``Collector``, one loop that scans, relays, watches ranks and dispatches
   (one pass in :mod:`~collector.daemon.passes`; put metrics and its own figures in :mod:`~collector.daemon.points`;
-  what goes to the events sinks in :mod:`~collector.daemon.kept_events`), configured by
-  :mod:`~collector.daemon.config`;
+  what goes to the events sinks in :mod:`~collector.daemon.kept_events`; what other threads submit in
+  :mod:`~collector.daemon.submitted`; its lock on the job's segment, and removing it, in
+  :mod:`~collector.daemon.ownership`), configured by :mod:`~collector.daemon.config`;
 - :mod:`~collector.daemon.liveness`: which ranks joined, exited or died, and what each costs;
 - :mod:`~collector.daemon.straggler`: how each rank compares with the node, per window;
 - :mod:`~collector.daemon.node`: ``NodeCollector``, one process for every job of this user on this node, which

@@ -9,23 +9,20 @@ kernel if it dies), and a second one exits naming the first's pid.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections import deque
 from typing import IO
 
 import zmq
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat import wire
-from shmstat.errors import CollectorError
 from shmstat.shm.layout import RankState
-from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
+from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
 from ..handlers.compact import status_line
@@ -38,9 +35,11 @@ from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
+from .ownership import remove_if_done, take_instance_lock
 from .passes import emit_scan
-from .points import dispatch_put_metrics, emit_usage
+from .points import dispatch_put_metrics, drop_counters, emit_usage
 from .straggler import StragglerDetector
+from .submitted import Submitted
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
 
@@ -50,7 +49,7 @@ _log = logging.getLogger("shmstat.collector")
 
 class Collector:
     """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
-    :meth:`close`. Raises :class:`CollectorError` if another collector serves the job."""
+    :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
@@ -75,7 +74,7 @@ class Collector:
             self._owns_dispatcher = dispatcher is None
             self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
             self.segment = Segment.open(config.job, geometry=config.geometry)
-            self._lock_fd = _take_instance_lock(self.segment)
+            self._lock_fd = take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
             self.commits = PendingCommits(config.commit_wait_s)
             self.liveness = Liveness(self.segment)
@@ -108,7 +107,7 @@ class Collector:
         """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
-        self._submitted: deque[MetricData | tuple] = deque()  # from other threads (the launcher's agent)
+        self._submitted = Submitted()  # from other threads (the launcher's agent)
         self.segment.set_collector(os.getpid(), self.clock())
         self.poller = zmq.Poller()
         self.poller.register(self.relay.xsub, zmq.POLLIN)
@@ -273,16 +272,7 @@ class Collector:
         """After :meth:`shutdown`: remove the job's segment and lock file if every window was emitted and no
         process of the job's rank table lives (``shmstat run`` and ``shmstat collect --job`` call it on every
         exit); returns "" then, otherwise one line saying what was kept, why, and how to look and clean."""
-        job = self.config.job
-        how = f"(inspect: shmstat top --job {job}; remove: shmstat clean {job})"
-        if not self.emitted_everything:
-            return f"job {job}'s segment kept: {self.not_emitted or 'not every window was emitted'} {how}"
-        if not os.path.exists("/dev/shm" + segment_name(job)):
-            Segment.unlink(job)  # the lock file alone (its last rank may have removed the segment)
-            return ""
-        if Segment.unlink_if_unused(job):
-            return ""
-        return f"job {job}'s segment kept: a process of the job started or is still running {how}"
+        return remove_if_done(self.config.job, self.emitted_everything, self.not_emitted)
 
     def _drain_ingest(self) -> None:
         """The hand-over (:meth:`Relay.hand_over`): the ranks' last messages, put metrics dispatched."""
@@ -329,25 +319,15 @@ class Collector:
     def submit_metric(self, metric: MetricData) -> None:
         """Queue a metric made in this process (thread-safe; the agent's): dispatched, exported to Prometheus with
         no rank label, and published by the loop."""
-        self._submitted.append(metric)
+        self._submitted.metric(metric)
 
     def submit_event(self, name: str, data: dict[str, str | int | float | bool]) -> None:
         """Queue an event made in this process (thread-safe); published on ``event/<name>`` by the loop."""
-        self._submitted.append((name, time.time_ns(), dict(data)))
+        self._submitted.event(name, data)
 
     def _drain_submitted(self) -> None:
         assert self.relay is not None
-        while self._submitted:
-            item = self._submitted.popleft()
-            if isinstance(item, MetricData):
-                if not self.dispatcher.discards_points(item.group_name):
-                    self.dispatcher.emit_points(item.group_name, [item])
-                if self.exporter is not None:
-                    self.exporter.observe_metric(self.config.job, item, None)
-                topic = wire.metric_topic(item.group_name, item.name)
-                self.relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
-            elif isinstance(item, tuple):
-                self.publish_event(*item)
+        self._submitted.drain(self.config.job, self.dispatcher, self.exporter, self.relay, self.publish_event)
 
     def publish_event(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
         """Publish an event the collector made on ``event/<name>`` and keep it for the events sinks (the loop's
@@ -401,36 +381,6 @@ class Collector:
             "passes_not_taken": self.commits.not_taken,
             "ranks_refused": self.scanner.reader.bad_ranks,
             "descriptors_refused": self.scanner.reader.bad_descriptors,
-            **self._drop_counters(),
+            **drop_counters(self.segment),
         }
 
-    def _drop_counters(self) -> dict[str, int]:
-        """What the job's processes could not write (read from the segment: header and rank entries)."""
-        seg = self.segment
-        if seg is None:
-            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
-        try:
-            h = seg.header()
-            ranks = seg.ranks()
-        except (ValueError, TypeError):  # released at shutdown
-            return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
-        return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
-                "no_room_workers": sum(r.writers_refused for r in ranks),
-                "no_room_stats": sum(r.stats_refused for r in ranks)}
-
-
-def _take_instance_lock(segment: Segment) -> int:
-    """An exclusive ``flock`` on the segment file itself, held for the collector's life: the check that one
-    collector serves the job does not depend on anyone's runtime directory."""
-    path = "/dev/shm" + segment_name(segment.job)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        pid = segment.header().collector_pid
-        holder: int | str = pid if pid > 0 else "?"
-        raise CollectorError(
-            f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
-        ) from None
-    return fd

@@ -1,6 +1,7 @@
 """Metrics the collector hands on that belong to no window: a rank's ``put_metric`` points, relayed to the
 handlers and the Prometheus exporter (:func:`dispatch_put_metrics`), and the collector's own figures in the
-platform group, every rank's CPU and RSS and the collector's counters (:func:`emit_usage`). Called by
+platform group, every rank's CPU and RSS and the collector's counters (:func:`emit_usage`; those the segment
+holds: :func:`drop_counters`). Called by
 :class:`collector.daemon.collector.Collector`'s loop; nothing here keeps state.
 """
 
@@ -19,13 +20,14 @@ from .liveness import Liveness
 
 if TYPE_CHECKING:
     from shmstat.shm.layout_records import RankInfo
+    from shmstat.shm.segment import Segment
 
     from ..handlers.dispatch import ThreadedDispatcher
     from ..prometheus.exporter import PrometheusExporter
     from ..wire.intake import Received
     from ..wire.relay import Relay, RelayCounters
 
-__all__ = ["candidate_groups", "dispatch_put_metrics", "emit_usage", "point"]
+__all__ = ["candidate_groups", "dispatch_put_metrics", "drop_counters", "emit_usage", "point"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -71,6 +73,21 @@ def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, co
         items.append({"group": md.group_name, "name": md.name, "value": md.value,
                       "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
     relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+
+def drop_counters(segment: Segment | None) -> dict[str, int]:
+    """What the job's processes could not write (read from the segment: header and rank entries); zeros once
+    the segment is released."""
+    if segment is None:
+        return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+    try:
+        h = segment.header()
+        ranks = segment.ranks()
+    except (ValueError, TypeError):  # released at shutdown
+        return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+    return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
+            "no_room_workers": sum(r.writers_refused for r in ranks),
+            "no_room_stats": sum(r.stats_refused for r in ranks)}
 
 
 def candidate_groups(topic: bytes) -> list[str]:

@@ -1,6 +1,7 @@
 """The collector's sockets: the ranks' messages in, everything out to subscribers.
 
-- :mod:`~collector.wire.relay`: ranks in on ``XSUB``, everything out on ``XPUB``;
+- :mod:`~collector.wire.relay`: ranks in on ``XSUB``, everything out on ``XPUB`` (which topics its subscribers
+  asked for, and its sockets bound owner-only, in :mod:`~collector.wire.subscriptions`);
 - :mod:`~collector.wire.intake`: the check of a rank's message on the way in (C twin: ``collector._intake``);
 - :mod:`~collector.wire.beats`: what the relay has from every sender, and the heartbeats that say it.
 

@@ -14,9 +14,10 @@ subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr
 is then handed to the other subscribers (lossy send); libzmq then offers that subscriber nothing until it has
 read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
 (:mod:`collector.wire.beats`, :mod:`shmstat.wire.heartbeat`). A subscription topic is
-at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics the publish socket is
-bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood
-of subscriptions from a local client neither grows the collector nor starves its loop.
+at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
+:mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
+again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
+collector nor starves its loop.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from shmstat.errors import CollectorError, WireError
 
 from .beats import SenderBook
 from .intake import Received, inspect
+from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
+from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
+from .subscriptions import bind_owner_only, configure_xpub, remove_ipc_file, take_subscriptions, wants_topic
 
 __all__ = ["Relay", "RelayCounters"]
 
@@ -42,15 +46,10 @@ _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and
 
 
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
-_MAX_SUBSCRIPTION_FRAMES = 5000  # (un)subscribe frames taken per round: a flood cannot starve the loop
 
 MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
 """The largest message a rank may send (its publisher seals batches far below; one event is at most
 :data:`shmstat.wire.MAX_EVENT_BYTES`)."""
-MAX_SUBSCRIPTION_BYTES = 512
-"""The longest subscription frame a subscriber may send (a longer one disconnects it)."""
-MAX_PREFIXES = 1024
-"""Distinct subscription topics at most, over all subscribers; past it the publish socket is bound anew."""
 
 
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
@@ -105,15 +104,15 @@ class Relay:
         self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
         self.xsub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sndhwm = sndhwm
-        self._configure_xpub(self.xpub)
+        configure_xpub(self.xpub, sndhwm)
         try:
-            _bind_owner_only(self.xsub, ingest)
+            bind_owner_only(self.xsub, ingest)
         except zmq.ZMQError as exc:
             self.close()
             raise CollectorError(f"cannot bind the ingest endpoint {ingest}: {exc}") from None
         self.ingest_endpoint = ingest
         try:
-            _bind_owner_only(self.xpub, publish)
+            bind_owner_only(self.xpub, publish)
         except zmq.ZMQError as exc:
             self.close()
             raise CollectorError(f"cannot bind the publish endpoint {publish}: {exc}") from None
@@ -219,10 +218,7 @@ class Relay:
     def wants(self, topic: str) -> bool:
         """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some
         topic under it); callers skip building what nobody would receive."""
-        if not self.prefixes:
-            return False
-        raw = topic.encode("utf-8")
-        return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in self.prefixes)
+        return wants_topic(self.prefixes, topic)
 
     def publish(self, topic: str, kind: str, items: list) -> None:
         """Publish collector-made items (stat windows, rank lifecycle) on XPUB, in messages of at most
@@ -291,26 +287,9 @@ class Relay:
                 self.xpub.setsockopt(zmq.XPUB_NODROP, 1)
         self.counters.published += 1
 
-    def _configure_xpub(self, sock: zmq.Socket) -> None:
-        sock.setsockopt(zmq.LINGER, 500)
-        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
-        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is reported (zmq.Again): see _send
-
     def _drain_subscriptions(self) -> None:
-        # Subscribers' (un)subscribe frames queue on XPUB: keep the set of prefixes someone listens to.
-        for _ in range(_MAX_SUBSCRIPTION_FRAMES):
-            try:
-                frame = self.xpub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if frame[:1] == b"\x01":
-                self.prefixes.add(frame[1:])
-                if len(self.prefixes) > MAX_PREFIXES:
-                    self._reset_publish()
-                    return
-            elif frame[:1] == b"\x00":
-                self.prefixes.discard(frame[1:])
+        if take_subscriptions(self.xpub, self.prefixes):  # past MAX_PREFIXES topics
+            self._reset_publish()
 
     def _reset_publish(self) -> None:
         """Too many subscription topics: drop every subscriber (and libzmq's subscription state with them) by
@@ -320,11 +299,11 @@ class Relay:
         endpoint = self.publish_endpoint
         with contextlib.suppress(Exception):
             self.xpub.close(linger=0)
-        _remove_ipc_file(endpoint)
+        remove_ipc_file(endpoint)
         self.prefixes.clear()
         self.xpub = self.ctx.socket(zmq.XPUB)
-        self._configure_xpub(self.xpub)
-        _bind_owner_only(self.xpub, endpoint)
+        configure_xpub(self.xpub, self._sndhwm)
+        bind_owner_only(self.xpub, endpoint)
 
     def request_handover(self) -> None:
         """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
@@ -392,19 +371,5 @@ class Relay:
             self.ctx.term()
         for endpoint in (getattr(self, "ingest_endpoint", None), getattr(self, "publish_endpoint", None)):
             if endpoint:
-                _remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
+                remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
 
-
-def _bind_owner_only(sock: zmq.Socket, endpoint: str) -> None:
-    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory)."""
-    old_umask = os.umask(0o077)
-    try:
-        sock.bind(endpoint)
-    finally:
-        os.umask(old_umask)
-
-
-def _remove_ipc_file(endpoint: str) -> None:
-    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
-        with contextlib.suppress(OSError):
-            os.unlink(endpoint[len("ipc://"):])

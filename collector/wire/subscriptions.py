@@ -1,0 +1,74 @@
+"""The relay's publish side: which topics subscribers asked for (bounded), and its sockets bound owner-only.
+
+Subscribers' (un)subscribe frames queue on the ``XPUB``; :func:`take_subscriptions` keeps the set of prefixes
+someone listens to, at most :data:`_MAX_SUBSCRIPTION_FRAMES` frames a round, and says when the set grew past
+:data:`MAX_PREFIXES` (the relay then binds its publish socket anew). Used by :class:`collector.wire.relay.Relay`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import zmq
+
+__all__ = ["MAX_PREFIXES", "MAX_SUBSCRIPTION_BYTES", "bind_owner_only", "configure_xpub", "remove_ipc_file",
+           "take_subscriptions", "wants_topic"]
+
+_MAX_SUBSCRIPTION_FRAMES = 5000  # (un)subscribe frames taken per round: a flood cannot starve the loop
+
+MAX_SUBSCRIPTION_BYTES = 512
+"""The longest subscription frame a subscriber may send (a longer one disconnects it)."""
+MAX_PREFIXES = 1024
+"""Distinct subscription topics at most, over all subscribers; past it the publish socket is bound anew."""
+
+
+def configure_xpub(sock: zmq.Socket, sndhwm: int) -> None:
+    """Set a publish socket's options: ``sndhwm`` messages per subscriber, subscription frames of at most
+    :data:`MAX_SUBSCRIPTION_BYTES`, and a full subscriber queue reported (``zmq.Again``) rather than skipped."""
+    sock.setsockopt(zmq.LINGER, 500)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES + 1)
+    sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is reported (zmq.Again): see Relay._send
+
+
+def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes]) -> bool:
+    """Apply the (un)subscribe frames queued on ``xpub`` to ``prefixes``; True as soon as it holds more than
+    :data:`MAX_PREFIXES` topics (the rest of the frames are left: the caller binds the socket anew)."""
+    for _ in range(_MAX_SUBSCRIPTION_FRAMES):
+        try:
+            frame = xpub.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        if frame[:1] == b"\x01":
+            prefixes.add(frame[1:])
+            if len(prefixes) > MAX_PREFIXES:
+                return True
+        elif frame[:1] == b"\x00":
+            prefixes.discard(frame[1:])
+    return False
+
+
+def wants_topic(prefixes: set[bytes], topic: str) -> bool:
+    """Whether a subscriber of ``prefixes`` would receive a message on ``topic`` (or, for a topic ending in
+    ``/``, on some topic under it)."""
+    if not prefixes:
+        return False
+    raw = topic.encode("utf-8")
+    return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in prefixes)
+
+
+def bind_owner_only(sock: zmq.Socket, endpoint: str) -> None:
+    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory)."""
+    old_umask = os.umask(0o077)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old_umask)
+
+
+def remove_ipc_file(endpoint: str) -> None:
+    """Remove the socket file of an ``ipc://`` path endpoint (none for others, abstract ``ipc://@`` included)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        with contextlib.suppress(OSError):
+            os.unlink(endpoint[len("ipc://"):])
