@@ -8,7 +8,7 @@ non-empty parts, the value of the part with the latest timestamp (the first such
 is, histograms merged on arrays (:meth:`collector.read.hist_batch.HistBatch.merge_groups`, exactly
 :func:`shmstat.histogram.merge_histograms`). A rank's writers give that rank one row; all parts of a window give
 its merged row. No Python object is made per row. The collector's passes and ``shmstat top``
-(:mod:`collector.cli.top`) both merge windows with it; the per-object fold it is checked against is in
+(:mod:`collector.cli.top_snapshot`) both merge windows with it; the per-object fold it is checked against is in
 ``tests/_merge_ref.py``.
 """
 

@@ -6,20 +6,21 @@ ring is lost and none is emitted twice. :meth:`Scanner.advance` moves the waterm
 returns it as :class:`DurableMarks`, which the collector writes into the segment only once every handler took
 the pass (:mod:`collector.daemon.commits`): a collector killed before re-emits that pass when restarted.
 
-How a pass reads (vectorised with NumPy, because a node can hold 64k slots and the pass runs every window):
-for every slot with a window that closed since its watermark, only the banks that can hold such a window are
-read (bank ``w % K`` of each window ``w`` past the watermark: one bank per slot in steady state). Their
-``(seq, wid)`` words are gathered, then the banks are copied whole, then ``(seq, wid)`` gathered again: three
-separate copies, in this order, which is the seqlock reader of :mod:`shmstat.shm.layout` applied to all banks at
-once (x86-64 keeps the copies in order; the order *inside* one copy does not matter). A bank is consistent when
-both gathers and the copy agree on ``seq`` and ``wid`` and ``seq`` is even. The few candidate banks that are not
-(a rank was writing them at that instant) are read again one by one with :func:`shmstat.shm.layout_codec.read_bank`'s
-retry loop; a slot whose bank stays torn goes through :meth:`shmstat.shm.reader.SegmentReader.read_slot`, which
-decides by the writer's liveness. Everything else (which windows are closed and new, how far a slot's watermark
-may move, windows lost to a ring that wrapped) is computed on the arrays with exactly ``read_slot``'s rules
-(``tests/collector/test_scanner_vectorised.py`` checks that), and only the windows of groups someone consumes become
-Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the windows of other groups (a null handler,
-no subscriber) are counted and committed but never built. A pass over 64k slots takes ~8 ms.
+How a pass reads (vectorised with NumPy, because a node can hold 64k slots and the pass runs every window): for
+every slot with a window that closed since its watermark, only the banks that can hold such a window are read (bank
+``w % K`` of each window ``w`` past the watermark: one bank per slot in steady state). Their ``(seq, wid)`` words
+are gathered, then the banks are copied whole, then ``(seq, wid)`` gathered again: three separate copies, in this
+order, which is the seqlock reader of :mod:`shmstat.shm.layout` applied to all banks at once (x86-64 keeps the
+copies in order; the order *inside* one copy does not matter). A bank is consistent when both gathers and the copy
+agree on ``seq`` and ``wid`` and ``seq`` is even. The few candidate banks that are not (a rank was writing them at
+that instant) are read again one by one with :func:`shmstat.shm.layout_codec.read_bank`'s retry loop (these reads of
+banks are in :mod:`collector.read.bank_reads`); a slot whose bank stays torn goes through
+:meth:`shmstat.shm.reader.SegmentReader.read_slot`, which decides by the writer's liveness. Everything else (which
+windows are closed and new, how far a slot's watermark may move, windows lost to a ring that wrapped) is computed on
+the arrays with exactly ``read_slot``'s rules (``tests/collector/test_scanner_vectorised.py`` checks that), and only
+the windows of groups someone consumes become Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the
+windows of other groups (a null handler, no subscriber) are counted and committed but never built. A pass over 64k
+slots takes ~8 ms.
 
 Slots of windows over an hour (:attr:`shmstat.shm.layout_records.StatDescriptor.is_long`) are looked at every
 ``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's end
@@ -30,17 +31,17 @@ finds those with such a window (:mod:`collector.read.long_windows`); only these 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
-from shmstat.histogram import Histogram
 from shmstat.shm import layout as L
-from shmstat.shm import layout_codec as codec
 from shmstat.shm.layout import RankState
-from shmstat.shm.layout_records import RankInfo, StatDescriptor
+from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
+from .bank_reads import read_banks, read_hist, retry_torn
 from .column_merge import Parts, merge_parts
 from .hist_batch import HistBatch
 from .hist_reader import read_histograms
@@ -50,7 +51,6 @@ from .slot_table import MergeKey, Slot, SlotTable
 
 __all__ = ["DurableMarks", "MergeKey", "ScanResult", "Scanner"]  # all but Scanner: defined in slot_table, scan_result
 
-_WORDS = L.BANK_WORDS
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
 _LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
 
@@ -149,8 +149,8 @@ class Scanner:
         li = np.flatnonzero(todo & t.long)
         if len(li):  # only the long-window slots with a window closed past their watermark are read
             gone, inc = self._writers()
-            todo[li] = long_slots_to_read(self._read_banks, banks, t.row0[li], t.max_samples[li], t.after[li],
-                                          t.after_inc[li], newest[li], gone[t.lr[li]], inc[t.lr[li]])
+            todo[li] = long_slots_to_read(partial(read_banks, self.segment), banks, t.row0[li], t.max_samples[li],
+                                          t.after[li], t.after_inc[li], newest[li], gone[t.lr[li]], inc[t.lr[li]])
         idx = np.flatnonzero(todo)
         if not len(idx):
             return
@@ -164,7 +164,7 @@ class Scanner:
         pos = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)]) if parts else pos
         grow = t.row0[idx[pos]] + bank  # bank numbers counted from BANK_BASE
-        first, data, second = self._read_banks(grow)
+        first, data, second = read_banks(self.segment, grow)
         seq_bits = data[:, L.B_SEQ]
         seq = seq_bits.view(np.float64)
         with np.errstate(invalid="ignore"):
@@ -181,7 +181,7 @@ class Scanner:
             cand = (wid > after[pos]) & (wid <= newest[pos])
             retry = np.flatnonzero(~ok & cand)
             if len(retry):
-                slow[self._retry_torn(retry, grow, pos, data, count)] = True
+                slow[retry_torn(self.segment, retry, grow, pos, data, count)] = True
         keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
         fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
         fgrow = grow[keep]
@@ -268,39 +268,6 @@ class Scanner:
         limit = first[t.key_id[pend_i]] - 1
         return found, np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
 
-    def _read_banks(self, grow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
-        copies out of the segment, in this order (the seqlock reader's order, for all banks at once)."""
-        geo = self.segment.geometry
-        view = np.frombuffer(self.segment.buf, np.int64, geo.max_ranks * geo.max_stats * geo.banks * _WORDS,
-                             geo.bank_base).reshape(-1, _WORDS)
-        try:
-            first = view[grow, :2]
-            data = view[grow]
-            second = view[grow, :2]
-        finally:
-            del view  # no array may keep the mapping exported (the segment must stay closable)
-        return first, data, second
-
-    def _retry_torn(self, retry: np.ndarray, grow: np.ndarray, pos: np.ndarray, data: np.ndarray,
-                    count: np.ndarray) -> list[int]:
-        """Read the banks ``retry`` (indices into the copies) again one by one, updating ``data``/``count`` in
-        place; returns the slot positions whose bank stayed torn."""
-        buf, base = self.segment.buf, self.segment.geometry.bank_base
-        stuck: set[int] = set()
-        for j in retry.tolist():
-            snap = codec.read_bank(buf, base + int(grow[j]) * L.BANK_SIZE)
-            if snap.torn or not 0 <= snap.count < 2**61:
-                stuck.add(int(pos[j]))
-                continue
-            row = data[j]
-            f = row.view(np.float64)
-            row[L.B_WID], row[L.B_TS] = snap.wid, snap.last_ts
-            f[L.B_SEQ], f[L.B_SUM], f[L.B_MIN], f[L.B_MAX], f[L.B_LAST] = (
-                2.0 * snap.count, snap.sum, snap.min, snap.max, snap.last)
-            count[j] = snap.count
-        return sorted(stuck)
-
     def _collect(self, t: SlotTable, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
                  rank_of: np.ndarray) -> Parts:
         """The found windows of the vectorised read as :class:`Parts` (histograms read for stats keeping them)."""
@@ -310,7 +277,7 @@ class Scanner:
         pieces = [(sel, hist)]
         need = sel[~hist.present]  # read again one by one
         if len(need):
-            again = [self._read_hist(t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
+            again = [read_hist(self.segment, t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
                      for k in need.tolist()]
             pieces = [(sel[hist.present], hist[hist.present]), (need, HistBatch.from_histograms(again))]
         f = fdata.view(np.float64)
@@ -327,17 +294,6 @@ class Scanner:
                                     + wid % geo.banks) * L.HIST_SIZE
         bank_off = geo.bank_base + fgrow * L.BANK_SIZE
         return read_histograms(self.segment.buf, geo, hist_off, bank_off, fdata[:, L.B_SEQ], wid)
-
-    def _read_hist(self, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
-        """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the
-        bank no longer holds that window as it was read (overwritten since: reported without percentiles)."""
-        geo = self.segment.geometry
-        bank = wid % geo.banks
-        snap = codec.read_bank(self.segment.buf, geo.slot_offset(d.local_rank, d.index) + bank * L.BANK_SIZE,
-                           hist_offset=geo.hist_offset(d.local_rank, d.hist) + bank * L.HIST_SIZE)
-        if snap.torn or snap.wid != wid or snap.count != count:
-            return None
-        return snap.hist
 
     def _read_python(self, t: SlotTable, i: int, now_ns: int, final: bool, result: ScanResult,
                      collected: list[Parts], skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]],

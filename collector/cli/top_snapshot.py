@@ -1,0 +1,208 @@
+"""The data of a ``shmstat top`` frame: :func:`snapshot` reads a job's segment (the newest closed window of every
+stat, merged across ranks, each rank's figure and straggler score in that window) into small frozen dataclasses
+(:class:`TopSnapshot` and what it holds), which :func:`collector.cli.top.render` draws.
+
+The windows are merged by the collector's own merge (:func:`collector.read.column_merge.merge_parts`, the one every
+collector pass uses, so the figures are the collector's to the last bit; only ranks that declare one stat with
+different aggregations are one row here and several there): a stat's merged figure combines the windows of every
+rank, and a rank's extra writers (forked children, spawned workers: entries with ``writer_of != 0``) count in that
+rank's figure. A rank's *figure* and *score* are the collector's straggler rule
+(:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean; ``median /
+figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the threshold in the
+window shown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shmstat.shm.reader import SegmentReader, WindowRead
+from shmstat.shm.segment import Segment, pid_alive
+
+from ..daemon.straggler import DEFAULT_THRESHOLD, figure, score_ranks
+from ..read.column_merge import Parts, StatTable, merge_parts
+from ..read.hist_batch import HistBatch
+from ..read.merge import Summary, WindowRow
+
+__all__ = ["JobView", "RankFigure", "StatView", "TopSnapshot", "snapshot"]
+
+
+@dataclass(frozen=True)
+class RankFigure:
+    """One rank's part of a stat's window: its (writers-summed) summary, figure and straggler score."""
+
+    rank: int
+    summary: Summary
+    figure: float
+    score: float | None
+    """``None`` when the stat has fewer than two ranks in the window (nothing to compare with)."""
+    straggler: bool
+    state: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class StatView:
+    """One stat's newest closed window: merged across ranks, and per rank."""
+
+    group: str
+    name: str
+    wid: int
+    window_ns: int
+    merged: Summary
+    ranks: tuple[RankFigure, ...]
+    """Ranks with samples in this window, by rank."""
+    median: float
+    higher_is_better: bool = False
+
+    @property
+    def key(self) -> str:
+        """``group/name``, as ``--stat`` takes it."""
+        return f"{self.group}/{self.name}"
+
+    @property
+    def start_ns(self) -> int:
+        """Start of the window shown, wall-clock ns."""
+        return self.wid * self.window_ns
+
+    @property
+    def low(self) -> RankFigure | None:
+        """The rank with the lowest figure (the lowest rank number among equals)."""
+        return min(self.ranks, key=lambda r: (r.figure, r.rank)) if self.ranks else None
+
+    @property
+    def high(self) -> RankFigure | None:
+        """The rank with the highest figure (the lowest rank number among equals)."""
+        return max(self.ranks, key=lambda r: (r.figure, -r.rank)) if self.ranks else None
+
+    @property
+    def stragglers(self) -> tuple[int, ...]:
+        """Ranks scoring under the threshold in this window."""
+        return tuple(r.rank for r in self.ranks if r.straggler)
+
+    @property
+    def spread(self) -> float:
+        """(highest - lowest figure) / |median|: how far apart the ranks are (0 with one rank)."""
+        lo, hi = self.low, self.high
+        if lo is None or hi is None or hi.figure == lo.figure:
+            return 0.0
+        return (hi.figure - lo.figure) / abs(self.median) if self.median else math.inf
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job's segment: its ranks and stats, or why it could not be read."""
+
+    job: str
+    stats: tuple[StatView, ...] = ()
+    ranks_alive: int = 0
+    ranks_total: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class TopSnapshot:
+    """What one frame shows: every job read at ``now_ns``."""
+
+    now_ns: int
+    jobs: tuple[JobView, ...]
+    threshold: float = DEFAULT_THRESHOLD
+
+
+def snapshot(source: Segment | SegmentReader | list[Segment | SegmentReader], now_ns: int, *,
+             threshold: float = DEFAULT_THRESHOLD, higher_is_better: bool = False,
+             alive: dict[int, bool] | None = None) -> TopSnapshot:
+    """Read the newest closed window of every stat of one segment (or several) at ``now_ns``.
+
+    ``higher_is_better`` is the direction straggler scores use (a time: False); ``alive`` caches pid liveness
+    across segments of one frame (filled as pids are looked up).
+    """
+    sources = source if isinstance(source, list) else [source]
+    alive = {} if alive is None else alive
+    jobs = []
+    for src in sources:
+        reader = src if isinstance(src, SegmentReader) else SegmentReader(src)
+        jobs.append(_job_view(reader, now_ns, threshold, higher_is_better, alive))
+    return TopSnapshot(now_ns, tuple(jobs), threshold)
+
+
+def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_better: bool,
+              alive: dict[int, bool]) -> JobView:
+    infos = reader.ranks()
+    by_local = {i.local_rank: i for i in infos}
+    # every closed window still in the ring, as (stat, owner rank, window); a rank's own slot and its writers'
+    found: list[tuple[tuple[str, str, int], int, WindowRead]] = []
+    # (group, name, window_ms) -> (agg_mask, higher_is_better, keeps a histogram) of its first descriptor
+    stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]] = {}
+    owners: dict[int, tuple[str, int]] = {}
+    n_alive = 0
+    for info in infos:
+        owner = by_local.get(info.writer_of - 1, info) if info.is_writer else info
+        if not info.is_writer:
+            is_alive = alive.setdefault(info.pid, pid_alive(info.pid))
+            n_alive += info.state_name == "active" and is_alive
+            owners[owner.rank] = (info.state_name, info.pid)
+        for desc in reader.descriptors(info.local_rank):
+            read = reader.read_slot(info, desc, now_ns, 0, -1)
+            if read.windows:
+                key = (desc.group, desc.name, desc.window_ms)
+                stat_of.setdefault(key, (desc.agg_mask, desc.higher_is_better, desc.hist >= 0))
+                found.extend((key, owner.rank, w) for w in read.windows)
+    stats = []
+    for merged, per_rank in _newest_windows(reader.segment.job, found, stat_of):
+        parts = {rank: s for rank, s in per_rank.items() if s.count or s.torn}
+        figures = {rank: figure(s) for rank, s in parts.items()}
+        median, scores = score_ranks(figures, higher_is_better)
+        ranks = tuple(
+            RankFigure(rank, s, figures[rank], scores.get(rank), rank in scores and scores[rank] < threshold,
+                       *owners.get(rank, ("", 0)))
+            for rank, s in parts.items()
+        )
+        if not scores:  # one rank: it is the median
+            median = next(iter(figures.values()), 0.0)
+        stats.append(StatView(merged.group, merged.name, merged.wid, merged.window_ms * 1_000_000, merged.summary,
+                              ranks, median, higher_is_better))
+    stats.sort(key=lambda s: (s.key, s.window_ns))
+    roots = [i for i in infos if not i.is_writer]
+    return JobView(reader.segment.job, tuple(stats), n_alive, len(roots))
+
+
+def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, WindowRead]],
+                    stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]],
+                    ) -> list[tuple[WindowRow, dict[int, Summary]]]:
+    """The newest window of every stat in ``found``, merged by the collector's merge
+    (:func:`collector.read.column_merge.merge_parts`): per stat its merged row and each rank's summary (by rank)."""
+    if not found:
+        return []
+    keys = {key: k for k, key in enumerate(stat_of)}
+    newest: dict[tuple[str, str, int], int] = {}
+    for key, _rank, w in found:
+        newest[key] = max(newest.get(key, w.wid), w.wid)
+    chosen = [(keys[key], rank, w) for key, rank, w in found if w.wid == newest[key]]
+    order = np.empty(len(keys), np.int64)
+    order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
+    table = StatTable(
+        np.array([k[0] for k in keys] + [None], object)[:-1], np.array([k[1] for k in keys] + [None], object)[:-1],
+        np.array([k[2] for k in keys], np.int64), np.array([m[0] for m in stat_of.values()], np.int64),
+        np.array([m[1] for m in stat_of.values()], bool), np.array([m[2] for m in stat_of.values()], bool), order,
+    )
+    n = len(chosen)
+    ws = [w for _, _, w in chosen]
+    parts = Parts(
+        np.array([k for k, _, _ in chosen], np.int64), np.array([r for _, r, _ in chosen], np.int64),
+        np.arange(n, dtype=np.int64),  # the order read: a rank's own slot and writers merge in that order
+        np.array([w.wid for w in ws], np.int64), np.array([w.count for w in ws], np.int64),
+        np.array([w.sum for w in ws], np.float64), np.array([w.min for w in ws], np.float64),
+        np.array([w.max for w in ws], np.float64), np.array([w.last for w in ws], np.float64),
+        np.array([w.last_ts for w in ws], np.int64), np.array([w.torn for w in ws], bool),
+        HistBatch.from_histograms([w.hist for w in ws]),
+    )
+    cols = merge_parts(job, parts, table)
+    rows, rank = cols.to_rows(), cols.rank.tolist()
+    out = []
+    for i in np.flatnonzero(cols.rank < 0).tolist():  # each window's merged row, then one row per rank
+        out.append((rows[i], {rank[j]: rows[j].summary for j in range(i + 1, i + 1 + rows[i].ranks)}))
+    return out
