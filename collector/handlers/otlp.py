@@ -113,12 +113,18 @@ class _Otel:
 def build_otlp_handler(endpoint: str) -> OtlpMetricHandler:
     """The handler of spec ``otlp:ENDPOINT``; :class:`ConfigError` (one sentence) for a bad endpoint or when
     OpenTelemetry is not installed."""
+    check_endpoint(endpoint, "handler", "http://127.0.0.1:4318/v1/metrics")
+    return OtlpMetricHandler(endpoint)
+
+
+def check_endpoint(endpoint: str, spec_kind: str, example: str) -> None:
+    """Refuse (:class:`ConfigError`, one sentence) an empty ``otlp:`` spec or an endpoint that is not an http(s)
+    URL with a host; ``spec_kind`` ("handler", "events") and ``example`` shape the message."""
     if not endpoint:
-        raise ConfigError("handler spec 'otlp:' needs an endpoint, e.g. otlp:http://127.0.0.1:4318/v1/metrics")
+        raise ConfigError(f"{spec_kind} spec 'otlp:' needs an endpoint, e.g. otlp:{example}")
     url = urlsplit(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"otlp endpoint {endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318/v1/metrics")
-    return OtlpMetricHandler(endpoint)
+        raise ConfigError(f"otlp endpoint {endpoint!r} is not an http(s) URL, e.g. {example}")
 
 
 class OtlpMetricHandler(MetricHandler):

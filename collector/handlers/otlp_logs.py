@@ -28,12 +28,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from shmstat.errors import ConfigError
 
 from .events import EventHandler, EventRecord, GapRecord
-from .otlp import DEFAULT_TIMEOUT_S, OtlpExportError, _catcher
+from .otlp import DEFAULT_TIMEOUT_S, OtlpExportError, _catcher, check_endpoint
 
 __all__ = ["GAP_EVENT_NAME", "OtlpEventHandler", "build_otlp_event_handler"]
 
@@ -75,11 +74,7 @@ def _otel() -> _Otel:
 def build_otlp_event_handler(endpoint: str) -> OtlpEventHandler:
     """The sink of spec ``otlp:ENDPOINT``; :class:`ConfigError` (one sentence) for a bad endpoint or when
     OpenTelemetry is not installed."""
-    if not endpoint:
-        raise ConfigError("events spec 'otlp:' needs an endpoint, e.g. otlp:http://127.0.0.1:4318/v1/logs")
-    url = urlsplit(endpoint)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"otlp endpoint {endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318/v1/logs")
+    check_endpoint(endpoint, "events", "http://127.0.0.1:4318/v1/logs")
     return OtlpEventHandler(endpoint)
 
 
