@@ -287,6 +287,23 @@ now_ns(SlotWriter *self)
 
 static inline double ld_f64(const char *p) { double v; __atomic_load((const double *)p, &v, __ATOMIC_RELAXED); return v; }
 
+/* A window that just became full is reported now, as torch.monitor logs it (the collector reads it from the bank
+ * all the same); a writer without on_roll (none in use) keeps counting it as open. */
+static inline void
+report_if_full(SlotWriter *self, Rolled *rolled, int64_t t)
+{
+    if (self->seq >= self->max2 && self->on_roll != NULL) {
+        self->full_reported = 1;
+        rolled->pending = 1;
+        rolled->count = (long long)self->seq >> 1;
+        rolled->sum = self->sum;
+        rolled->min = self->min;
+        rolled->max = self->max;
+        rolled->last = self->last;
+        rolled->t = (long long)t;
+    }
+}
+
 /* The samples (as 2 * count) an earlier writer of this slot left in window ``wid``'s bank ``b``, which this
  * writer continues instead of starting it empty: a rank restarted (or attached again) inside a window keeps the
  * earlier incarnation's samples of that window, which the window's one row then holds. 0.0 when the bank holds
@@ -342,16 +359,7 @@ resume(SlotWriter *self, char *b, double kept, double v, int64_t t, Rolled *roll
     self->seq = kept + 2.0;
     st_f64_release(b + B_SEQ, self->seq);
     st_i64(self->beat_p, t);
-    if (self->seq >= self->max2 && self->on_roll != NULL) {
-        self->full_reported = 1;
-        rolled->pending = 1;
-        rolled->count = (long long)self->seq >> 1;
-        rolled->sum = self->sum;
-        rolled->min = self->min;
-        rolled->max = self->max;
-        rolled->last = self->last;
-        rolled->t = (long long)t;
-    }
+    report_if_full(self, rolled, t);
     return 0;
 }
 
@@ -519,18 +527,7 @@ add_locked(SlotWriter *self, double v, Rolled *rolled)
     seq += 2.0;
     self->seq = seq;
     st_f64_release(b + B_SEQ, seq); /* the data before the even seq */
-    if (seq >= self->max2 && self->on_roll != NULL) {
-        /* full: reported now, as torch.monitor logs it (the collector reads it from the bank all the same);
-         * a writer without on_roll (none in use) keeps counting it as open */
-        self->full_reported = 1;
-        rolled->pending = 1;
-        rolled->count = (long long)seq >> 1;
-        rolled->sum = self->sum;
-        rolled->min = self->min;
-        rolled->max = self->max;
-        rolled->last = self->last;
-        rolled->t = (long long)t;
-    }
+    report_if_full(self, rolled, t);
     return 0;
 }
 
