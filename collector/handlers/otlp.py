@@ -90,6 +90,22 @@ class _ReasonCatcher(logging.Filter):
 _catcher = _ReasonCatcher()
 
 
+def catch_export_reasons(logger_name: str) -> None:
+    """Have :data:`_catcher` keep the reason an SDK exporter logs for a failed export (once per logger)."""
+    logger = logging.getLogger(logger_name)
+    if _catcher not in logger.filters:
+        logger.addFilter(_catcher)
+
+
+def collector_resource(resource_cls: Any, host: str | None) -> Any:
+    """The OpenTelemetry resource of this collector: ``host.name`` (``host`` or this machine's name), the
+    ``OTEL_*`` environment's attributes, and ``service.name`` "shmstat" unless the environment named one."""
+    resource = resource_cls.create({"host.name": host or socket.gethostname()})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(resource_cls({"service.name": "shmstat"}))
+    return resource
+
+
 def _otel() -> Any:
     """The OpenTelemetry modules, imported on first use; :class:`ConfigError` naming the extra if missing."""
     try:
@@ -142,13 +158,8 @@ class OtlpMetricHandler(MetricHandler):
         self.timeout_s = timeout_s
         self._exporter = exporter if exporter is not None else self._otel.exporter(endpoint=endpoint,
                                                                                     timeout=timeout_s)
-        logger = logging.getLogger(_EXPORTER_LOGGER)
-        if _catcher not in logger.filters:
-            logger.addFilter(_catcher)
-        resource = self._otel.resource.create({"host.name": host or socket.gethostname()})  # OTEL_* env too
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(self._otel.resource({"service.name": "shmstat"}))
-        self._resource = resource
+        catch_export_reasons(_EXPORTER_LOGGER)
+        self._resource = collector_resource(self._otel.resource, host)
         self._scope = self._otel.scope("shmstat.collector")
         self._clock = clock
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}

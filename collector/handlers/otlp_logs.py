@@ -22,7 +22,6 @@ failing (and so counting) the batches in between at once.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +31,7 @@ from typing import Any
 from shmstat.errors import ConfigError
 
 from .events import EventHandler, EventRecord, GapRecord
-from .otlp import DEFAULT_TIMEOUT_S, OtlpExportError, _catcher, check_endpoint
+from .otlp import DEFAULT_TIMEOUT_S, OtlpExportError, _catcher, catch_export_reasons, check_endpoint, collector_resource
 
 __all__ = ["GAP_EVENT_NAME", "OtlpEventHandler", "build_otlp_event_handler"]
 
@@ -89,13 +88,8 @@ class OtlpEventHandler(EventHandler):
         self.endpoint = endpoint
         self._exporter = exporter if exporter is not None else self._otel.exporter(endpoint=endpoint,
                                                                                     timeout=timeout_s)
-        logger = logging.getLogger(_EXPORTER_LOGGER)
-        if _catcher not in logger.filters:
-            logger.addFilter(_catcher)
-        resource = self._otel.resource.create({"host.name": host or socket.gethostname()})  # OTEL_* env too
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(self._otel.resource({"service.name": "shmstat"}))
-        self._resource = resource
+        catch_export_reasons(_EXPORTER_LOGGER)
+        self._resource = collector_resource(self._otel.resource, host)
         self._scope = self._otel.scope("shmstat.collector")
         self._clock = clock
         self._retry_at = 0.0
