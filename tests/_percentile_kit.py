@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from shmstat.histogram import Histogram
+
 
 def rank_samples(rank: int, n: int) -> np.ndarray:
     """The samples rank ``rank`` adds: lognormal step times, rank 3 with a long tail (deterministic)."""
@@ -148,3 +150,16 @@ def fixed_window_rank(job: str, rank: int, world: int, t_ns: int, values: list[f
     while not os.path.exists(leave) and time.monotonic() < deadline:
         time.sleep(0.01)
     shmstat.shutdown()
+
+
+def hist_of(values: list[float]) -> Histogram:
+    """A histogram holding ``values``, added one by one."""
+    h = Histogram()
+    for v in values:
+        h.add(v)
+    return h
+
+
+def exact_quantile(x: list[float], q: float) -> float:
+    """The order statistic of rank ceil(q n) (numpy's ``inverted_cdf``), what a histogram's quantile estimates."""
+    return float(np.quantile(np.array(x), q, method="inverted_cdf"))

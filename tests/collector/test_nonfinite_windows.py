@@ -13,16 +13,17 @@ import math
 import urllib.request
 from collections import defaultdict
 
-import numpy as np
 import pytest
+from _percentile_kit import exact_quantile as _exact
 from _percentile_kit import fixed_window_rank, issue_window, nonfinite_rank
+from _percentile_kit import hist_of as _hist
 from _procs import spawn, start_collector, wait_file
 from _support import wait_for
 
 from collector.read.merge import Summary, WindowRow
 from collector.read.scanner import Scanner
 from shmstat.aggregation import to_mask
-from shmstat.histogram import Histogram, error_bound
+from shmstat.histogram import error_bound
 from shmstat.shm.segment import Segment
 
 _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (
@@ -30,15 +31,6 @@ _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (
 INF = math.inf
 
 
-def _hist(values: list[float]) -> Histogram:
-    h = Histogram()
-    for v in values:
-        h.add(v)
-    return h
-
-
-def _exact(x: list[float], q: float) -> float:
-    return float(np.quantile(np.array(x), q, method="inverted_cdf"))
 
 
 def _within(got: float, exact: float, scale: int) -> bool:

@@ -11,6 +11,8 @@ import math
 import msgpack
 import numpy as np
 import pytest
+from _percentile_kit import exact_quantile as _exact
+from _percentile_kit import hist_of as _hist
 from _percentile_kit import histogram_bytes, issue_window
 from _support import FakeClock
 from hypothesis import given, settings
@@ -27,15 +29,6 @@ from shmstat.shm import layout_codec as codec
 INF = math.inf
 
 
-def _hist(values: list[float]) -> Histogram:
-    h = Histogram()
-    for v in values:
-        h.add(v)
-    return h
-
-
-def _exact(x: list[float], q: float) -> float:
-    return float(np.quantile(np.array(x), q, method="inverted_cdf"))  # the order statistic of rank ceil(q n)
 
 
 def _close(got: float, exact: float, scale: int) -> bool:
