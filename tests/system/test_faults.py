@@ -45,6 +45,10 @@ from shmstat.shm.segment import Segment
 
 MS = 1_000_000
 WINDOW_MS = 50
+# The tests that count every window of a live rank exactly keep 32 banks (a 1.6 s ring of 50 ms windows): with the
+# default 4 (200 ms) a collector starved that long on a loaded 2-core CI machine lost a window to overwrite (counted
+# as overwritten, which is the designed outcome, not what these tests are about).
+LONG_RING = ("--banks", "32")
 
 
 class Recorder(MetricHandler):
@@ -249,7 +253,8 @@ def _victim_rows_are_consistent(rows: list[dict], ranks: set[int]) -> int:
 
 def _sigkill_rounds(job: str, tmp_path, rounds: int) -> None:
     out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0",
+                         *LONG_RING)
     stop = str(tmp_path / "stop")
     survivor = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
     rng = random.Random(os.getpid())
@@ -306,7 +311,8 @@ def test_rank_sigkilled_while_adding_many_times(job, tmp_path):
 
 def test_rank_sigstopped_across_several_windows_loses_nothing(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0")
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0",
+                         *LONG_RING)
     stop = str(tmp_path / "stop")
     victim = spawn(idle_adder, job, 0, WINDOW_MS, str(tmp_path / "r0.json"), stop)
     other = spawn(idle_adder, job, 1, WINDOW_MS, str(tmp_path / "r1.json"), stop)
