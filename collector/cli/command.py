@@ -38,18 +38,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="collect only this job (repeatable); without --job, every job of this user on this node")
     add_collector_options(c)
 
-    r = command("run", _run, "start a collector and N ranks of a script, like torchrun")
+    r = command("run", _run, "start a collector and N ranks of a script or module, like torchrun")
     r.add_argument("--job", default=None, help="job id (default: a fresh one)")
-    r.add_argument("--nproc-per-node", type=int, required=True)
+    r.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this node (default 1, as torchrun)")
     r.add_argument("--max-restarts", type=int, default=0)
     r.add_argument("--monitor-interval", type=float, default=0.1, help="seconds between checks of the ranks")
     r.add_argument("--role", default="default")
     r.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this long "
                         "each (default 10)")
+    r.add_argument("-m", "--module", action="store_true",
+                   help="run SCRIPT as a module, each rank as 'python -m MODULE ARGS' (torchrun's -m)")
     add_collector_options(r)
-    r.add_argument("script")
-    r.add_argument("script_args", nargs=argparse.REMAINDER)
+    r.add_argument("script", metavar="SCRIPT", help="the script each rank runs (with -m: the module)")
+    r.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
 
     s = command("subscribe", _subscribe, "print the messages of collectors as JSON lines, and what was lost")
     s.add_argument("endpoints", nargs="*", metavar="ENDPOINT",

@@ -1,5 +1,8 @@
 """``shmstat run``: the per-node agent. Starts the collector and N ranks like ``torchrun``, restarts them.
 
+Each rank runs ``python -u SCRIPT ARGS``, or with ``-m``/``--module`` ``python -u -m MODULE ARGS`` (torchrun's
+``-m``: a flag that makes the positional a module name); ``--nproc-per-node`` is 1 unless given, as torchrun's.
+
 The agent plays torchelastic's local agent on one node: it sets the environment torchrun sets (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
 ...), watches the worker group, restarts the whole group when a worker fails (up to ``--max-restarts``
@@ -251,6 +254,16 @@ def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: floa
         raise ConfigError(f"--stop-grace must be between 0 and 3600 seconds, got {stop_grace_s}")
 
 
+def _check_module_name(name: str) -> None:
+    """A module's dotted name, else one sentence. Whether it exists is the ranks' to find (as with torchrun): the
+    agent imports none of the job's code."""
+    if name.endswith(".py") and os.path.exists(name):
+        raise ConfigError(f"-m takes a module name, not a file: run the file without -m (shmstat run {name}) or "
+                          f"the module as -m {name[:-3].replace(os.sep, '.')}")
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise ConfigError(f"-m {name!r} is not a module name (dotted Python names, like pkg.train)")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -264,7 +277,9 @@ def run_job(args: argparse.Namespace) -> int:
     from .options import collector_config  # options imports the daemon: late, as cli does
 
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
-    if not os.path.exists(args.script):
+    if args.module:
+        _check_module_name(args.script)
+    elif not os.path.exists(args.script):
         raise ConfigError(f"script {args.script!r} does not exist")
     _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace, args.role)
     config = collector_config(args, job)  # before anything is made
@@ -274,7 +289,7 @@ def run_job(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda signum, _f: stopped.append(signum)) for sig in handled}
     try:
         collector = Collector(config)
-        cmd = [sys.executable, "-u", args.script, *args.script_args]
+        cmd = [sys.executable, "-u", *(["-m"] if args.module else []), args.script, *args.script_args]
         agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
                       monitor_interval_s=args.monitor_interval, role=args.role, stop_grace_s=args.stop_grace)
     except BaseException:

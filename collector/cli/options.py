@@ -19,6 +19,7 @@ from shmstat.shm.layout import (
 from ..daemon.config import CollectorConfig
 from ..daemon.straggler import MAX_WINDOWS
 from ..handlers.api import parse_handler_args
+from ..prometheus.tls import TLSFiles
 
 __all__ = ["TUNED", "Tuned", "add_collector_options", "collector_config", "config_default", "geometry_from"]
 
@@ -114,11 +115,15 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="serve /metrics for Prometheus here (e.g. 127.0.0.1:9464; port 0 picks a free one)")
     p.add_argument("--prometheus-node", default=config_default("prometheus_node"), metavar="NAME",
                    help="the node label of the Prometheus series (default: this host's name)")
+    p.add_argument("--prometheus-tls", default=None, metavar="CERT,KEY[,CLIENT_CA]",
+                   help="serve /metrics over HTTPS with these PEM files (the key owner-only); with CLIENT_CA every "
+                        "scraper must present a certificate that CA signed")
     p.add_argument("--prometheus-sd", default=config_default("prometheus_sd"), metavar="FILE",
-                   help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit)")
+                   help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit; with "
+                        "--prometheus-tls it says __scheme__: https)")
     p.add_argument("--ready-file", default=config_default("ready_file"), metavar="FILE",
                    help="once serving, write the collector's endpoints here as JSON (job, pid, ingest, publish, "
-                        "prometheus), for the program that started it")
+                        "prometheus: its http:// or https:// URL), for the program that started it")
     for flag, field_name in _CAPACITIES:
         p.add_argument(flag, type=int, default=None,
                        help=f"{_CAPACITY_HELP[field_name]} (default {getattr(Geometry(), field_name)})")
@@ -172,7 +177,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         job=job, publish=args.publish, handlers=parse_handler_args(args.handler), events=_checked_events(args.events),
         geometry=geometry_from(args),
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
-        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus), ready_file=args.ready_file,
+        prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
+        prometheus_tls=_checked_tls(args.prometheus_tls, args.prometheus), ready_file=args.ready_file,
         **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
     )
 
@@ -196,6 +202,20 @@ def _checked_sd(path: str | None, listen: str | None) -> str | None:
     if path is not None and listen is None:
         raise ConfigError("--prometheus-sd needs --prometheus HOST:PORT (the endpoint it names)")
     return path
+
+
+def _checked_tls(spec: str | None, listen: str | None) -> TLSFiles | None:
+    """The files of ``--prometheus-tls``, each read and checked now (a mistake is one sentence before anything
+    starts; the warning about a key its group may read comes when the endpoint starts)."""
+    if spec is None:
+        return None
+    if listen is None:
+        raise ConfigError("--prometheus-tls needs --prometheus HOST:PORT (the endpoint it secures)")
+    from ..prometheus.tls import parse_tls, server_context
+
+    files = parse_tls(spec)
+    server_context(files)
+    return files
 
 
 def _check_publish(endpoint: str, allow_remote: bool) -> None:

@@ -18,6 +18,7 @@ from shmstat.shm.layout import Geometry
 from ..handlers.api import Dispatcher
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
 from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
+from ..prometheus.tls import TLSFiles
 from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
@@ -75,6 +76,9 @@ class CollectorConfig:
     """The ``node`` label of the Prometheus series (default: the host name)."""
     prometheus_sd: str | None = None
     """A Prometheus ``file_sd`` file to write for the endpoint."""
+    prometheus_tls: TLSFiles | None = None
+    """Serve ``/metrics`` over HTTPS with these PEM files (a client CA among them: client certificates required);
+    None: plain HTTP."""
     geometry: Geometry | None = None
     ingest: str | None = None
     ready_file: str | None = None

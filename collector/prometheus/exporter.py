@@ -29,7 +29,8 @@ Counts are Python ints (exact at any size; the text exposition writes them as ``
 Series are bounded: a stat's by the job's segment (its stat and rank tables), put metrics by
 :data:`collector.prometheus.put_metrics.MAX_SERIES_BYTES` per job. A job's series are dropped
 :data:`RETIRE_AFTER_S` after the node collector let the job go. ``--prometheus-sd FILE`` writes a Prometheus
-``file_sd`` target file for this endpoint (and removes it on a clean exit).
+``file_sd`` target file for this endpoint (and removes it on a clean exit); with ``--prometheus-tls`` the endpoint
+is HTTPS (:mod:`collector.prometheus.tls`) and the target carries ``__scheme__: https``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -101,8 +103,11 @@ class PrometheusExporter:
     thread reads under a lock (only copies are made under it) and a scrape sends the cached rendering."""
 
     def __init__(self, listen: str, *, node: str | None = None, sd_file: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, max_put_bytes: int = MAX_SERIES_BYTES) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_put_bytes: int = MAX_SERIES_BYTES,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.host, port = parse_listen(listen)
+        self.tls = tls
+        """The server-side TLS context (:func:`collector.prometheus.tls.server_context`); None: plain HTTP."""
         self.node = node or socket.gethostname()
         self.sd_file = sd_file
         self.clock = clock
@@ -119,14 +124,14 @@ class PrometheusExporter:
     # -- serving ---------------------------------------------------------------------------------------------
     def start(self) -> str:
         """Bind and serve ``/metrics`` in a thread, from a cached rendering (:mod:`collector.prometheus.server`);
-        returns ``http://HOST:PORT/metrics`` (the real port)."""
+        returns ``http://HOST:PORT/metrics`` (``https`` with TLS; the real port)."""
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]
         cache = RenderCache(registry)
         try:
-            self._server = MetricsServer(cache, self.host, self.port)
+            self._server = MetricsServer(cache, self.host, self.port, tls=self.tls)
         except OSError as exc:
             cache.close()
             raise ConfigError(f"--prometheus cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
@@ -140,7 +145,12 @@ class PrometheusExporter:
     def url(self) -> str:
         """Where Prometheus scrapes."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return f"{self.scheme}://{host}:{self.port}/metrics"
+
+    @property
+    def scheme(self) -> str:
+        """``https`` or ``http``."""
+        return "http" if self.tls is None else "https"
 
     def close(self) -> None:
         """Stop serving; remove the ``file_sd`` file written for this endpoint."""
@@ -158,7 +168,10 @@ class PrometheusExporter:
         assert self.sd_file is not None
         host = self.host if self.host not in ("0.0.0.0", "::") else socket.getfqdn()
         target = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        doc = [{"targets": [target], "labels": {"node": self.node}}]
+        labels = {"node": self.node}
+        if self.tls is not None:
+            labels["__scheme__"] = "https"  # Prometheus' own label for how to scrape the target
+        doc = [{"targets": [target], "labels": labels}]
         tmp = f"{self.sd_file}.tmp.{os.getpid()}"
         try:
             with open(tmp, "w", encoding="utf-8") as f:
@@ -315,12 +328,17 @@ class PrometheusExporter:
 
 def start_exporter(config: CollectorConfig, out: IO[str]) -> PrometheusExporter:
     """The exporter ``config`` asks for, serving; says where on ``out`` (and warns on stderr when the address
-    is not loopback: every host that reaches it reads every job's figures)."""
+    is not loopback and no client certificate is required: every host that reaches it reads every job's
+    figures)."""
+    from .tls import server_context, warn_on_stderr
+
     assert config.prometheus is not None
-    exporter = PrometheusExporter(config.prometheus, node=config.prometheus_node, sd_file=config.prometheus_sd)
+    tls = config.prometheus_tls
+    exporter = PrometheusExporter(config.prometheus, node=config.prometheus_node, sd_file=config.prometheus_sd,
+                                  tls=server_context(tls, warn=warn_on_stderr) if tls is not None else None)
     url = exporter.start()
     print(f"shmstat collector: Prometheus endpoint {url}", file=out, flush=True)
-    if not _is_loopback(exporter.host):
+    if not _is_loopback(exporter.host) and (tls is None or tls.client_ca is None):
         print(f"shmstat collector: warning: {url} is reachable beyond this host; whoever reaches it reads every "
               "job's figures", file=sys.stderr, flush=True)
     return exporter

@@ -12,6 +12,11 @@ and a scrape sends the cached bytes:
   serve the newest figures;
 - otherwise a scrape sends the newest complete rendering: figures at most one rendering behind (counters stay
   monotonic, so ``rate()`` is unaffected).
+
+With TLS (:mod:`collector.prometheus.tls`) the listening socket stays a plain one: each connection's TLS handshake
+is made in that connection's own thread, under :data:`HANDSHAKE_TIMEOUT_S`, so a client that connects and never
+speaks, or fails its handshake, holds up no other scrape. A plain-HTTP request to a TLS endpoint is answered
+``400`` in one sentence saying to scrape ``https``.
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import contextlib
 import http.server
 import logging
 import socket
+import ssl
 import threading
 import time
 from typing import Any, cast
 
 _log = logging.getLogger("shmstat.prometheus")
 
-__all__ = ["CHEAP_RENDER_S", "LISTEN_BACKLOG", "MAX_AGE_S", "MAX_RENDER_SHARE", "MetricsServer", "RenderCache"]
+__all__ = ["CHEAP_RENDER_S", "HANDSHAKE_TIMEOUT_S", "LISTEN_BACKLOG", "MAX_AGE_S", "MAX_RENDER_SHARE",
+           "REQUEST_TIMEOUT_S", "MetricsServer", "RenderCache"]
 
 CHEAP_RENDER_S = 0.1
 """A rendering that took less than this (seconds) is redone on a scrape that finds the cache stale."""
@@ -39,6 +46,13 @@ LISTEN_BACKLOG = 1024
 """Connections the kernel queues before ``/metrics`` accepts them (socketserver's default is 5: a burst of
 scrapers past it had its connections dropped and retried after a second or more). The kernel caps it at
 ``net.core.somaxconn``."""
+HANDSHAKE_TIMEOUT_S = 10.0
+"""Seconds a connection to a TLS endpoint has to start and finish its handshake before it is closed (Prometheus'
+default scrape timeout)."""
+REQUEST_TIMEOUT_S = 30.0
+"""Seconds a connection may wait between the bytes of its request, or a scraper between reading parts of the
+answer, before it is closed: a client that connects and never asks holds a thread no longer than this."""
+_TLS_RECORD_HANDSHAKE = 0x16  # the first byte of every TLS ClientHello
 
 
 class RenderCache:
@@ -156,15 +170,26 @@ class RenderCache:
 class MetricsServer:
     """A threaded HTTP server on ``host:port`` (0: any free port) answering every GET with ``cache.body()``
     in the Prometheus text format 0.0.4, with a listen backlog of :data:`LISTEN_BACKLOG` (a burst of concurrent
-    scrapers is queued, not refused); stops on :meth:`close`."""
+    scrapers is queued, not refused); HTTPS when given ``tls`` (a server-side context: see the module docstring);
+    stops on :meth:`close`."""
 
-    def __init__(self, cache: RenderCache, host: str, port: int) -> None:
+    def __init__(self, cache: RenderCache, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
         family, _, _, _, sockaddr = next(iter(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                                   flags=socket.AI_PASSIVE)))
+        self.tls = tls
+        self._failures_lock = threading.Lock()
+        self.handshake_failures = 0
+        """Connections closed before a TLS handshake completed (plain HTTP, refused or missing client
+        certificates, timeouts; not those closed by the client before sending anything)."""
+        outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = request_timeout_s
+
             def do_GET(self) -> None:
                 try:
                     body, status, kind = cache.body(), 200, CONTENT_TYPE_PLAIN_0_0_4
@@ -186,6 +211,18 @@ class MetricsServer:
             daemon_threads = True
             request_queue_size = LISTEN_BACKLOG
 
+            def finish_request(self, request: Any, client_address: Any) -> None:
+                if tls is None:
+                    super().finish_request(request, client_address)
+                    return
+                conn = outer._handshake(request, client_address, handshake_timeout_s)
+                if conn is None:
+                    return
+                try:
+                    super().finish_request(conn, client_address)
+                finally:
+                    conn.close()  # the plain socket it wraps was detached: shutdown_request has nothing to do
+
         # AI_PASSIVE with SOCK_STREAM gives an IPv4 or IPv6 address: (host, port) leads both
         self._server = Server(cast("tuple[str, int]", sockaddr[:2]), Handler)
         self.port = int(self._server.server_address[1])
@@ -193,7 +230,48 @@ class MetricsServer:
                                         daemon=True)
         self._thread.start()
 
+    def _handshake(self, sock: socket.socket, peer: Any, timeout_s: float) -> ssl.SSLSocket | None:
+        """``sock`` after a TLS handshake made under ``timeout_s``, or None (counted, and closed by the caller's
+        ``shutdown_request``) when it failed."""
+        assert self.tls is not None
+        sock.settimeout(timeout_s)
+        try:
+            first = sock.recv(1, socket.MSG_PEEK)
+            if first and first[0] != _TLS_RECORD_HANDSHAKE:
+                self._failed(peer, "it sent plain HTTP")
+                with contextlib.suppress(OSError):
+                    sock.recv(65536)  # the request, read so that closing does not reset the answer away
+                    sock.sendall(_PLAIN_TO_TLS)
+                return None
+            if not first:  # connected and closed (a TCP health check): nothing to report
+                return None
+            conn = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError as exc:
+            self._failed(peer, str(exc) or type(exc).__name__)
+            return None
+        try:
+            conn.do_handshake()
+        except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
+            conn.close()
+            self._failed(peer, getattr(exc, "reason", None) or str(exc) or type(exc).__name__)
+            return None
+        return conn
+
+    def _failed(self, peer: Any, why: str) -> None:
+        with self._failures_lock:
+            self.handshake_failures += 1
+            first = self.handshake_failures == 1
+        # the first one is likely a misconfigured scraper, worth a warning; after that a scanner must not flood
+        # the log
+        _log.log(logging.WARNING if first else logging.INFO, "/metrics: a TLS connection from %s was closed before "
+                 "its handshake completed: %s%s", peer[0] if peer else "?", why,
+                 " (further ones are logged at INFO)" if first else "")
+
     def close(self) -> None:
         """Stop serving and release the port."""
         self._server.shutdown()
         self._server.server_close()
+
+
+_PLAIN_TO_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+                 b"this /metrics endpoint speaks HTTPS: scrape it with scheme https\n")

@@ -9,55 +9,24 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 from _percentile_kit import percentile_rank
 from _procs import REPO, spawn, start_collector
+from _prom_kit import file_sd_job, needs_prometheus, query, scraping, start_prometheus, value
 from _support import unique_job, wait_for
 
 from collector.prometheus.exporter import BUCKET_BOUNDS
 from shmstat.shm.segment import Segment
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _metrics_url(coll) -> str:
     return coll.lines_seen("Prometheus endpoint").split()[-1]
-
-
-def _query(base: str, promql: str) -> list[dict]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    with urllib.request.urlopen(url, timeout=5) as r:
-        doc = json.load(r)
-    assert doc["status"] == "success", doc
-    return doc["data"]["result"]
-
-
-def _value(base: str, promql: str) -> float | None:
-    result = _query(base, promql)
-    return float(result[0]["value"][1]) if result else None
-
-
-def _scraping(base: str) -> bool:
-    """Whether Prometheus is up and has scraped a target successfully."""
-    try:
-        return bool(_query(base, 'up{job="shmstat"} == 1'))
-    except urllib.error.URLError:  # not listening yet
-        return False
 
 
 def _start(job: str, node: str, sd: str):
@@ -69,22 +38,7 @@ def _start(job: str, node: str, sd: str):
 def _start_prometheus(tmp_path, sd_dir) -> tuple[subprocess.Popen, str]:
     """A real Prometheus scraping, every second, the targets of the ``file_sd`` files in ``sd_dir``; returns it
     and its base URL."""
-    prom_port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n  - job_name: shmstat\n    honor_labels: true\n"
-        f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n        refresh_interval: 1s\n"
-    )
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
-    return prom, f"http://127.0.0.1:{prom_port}"
-
-
-needs_prometheus = pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs Debian's prometheus package "
-                                      "(apt-get install -y --no-install-recommends prometheus; .ci/run does it "
-                                      "as root)")
+    return start_prometheus(tmp_path, file_sd_job(sd_dir))
 
 
 @needs_prometheus
@@ -105,15 +59,15 @@ def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
             assert p.exitcode == 0
         total = 4 * n
         merged = 'sum(shmstat_stat_count_total{stat="step_ms",rank=""})'
-        wait_for(lambda: _value(base, merged) == total, 60,
+        wait_for(lambda: value(base, merged) == total, 60,
                  what=f"Prometheus to see all {total} samples (log: {tmp_path / 'prometheus.log'})")
         by_node = {r["metric"]["node"]: float(r["value"][1])
-                   for r in _query(base, 'sum by (node) (shmstat_stat_count_total{stat="step_ms",rank=""})')}
+                   for r in query(base, 'sum by (node) (shmstat_stat_count_total{stat="step_ms",rank=""})')}
         assert by_node == {"node-a": 2 * n, "node-b": 2 * n}
-        per_rank = _query(base, 'shmstat_stat_count_total{stat="step_ms",rank!=""}')
+        per_rank = query(base, 'shmstat_stat_count_total{stat="step_ms",rank!=""}')
         assert sorted((r["metric"]["node"], r["metric"]["rank"], float(r["value"][1])) for r in per_rank) == [
             ("node-a", "0", n), ("node-a", "1", n), ("node-b", "0", n), ("node-b", "1", n)]
-        assert _value(base, 'sum(shmstat_stat_count_total{stat="step_ms",rank!=""})') == total
+        assert value(base, 'sum(shmstat_stat_count_total{stat="step_ms",rank!=""})') == total
         samples = []
         for node in jobs:
             for r in range(2):
@@ -121,9 +75,9 @@ def test_a_real_prometheus_merges_two_nodes_exactly(tmp_path):
                     samples += [v for vs in json.load(f).values() for v in vs]
         assert len(samples) == total
         exact = float(np.quantile(samples, 0.99, method="inverted_cdf"))
-        p99 = _value(base, 'histogram_quantile(0.99, sum by (le) (shmstat_stat_hist_bucket{stat="step_ms"}))')
+        p99 = value(base, 'histogram_quantile(0.99, sum by (le) (shmstat_stat_hist_bucket{stat="step_ms"}))')
         assert p99 is not None and abs(p99 - exact) / exact <= 2 ** 0.25 - 1, (p99, exact)
-        assert _value(base, 'sum(shmstat_stat_hist_count{stat="step_ms"})') == total
+        assert value(base, 'sum(shmstat_stat_hist_count{stat="step_ms"})') == total
     finally:
         prom.terminate()
         prom.wait(30)
@@ -204,26 +158,26 @@ def test_a_real_prometheus_counts_put_metrics_and_prof_calls_exactly(tmp_path):
     prom, base = _start_prometheus(tmp_path, sd_dir)
     ranks, calls = 3, 200
     try:
-        wait_for(lambda: _scraping(base), 30, what="Prometheus scraping the collector")
+        wait_for(lambda: scraping(base), 30, what="Prometheus scraping the collector")
         # 10 ms between calls: the counters grow over several scrapes, so rate() has something to say
         procs = [spawn(prof_rank, job, r, ranks, calls, 0.01) for r in range(ranks)]
         for p in procs:
             p.join(120)
             assert p.exitcode == 0
         count = f'shmstat_metric_count_total{{job="{job}", name=~".*work_step.%s"}}'
-        wait_for(lambda: _value(base, f"sum({count % 'duration.ms'})") == ranks * calls, 60,
+        wait_for(lambda: value(base, f"sum({count % 'duration.ms'})") == ranks * calls, 60,
                  what=f"Prometheus to see every @prof call (log: {tmp_path / 'prometheus.log'})")
-        assert _value(base, f"sum({count % 'success'})") == ranks * SUCCESSES
-        assert _value(base, f"sum({count % 'failure'})") == ranks * FAILURES
-        per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in _query(base, count % "success")}
+        assert value(base, f"sum({count % 'success'})") == ranks * SUCCESSES
+        assert value(base, f"sum({count % 'failure'})") == ranks * FAILURES
+        per_rank = {r["metric"]["rank"]: float(r["value"][1]) for r in query(base, count % "success")}
         assert per_rank == {str(r): SUCCESSES for r in range(ranks)}
         total = f'shmstat_metric_sum_total{{job="{job}", name=~".*work_step.success"}}'
-        assert _value(base, f"sum({total})") == ranks * SUCCESSES
+        assert value(base, f"sum({total})") == ranks * SUCCESSES
         # counters, as Prometheus reads them: never reset, and rate() sees them grow on every rank
-        assert _value(base, f"sum(resets({count % 'success'}[5m]))") == 0
-        rates = _query(base, f"max_over_time(rate({count % 'success'}[3s])[5m:1s])")
+        assert value(base, f"sum(resets({count % 'success'}[5m]))") == 0
+        rates = query(base, f"max_over_time(rate({count % 'success'}[3s])[5m:1s])")
         assert len(rates) == ranks and all(float(r["value"][1]) > 0 for r in rates), rates
-        assert _value(base, f'sum(shmstat_metric_dropped_total{{job="{job}"}})') == 0
+        assert value(base, f'sum(shmstat_metric_dropped_total{{job="{job}"}})') == 0
     finally:
         prom.terminate()
         prom.wait(30)

@@ -1,0 +1,72 @@
+"""A real Prometheus for the exporter's tests: Debian's ``prometheus`` (2.42) started on a free loopback port with
+the scrape configurations a test gives, and its HTTP API read back (tests skip with a clear reason without it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+needs_prometheus = pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs Debian's prometheus package "
+                                      "(apt-get install -y --no-install-recommends prometheus; .ci/run does it "
+                                      "as root)")
+
+
+def free_port() -> int:
+    """A loopback port free right now (for Prometheus' own listener: it takes no port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def file_sd_job(sd_dir: Path | str, name: str = "shmstat", extra: str = "") -> str:
+    """A scrape configuration (YAML, one list item) of the ``file_sd`` files in ``sd_dir``, read every second;
+    ``extra`` is more of its YAML keys, each line indented by four spaces."""
+    return (f"  - job_name: {name}\n    honor_labels: true\n{extra}"
+            f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n        refresh_interval: 1s\n")
+
+
+def start_prometheus(tmp_path: Path, scrape_configs: str) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus scraping every second with ``scrape_configs`` (YAML list items); returns it and its base
+    URL. Its log is ``tmp_path / "prometheus.log"``; the caller terminates it."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                      + scrape_configs)
+    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
+    return prom, f"http://127.0.0.1:{port}"
+
+
+def query(base: str, promql: str) -> list[dict]:
+    """The result vector of an instant query."""
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.load(r)
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+def value(base: str, promql: str) -> float | None:
+    """The first value of an instant query (None: no series)."""
+    result = query(base, promql)
+    return float(result[0]["value"][1]) if result else None
+
+
+def scraping(base: str, job: str = "shmstat") -> bool:
+    """Whether Prometheus is up and has scraped a target of scrape job ``job`` successfully."""
+    try:
+        return bool(query(base, f'up{{job="{job}"}} == 1'))
+    except urllib.error.URLError:  # not listening yet
+        return False
