@@ -36,17 +36,29 @@ def file_sd_job(sd_dir: Path | str, name: str = "shmstat", extra: str = "") -> s
             f"    file_sd_configs:\n      - files: ['{sd_dir}/*.json']\n        refresh_interval: 1s\n")
 
 
-def start_prometheus(tmp_path: Path, scrape_configs: str) -> tuple[subprocess.Popen, str]:
-    """A real Prometheus scraping every second with ``scrape_configs`` (YAML list items); returns it and its base
-    URL. Its log is ``tmp_path / "prometheus.log"``; the caller terminates it."""
-    port = free_port()
+def static_job(targets: list[str], name: str = "shmstat") -> str:
+    """A scrape configuration (YAML, one list item) of fixed ``targets`` (``HOST:PORT``)."""
+    return (f"  - job_name: {name}\n    honor_labels: true\n"
+            f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
+
+
+def prometheus_command(tmp_path: Path, scrape_configs: str, listen: str) -> list[str]:
+    """The command line of a Prometheus listening on ``listen`` (``HOST:PORT``) and scraping every second with
+    ``scrape_configs`` (YAML list items); its configuration and TSDB go in ``tmp_path``."""
     config = tmp_path / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
                       + scrape_configs)
-    prom = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+    return [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address={listen}"]
+
+
+def start_prometheus(tmp_path: Path, scrape_configs: str) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus scraping every second with ``scrape_configs`` (YAML list items); returns it and its base
+    URL. Its log is ``tmp_path / "prometheus.log"``; the caller terminates it."""
+    listen = f"127.0.0.1:{free_port()}"
+    prom = subprocess.Popen(prometheus_command(tmp_path, scrape_configs, listen), stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
-    return prom, f"http://127.0.0.1:{port}"
+    return prom, f"http://{listen}"
 
 
 def query(base: str, promql: str) -> list[dict]:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from elastic.metrics import _registry as _elastic_registry
 from shmstat.job import _state
+
+if TYPE_CHECKING:
+    from cluster import Cluster
 
 
 @pytest.fixture(autouse=True)
@@ -64,3 +68,14 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(_backend.VARIABLE, "1" if name == "python" else "0")
     with _backend.use(name):
         yield name
+
+
+@pytest.fixture
+def sim_cluster(tmp_path) -> Iterator[Cluster]:
+    """Two simulated hosts and the ops side (tests/cluster.py), removed after the test; skips where namespaces
+    cannot be made. A failing test shows the output tail of every process started in them."""
+    from cluster import simulated_cluster
+
+    with simulated_cluster(tmp_path / "cluster", hosts=2) as cluster:
+        yield cluster
+        print(cluster.tails())  # pytest shows it only when the test failed
