@@ -63,7 +63,7 @@ def start_torchrun(host: Host, node_rank: int, cluster: Cluster, run_id: str, wo
     the first host's address), environment as a plain host's plus the worktree on the path and gloo on the
     fabric."""
     env = dict(host.env, PYTHONPATH=REPO, OUT_DIR=str(workdir), STEPS=str(STEPS), GLOO_SOCKET_IFNAME=INTERFACE,
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", TMPDIR=str(workdir))  # torchrun's log directories go with the test's files
     return host.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.hosts)),
                        "--nproc-per-node", str(RANKS_PER_HOST), "--node-rank", str(node_rank), "--master-addr",
                        cluster.hosts[0].address, "--master-port", str(MASTER_PORT), "--rdzv-id", run_id, _TRAIN],
