@@ -88,6 +88,8 @@ def test_a_real_prometheus_scrapes_https_with_a_client_certificate_exactly(tmp_p
     try:
         assert json.loads(sd.read_text()) == [{"targets": [f"127.0.0.1:{port}"],
                                                "labels": {"node": "node-a", "__scheme__": "https"}}]
+        # the collector writes its ready file just after its start-up line: wait for it as a launcher would
+        wait_for(ready.exists, 30, what="the ready file")
         assert json.loads(ready.read_text())["prometheus"] == url
         procs = [spawn(percentile_rank, job, r, 2, n, window_ms, str(tmp_path / f"r{r}.json")) for r in range(2)]
         for p in procs:
