@@ -141,3 +141,24 @@ def test_binding_anew_at_a_tcp_port_just_closed_waits_for_it(tmp_path):
         _OPEN.clear()
         ctx.destroy(0)
         relay.close()
+
+
+def test_a_message_of_the_largest_size_reaches_a_curve_subscriber_intact(tmp_path):
+    from shmstat import wire
+
+    keys = tmp_path / "keys"
+    make_keys(str(keys))
+    relay = _relay(tmp_path, keys)
+    ctx = zmq.Context()
+    try:
+        sock = _sub(ctx, relay.publish_endpoint, load_client(str(keys)), b"event/")
+        wait_for(lambda: _seen(relay, b"event/"), 10, what="the subscription")
+        pad = os.urandom(700_000).hex()  # one item near MAX_MESSAGE_BYTES once encoded
+        relay.publish("event/big", "event", [["big", 1, {"pad": pad}]])
+        assert sock.poll(10_000), "nothing arrived"
+        msg = wire.decode_frames(sock.recv_multipart())
+        assert msg.items[0][2]["pad"] == pad
+    finally:
+        _OPEN.clear()
+        ctx.destroy(0)
+        relay.close()
