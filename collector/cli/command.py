@@ -1,4 +1,4 @@
-"""The ``shmstat`` command line: collect, run, subscribe, top, ls, clean, demo.
+"""The ``shmstat`` command line: collect, run, subscribe, top, ls, clean, demo, keys.
 
 User mistakes print one line on stderr and exit with status 2; nothing prints a traceback for them.
 """
@@ -16,7 +16,7 @@ from .options import add_collector_options, collector_config
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo")
+COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo", "keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
     s.add_argument("--json", action="store_true",
                    help='also print heartbeats, and {"record": "gap"} and {"record": "end"} lines, on stdout')
+    s.add_argument("--curve", default=None, metavar="DIR",
+                   help="connect to tcp:// ENDPOINTs of collectors started with --curve, with DIR/client.key_secret "
+                        "and the collector's DIR/server.key")
+    s.add_argument("--curve-client", default=None, metavar="NAME",
+                   help="with --curve: use DIR/NAME.key_secret (a key made with shmstat keys DIR --client NAME)")
 
     t = command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers")
     t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
@@ -82,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--ranks", type=int, default=3)
     d.add_argument("--seconds", type=float, default=3.0)
     d.add_argument("--window-ms", type=int, default=500)
+
+    y = command("keys", _keys, "write CURVE keys: a collector's TCP streams only for subscribers holding one")
+    y.add_argument("dir", metavar="DIR", help="where the keys go (created owner-only if missing)")
+    y.add_argument("--client", default=None, metavar="NAME",
+                   help="add a subscriber's pair NAME.key and NAME.key_secret to DIR's key set")
+    y.add_argument("--force", action="store_true",
+                   help="replace files of the same names (whoever holds the old keys is locked out)")
     return p
 
 
@@ -120,6 +132,9 @@ def _collect(args: argparse.Namespace) -> int:
     from ..daemon.node import NodeCollector
 
     jobs = [validate_job(j) for j in args.job] or None
+    if args.curve is not None:
+        raise ConfigError("--curve secures one job's --publish tcp:// endpoint, and a node collector has none: "
+                          "collect one job with --job JOB --publish tcp://ADDRESS:PORT --curve DIR")
     for flag, value in (("--publish", args.publish), ("--ready-file", args.ready_file)):
         if value is not None:
             raise ConfigError(f"{flag} names one job's endpoints, but each job of a node collector has its own "
@@ -139,7 +154,8 @@ def _subscribe(args: argparse.Namespace) -> int:
     from .subscribe import subscribe
 
     return subscribe(args.endpoints, jobs=[validate_job(j) for j in args.job], follow=args.follow,
-                     topics=args.topic, count=args.count, timeout_s=args.timeout, records=args.json)
+                     topics=args.topic, count=args.count, timeout_s=args.timeout, records=args.json,
+                     curve=args.curve, curve_client=args.curve_client)
 
 
 def _top(args: argparse.Namespace) -> int:
@@ -159,6 +175,15 @@ def _clean(args: argparse.Namespace) -> int:
     from .admin import clean
 
     return clean(args.job)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from .keys import instructions, make_keys
+
+    written = make_keys(args.dir, client=args.client, force=args.force)
+    print(f"shmstat keys: wrote {', '.join(written)}")
+    print(instructions(args.dir, args.client))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

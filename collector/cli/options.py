@@ -97,8 +97,12 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                    help="XPUB endpoint for subscribers (default: an ipc:// socket in your owner-only runtime "
                         "directory; a tcp:// endpoint is readable by every local user)")
     p.add_argument("--allow-remote-publish", action="store_true",
-                   help="allow --publish on an address other than loopback (anyone who reaches it reads every "
-                        "stream)")
+                   help="allow --publish on an address other than loopback without --curve (anyone who reaches "
+                        "it reads every stream)")
+    p.add_argument("--curve", default=config_default("curve"), metavar="DIR",
+                   help="with --publish tcp://: encrypt the streams and let in only subscribers whose public key is "
+                        "a *.key file in DIR (keys from: shmstat keys DIR); a non-loopback address then needs no "
+                        "--allow-remote-publish")
     p.add_argument("--handler", action="append", default=[], metavar="GROUP=SPEC",
                    help="handler for a metric group: compact, console, null, jsonl:PATH, tensorboard:DIR, "
                         "otlp:ENDPOINT, pkg.module:Class[,key=value...]; GROUP * = default (default: compact, one "
@@ -171,10 +175,13 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
     if not 1 <= args.straggler_windows <= MAX_WINDOWS:
         raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
+    if args.curve is not None:
+        _check_curve(args.curve, args.publish)
     if args.publish is not None:
-        _check_publish(args.publish, args.allow_remote_publish)
+        _check_publish(args.publish, args.allow_remote_publish, args.curve)
     return CollectorConfig(
-        job=job, publish=args.publish, handlers=parse_handler_args(args.handler), events=_checked_events(args.events),
+        job=job, publish=args.publish, curve=args.curve, handlers=parse_handler_args(args.handler),
+        events=_checked_events(args.events),
         geometry=geometry_from(args),
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
         prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
@@ -218,8 +225,18 @@ def _checked_tls(spec: str | None, listen: str | None) -> TLSFiles | None:
     return files
 
 
-def _check_publish(endpoint: str, allow_remote: bool) -> None:
-    """Refuse a non-loopback TCP endpoint unless asked for; warn that TCP is readable by every local user."""
+def _check_curve(key_dir: str, publish: str | None) -> None:
+    """``--curve`` secures a ``tcp://`` publish endpoint with a key directory that holds a usable server key."""
+    if publish is None or not publish.startswith("tcp://"):
+        raise ConfigError(f"--curve secures a TCP publish endpoint; add --publish tcp://ADDRESS:PORT "
+                          f"(got {'no --publish' if publish is None else repr(publish)})")
+    from ..wire.curve import check_server_dir
+
+    check_server_dir(key_dir)
+
+
+def _check_publish(endpoint: str, allow_remote: bool, curve_dir: str | None = None) -> None:
+    """Refuse a non-loopback TCP endpoint unless asked for or secured with CURVE; say who can read it."""
     scheme = endpoint.partition("://")[0]
     if scheme == "ipc":
         return
@@ -237,10 +254,15 @@ def _check_publish(endpoint: str, allow_remote: bool) -> None:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
+    if curve_dir is not None:
+        print(f"shmstat: --publish {endpoint} is secured with CURVE: streams are encrypted, and only subscribers "
+              f"whose public key is a *.key file in {curve_dir} (other than server.key) can connect; anyone who "
+              "reaches the port can still try (refused handshakes are counted)", file=sys.stderr, flush=True)
+        return
     if not loopback and not allow_remote:
         raise ConfigError(
-            f"--publish {endpoint!r} is not on loopback; add --allow-remote-publish if every host that reaches it "
-            "may read every stream"
+            f"--publish {endpoint!r} is not on loopback; add --curve DIR so that only subscribers holding a key "
+            "can read it, or --allow-remote-publish if every host that reaches it may read every stream"
         )
     print(f"shmstat: warning: --publish {endpoint} is a TCP endpoint: any local user"
           f"{'' if loopback else ' and any host that reaches it'} can subscribe and read every event and stat "

@@ -17,7 +17,7 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import zmq
@@ -28,6 +28,15 @@ from shmstat.shm.runtime import publish_endpoint
 from shmstat.shm.shm_entries import Skipped, entry_problem
 from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, followed_kinds
 
+from ..wire.curve import (
+    CLIENT,
+    CURVE_FRAME_OVERHEAD,
+    ClientKeys,
+    handshake_failures,
+    load_client,
+    secure_client,
+    watch_client,
+)
 from .sources import job_over, served_jobs, socket_identity
 
 __all__ = ["gap_line", "message_to_json", "subscribe"]
@@ -35,6 +44,17 @@ __all__ = ["gap_line", "message_to_json", "subscribe"]
 _RCVHWM = 64  # messages queued in this process at most (each at most 2 MiB)
 _DISCOVER_S = 0.1  # node-wide: how often /dev/shm is looked at for jobs that start
 _GONE_S = 1.0  # a job whose socket and segment are gone this long, with no final heartbeat seen, has ended
+
+
+_HANDSHAKE = {  # (kind, this subscriber uses CURVE): what to tell
+    ("refused", True): "the collector refused this CURVE key (not one of its client keys, or revoked); ask its "
+                       "operator for one (shmstat keys DIR --client NAME)",
+    ("mismatch", True): "the collector there does not use CURVE; subscribe without --curve",
+    ("mismatch", False): "the collector there lets in only CURVE subscribers; subscribe with --curve DIR (its "
+                         "server.key and your key from its operator)",
+    ("failed", True): "the CURVE handshake keeps failing: is the server.key in the --curve directory this "
+                      "collector's?",
+}
 
 
 def _jsonable(value: Any) -> Any:
@@ -99,17 +119,20 @@ class _Source:
     seen: bool = False  # its socket file (or a message) was seen: it can end
     gone_since: float | None = None
     done: bool = False
+    monitor: zmq.Socket | None = None  # tcp://: its failed handshakes (collector.wire.curve.handshake_failures)
+    failures: dict[str, int] = field(default_factory=dict)  # failed handshakes by kind
+    told: set[str] = field(default_factory=set)  # the lines said about them already
 
 
 class _Subscriber:
     """The sockets, the gap tracker and the output of one ``shmstat subscribe``."""
 
-    def __init__(self, topics: Sequence[str], out: IO[str], records: bool) -> None:
+    def __init__(self, topics: Sequence[str], out: IO[str], records: bool, curve: ClientKeys | None = None) -> None:
         self.topics = [t.encode("utf-8") for t in topics] or [b""]
         self.kinds = followed_kinds(topics)
         if not any(wire.HEARTBEAT_TOPIC.encode().startswith(t) for t in self.topics):
             self.topics.append(wire.HEARTBEAT_TOPIC.encode())  # last: its first beat follows the others' start
-        self.out, self.records = out, records
+        self.out, self.records, self.curve = out, records, curve
         self.ctx = zmq.Context()
         self.tracker = GapTracker(self.kinds)
         self.sources: dict[zmq.Socket, _Source] = {}
@@ -121,9 +144,15 @@ class _Subscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, _RCVHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
+        if self.curve is not None:  # libzmq counts CURVE's bytes against the limit
+            sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1 + CURVE_FRAME_OVERHEAD)
+            secure_client(sock, self.curve)
+        if source.endpoint.startswith("tcp://"):
+            source.monitor = watch_client(sock)
         try:
             sock.connect(source.endpoint)
         except zmq.ZMQError as exc:
+            self._unwatch(source, sock)
             sock.close()
             raise ConfigError(f"cannot connect to {source.endpoint!r}: {exc}") from None
         for t in self.topics:
@@ -134,8 +163,30 @@ class _Subscriber:
         self.sources[sock] = source
         self.poller.register(sock, zmq.POLLIN)
 
+    def _unwatch(self, source: _Source, sock: zmq.Socket) -> None:
+        if source.monitor is not None:
+            sock.disable_monitor()
+            source.monitor.close(0)
+            source.monitor = None
+
+    def handshakes(self) -> None:
+        """Say once per endpoint why its handshakes fail (a refused key, CURVE on one side only, another
+        server key): without it a subscriber turned away would wait in silence."""
+        for source in self.sources.values():
+            if source.monitor is None:
+                continue
+            for kind in handshake_failures(source.monitor):
+                n = source.failures[kind] = source.failures.get(kind, 0) + 1
+                if kind == "failed" and (n < 3 or "refused" in source.failures or "mismatch" in source.failures):
+                    continue  # the first failures of a refused or mismatched handshake say nothing more
+                line = _HANDSHAKE.get((kind, self.curve is not None))
+                if line is not None and line not in source.told:
+                    source.told.add(line)
+                    print(f"shmstat subscribe: {source.endpoint}: {line}", file=sys.stderr, flush=True)
+
     def disconnect(self, source: _Source) -> None:
         if source.sock is not None:
+            self._unwatch(source, source.sock)
             self.poller.unregister(source.sock)
             self.sources.pop(source.sock, None)
             source.sock.close(0)
@@ -200,7 +251,8 @@ class _Subscriber:
         self.out.write(line + "\n")
 
     def close(self) -> None:
-        for sock in list(self.sources):
+        for sock, source in list(self.sources.items()):
+            self._unwatch(source, sock)
             sock.close(0)
         self.ctx.term()
 
@@ -208,6 +260,7 @@ class _Subscriber:
 def subscribe(
     endpoints: Sequence[str] = (), *, jobs: Sequence[str] = (), follow: bool = False, topics: Sequence[str] = (),
     count: int | None = None, timeout_s: float | None = None, records: bool = False, out: IO[str] | None = None,
+    curve: str | None = None, curve_client: str | None = None,
 ) -> int:
     """Print every data message of ``endpoints``, of ``jobs``' collectors, or (neither) of every job served on
     this node, whose topic starts with one of ``topics`` (all if none); report losses on stderr.
@@ -216,25 +269,41 @@ def subscribe(
     (unless ``follow`` or endpoints are given too), else on Ctrl-C. ``records``: also print heartbeats and
     ``{"record": "gap" | "end"}`` lines. Malformed messages are counted on stderr at the end, never printed. An
     ``ipc://`` endpoint whose path is not this user's socket is skipped with one line (none left:
-    :class:`ConfigError`). Returns the exit status.
+    :class:`ConfigError`). ``curve``: a key directory; every endpoint must then be ``tcp://`` and is connected as a
+    CURVE client with ``curve/NAME.key_secret`` (``curve_client``, default ``client``) against ``curve/server.key``
+    (:mod:`collector.wire.curve`). Returns the exit status.
     """
     out = out if out is not None else sys.stdout
     if count is not None and count < 1:
         raise ConfigError(f"--count must be at least 1, got {count}")
     if follow and not jobs:
         raise ConfigError("--follow keeps following a --job after it ends; name the job with --job JOB")
+    keys = _curve_keys(curve, curve_client, endpoints, jobs)
     node_wide = not endpoints and not jobs
     named = [*((ep, None) for ep in endpoints), *((publish_endpoint(job), job) for job in jobs)]
     sources = [_Source(ep, job, job is not None and not follow) for ep, job in named if _usable(ep)]
     if not node_wide and not sources:
         raise ConfigError(f"no endpoint to subscribe to: {', '.join(ep for ep, _ in named)} skipped")
-    sub = _Subscriber(topics, out, records)
+    sub = _Subscriber(topics, out, records, keys)
     try:
         for source in sources:
             sub.connect(source)
         return _loop(sub, sources, node_wide, bool(endpoints), count, timeout_s)
     finally:
         sub.close()
+
+
+def _curve_keys(curve: str | None, name: str | None, endpoints: Sequence[str],
+                jobs: Sequence[str]) -> ClientKeys | None:
+    if curve is None:
+        if name is not None:
+            raise ConfigError("--curve-client NAME picks a key of a --curve DIR; add --curve DIR")
+        return None
+    plain = [ep for ep in endpoints if not ep.startswith("tcp://")]
+    if jobs or not endpoints or plain:
+        raise ConfigError("--curve connects to collectors' tcp:// endpoints: name them, as in shmstat subscribe "
+                          f"--curve DIR tcp://HOST:PORT{f' ({plain[0]!r} is not one)' if plain else ''}")
+    return load_client(curve, name or CLIENT)
 
 
 def _loop(sub: _Subscriber, sources: list[_Source], node_wide: bool, fixed: bool, count: int | None,
@@ -265,6 +334,7 @@ def _loop(sub: _Subscriber, sources: list[_Source], node_wide: bool, fixed: bool
         for sock, _ in sub.poller.poll(wait):
             if sock in sub.sources:
                 sub.drain(sock, count)
+        sub.handshakes()
     if sub.bad:
         print(f"shmstat subscribe: {sub.bad} malformed messages skipped", file=sys.stderr)
     if sub.seen == 0 and not node_wide and not any(s.seen for s in sources):

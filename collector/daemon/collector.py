@@ -85,7 +85,7 @@ class Collector:
             self.relay = Relay(config.ingest or ingest_endpoint(config.job),
                                config.publish or publish_endpoint(config.job),
                                sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES),
-                               heartbeat_interval_s=config.heartbeat_interval_s)
+                               heartbeat_interval_s=config.heartbeat_interval_s, curve=config.curve)
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
             if self.events.delivery is not None:
                 self.relay.on_gap = self.events.gap
@@ -373,6 +373,8 @@ class Collector:
             "events_relayed": c.events, "metrics_relayed": c.metrics,
             "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
             "subscriber_overflows": sum(c.overflows.values()),
+            "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
+            "key_revocations": c.handshakes.revocations,
             **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
             "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
             **self.events.counters(),

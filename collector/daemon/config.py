@@ -36,6 +36,9 @@ class CollectorConfig:
     job: str
     publish: str | None = None
     """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
+    curve: str | None = None
+    """A key directory (``shmstat keys DIR``): the XPUB is a CURVE server that lets in only subscribers whose public
+    key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.wire.curve`); None: no CURVE."""
     handlers: dict[str, str] = field(default_factory=dict)
     """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
     window)."""

@@ -94,7 +94,9 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
             f"{dropped} dropped")
     for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
                        ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors"),
-                       ("subscriber_overflows", "messages a slow subscriber lost")):
+                       ("subscriber_overflows", "messages a slow subscriber lost"),
+                       ("handshakes_refused", "subscriber keys refused"),
+                       ("handshakes_failed", "subscriber handshakes failed")):
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line

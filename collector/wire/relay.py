@@ -17,7 +17,9 @@ read half its queue, unseen here. What each subscriber lost, it learns exactly f
 at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
 :mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
 again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
-collector nor starves its loop.
+collector nor starves its loop. With a key directory (``curve``) the publish socket is a CURVE server that lets in
+only the subscribers holding a client key of it (:mod:`collector.wire.curve`): every socket it binds is secured
+before it is bound, and once per heartbeat interval a revoked key makes it bind anew, cutting that subscriber off.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 
 from .beats import SenderBook
+from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
 from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
 from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
@@ -72,16 +75,18 @@ class RelayCounters:
     """Per kind (``event``, ``metric``, ``stat``, ``rank``, ``heartbeat``): messages that found a subscriber's
     queue full, so that subscriber lost them (it goes on losing, unseen here, until it has read half its queue;
     its heartbeats tell it exactly what it lost)."""
-
+    handshakes: HandshakeCounts = field(default_factory=HandshakeCounts)
+    """With CURVE: handshakes refused and failed, and revocations (:class:`collector.wire.curve.HandshakeCounts`)."""
 
 
 class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
-                 rcvhwm: int = 8, heartbeat_interval_s: float = 1.0) -> None:
+                 rcvhwm: int = 8, heartbeat_interval_s: float = 1.0, curve: str | None = None) -> None:
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
+        self.curve: CurveServer | None = None  # with a key directory: CURVE on the publish socket
         self.pid = os.getpid() if pid is None else pid
         self.book = SenderBook(self.pid, _MAX_TRACKED)  # every sender's newest seq and items, for heartbeats
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -105,6 +110,13 @@ class Relay:
         self.xsub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._sndhwm = sndhwm
         configure_xpub(self.xpub, sndhwm)
+        try:
+            if curve is not None:
+                self.curve = CurveServer(self.ctx, curve, self.counters.handshakes)
+                self.curve.secure(self.xpub)
+        except BaseException:
+            self.close()
+            raise
         try:
             bind_owner_only(self.xsub, ingest)
         except zmq.ZMQError as exc:
@@ -242,6 +254,8 @@ class Relay:
         if now < self._next_beat:
             return
         self._next_beat = now + self.heartbeat_interval_s
+        if self.curve is not None and self.curve.revoked():  # cut off whoever connected with a removed key
+            self._reset_publish()
         if self.wants(wire.HEARTBEAT_TOPIC):
             for frames in self.book.heartbeat():
                 self._send(frames, wire.HEARTBEAT_KIND)
@@ -289,21 +303,25 @@ class Relay:
 
     def _drain_subscriptions(self) -> None:
         if take_subscriptions(self.xpub, self.prefixes):  # past MAX_PREFIXES topics
+            self.counters.subscription_resets += 1
             self._reset_publish()
 
     def _reset_publish(self) -> None:
-        """Too many subscription topics: drop every subscriber (and libzmq's subscription state with them) by
-        binding a fresh publish socket at the same endpoint; well-behaved subscribers reconnect and subscribe
-        again."""
-        self.counters.subscription_resets += 1
+        """Drop every subscriber (and libzmq's subscription state with them) by binding a fresh publish socket
+        at the same endpoint (too many subscription topics, or a revoked key); well-behaved subscribers reconnect
+        and subscribe again."""
         endpoint = self.publish_endpoint
+        if self.curve is not None:
+            self.curve.release(self.xpub)
         with contextlib.suppress(Exception):
             self.xpub.close(linger=0)
         remove_ipc_file(endpoint)
         self.prefixes.clear()
         self.xpub = self.ctx.socket(zmq.XPUB)
         configure_xpub(self.xpub, self._sndhwm)
-        bind_owner_only(self.xpub, endpoint)
+        if self.curve is not None:
+            self.curve.secure(self.xpub)
+        bind_owner_only(self.xpub, endpoint, retry_s=2.0)
 
     def request_handover(self) -> None:
         """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
@@ -362,11 +380,16 @@ class Relay:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""
         if getattr(self, "xsub", None) is not None:
             self.unsubscribe()
+        curve = getattr(self, "curve", None)
+        if curve is not None and getattr(self, "xpub", None) is not None:
+            curve.release(self.xpub)
         # what subscribers were sent last (the final windows) gets a second to leave; a stuck one costs that
         for sock, linger_ms in ((getattr(self, "xsub", None), 200), (getattr(self, "xpub", None), 1000)):
             if sock is not None:
                 with contextlib.suppress(Exception):
                     sock.close(linger=linger_ms)
+        if curve is not None:
+            curve.close()  # the ZAP handler's sockets, before the context ends
         with contextlib.suppress(Exception):
             self.ctx.term()
         for endpoint in (getattr(self, "ingest_endpoint", None), getattr(self, "publish_endpoint", None)):

@@ -8,7 +8,9 @@ someone listens to, at most :data:`_MAX_SUBSCRIPTION_FRAMES` frames a round, and
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 
 import zmq
 
@@ -58,13 +60,24 @@ def wants_topic(prefixes: set[bytes], topic: str) -> bool:
     return any(raw.startswith(p) or (raw.endswith(b"/") and p.startswith(raw)) for p in prefixes)
 
 
-def bind_owner_only(sock: zmq.Socket, endpoint: str) -> None:
-    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory)."""
-    old_umask = os.umask(0o077)
-    try:
-        sock.bind(endpoint)
-    finally:
-        os.umask(old_umask)
+def bind_owner_only(sock: zmq.Socket, endpoint: str, retry_s: float = 0.0) -> None:
+    """Bind ``sock``; an ``ipc://`` socket file is created owner-only (mode 0600, in a 0700 directory).
+
+    ``retry_s``: for binding again where a socket was just closed, how long to retry while the address is still
+    in use (libzmq closes the old listener in its I/O thread, a moment later: a TCP port rebound at once failed
+    about once in fifty here)."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        old_umask = os.umask(0o077)
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        finally:
+            os.umask(old_umask)
+        time.sleep(0.005)
 
 
 def remove_ipc_file(endpoint: str) -> None:
