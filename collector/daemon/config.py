@@ -34,7 +34,9 @@ class CollectorConfig:
 
     job: str
     publish: str | None = None
-    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
+    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory. For
+    a :class:`~collector.daemon.node.NodeCollector`: the node's endpoint, carrying every job it serves (default:
+    none; each job has its own endpoint either way)."""
     handlers: dict[str, str] = field(default_factory=dict)
     """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
     window)."""

@@ -94,7 +94,8 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
             f"{dropped} dropped")
     for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
                        ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors"),
-                       ("subscriber_overflows", "messages a slow subscriber lost")):
+                       ("subscriber_overflows", "messages a slow subscriber lost"),
+                       ("subscription_resets", "publish sockets bound anew (too many subscription topics)")):
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line
