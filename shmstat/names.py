@@ -27,6 +27,10 @@ split back at their second ``/``; a TensorBoard tag is ``<group>/<stat>.<aggrega
 aggregation (which holds no dot) is what follows the last dot. Prometheus and OTLP carry group and name as
 label or attribute values, which take any text.
 
+A **job id** (a segment's name, a socket's, the third frame of a node collector's messages, Prometheus' ``job``
+label) is 1 to :data:`MAX_JOB_LEN` (64) ASCII letters, digits, ``-``, ``_`` or ``.``, not ``.`` or ``..`` and not
+ending in ``.lock`` (:func:`is_job_id`; :func:`shmstat.shm.runtime.validate_job` raises with the rule).
+
 A name that breaks the rule raises :class:`~shmstat.errors.ConfigError` at the call, naming the problem and the
 rule. A name of the wrong type raises :class:`TypeError` (``put_metric`` and ``elastic.events.record`` first turn
 a non-``str`` name into its ``str``, as torchelastic passes any object through).
@@ -43,6 +47,7 @@ __all__ = [
     "COLLECTOR_GROUP",
     "KNOWN",
     "MAX_GROUP_BYTES",
+    "MAX_JOB_LEN",
     "MAX_NAME_BYTES",
     "MAX_STAT_NAME_BYTES",
     "RULE",
@@ -51,6 +56,7 @@ __all__ = [
     "check_metric",
     "check_name",
     "group_problem",
+    "is_job_id",
     "name_problem",
     "rank_segment",
 ]
@@ -64,6 +70,9 @@ MAX_STAT_NAME_BYTES: Final = 80
 MAX_GROUP_BYTES: Final = 48
 """Longest group in UTF-8 bytes: the size of a stat descriptor's group field."""
 
+MAX_JOB_LEN: Final = 64
+"""Longest job id, in characters (ASCII: as many bytes)."""
+
 COLLECTOR_GROUP: Final = "shmstat"
 """The collector's own group (rank CPU and RSS, its counters, straggler scores): no rank may use it."""
 
@@ -76,6 +85,13 @@ RULE: Final = (
 
 _REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffd]")
 _RANK_SEGMENT = re.compile("rank-?[0-9]+")
+_JOB_RE = re.compile(rf"[A-Za-z0-9_.\-]{{1,{MAX_JOB_LEN}}}")
+
+
+def is_job_id(text: object) -> bool:
+    """Whether ``text`` is a ``str`` that follows the job id rule (see the module docstring)."""
+    return (isinstance(text, str) and _JOB_RE.fullmatch(text) is not None and text not in (".", "..")
+            and not text.endswith(".lock"))
 
 
 def rank_segment(rank: int) -> str:

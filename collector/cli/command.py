@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from shmstat.errors import ConfigError, ShmstatError
+from shmstat.errors import ShmstatError
 
 from .options import add_collector_options, collector_config
 
@@ -132,13 +132,7 @@ def _collect(args: argparse.Namespace) -> int:
     from ..daemon.node import NodeCollector
 
     jobs = [validate_job(j) for j in args.job] or None
-    if args.curve is not None:
-        raise ConfigError("--curve secures one job's --publish tcp:// endpoint, and a node collector has none: "
-                          "collect one job with --job JOB --publish tcp://ADDRESS:PORT --curve DIR")
-    for flag, value in (("--publish", args.publish), ("--ready-file", args.ready_file)):
-        if value is not None:
-            raise ConfigError(f"{flag} names one job's endpoints, but each job of a node collector has its own "
-                              "(collect one job with --job JOB, or subscribe with: shmstat subscribe --job JOB)")
+    # --publish: one endpoint for every job served (each message names its job); each job keeps its own too
     return NodeCollector(collector_config(args, ""), jobs=jobs).run()
 
 

@@ -95,7 +95,8 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     (and :class:`shmstat.shm.layout.Geometry` for capacities)."""
     p.add_argument("--publish", default=config_default("publish"), metavar="ENDPOINT",
                    help="XPUB endpoint for subscribers (default: an ipc:// socket in your owner-only runtime "
-                        "directory; a tcp:// endpoint is readable by every local user)")
+                        "directory; a tcp:// endpoint is readable by every local user); for a node collector (no "
+                        "or several --job), one endpoint carrying every job it serves, each message naming its job")
     p.add_argument("--allow-remote-publish", action="store_true",
                    help="allow --publish on an address other than loopback without --curve (anyone who reaches "
                         "it reads every stream)")
@@ -127,7 +128,8 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
                         "--prometheus-tls it says __scheme__: https)")
     p.add_argument("--ready-file", default=config_default("ready_file"), metavar="FILE",
                    help="once serving, write the collector's endpoints here as JSON (job, pid, ingest, publish, "
-                        "prometheus: its http:// or https:// URL), for the program that started it")
+                        "prometheus; a node collector's: pid, publish, prometheus, jobs), for the program that "
+                        "started it")
     for flag, field_name in _CAPACITIES:
         p.add_argument(flag, type=int, default=None,
                        help=f"{_CAPACITY_HELP[field_name]} (default {getattr(Geometry(), field_name)})")

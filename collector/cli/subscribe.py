@@ -5,7 +5,10 @@ Three ways to name what to follow (:mod:`collector.cli.sources`): ``ENDPOINT``s 
 job a collector serves on this node, picked up as it starts and let go as it ends, until stopped. Every collector
 sends heartbeats (:mod:`shmstat.wire.heartbeat`); they are compared with what arrived, and each loss is one line on
 stderr (and a ``{"record": "gap"}`` line with ``--json``). Heartbeats are not data: they are printed only with
-``--json``, as messages of kind ``heartbeat``.
+``--json``, as messages of kind ``heartbeat``. A node collector's endpoint (``shmstat collect --publish ENDPOINT``)
+carries every job it serves, each message with a third frame naming its job (:mod:`shmstat.wire`): each line
+says its job, losses are accounted per job (every job of a node collector shares its pid), and a job that ends
+there is said without leaving the endpoint, which is followed until stopped.
 """
 
 from __future__ import annotations
@@ -202,46 +205,53 @@ class _Subscriber:
             except zmq.Again:
                 break
             try:
-                msg = wire.decode_frames(frames)
+                msg, tagged = wire.decode_with_job(frames)
             except WireError:
                 self.bad += 1
                 continue
             source.seen = True
-            beat = self.tracker.take(source.endpoint, msg)
+            job = source.job if tagged is None else tagged
+            key = _key(source, tagged)
+            beat = self.tracker.take(key, msg)
             if beat is None:
-                self._write(message_to_json(msg, source.endpoint, source.job))
+                self._write(message_to_json(msg, source.endpoint, job))
                 self.seen += 1
                 continue
             if self.records:
-                self._write(message_to_json(msg, source.endpoint, source.job))
+                self._write(message_to_json(msg, source.endpoint, job))
             for gap in beat.gaps:
                 self.gaps += gap.items
-                print(gap_line(gap, source.job), file=sys.stderr, flush=True)
+                print(gap_line(gap, job), file=sys.stderr, flush=True)
                 if self.records:
-                    self._write(json.dumps({"record": "gap", "source": gap.source, "job": source.job,
+                    self._write(json.dumps({"record": "gap", "source": source.endpoint, "job": job,
                                             "rank": gap.rank, "pid": gap.pid, "incarnation": gap.incarnation,
                                             "stream": gap.stream, "items": gap.items}))
             if beat.final:
-                self._final(source, beat.job_ended)
+                self._final(source, beat.job_ended, tagged)
                 if source.sock is None:
                     break
         self.out.flush()
 
-    def _final(self, source: _Source, job_ended: bool) -> None:
-        name = f"job {source.job}" if source.job else source.endpoint
+    def _final(self, source: _Source, job_ended: bool, tagged: str | None) -> None:
+        job = source.job if tagged is None else tagged
+        name = f"job {job}" if job else source.endpoint
         if not job_ended:
             print(f"shmstat subscribe: {name}: its collector stopped while the job runs; waiting for the next one",
                   file=sys.stderr, flush=True)
             return
-        self.end(source, f"shmstat subscribe: {name} ended (its collector's last message received)")
+        self.end(source, f"shmstat subscribe: {name} ended (its collector's last message received)", tagged)
 
-    def end(self, source: _Source, line: str) -> None:
+    def end(self, source: _Source, line: str, tagged: str | None = None) -> None:
         """``source``'s job is over: say so; a ``--job`` one is done (unless followed on), a discovered one let go
-        (picked up again if the job starts again)."""
+        (picked up again if the job starts again). ``tagged``: a job of a node collector's endpoint, which ends
+        alone (the endpoint goes on)."""
         print(line, file=sys.stderr, flush=True)
         if self.records:
-            self._write(json.dumps({"record": "end", "source": source.endpoint, "job": source.job}))
-        if source.ends or source.discovered:
+            self._write(json.dumps({"record": "end", "source": source.endpoint,
+                                    "job": source.job if tagged is None else tagged}))
+        if tagged is not None:
+            self.tracker.forget(_key(source, tagged))  # that job's next collector there starts anew
+        elif source.ends or source.discovered:
             self.disconnect(source)
             source.done = True
         else:
@@ -255,6 +265,12 @@ class _Subscriber:
             self._unwatch(source, sock)
             sock.close(0)
         self.ctx.term()
+
+
+def _key(source: _Source, tagged: str | None) -> str:
+    """What the gap tracker follows as one collector: the endpoint, or on a node collector's endpoint one job of
+    it (all its jobs share the node collector's pid, so without the job their heartbeats would mix)."""
+    return source.endpoint if tagged is None else f"{source.endpoint} job {tagged}"
 
 
 def subscribe(

@@ -31,6 +31,7 @@ from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.scanner import Scanner
 from ..wire.intake import Received
+from ..wire.outlet import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .kept_events import KeptEvents
@@ -49,12 +50,15 @@ _log = logging.getLogger("shmstat.collector")
 
 class Collector:
     """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
-    :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job."""
+    :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job.
+    ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
+    frame: :mod:`shmstat.wire`)."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
         out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
         exporter: PrometheusExporter | None = None, events: EventDelivery | None = None,
+        node_outlet: Outlet | None = None,
     ) -> None:
         validate_job(config.job)
         self.config = config
@@ -80,12 +84,14 @@ class Collector:
             self.liveness = Liveness(self.segment)
             self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
                                                 windows=config.straggler_windows)
-            from ..wire.relay import MAX_MESSAGE_BYTES, Relay
+            from ..wire.outlet import queue_messages
+            from ..wire.relay import Relay
 
             self.relay = Relay(config.ingest or ingest_endpoint(config.job),
                                config.publish or publish_endpoint(config.job),
-                               sndhwm=max(4, config.publish_buffer_bytes // MAX_MESSAGE_BYTES),
-                               heartbeat_interval_s=config.heartbeat_interval_s, curve=config.curve)
+                               sndhwm=queue_messages(config.publish_buffer_bytes),
+                               heartbeat_interval_s=config.heartbeat_interval_s, node=node_outlet,
+                               job=config.job, curve=config.curve)
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
             if self.events.delivery is not None:
                 self.relay.on_gap = self.events.gap
@@ -185,7 +191,7 @@ class Collector:
     def _release_hold(self) -> None:
         assert self.relay is not None
         self.relay.update_subscriptions()
-        if self.relay.prefixes or time.monotonic() >= self._hold_until:
+        if self.relay.subscribed or time.monotonic() >= self._hold_until:
             self.relay.subscribe_ranks()
 
     def _poll_timeout_ms(self) -> int:

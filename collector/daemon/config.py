@@ -35,7 +35,9 @@ class CollectorConfig:
 
     job: str
     publish: str | None = None
-    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory."""
+    """The XPUB endpoint for subscribers; default: the job's ``ipc://`` path in the owner-only runtime directory. For
+    a :class:`~collector.daemon.node.NodeCollector`: the node's endpoint, carrying every job it serves (default:
+    none; each job has its own endpoint either way)."""
     curve: str | None = None
     """A key directory (``shmstat keys DIR``): the XPUB is a CURVE server that lets in only subscribers whose public
     key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.wire.curve`); None: no CURVE."""

@@ -13,7 +13,12 @@ which no rank ever registered is removed once it is a minute old (:mod:`collecto
 counts as unused). Entries of ``/dev/shm`` that are not this user's segments (another user's, a directory, a
 FIFO, a link) are skipped, each said once on stderr. Every job's rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
-streams are on its own publish endpoint (``shmstat subscribe --job JOB``).
+streams are on its own publish endpoint (``shmstat subscribe --job JOB``). With ``publish`` set (``--publish
+ENDPOINT``: ipc:// or tcp://, for subscribers on other hosts) the node collector also binds one publish socket
+(:class:`~collector.wire.outlet.Outlet`, bounded as a job's) that carries every message of every job it serves —
+ranks' events and metrics, windows, rank lifecycle, heartbeats, its own events — each followed by a frame naming
+its job (:mod:`shmstat.wire`); a subscriber of it keeps its accounting per job. ``ready_file`` gets the node's
+endpoints as JSON once it serves (:meth:`NodeCollector.write_ready_file`).
 """
 
 from __future__ import annotations
@@ -36,9 +41,12 @@ from shmstat.shm.shm_entries import scan_shm
 
 from ..handlers.compact import CompactWindowHandler, status_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..prometheus.exporter import start_exporter
+from ..handlers.event_delivery import EventDelivery
+from ..prometheus.exporter import PrometheusExporter, start_exporter
+from ..wire.curve import CurveServer
+from ..wire.outlet import Outlet, queue_messages
 from .collector import Collector, CollectorConfig, build_dispatcher
-from .config import build_event_delivery
+from .config import build_event_delivery, write_ready_file
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
@@ -50,24 +58,46 @@ _EMPTY_GRACE_S = 60.0  # a segment with no rank entry is left this long (a rank 
 
 class NodeCollector:
     """Serves every job of this user on this node (or only ``jobs``), each with its own
-    :class:`~collector.daemon.collector.Collector`, all in one loop and with one set of handlers."""
+    :class:`~collector.daemon.collector.Collector`, all in one loop and with one set of handlers. ``config.publish``
+    is the node's publish endpoint (every job's messages, each with its job frame), ``config.ready_file`` where its
+    endpoints are written; each job keeps its own default endpoints."""
 
     def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
                  discover_interval_s: float = 0.2) -> None:
-        self.config = dataclasses.replace(config, status_interval_s=0.0)  # one status line for the node, not per job
+        # one status line for the node, not per job; the jobs' own endpoints are their default ones
+        self.config = dataclasses.replace(config, status_interval_s=0.0, publish=None, ready_file=None,
+                                          curve=None)  # the node's endpoint is the node's, below
+        self.ready_file = config.ready_file
         self.status = _NodeStatus(config.status_interval_s)
         self.jobs = list(jobs) if jobs else None
         self.out = out if out is not None else sys.stdout
         self.discover_interval_s = discover_interval_s
-        self.events = build_event_delivery(config)
-        """One set of events sinks (``--events``) for every job of the node, or None."""
+        self.outlet: Outlet | None = None
+        """The node's publish socket (``--publish``), which every job's relay also sends on, or None."""
+        self._ctx = zmq.Context()
+        self.curve: CurveServer | None = None
+        self._next_key_check = 0.0
+        """With ``--curve``: CURVE on the node's endpoint (each job's own ipc endpoint is owner-only)."""
+        self.events: EventDelivery | None = None
+        self.exporter: PrometheusExporter | None = None
         try:
+            if config.publish is not None:
+                if config.curve is not None:
+                    self.curve = CurveServer(self._ctx, config.curve)
+                try:
+                    self.outlet = Outlet(self._ctx, config.publish, queue_messages(config.publish_buffer_bytes),
+                                         curve=self.curve)
+                except zmq.ZMQError as exc:
+                    raise CollectorError(f"cannot bind the publish endpoint {config.publish}: {exc}") from None
+            self.events = build_event_delivery(config)
+            """One set of events sinks (``--events``) for every job of the node, or None."""
             self.dispatcher = build_dispatcher(config)
             self.exporter = start_exporter(config, self.out) if config.prometheus else None
             """One Prometheus endpoint for every job of the node (``--prometheus``)."""
         except BaseException:
             if self.events is not None:
                 self.events.close()
+            self._close_outlet()
             raise
         self.status.name_jobs(self.dispatcher)
         self.collectors: dict[str, Collector] = {}
@@ -87,14 +117,28 @@ class NodeCollector:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda _s, _f: self.stop_requested.set())
         which = "every job of this user" if self.jobs is None else "jobs " + ", ".join(self.jobs)
+        every = f"; every job on {self.outlet.endpoint}" if self.outlet is not None else ""
         print(f"shmstat collector: node pid {os.getpid()} serving {which} on this node "
-              "(streams: shmstat subscribe --job JOB)", file=self.out, flush=True)
+              f"(streams: shmstat subscribe --job JOB{every})", file=self.out, flush=True)
         try:
+            self.write_ready_file()
             while not self.stop_requested.is_set():
                 self.step(20)
         finally:
             self.close()
+            if self.ready_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.ready_file)
         return 0
+
+    def write_ready_file(self) -> None:
+        """Write the ready file, if asked for: ``{"pid", "publish", "prometheus", "jobs"}`` as JSON (``publish``
+        the node's endpoint, the real port when bound to port 0, or null; ``prometheus`` the scrape URL or null;
+        ``jobs`` the jobs named, or null for every job of this user)."""
+        if self.ready_file is not None:
+            write_ready_file(self.ready_file, {
+                "pid": os.getpid(), "publish": self.outlet.endpoint if self.outlet is not None else None,
+                "prometheus": self.exporter.url if self.exporter is not None else None, "jobs": self.jobs})
 
     def step(self, poll_timeout_ms: int = 0) -> None:
         """One round: discover jobs (every ``discover_interval_s``), wait up to ``poll_timeout_ms`` for messages,
@@ -108,6 +152,11 @@ class NodeCollector:
                 self._say_once(f"discover {exc!r}", f"shmstat collector: looking at /dev/shm failed ({exc!r})",
                                sys.stderr)
         self.status.tick(self)
+        if self.outlet is not None:
+            self.outlet.update()  # subscriptions (and floods of them) are taken even with no job served
+            if now >= self._next_key_check:  # with CURVE: cut off whoever connected with a key removed since
+                self._next_key_check = now + self.config.heartbeat_interval_s
+                self.outlet.cut_off_revoked()
         if poll_timeout_ms > 0:
             poller = zmq.Poller()
             for c in self.collectors.values():
@@ -162,7 +211,8 @@ class NodeCollector:
                                    "what its rings hold, then removing its segment", self.out)
             try:
                 collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
-                                      dispatcher=self.dispatcher, exporter=self.exporter, events=self.events)
+                                      dispatcher=self.dispatcher, exporter=self.exporter, events=self.events,
+                                      node_outlet=self.outlet)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
                 self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
@@ -232,10 +282,12 @@ class NodeCollector:
         return collector.emitted_everything
 
     def close(self) -> None:
-        """Let every job go (each emits what it holds), then close the handlers."""
+        """Let every job go (each emits what it holds, and its final heartbeat), then close the node's publish
+        socket and the handlers."""
         for job in list(self.collectors):
             if self._release(job):
                 Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
+        self._close_outlet()
         if self.events is not None:
             self.events.close()  # before the final status line, which counts what the sinks lost
         self.status.print(self, final=True)
@@ -245,12 +297,23 @@ class NodeCollector:
             self.exporter.close()
 
 
+    def _close_outlet(self) -> None:
+        if self.outlet is not None:
+            self.outlet.close(linger_ms=1000)  # what subscribers were sent last gets a second to leave
+            self.status.done["subscription_resets"] += self.outlet.resets
+            self.outlet = None
+        if self.curve is not None:
+            self.curve.close()  # the ZAP handler's sockets, before the context ends
+        with contextlib.suppress(Exception):
+            self._ctx.term()
+
+
 class _NodeStatus:
     """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
     (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
 
     _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
-               "samples_dropped", "subscriber_overflows")
+               "samples_dropped", "subscriber_overflows", "subscription_resets")
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
@@ -289,6 +352,11 @@ class _NodeStatus:
         totals["handler_dropped"] = node.dispatcher.dropped  # one dispatcher for every job: counted once
         totals["events_dropped"] = node.events.dropped if node.events is not None else 0  # the same
         totals["handler_errors"] = node.dispatcher.errors
+        if node.outlet is not None:  # the node's endpoint; messages its subscribers lost count in their job's
+            totals["subscription_resets"] += node.outlet.resets
+        if node.curve is not None:  # the node's endpoint's handshakes (each job's own endpoint has no CURVE)
+            totals["handshakes_refused"] = node.curve.counts.refused
+            totals["handshakes_failed"] = node.curve.counts.failed
         jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
         print(status_line(totals, ranks_alive=alive, jobs=jobs), file=sys.stderr, flush=True)
 

@@ -78,7 +78,7 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     result = c.scanner.scan(now, final=final, want=wanted)
     cols = result.columns
     dispatcher.emit_columns(cols)
-    if len(cols) and relay.prefixes:
+    if len(cols) and relay.subscribed:
         for group in cols.groups():
             if relay.wants(wire.stat_topic(group, "")):
                 _publish_rows(relay, cols.of_groups({group}))

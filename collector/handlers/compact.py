@@ -96,7 +96,8 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
                        ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors"),
                        ("subscriber_overflows", "messages a slow subscriber lost"),
                        ("handshakes_refused", "subscriber keys refused"),
-                       ("handshakes_failed", "subscriber handshakes failed")):
+                       ("handshakes_failed", "subscriber handshakes failed"),
+                       ("subscription_resets", "publish sockets bound anew (too many subscription topics)")):
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line

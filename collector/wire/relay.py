@@ -17,9 +17,12 @@ read half its queue, unseen here. What each subscriber lost, it learns exactly f
 at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
 :mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
 again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
-collector nor starves its loop. With a key directory (``curve``) the publish socket is a CURVE server that lets in
-only the subscribers holding a client key of it (:mod:`collector.wire.curve`): every socket it binds is secured
-before it is bound, and once per heartbeat interval a revoked key makes it bind anew, cutting that subscriber off.
+collector nor starves its loop. The publish socket, its topics and its bounds are an
+:class:`~collector.wire.outlet.Outlet`; a node collector that publishes every job on one endpoint hands each job's
+relay its own outlet too (``node``), on which every message goes out with a third frame naming the job
+(:mod:`shmstat.wire`), heartbeats included. With a key directory (``curve``) the job's outlet is a CURVE server
+that lets in only the subscribers holding a client key of it (:mod:`collector.wire.curve`); once per heartbeat
+interval a revoked key makes it bind anew, cutting that subscriber off.
 """
 
 from __future__ import annotations
@@ -38,22 +41,17 @@ from shmstat.errors import CollectorError, WireError
 from .beats import SenderBook
 from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
+from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
+from .outlet import Outlet
 from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
 from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
-from .subscriptions import bind_owner_only, configure_xpub, remove_ipc_file, take_subscriptions, wants_topic
+from .subscriptions import bind_owner_only, remove_ipc_file
 
 __all__ = ["Relay", "RelayCounters"]
 
 _MAX_BATCH = 2048
 _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
-
-
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
-
-MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
-"""The largest message a rank may send (its publisher seals batches far below; one event is at most
-:data:`shmstat.wire.MAX_EVENT_BYTES`)."""
-
 
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
 
@@ -74,49 +72,41 @@ class RelayCounters:
     overflows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
     """Per kind (``event``, ``metric``, ``stat``, ``rank``, ``heartbeat``): messages that found a subscriber's
     queue full, so that subscriber lost them (it goes on losing, unseen here, until it has read half its queue;
-    its heartbeats tell it exactly what it lost)."""
+    its heartbeats tell it exactly what it lost); on the job's endpoint or on the node's."""
     handshakes: HandshakeCounts = field(default_factory=HandshakeCounts)
     """With CURVE: handshakes refused and failed, and revocations (:class:`collector.wire.curve.HandshakeCounts`)."""
 
 
 class Relay:
-    """Owns the collector's two sockets; single-threaded (the collector loop calls it)."""
+    """Owns the collector's two sockets; single-threaded (the collector loop calls it). ``node``: a node
+    collector's outlet, which every message also goes out on, followed by the frame ``job``."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
-                 rcvhwm: int = 8, heartbeat_interval_s: float = 1.0, curve: str | None = None) -> None:
+                 rcvhwm: int = 8, heartbeat_interval_s: float = 1.0, node: Outlet | None = None,
+                 job: str = "", curve: str | None = None) -> None:
+        if node is not None and not job:
+            raise ValueError("a relay that publishes on a node outlet needs its job")
         self.ctx = zmq.Context()
         self.counters = RelayCounters()
-        self.curve: CurveServer | None = None  # with a key directory: CURVE on the publish socket
+        self.curve: CurveServer | None = None  # with a key directory: CURVE on the job's publish socket
         self.pid = os.getpid() if pid is None else pid
         self.book = SenderBook(self.pid, _MAX_TRACKED)  # every sender's newest seq and items, for heartbeats
         self.heartbeat_interval_s = heartbeat_interval_s
         self._next_beat = 0.0
         self._seq = 0
         self._next_seq: dict[tuple[int, int, int], int] = {}
-        self.prefixes: set[bytes] = set()
-        """Topic prefixes some subscriber of the XPUB asked for (what libzmq reports: a prefix appears with its
-        first subscriber and goes with its last)."""
+        self.node = node
+        self._job_frame = [job.encode("utf-8")]
+        self.outlet: Outlet | None = None
         self.xsub = self.ctx.socket(zmq.XSUB)
-        self.xpub = self.ctx.socket(zmq.XPUB)
-        for sock in (self.xsub, self.xpub):
-            sock.setsockopt(zmq.LINGER, 500)
+        self.xsub.setsockopt(zmq.LINGER, 500)
         # Both queues are bounded (in messages of at most MAX_MESSAGE_BYTES: a rank's message batches up to 1024
         # items, sealed at 256 KiB; per rank connection RCVHWM messages, per subscriber SNDHWM), so the collector's
         # memory stays bounded when it falls behind the ranks or a subscriber stops reading: past RCVHWM a
         # rank's pipe pushes back (its publisher holds, then drops and counts), past SNDHWM a slow subscriber
         # loses messages (it sees the gap in the per-rank seqs).
         self.xsub.setsockopt(zmq.RCVHWM, rcvhwm)
-        self.xpub.setsockopt(zmq.SNDHWM, sndhwm)
         self.xsub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._sndhwm = sndhwm
-        configure_xpub(self.xpub, sndhwm)
-        try:
-            if curve is not None:
-                self.curve = CurveServer(self.ctx, curve, self.counters.handshakes)
-                self.curve.secure(self.xpub)
-        except BaseException:
-            self.close()
-            raise
         try:
             bind_owner_only(self.xsub, ingest)
         except zmq.ZMQError as exc:
@@ -124,11 +114,14 @@ class Relay:
             raise CollectorError(f"cannot bind the ingest endpoint {ingest}: {exc}") from None
         self.ingest_endpoint = ingest
         try:
-            bind_owner_only(self.xpub, publish)
-        except zmq.ZMQError as exc:
+            if curve is not None:
+                self.curve = CurveServer(self.ctx, curve, self.counters.handshakes)
+            self.outlet = Outlet(self.ctx, publish, sndhwm, curve=self.curve)
+        except BaseException as exc:
             self.close()
-            raise CollectorError(f"cannot bind the publish endpoint {publish}: {exc}") from None
-        self.publish_endpoint = self.xpub.getsockopt_string(zmq.LAST_ENDPOINT)
+            if isinstance(exc, zmq.ZMQError):
+                raise CollectorError(f"cannot bind the publish endpoint {publish}: {exc}") from None
+            raise
         self.ranks_subscribed = False
         """Whether the ranks were asked to send (see :meth:`subscribe_ranks`)."""
         self.held: set[tuple[int, int, int]] = set()
@@ -137,6 +130,24 @@ class Relay:
         self.on_gap: Callable[[int, int, int, int, int], None] | None = None
         """Called with ``(rank, pid, incarnation, first missing seq, count)`` for every gap found (also counted in
         ``counters.gaps``), on the loop that called :meth:`receive`; the collector keeps gaps for its events sinks."""
+
+    @property
+    def publish_endpoint(self) -> str:
+        """The job's publish endpoint (the real port when bound to port 0)."""
+        assert self.outlet is not None
+        return self.outlet.endpoint
+
+    @property
+    def prefixes(self) -> set[bytes]:
+        """Topic prefixes some subscriber of the job's endpoint asked for."""
+        assert self.outlet is not None
+        return self.outlet.prefixes
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether anyone subscribed to anything, on the job's endpoint or on the node's."""
+        assert self.outlet is not None
+        return bool(self.outlet.prefixes) or (self.node is not None and bool(self.node.prefixes))
 
     def subscribe_ranks(self) -> None:
         """Ask every rank to send everything (until then their publishers hold their items, bounded)."""
@@ -228,9 +239,10 @@ class Relay:
         self._drain_subscriptions()
 
     def wants(self, topic: str) -> bool:
-        """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some
-        topic under it); callers skip building what nobody would receive."""
-        return wants_topic(self.prefixes, topic)
+        """Whether a subscriber of the job's endpoint or of the node's would receive a message on ``topic`` (or,
+        for a topic ending in ``/``, on some topic under it); callers skip building what nobody would receive."""
+        assert self.outlet is not None
+        return self.outlet.wants(topic) or (self.node is not None and self.node.wants(topic))
 
     def publish(self, topic: str, kind: str, items: list) -> None:
         """Publish collector-made items (stat windows, rank lifecycle) on XPUB, in messages of at most
@@ -254,8 +266,8 @@ class Relay:
         if now < self._next_beat:
             return
         self._next_beat = now + self.heartbeat_interval_s
-        if self.curve is not None and self.curve.revoked():  # cut off whoever connected with a removed key
-            self._reset_publish()
+        assert self.outlet is not None
+        self.outlet.cut_off_revoked()  # whoever connected with a removed key reconnects, and is refused
         if self.wants(wire.HEARTBEAT_TOPIC):
             for frames in self.book.heartbeat():
                 self._send(frames, wire.HEARTBEAT_KIND)
@@ -265,63 +277,53 @@ class Relay:
         comes after everything this relay sent, so a subscriber that reads it has had the job's last messages.
         A subscriber whose queue is full gets up to ``wait_s`` to make room for it; after an overflow libzmq
         skips an overflowed subscriber unseen until it has read half its queue, so then the beat is sent again
-        every 0.1 s within ``wait_s`` (a repeat tells nothing new: subscribers count it once)."""
+        every 0.1 s within ``wait_s`` (a repeat tells nothing new: subscribers count it once). On a node outlet
+        the beat goes out with the job's frame, as everything else."""
         self._drain_subscriptions()
-        if not self.wants(wire.HEARTBEAT_TOPIC):
+        outlets = [(outlet, tail) for outlet, tail in self._outlets() if outlet.wants(wire.HEARTBEAT_TOPIC)]
+        if not outlets:
             return
+        c = self.counters
         deadline = time.monotonic() + wait_s
         beat = self.book.heartbeat(final=True, job_ended=job_ended)
         for frames in beat:
-            while time.monotonic() < deadline:
-                try:
-                    self.xpub.send_multipart(frames, zmq.NOBLOCK)
-                    self.counters.published += 1
-                    break
-                except zmq.Again:
-                    time.sleep(0.005)
-            else:
-                self._send(frames, wire.HEARTBEAT_KIND)
-        while any(self.counters.overflows.values()) and time.monotonic() + 0.1 < deadline:
+            for outlet, tail in outlets:
+                if not outlet.send_patiently(frames + tail, deadline):
+                    c.overflows[wire.HEARTBEAT_KIND] += 1
+                c.published += 1
+        while any(c.overflows.values()) and time.monotonic() + 0.1 < deadline:
             time.sleep(0.1)
             for frames in beat:
-                with contextlib.suppress(zmq.Again):
-                    self.xpub.send_multipart(frames, zmq.NOBLOCK)
+                for outlet, tail in outlets:
+                    outlet.offer(frames + tail)
+
+    def _outlets(self) -> list[tuple[Outlet, list[bytes]]]:
+        """Where messages go: the job's outlet as they are, and the node's (if any) with the job's frame."""
+        assert self.outlet is not None
+        if self.node is None:
+            return [(self.outlet, [])]
+        return [(self.outlet, []), (self.node, self._job_frame)]
 
     def _send(self, frames: list[bytes], kind: str) -> None:
-        if not self.prefixes:  # nobody subscribed: the XPUB would discard it anyway
-            return
-        try:
-            self.xpub.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:  # a subscriber of this topic has a full queue: count, then give it to the others
-            self.counters.overflows[kind] = self.counters.overflows.get(kind, 0) + 1
-            self.xpub.setsockopt(zmq.XPUB_NODROP, 0)
-            try:
-                self.xpub.send_multipart(frames, zmq.NOBLOCK)
-            finally:
-                self.xpub.setsockopt(zmq.XPUB_NODROP, 1)
-        self.counters.published += 1
+        c = self.counters
+        outlet = self.outlet
+        assert outlet is not None
+        if outlet.prefixes:  # else nobody subscribed: the XPUB would discard it anyway
+            if not outlet.send(frames):
+                c.overflows[kind] = c.overflows.get(kind, 0) + 1
+            c.published += 1
+        node = self.node
+        if node is not None and node.prefixes:
+            if not node.send(frames + self._job_frame):
+                c.overflows[kind] = c.overflows.get(kind, 0) + 1
+            c.published += 1
 
     def _drain_subscriptions(self) -> None:
-        if take_subscriptions(self.xpub, self.prefixes):  # past MAX_PREFIXES topics
+        assert self.outlet is not None
+        if self.outlet.update():  # past MAX_PREFIXES topics: bound anew, every subscriber reconnects
             self.counters.subscription_resets += 1
-            self._reset_publish()
-
-    def _reset_publish(self) -> None:
-        """Drop every subscriber (and libzmq's subscription state with them) by binding a fresh publish socket
-        at the same endpoint (too many subscription topics, or a revoked key); well-behaved subscribers reconnect
-        and subscribe again."""
-        endpoint = self.publish_endpoint
-        if self.curve is not None:
-            self.curve.release(self.xpub)
-        with contextlib.suppress(Exception):
-            self.xpub.close(linger=0)
-        remove_ipc_file(endpoint)
-        self.prefixes.clear()
-        self.xpub = self.ctx.socket(zmq.XPUB)
-        configure_xpub(self.xpub, self._sndhwm)
-        if self.curve is not None:
-            self.curve.secure(self.xpub)
-        bind_owner_only(self.xpub, endpoint, retry_s=2.0)
+        if self.node is not None:
+            self.node.update()  # its resets are the node's (Outlet.resets)
 
     def request_handover(self) -> None:
         """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with
@@ -380,19 +382,17 @@ class Relay:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""
         if getattr(self, "xsub", None) is not None:
             self.unsubscribe()
-        curve = getattr(self, "curve", None)
-        if curve is not None and getattr(self, "xpub", None) is not None:
-            curve.release(self.xpub)
         # what subscribers were sent last (the final windows) gets a second to leave; a stuck one costs that
-        for sock, linger_ms in ((getattr(self, "xsub", None), 200), (getattr(self, "xpub", None), 1000)):
-            if sock is not None:
-                with contextlib.suppress(Exception):
-                    sock.close(linger=linger_ms)
-        if curve is not None:
-            curve.close()  # the ZAP handler's sockets, before the context ends
+        if getattr(self, "xsub", None) is not None:
+            with contextlib.suppress(Exception):
+                self.xsub.close(linger=200)
+        if self.outlet is not None:
+            self.outlet.close(linger_ms=1000)  # its socket file goes too
+        if self.curve is not None:
+            self.curve.close()  # the ZAP handler's sockets, before the context ends
         with contextlib.suppress(Exception):
             self.ctx.term()
-        for endpoint in (getattr(self, "ingest_endpoint", None), getattr(self, "publish_endpoint", None)):
-            if endpoint:
-                remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
+        endpoint = getattr(self, "ingest_endpoint", None)
+        if endpoint:
+            remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind
 

@@ -3,10 +3,20 @@
 ``SHMSTAT_JOB`` / ``SHMSTAT_RANK`` / ``SHMSTAT_LOCAL_RANK`` / ``SHMSTAT_WORLD_SIZE`` win; otherwise
 ``TORCHELASTIC_RUN_ID``, ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` (set by ``torchrun`` and
 by ``shmstat run``). Read only when asked, never at import time.
+
+torchrun without ``--rdzv-id`` (static rendezvous, the default with ``--master-addr``/``--master-port``, and
+c10d) sets ``TORCHELASTIC_RUN_ID=none`` for every job: used as it is, two such jobs on one node would share one
+segment. Such a job is ``none-<12 hex digits>`` instead, a hash of ``MASTER_ADDR:MASTER_PORT`` as torchrun gives
+them to the workers (checked with torchrun 2.13): the same for every rank of the job on the node and across its
+restarts (``--max-restarts``), the same on every node that was given the same ``--master-addr`` text (static) or
+read it from the rendezvous (c10d: rank 0's address and a port it picked), and different for two jobs running at
+once (one port on the master's host serves one job). A job run again later with the same address and port gets
+the same id, as a job run again with the same ``--rdzv-id`` does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,7 +24,10 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..shm.runtime import validate_job
 
-__all__ = ["Identity", "identity_from_env"]
+__all__ = ["TORCHRUN_DEFAULT_RUN_ID", "Identity", "identity_from_env"]
+
+TORCHRUN_DEFAULT_RUN_ID = "none"
+"""The ``TORCHELASTIC_RUN_ID`` torchrun gives every job started without ``--rdzv-id`` (static and c10d)."""
 
 
 @dataclass(frozen=True)
@@ -42,10 +55,21 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int | None) ->
     return default
 
 
+def _torchrun_job(env: Mapping[str, str]) -> str | None:
+    """The job of torchrun's variables: ``TORCHELASTIC_RUN_ID``, or for torchrun's default run id a name made
+    from ``MASTER_ADDR:MASTER_PORT`` (see the module docstring; without them, the default run id as it is)."""
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if run_id != TORCHRUN_DEFAULT_RUN_ID or not addr or not port:
+        return run_id
+    digest = hashlib.sha256(f"{addr}:{port}".encode("utf-8", "surrogateescape")).hexdigest()
+    return f"{TORCHRUN_DEFAULT_RUN_ID}-{digest[:12]}"
+
+
 def identity_from_env(env: Mapping[str, str] | None = None) -> Identity | None:
     """The identity the environment describes, or None when no job is configured."""
     env = os.environ if env is None else env
-    job = env.get("SHMSTAT_JOB") or env.get("TORCHELASTIC_RUN_ID")
+    job = env.get("SHMSTAT_JOB") or _torchrun_job(env)
     if not job:
         return None
     validate_job(job)

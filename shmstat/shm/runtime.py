@@ -1,18 +1,19 @@
 """Job ids, names and the owner-only runtime directory where a job's sockets live.
 
 A job id names the node's segment (``/shmstat.<job>``) and the collector's ``ipc://`` ingest socket, so it is
-validated once here: letters, digits, ``-``, ``_``, ``.``; at most 64 characters.
+validated once here (the rule is :func:`shmstat.names.is_job_id`'s): letters, digits, ``-``, ``_``, ``.``; at
+most 64 characters.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import stat as _stat
 import tempfile
 
 from ..errors import ConfigError, SegmentError
+from ..names import MAX_JOB_LEN, is_job_id
 
 __all__ = [
     "MAX_JOB_LEN",
@@ -26,8 +27,6 @@ __all__ = [
     "validate_job",
 ]
 
-MAX_JOB_LEN = 64
-_JOB_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 def env_number(name: str, low: float, high: float, unit: str) -> float | None:
@@ -47,7 +46,7 @@ def env_number(name: str, low: float, high: float, unit: str) -> float | None:
 
 def validate_job(job: str) -> str:
     """Return ``job`` if it is a valid job id, else raise :class:`ConfigError` saying what is allowed."""
-    if not isinstance(job, str) or not _JOB_RE.fullmatch(job) or job in (".", "..") or job.endswith(".lock"):
+    if not is_job_id(job):
         raise ConfigError(
             f"job id {job!r} is invalid: use 1 to {MAX_JOB_LEN} letters, digits, '-', '_' or '.', "
             "not ending in '.lock'"

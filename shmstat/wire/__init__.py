@@ -1,6 +1,13 @@
 """The wire format between ranks, the collector and subscribers: the one place that defines it.
 
-Every message is a two-frame ZeroMQ multipart ``[topic, payload]``.
+Every message is a two-frame ZeroMQ multipart ``[topic, payload]`` — except on a node collector's publish
+endpoint (``shmstat collect --publish ENDPOINT`` with no ``--job``, or several), which carries the messages of
+every job the node collector serves: there every message is three frames ``[topic, payload, job]``, the first two
+exactly as the job's own endpoint sends them, the third the job id in UTF-8 (the job id rule of
+:func:`shmstat.names.is_job_id`: 1 to 64 of ``A-Z a-z 0-9 - _ .``). Subscribers filter on the topic as
+anywhere else; :func:`decode_with_job` reads both shapes. The job's heartbeats go out there with their job frame
+too: all the jobs of a node collector share its pid and rank -1 for what the collector makes, so a subscriber of a
+node endpoint keeps its accounting per job (and per sender: :mod:`shmstat.wire.heartbeat`).
 
 Topic (frame 1, UTF-8, at most :data:`MAX_TOPIC` bytes) — subscribers filter on its prefix:
 
@@ -55,6 +62,7 @@ from typing import Any, Final, NoReturn
 import msgpack
 
 from ..errors import WireError
+from ..names import MAX_JOB_LEN, is_job_id
 from ._items import (
     check_event_items,
     check_map_items,
@@ -80,6 +88,7 @@ __all__ = [
     "WireMessage",
     "decode",
     "decode_frames",
+    "decode_with_job",
     "encode",
     "event_topic",
     "metric_topic",
@@ -250,6 +259,27 @@ def decode_frames(frames: Sequence[Any]) -> WireMessage:
     if len(frames) != 2:
         _fail(f"a message has {len(frames)} frames, not 2 (topic, payload)")
     return decode(frames[0], frames[1])
+
+
+def decode_with_job(frames: Sequence[Any]) -> tuple[WireMessage, str | None]:
+    """:func:`decode` of a received multipart message of either shape: ``[topic, payload]`` (a job's endpoint:
+    the job is None) or ``[topic, payload, job]`` (a node collector's endpoint: the job id it names). Any other
+    number of frames, or a job frame that is not a job id in UTF-8, raises :class:`WireError`."""
+    n = len(frames)
+    if n == 2:
+        return decode(frames[0], frames[1]), None
+    if n != 3:
+        _fail(f"a message has {n} frames, not 2 (topic, payload) or 3 (topic, payload, job)")
+    raw = _as_bytes(frames[2], "job")
+    if len(raw) > MAX_JOB_LEN:
+        _fail(f"the job frame is {len(raw)} bytes, more than {MAX_JOB_LEN}")
+    try:
+        job = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _fail("the job frame is not valid UTF-8")
+    if not is_job_id(job):
+        _fail(f"the job frame {job!r} is not a job id (1 to {MAX_JOB_LEN} of A-Z a-z 0-9 - _ .)")
+    return decode(frames[0], frames[1]), job
 
 
 def decode(topic: bytes, payload: bytes) -> WireMessage:

@@ -25,6 +25,11 @@ item lost on the way to it (per kind it follows whole: an ``event/`` subscriptio
 kind) and every item a sender dropped before the collector, as soon as a heartbeat shows it. Counting starts at
 the first heartbeat the subscriber receives from a collector: a sender that collector first heard from later is
 followed from its first item; for the others, what was lost before that heartbeat is not known.
+
+A *source* is one collector's stream: an endpoint, or, on a node collector's endpoint (three-frame messages, the
+third naming the job: :mod:`shmstat.wire`), the endpoint *and the job*. Every job of a node collector has its own
+heartbeats and numbering, but they share the collector's pid and rank -1, so a subscriber of a node endpoint must
+key its sources by job (``shmstat subscribe`` uses ``"<endpoint> job <job>"``), or the jobs' beats would mix.
 """
 
 from __future__ import annotations
@@ -108,7 +113,9 @@ class GapTracker:
     """Counts what a subscriber received per sender and kind, and compares it with the collector's heartbeats.
 
     ``kinds``: the data kinds the subscription receives whole (:func:`followed_kinds`); losses of other kinds
-    cannot be told from filtering and are not reported. Memory is bounded (at most 100,000 senders per source).
+    cannot be told from filtering and are not reported. ``source`` names one collector's stream (an endpoint;
+    on a node collector's endpoint, the endpoint and the job: see the module docstring). Memory is bounded (at
+    most 100,000 senders per source).
     """
 
     def __init__(self, kinds: Iterable[str]) -> None:

@@ -120,13 +120,42 @@ def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job
     assert not ready.exists()
 
 
-def test_a_node_collector_refuses_a_ready_file_in_one_sentence(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "collector", "collect", "--ready-file", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
-                          timeout=60)
+def test_a_node_collector_writes_its_endpoints_to_its_ready_file_and_binds_one_owner_only_endpoint(tmp_path):
+    """``collect --publish ENDPOINT`` with several ``--job`` (a node collector of those jobs only): the ready file
+    names the node's endpoint, which is owner-only, and both go on a clean exit."""
+    from _support import unique_job
+
+    jobs = [unique_job("nr"), unique_job("nr")]
+    ready, sock = tmp_path / "ready.json", tmp_path / "node.pub"
+    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", jobs[0], "--job", jobs[1],
+                             "--handler", "*=null", "--status-interval", "0", "--publish", f"ipc://{sock}",
+                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, what="the ready file")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert os.stat(ready).st_mode & 0o777 == 0o600
+        assert json.loads(ready.read_text()) == {"pid": proc.pid, "publish": f"ipc://{sock}", "prometheus": None,
+                                                 "jobs": jobs}
+        assert os.stat(sock).st_mode & 0o077 == 0  # owner-only, as a job's socket
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        if proc.stderr:
+            proc.stderr.close()
+    assert not ready.exists() and not sock.exists()
+
+
+def test_a_node_endpoint_that_cannot_be_bound_is_one_sentence(tmp_path):
+    from _support import unique_job
+
+    done = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", unique_job("nb"), "--job",
+                           unique_job("nb"), "--publish", f"ipc://{tmp_path}/no/such/dir/sock", "--ready-file",
+                           str(tmp_path / "r.json")], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO), timeout=60)
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("shmstat: error: --ready-file names one job's endpoints"), line
+    assert line.startswith(f"shmstat: error: cannot bind the publish endpoint ipc://{tmp_path}/no/such"), line
     assert not (tmp_path / "r.json").exists()
 
 

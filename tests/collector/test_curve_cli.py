@@ -117,7 +117,7 @@ _COLLECT = ("collect", "--job", "{job}", "--publish", "tcp://127.0.0.1:0", "--cu
     (_COLLECT, _garbage("mallory.key"), "mallory.key is not a CURVE key file"),
     (_COLLECT, _mismatched, "its public key is not its secret key's"),
     (_COLLECT, lambda keys: os.chmod(keys, 0o777), "other users can write to it"),
-    (("collect", "--curve", "{keys}", "--publish", "tcp://127.0.0.1:0"), None, "a node collector has none"),
+    (("collect", "--curve", "{keys}"), None, "--curve secures a TCP publish endpoint"),
     (("subscribe", "--curve", "{keys}"), None, "--curve connects to collectors' tcp:// endpoints"),
     (("subscribe", "--curve", "{keys}", "ipc://{keys}/p.sock"), None, "is not one"),
     (("subscribe", "--curve", "{keys}", "--job", "{job}"), None, "--curve connects to collectors' tcp://"),

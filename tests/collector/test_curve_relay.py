@@ -135,7 +135,7 @@ def test_binding_anew_at_a_tcp_port_just_closed_waits_for_it(tmp_path):
         _sub(ctx, endpoint, load_client(str(keys)), b"t")
         for _ in range(30):  # at once, the port was still in use about once in fifty
             wait_for(lambda: _seen(relay, b"t"), 10, what="the subscriber (re)connected")
-            relay._reset_publish()
+            relay.outlet.rebind()
             assert relay.publish_endpoint == endpoint
     finally:
         _OPEN.clear()

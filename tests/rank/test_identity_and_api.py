@@ -31,6 +31,28 @@ def test_torchrun_variables_alone_are_enough():
     assert identity_from_env({"RANK": "0"}) is None
 
 
+def test_torchruns_default_run_id_becomes_a_job_per_master_address_and_port():
+    """``TORCHELASTIC_RUN_ID=none`` (torchrun without --rdzv-id): one job per MASTER_ADDR:MASTER_PORT, the same for
+    every rank, local rank and restart of the job; two jobs at once (two ports) differ; our variable still wins."""
+
+    def job(**env: str) -> str:
+        ident = identity_from_env({"TORCHELASTIC_RUN_ID": "none", **env})
+        assert ident is not None
+        return ident.job
+
+    base = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    one = job(**base, RANK="0", LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT="0")
+    assert one.startswith("none-") and len(one) == len("none-") + 12
+    assert job(**base, RANK="7", LOCAL_RANK="3", GROUP_RANK="1", TORCHELASTIC_RESTART_COUNT="2") == one
+    assert job(MASTER_ADDR="10.0.0.1", MASTER_PORT="29501") != one
+    assert job(MASTER_ADDR="10.0.0.2", MASTER_PORT="29500") != one
+    assert job() == "none"  # no address to tell jobs apart: torchrun's id as it is
+    ident = identity_from_env({"SHMSTAT_JOB": "mine", "TORCHELASTIC_RUN_ID": "none", **base})
+    assert ident is not None and ident.job == "mine"
+    ident = identity_from_env({"TORCHELASTIC_RUN_ID": "run7", **base})
+    assert ident is not None and ident.job == "run7"  # a run id of its own is kept
+
+
 @pytest.mark.parametrize("env", [{"SHMSTAT_JOB": "bad job"}, {"SHMSTAT_JOB": "j", "RANK": "x"},
                                  {"SHMSTAT_JOB": "j", "RANK": "-1"}])
 def test_bad_environment_is_a_clear_error(env):

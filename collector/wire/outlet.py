@@ -1,0 +1,141 @@
+"""One publish socket for subscribers (``XPUB``): bound owner-only, the topics its subscribers asked for, and
+messages sent without ever blocking the collector's loop.
+
+A job's :class:`~collector.wire.relay.Relay` owns one, at the job's endpoint; a node collector that publishes every
+job it serves on one endpoint (``shmstat collect --publish ENDPOINT`` without ``--job``) owns one more, which every
+job's relay sends on too, each message followed by the frame naming its job (:mod:`shmstat.wire`). Both are bounded
+the same way: a subscriber's queue holds at most ``sndhwm`` messages; a message that finds a subscriber's queue
+full is reported (``XPUB_NODROP``), so the sender counts it, and is then handed to the other subscribers; past
+:data:`~collector.wire.subscriptions.MAX_PREFIXES` subscription topics the socket is bound anew at the same
+endpoint (every subscriber reconnects and subscribes again), counted in :attr:`Outlet.resets`. With a
+:class:`~collector.wire.curve.CurveServer` every socket it binds is a CURVE server, secured before it is bound, and
+:meth:`Outlet.cut_off_revoked` binds it anew when a client key was removed. The socket is made and bound in one
+place, :meth:`Outlet._bind`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import zmq
+
+from shmstat import wire
+
+from .curve import CurveServer
+from .subscriptions import bind_owner_only, configure_xpub, remove_ipc_file, take_subscriptions, wants_topic
+
+__all__ = ["MAX_MESSAGE_BYTES", "Outlet", "queue_messages"]
+
+MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
+"""The largest message a rank may send, and the largest the collector makes (its publisher seals batches far
+below; one event is at most :data:`shmstat.wire.MAX_EVENT_BYTES`)."""
+
+
+def queue_messages(buffer_bytes: int) -> int:
+    """The ``SNDHWM`` (messages per subscriber) that keeps a subscriber's queue within ``buffer_bytes``: messages
+    are at most :data:`MAX_MESSAGE_BYTES` each, and at least 4 are queued."""
+    return max(4, buffer_bytes // MAX_MESSAGE_BYTES)
+
+
+class Outlet:
+    """An ``XPUB`` bound at ``endpoint`` (the real port once bound to port 0: :attr:`endpoint`), with the
+    prefixes its subscribers asked for. Single-threaded. Raises :class:`zmq.ZMQError` if it cannot bind."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int, *, curve: CurveServer | None = None) -> None:
+        self.ctx = ctx
+        self.sndhwm = sndhwm
+        self.curve = curve
+        self.prefixes: set[bytes] = set()
+        """Topic prefixes some subscriber asked for (what libzmq reports: a prefix appears with its first
+        subscriber and goes with its last)."""
+        self.resets = 0
+        """Times the socket was bound anew because its subscribers asked for too many topics."""
+        self.sock = self._bind(endpoint)
+        self.endpoint: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _bind(self, endpoint: str, retry_s: float = 0.0) -> zmq.Socket:
+        """A new publish socket with its bounds (:func:`~collector.wire.subscriptions.configure_xpub`), CURVE if
+        asked for, bound owner-only at ``endpoint``; the one place a publish socket is made."""
+        sock = self.ctx.socket(zmq.XPUB)
+        try:
+            configure_xpub(sock, self.sndhwm)
+            if self.curve is not None:
+                self.curve.secure(sock)
+            bind_owner_only(sock, endpoint, retry_s=retry_s)
+        except BaseException:
+            self._close_socket(sock, 0)
+            raise
+        return sock
+
+    def _close_socket(self, sock: zmq.Socket, linger_ms: int) -> None:
+        if self.curve is not None:
+            self.curve.release(sock)
+        with contextlib.suppress(Exception):
+            sock.close(linger=linger_ms)
+
+    def rebind(self) -> None:
+        """Drop every subscriber (and libzmq's subscription state with them) by binding a fresh socket at the same
+        endpoint; well-behaved subscribers reconnect and subscribe again."""
+        self._close_socket(self.sock, 0)
+        remove_ipc_file(self.endpoint)
+        self.prefixes.clear()
+        # a TCP port is released by libzmq's I/O thread a moment after close: wait for it
+        self.sock = self._bind(self.endpoint, retry_s=2.0)
+
+    def cut_off_revoked(self) -> bool:
+        """With CURVE: bind anew if a client key that was allowed is gone (its holder is cut off, the others
+        reconnect); True if so. Counted in the CURVE server's ``counts.revocations``."""
+        if self.curve is None or not self.curve.revoked():
+            return False
+        self.rebind()
+        return True
+
+    def update(self) -> bool:
+        """Take the (un)subscribe frames queued (a bounded number per call); True if there were too many topics
+        and the socket was bound anew."""
+        if not take_subscriptions(self.sock, self.prefixes):
+            return False
+        self.resets += 1
+        self.rebind()
+        return True
+
+    def wants(self, topic: str) -> bool:
+        """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some
+        topic under it)."""
+        return wants_topic(self.prefixes, topic)
+
+    def send(self, frames: list[bytes]) -> bool:
+        """Send without blocking; False when a subscriber's queue was full (it lost the message, the others got
+        it)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:  # a subscriber of this topic has a full queue: give it to the others
+            self.sock.setsockopt(zmq.XPUB_NODROP, 0)
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+            finally:
+                self.sock.setsockopt(zmq.XPUB_NODROP, 1)
+            return False
+
+    def send_patiently(self, frames: list[bytes], deadline: float) -> bool:
+        """:meth:`send`, waiting until ``deadline`` (:func:`time.monotonic`) for a full queue to make room first
+        (for a collector's last message); False when a subscriber lost it."""
+        while time.monotonic() < deadline:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                time.sleep(0.005)
+        return self.send(frames)
+
+    def offer(self, frames: list[bytes]) -> None:
+        """Send again to whoever has room now (a repeat for subscribers that overflowed: nothing is counted)."""
+        with contextlib.suppress(zmq.Again):
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+
+    def close(self, linger_ms: int = 1000) -> None:
+        """Close the socket (what was sent last gets ``linger_ms`` to leave) and remove its ``ipc://`` file."""
+        self._close_socket(self.sock, linger_ms)
+        remove_ipc_file(self.endpoint)
