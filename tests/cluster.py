@@ -16,7 +16,7 @@ started it dying.
 
 Needs root, ``unshare`` and ``nsenter`` (util-linux) and ``ip`` (iproute2); :func:`require_namespaces` skips
 the test with the reason when they are missing or namespaces, veth pairs or bridges are not permitted (probed
-once per process).
+once per process); :func:`unavailable_reason` says the same to a script.
 """
 
 from __future__ import annotations
@@ -62,10 +62,17 @@ def require_namespaces() -> None:
     """Skip the calling test, with the reason, unless simulated hosts can be made here (probed once)."""
     import pytest
 
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"no simulated cluster: {reason}")
+
+
+def unavailable_reason() -> str:
+    """Why simulated hosts cannot be made here, in one sentence, or "" when they can (probed once per process):
+    for a script that uses the kit outside pytest (scripts/multinode_bench.py)."""
     if not _probed:
         _probed.append(_why_not())
-    if _probed[0]:
-        pytest.skip(f"no simulated cluster: {_probed[0]}")
+    return _probed[0]
 
 
 def _why_not() -> str:
