@@ -7,6 +7,7 @@ forgetting its infinities, and the histogram's wire map."""
 from __future__ import annotations
 
 import math
+import sys
 
 import msgpack
 import numpy as np
@@ -34,6 +35,8 @@ INF = math.inf
 def _close(got: float, exact: float, scale: int) -> bool:
     if math.isinf(exact) or exact == 0.0:
         return got == exact
+    if abs(exact) < sys.float_info.min:  # subnormal: a bucket's value there underflows (to 0.0 at coarse scales)
+        return abs(got - exact) <= sys.float_info.min
     return abs(got - exact) / abs(exact) <= error_bound(scale) + 1e-12
 
 
