@@ -1,7 +1,10 @@
 """A small DDP training job (gloo) as torchrun starts it on each node of a multi-node job, with no shmstat
 configuration at all: the job is torchrun's run id, the rank torchrun's. Per step it adds its step time to
 ``train/step_ms`` (COUNT, SUM, P50, P99; 250 ms windows) and puts its loss (``trainer/loss_x1000``); every
-``EVENT_EVERY`` steps it logs an event. At the end it writes what it added to ``$OUT_DIR/rank<RANK>.json``."""
+``EVENT_EVERY`` steps it logs an event. With ``GO_FILE`` set (the test's, not shmstat's) it waits, once its
+stat is made (the job is in the node's /dev/shm), until that file exists: the test's subscribers then follow the
+job before its first event. At the end it writes what it added, and the job shmstat named it (``job``), to
+``$OUT_DIR/rank<RANK>.json``."""
 
 import datetime
 import json
@@ -30,6 +33,11 @@ data = torch.Generator().manual_seed(rank)
 # 250 ms: a node collector starved of CPU (two of these jobs on 2 busy cores stalled its loop ~0.6 s) still reads
 # every window before the ring's 4 banks wrap (3 windows later), so the test can ask for exact figures
 step_ms = shmstat.Stat("step_ms", [A.COUNT, A.SUM, A.P50, A.P99], 0.25, group="train")
+go = os.environ.get("GO_FILE")
+deadline = time.monotonic() + 120
+while go and not os.path.exists(go):
+    assert time.monotonic() < deadline, f"{go} not made within 120 s"
+    time.sleep(0.02)
 samples: list[float] = []
 losses: list[int] = []
 events = 0
@@ -51,12 +59,15 @@ for step in range(STEPS):
         events += 1
     time.sleep(0.01)  # the job spans several windows
 publisher = shmstat.job._state.STATE.publisher
+attachment = shmstat.job._state.STATE.attachment
+job = attachment.segment.job if attachment is not None else None
 shmstat.shutdown(flush_timeout_s=20)
 stats = publisher.stats() if publisher is not None else None
 dist.destroy_process_group()
 out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json")
 with open(out + ".tmp", "w") as f:
-    json.dump({"host": socket.gethostname(), "run_id": os.environ["TORCHELASTIC_RUN_ID"], "samples": samples,
-               "losses": losses, "events": events, "events_sent": stats.sent_items if stats else None,
+    json.dump({"host": socket.gethostname(), "run_id": os.environ["TORCHELASTIC_RUN_ID"], "job": job,
+               "samples": samples, "losses": losses, "events": events,
+               "events_sent": stats.sent_items if stats else None,
                "events_dropped": stats.dropped if stats else None}, f)
 os.replace(out + ".tmp", out)
