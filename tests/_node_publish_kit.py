@@ -19,6 +19,8 @@ import tempfile
 import time
 import uuid
 
+from _subscribe_kit import _beaten, _read, _wait  # the same waits and reads as the per-job subscribe kit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 EVENTS = 200
@@ -47,25 +49,6 @@ def rank(run_id: str, rank: int, world: int, go: str) -> None:
         if i % 50 == 0:
             time.sleep(0.01)
     shmstat.shutdown(flush_timeout_s=20)
-
-
-def _wait(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
-
-
-def _beaten(path: str, job: str) -> bool:
-    lines = [json.loads(line) for line in _read(path).split("\n")[:-1]]
-    return any(line.get("kind") == "heartbeat" and line.get("job") == job for line in lines)
 
 
 def main(workdir: str) -> None:

@@ -22,6 +22,7 @@ import zmq
 from elastic.metrics import MetricData, MetricHandler
 from shmstat import wire
 from shmstat.shm.layout import RankState
+from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
@@ -68,6 +69,8 @@ class Collector:
         self._lock_fd: int | None = None
         self.segment: Segment | None = None
         self.relay = None
+        self.last_ranks: list[RankInfo] = []
+        """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
         self.exporter = exporter
         self._owns_exporter = False
         self.events = KeptEvents(config.job, events, owns=events is None)
@@ -218,7 +221,7 @@ class Collector:
                 self.events.message(msg)
         self._drain_submitted()
         now = self.clock()
-        ranks = self.scanner.refresh()
+        ranks = self.last_ranks = self.scanner.refresh()
         for change in self.liveness.poll(ranks):
             self._lifecycle(change)
         if self.scanner.due(now):

@@ -94,6 +94,8 @@ class NodeCollector:
             self.dispatcher = build_dispatcher(config)
             self.exporter = start_exporter(config, self.out) if config.prometheus else None
             """One Prometheus endpoint for every job of the node (``--prometheus``)."""
+            if self.exporter is not None and self.outlet is not None:
+                self.exporter.add_node(self.endpoint_counters)
         except BaseException:
             if self.events is not None:
                 self.events.close()
@@ -264,7 +266,7 @@ class NodeCollector:
 
     @staticmethod
     def _finished(c: Collector) -> bool:
-        ranks = c.scanner.refresh()
+        ranks = c.last_ranks  # read by the step just taken: reading the rank table again doubled its cost
         return bool(ranks) and not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks)
 
     def _release(self, job: str) -> bool:
@@ -296,6 +298,18 @@ class NodeCollector:
         if self.exporter is not None:
             self.exporter.close()
 
+
+    def endpoint_counters(self) -> dict[str, int]:
+        """The node's endpoint's own counters (``shmstat_node_publish_*_total`` on ``/metrics``): times bound anew
+        for too many subscription topics, and with CURVE the handshakes refused (a key not allowed) and failed,
+        and the revocations. What its subscribers lost counts in each job's ``subscriber_overflows``."""
+        outlet, curve = self.outlet, self.curve
+        counts = {"publish_subscription_resets": outlet.resets if outlet is not None else 0}
+        if curve is not None:
+            counts.update(publish_handshakes_refused=curve.counts.refused,
+                          publish_handshakes_failed=curve.counts.failed,
+                          publish_key_revocations=curve.counts.revocations)
+        return counts
 
     def _close_outlet(self) -> None:
         if self.outlet is not None:

@@ -115,6 +115,7 @@ class PrometheusExporter:
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}
         self._puts = PutMetrics(max_put_bytes)
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
+        self._node_counters: list[Callable[[], dict[str, int]]] = [self._server_counters]
         self._retired: dict[str, float] = {}
         self._server: MetricsServer | None = None
         self._cache: RenderCache | None = None
@@ -246,6 +247,17 @@ class PrometheusExporter:
             self._retired.pop(job, None)
         self._changed()
 
+    def add_node(self, counters: Callable[[], dict[str, int]]) -> None:
+        """Export ``counters()`` of the node's own (no job's: a node collector's endpoint, this server) as
+        ``shmstat_node_<name>_total`` with the ``node`` label only."""
+        with self._lock:
+            self._node_counters.append(counters)
+        self._changed()
+
+    def _server_counters(self) -> dict[str, int]:
+        server = self._server
+        return {"metrics_tls_handshakes_failed": server.handshake_failures} if server and self.tls else {}
+
     def retire_job(self, job: str) -> None:
         """The job was let go: its series go :data:`RETIRE_AFTER_S` later (unless it comes back)."""
         with self._lock:
@@ -267,6 +279,7 @@ class PrometheusExporter:
                        list(v.buckets) if v.buckets is not None else None) for k, v in self._series.items()]
             puts = self._puts.snapshot()
             counter_sources = list(self._counters.items())
+            node_sources = list(self._node_counters)
         self.renders += 1
         node = self.node
         count = CounterMetricFamily("shmstat_stat_count", "Samples in every emitted window, running total")
@@ -312,6 +325,7 @@ class PrometheusExporter:
                     counter = own[name] = CounterMetricFamily(f"shmstat_collector_{name}", f"Collector counter {name}")
                 counter.samples.append(Sample(f"shmstat_collector_{name}_total", {"job": job, "node": node}, value))
         yield from own.values()
+        yield from _node_families(node_sources, node)
 
     def _drop_retired(self) -> None:
         now = self.clock()
@@ -324,6 +338,20 @@ class PrometheusExporter:
         for job in gone:
             self._counters.pop(job, None)
             del self._retired[job]
+
+
+def _node_families(sources: list[Callable[[], dict[str, int]]], node: str) -> Iterator[object]:
+    from prometheus_client.core import CounterMetricFamily
+
+    for source in sources:
+        try:
+            values = source()
+        except Exception:  # closing meanwhile: not shown
+            continue
+        for name, value in values.items():
+            family = CounterMetricFamily(f"shmstat_node_{name}", f"Node counter {name}", labels=["node"])
+            family.add_metric([node], value)
+            yield family
 
 
 def start_exporter(config: CollectorConfig, out: IO[str]) -> PrometheusExporter:

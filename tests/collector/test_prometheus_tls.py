@@ -130,6 +130,14 @@ def test_only_clients_with_the_cas_certificate_get_metrics(job, pki):
         not_trusted = _refused(url, ssl.create_default_context())  # a scraper that does not trust our CA
         assert "CERTIFICATE_VERIFY_FAILED" in str(not_trusted)
         assert b"shmstat_collector_" in _get(url, _client(pki, "client"))  # and good scrapes go on
+
+        def failed() -> float:  # the handshakes refused above, counted for the node's operator to alert on
+            for line in _get(url, _client(pki, "client")).decode().splitlines():
+                if line.startswith("shmstat_node_metrics_tls_handshakes_failed_total{"):
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        wait_for(lambda: failed() >= 3, 20, what="the failed TLS handshakes on /metrics (rendered within 10 s)")
     finally:
         coll.stop()
 
