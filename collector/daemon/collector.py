@@ -35,11 +35,12 @@ from ..wire.intake import Received
 from ..wire.outlet import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
+from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
 from .ownership import remove_if_done, take_instance_lock
 from .passes import emit_scan
-from .points import dispatch_put_metrics, drop_counters, emit_usage
+from .points import dispatch_put_metrics, drop_counters, emit_usage, relay_counts
 from .straggler import StragglerDetector
 from .submitted import Submitted
 
@@ -70,6 +71,9 @@ class Collector:
         self.segment: Segment | None = None
         self.relay = None
         self.last_ranks: list[RankInfo] = []
+        self.rank_look_s = 0.0
+        """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving: 5 ms)."""
+        self._next_rank_look = 0.0
         """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
         self.exporter = exporter
         self._owns_exporter = False
@@ -141,6 +145,7 @@ class Collector:
     def run(self) -> int:
         """Serve until SIGINT/SIGTERM (or :meth:`request_stop`), then emit what is held and return 0."""
         self._install_signals()
+        self.rank_look_s = SERVING_RANK_LOOK_S
         print(
             f"shmstat collector: job {self.config.job} pid {os.getpid()} ingest {self.ingest_endpoint} "
             f"publish {self.publish_endpoint}",
@@ -221,21 +226,25 @@ class Collector:
                 self.events.message(msg)
         self._drain_submitted()
         now = self.clock()
-        ranks = self.last_ranks = self.scanner.refresh()
-        for change in self.liveness.poll(ranks):
-            self._lifecycle(change)
+        mono = time.monotonic()
+        looked = mono >= self._next_rank_look
+        if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
+            self._next_rank_look = mono + self.rank_look_s
+            self.last_ranks = self.scanner.refresh()
+            for change in self.liveness.poll(self.last_ranks):
+                self._lifecycle(change)
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)
-        mono = time.monotonic()
         if mono >= self._next_usage:
             self._next_usage = mono + self.config.usage_interval_s
-            self._emit_usage(now, ranks)
+            self._emit_usage(now, self.last_ranks)
         if self.config.status_interval_s > 0 and mono >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
-            self.print_status(ranks)
+            self.print_status(self.last_ranks)
         self.relay.heartbeat_if_due(mono)
-        self.segment.set_collector(os.getpid(), now)
+        if looked:  # the collector's mark in the segment header, for ranks and other collectors
+            self.segment.set_collector(os.getpid(), now)
 
     def shutdown(self) -> None:
         """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
@@ -376,22 +385,14 @@ class Collector:
 
     def counters(self) -> dict[str, int]:
         """The collector's own counters (also emitted in the platform group)."""
-        c = self.relay_counters
         return {
             "windows_emitted": self.windows_emitted, "rows_emitted": self.rows_emitted,
-            "events_relayed": c.events, "metrics_relayed": c.metrics,
-            "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
-            "subscriber_overflows": sum(c.overflows.values()),
-            "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
-            "key_revocations": c.handshakes.revocations,
-            **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
+            **relay_counts(self.relay_counters),
             "handler_errors": self.dispatcher.errors, "handler_dropped": self.dispatcher.dropped,
             **self.events.counters(),
-            "windows_overwritten": self.overwritten,
-            "windows_torn": self.torn,
+            "windows_overwritten": self.overwritten, "windows_torn": self.torn,
             "passes_not_taken": self.commits.not_taken,
-            "ranks_refused": self.scanner.reader.bad_ranks,
-            "descriptors_refused": self.scanner.reader.bad_descriptors,
+            "ranks_refused": self.scanner.reader.bad_ranks, "descriptors_refused": self.scanner.reader.bad_descriptors,
             **drop_counters(self.segment),
         }
 

@@ -22,11 +22,17 @@ from ..prometheus.tls import TLSFiles
 from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
-__all__ = ["PLATFORM_GROUP", "CollectorConfig", "build_dispatcher", "build_event_delivery", "write_ready_file"]
+__all__ = ["PLATFORM_GROUP", "SERVING_RANK_LOOK_S", "CollectorConfig", "build_dispatcher", "build_event_delivery",
+           "write_ready_file"]
 
 PLATFORM_GROUP = COLLECTOR_GROUP
 """The collector's own metric group, ``shmstat`` (rank CPU/RSS and the collector's counters), as torchelastic's agent
 has ``torchelastic``; the name rule (:mod:`shmstat.names`) keeps every rank out of it."""
+
+
+SERVING_RANK_LOOK_S = 0.005
+"""How often a serving collector looks at the rank table and liveness: its loop turns for every batch of messages,
+and doing it every turn cost a node collector 0.62 CPU-s/s at 2,000 events/s, 0.41 with this (multinode_bench)."""
 
 
 @dataclass

@@ -46,7 +46,7 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
 from .collector import Collector, CollectorConfig, build_dispatcher
-from .config import build_event_delivery, write_ready_file
+from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
@@ -224,6 +224,7 @@ class NodeCollector:
                 self._say_once(job, f"shmstat collector: cannot serve job {job}: {exc}", sys.stderr)
                 continue
             self._done.discard(job)
+            collector.rank_look_s = SERVING_RANK_LOOK_S
             self.collectors[job] = collector
             print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..wire.intake import Received
     from ..wire.relay import Relay, RelayCounters
 
-__all__ = ["candidate_groups", "dispatch_put_metrics", "drop_counters", "emit_usage", "point"]
+__all__ = ["candidate_groups", "dispatch_put_metrics", "drop_counters", "emit_usage", "point", "relay_counts"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -73,6 +73,18 @@ def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, co
         items.append({"group": md.group_name, "name": md.name, "value": md.value,
                       "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
     relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+
+def relay_counts(c: RelayCounters) -> dict[str, int]:
+    """The relay's counters by the names the collector reports them (status line, platform group, /metrics)."""
+    return {
+        "events_relayed": c.events, "metrics_relayed": c.metrics,
+        "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+        "subscriber_overflows": sum(c.overflows.values()),
+        "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
+        "key_revocations": c.handshakes.revocations,
+        **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
+    }
 
 
 def drop_counters(segment: Segment | None) -> dict[str, int]:
