@@ -313,19 +313,9 @@ class PrometheusExporter:
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
         yield from (count, total, mean, lo, hi, *pcts, hist)
         yield from put_families(puts, node)
-        own: dict[str, CounterMetricFamily] = {}
-        for job, source in counter_sources:
-            try:
-                values = source()
-            except Exception:  # a job's collector closing meanwhile: its counters are simply not shown
-                continue
-            for name, value in values.items():
-                counter = own.get(name)
-                if counter is None:
-                    counter = own[name] = CounterMetricFamily(f"shmstat_collector_{name}", f"Collector counter {name}")
-                counter.samples.append(Sample(f"shmstat_collector_{name}_total", {"job": job, "node": node}, value))
-        yield from own.values()
-        yield from _node_families(node_sources, node)
+        yield from _counter_families("shmstat_collector", "Collector counter",
+                                     [({"job": job, "node": node}, source) for job, source in counter_sources])
+        yield from _counter_families("shmstat_node", "Node counter", [({"node": node}, s) for s in node_sources])
 
     def _drop_retired(self) -> None:
         now = self.clock()
@@ -340,18 +330,25 @@ class PrometheusExporter:
             del self._retired[job]
 
 
-def _node_families(sources: list[Callable[[], dict[str, int]]], node: str) -> Iterator[object]:
+def _counter_families(prefix: str, doc: str, sources: list[tuple[dict[str, str], Callable[[], dict[str, int]]]]
+                      ) -> Iterator[object]:
+    """``<prefix>_<name>_total`` for every counter of every source, each sample with its source's labels; a source
+    that fails (its collector closing meanwhile) is simply not shown."""
     from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.samples import Sample
 
-    for source in sources:
+    families: dict[str, CounterMetricFamily] = {}
+    for labels, source in sources:
         try:
             values = source()
-        except Exception:  # closing meanwhile: not shown
+        except Exception:
             continue
         for name, value in values.items():
-            family = CounterMetricFamily(f"shmstat_node_{name}", f"Node counter {name}", labels=["node"])
-            family.add_metric([node], value)
-            yield family
+            family = families.get(name)
+            if family is None:
+                family = families[name] = CounterMetricFamily(f"{prefix}_{name}", f"{doc} {name}")
+            family.samples.append(Sample(f"{prefix}_{name}_total", labels, value))
+    yield from families.values()
 
 
 def start_exporter(config: CollectorConfig, out: IO[str]) -> PrometheusExporter:
