@@ -76,8 +76,8 @@ class NodeCollector:
         """The node's publish socket (``--publish``), which every job's relay also sends on, or None."""
         self._ctx = zmq.Context()
         self.curve: CurveServer | None = None
-        self._next_key_check = 0.0
         """With ``--curve``: CURVE on the node's endpoint (each job's own ipc endpoint is owner-only)."""
+        self._next_key_check = 0.0
         self.events: EventDelivery | None = None
         self.exporter: PrometheusExporter | None = None
         try:
