@@ -1,4 +1,4 @@
-"""README's "Many nodes" recipe as the test that runs it reads it (tests/system/test_multinode.py): the code blocks
+"""The docs' "Many nodes" recipe (docs/guides/many-nodes.md) as the test that runs it reads it (tests/system/test_multinode.py): the code blocks
 of that section, taken from README.md at test time, with the operator's addresses and paths swapped for a
 simulated cluster's. Editing the recipe edits the test; a recipe the test cannot follow any more fails it.
 
@@ -17,15 +17,15 @@ from pathlib import Path
 
 from _procs import REPO
 
-_README = Path(REPO) / "README.md"
+_README = Path(REPO) / "docs" / "guides" / "many-nodes.md"
 _SHMSTAT = "import sys; from collector.cli.command import main; sys.exit(main())"  # the `shmstat` command
 
 
 def _section() -> str:
-    """README's "Many nodes" up to its first subsection."""
+    """The "Many nodes" page up to its first subsection."""
     text = _README.read_text(encoding="utf-8")
-    start = text.index("\n## Many nodes\n")
-    return text[start:min(text.index("\n## ", start + 1), text.index("\n### ", start + 1))]
+    start = text.index("# Many nodes\n")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def blocks() -> list[tuple[str, str]]:

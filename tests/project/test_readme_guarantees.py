@@ -1,6 +1,7 @@
-"""Every test README.md names as the proof of a guarantee exists: a renamed or deleted test fails here.
+"""Every test README.md or a docs page names as the proof of a guarantee exists: a renamed or deleted test fails
+here.
 
-README names a test by its file name only (``test_file.py::test_name``); the file is looked up anywhere under
+They name a test by its file name only (``test_file.py::test_name``); the file is looked up anywhere under
 tests/, whose test file names are unique."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ _REF = re.compile(r"`(test_[A-Za-z0-9_]+\.py)(?:::(test_[A-Za-z0-9_]+))?`")
 
 
 def _named_tests() -> list[tuple[str, str | None]]:
-    text = (_ROOT / "README.md").read_text(encoding="utf-8")
+    pages = [_ROOT / "README.md", *sorted((_ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in pages)
     return [(m.group(1), m.group(2)) for m in _REF.finditer(text)]
 
 
@@ -28,7 +30,7 @@ def _test_functions(path: Path) -> set[str]:
 
 
 def test_readme_names_tests() -> None:
-    assert len(_named_tests()) >= 10, "README's Guarantees should name the tests that show them"
+    assert len(_named_tests()) >= 10, "docs/guarantees.md should name the tests that show them"
 
 
 def _test_files() -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""README's "Where things are" lists exactly the packages and subpackages that exist, bottom layer first, and
+"""The code map (docs/reference/code-map.md) lists exactly the packages and subpackages that exist, bottom layer first, and
 exactly the directories of tests/."""
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ _LINE = re.compile(r"^- `([a-z_]+/(?:[a-z_]+/)?)` — ", re.MULTILINE)
 
 
 def _section() -> str:
-    text = (_ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## Where things are\n")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
+    return (_ROOT / "docs" / "reference" / "code-map.md").read_text(encoding="utf-8")
 
 
 def _listed() -> list[str]:

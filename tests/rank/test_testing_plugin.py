@@ -386,8 +386,7 @@ def test_nothing_is_left_after_a_failed_interrupted_or_killed_run(tmp_path, how)
 
 
 def test_the_readme_example_runs(tmp_path):
-    readme = Path(REPO, "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Testing your distributed code", 1)[1]
+    section = Path(REPO, "docs", "guides", "pytest-plugin.md").read_text(encoding="utf-8")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len(code.strip().splitlines()) <= 20
     (tmp_path / "test_example.py").write_text(code)
