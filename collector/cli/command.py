@@ -1,4 +1,4 @@
-"""The ``shmstat`` command line: collect, run, subscribe, top, ls, clean, demo, keys.
+"""The ``shmstat`` command line: collect, run, subscribe, top, report, grafana, ls, clean, demo, keys.
 
 User mistakes print one line on stderr and exit with status 2; nothing prints a traceback for them.
 """
@@ -16,7 +16,7 @@ from .options import add_collector_options, collector_config
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("collect", "run", "subscribe", "top", "ls", "clean", "demo", "keys")
+COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "ls", "clean", "demo", "keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,6 +78,20 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+
+    o = command("report", _report, "one self-contained HTML page of a finished job, from its jsonl output")
+    o.add_argument("jsonl", metavar="JSONL", help="the job's windows, as the jsonl:PATH handler wrote them")
+    o.add_argument("--events", default=None, metavar="FILE",
+                   help="the job's events, as --events jsonl:FILE wrote them (a timeline, restarts and gaps)")
+    o.add_argument("-o", "--output", default=None, metavar="HTML",
+                   help="where the page goes (default: JSONL with the suffix .html)")
+    o.add_argument("--job", default=None, help="the job to show, when JSONL holds several (a node collector's)")
+    o.add_argument("--threshold", type=float, default=None, metavar="SCORE",
+                   help="mark a rank's window as a straggler's under this score (default 0.75, the collector's)")
+
+    g = command("grafana", _grafana, "print a Grafana dashboard (JSON) of the collectors' Prometheus series")
+    g.add_argument("--title", default="shmstat", help="the dashboard's title (default shmstat)")
+    g.add_argument("--uid", default="shmstat-jobs", help="the dashboard's uid (default shmstat-jobs)")
 
     command("ls", _ls, "list the shmstat segments of this node")
     k = command("clean", _clean, "remove segments of jobs with no live process")
@@ -157,6 +171,23 @@ def _top(args: argparse.Namespace) -> int:
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
                    iterations=args.iterations)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..daemon.straggler import DEFAULT_THRESHOLD
+    from .report import write_report
+
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    out = write_report(args.jsonl, args.output, events=args.events, job=args.job, threshold=threshold)
+    print(f"shmstat report: wrote {out}")
+    return 0
+
+
+def _grafana(args: argparse.Namespace) -> int:
+    from .grafana import dashboard_json
+
+    print(dashboard_json(title=args.title, uid=args.uid))
+    return 0
 
 
 def _ls(args: argparse.Namespace) -> int:

@@ -1,0 +1,149 @@
+"""``shmstat grafana``: a Grafana dashboard (its JSON model, ready to import) of the series the collectors'
+``/metrics`` endpoints export (:mod:`collector.prometheus.exporter`), one Prometheus merging every node.
+
+The model is built here as plain data rather than with a dashboard library: grafanalib is no longer maintained,
+and Grafana's own grafana-foundation-sdk is an alpha that needs Python 3.11 (shmstat supports 3.10) and ties the
+model to one Grafana version; the few fields used here (panels, targets, template variables) have been stable
+across Grafana 9 to 12.
+
+Template variables: ``datasource`` (a Prometheus data source), ``job`` (shmstat jobs seen), ``stat`` (the stat to
+draw, e.g. the step time; several may be chosen) and ``node``. Every panel's PromQL is in :data:`PANELS`, with
+``$job``, ``$stat``, ``$node`` and ``$__rate_interval`` as Grafana substitutes them; the tests run each one against a
+real Prometheus scraping a real collector. GPU figures are the stats of group ``gpu`` (per rank, as every stat).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..daemon.straggler import DEFAULT_THRESHOLD
+
+__all__ = ["PANELS", "Panel", "dashboard", "dashboard_json"]
+
+_SEL = 'job=~"$job", node=~"$node"'
+_STAT = f'{_SEL}, stat=~"$stat"'
+_RATE = "[$__rate_interval]"
+_BY_JOB = "job, group, stat"
+_BY_RANK = "job, node, group, stat, rank"
+# a rank's straggler figure: the newest window's p50 when the stat keeps percentiles, else its mean (the
+# collector's rule, collector/daemon/straggler.py); `or` keeps the p50 series where a stat has one
+_FIGURE = f'(shmstat_stat_p50{{{_STAT}, rank!=""}} or shmstat_stat_mean{{{_STAT}, rank!=""}})'
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: its title, what it shows, its queries (PromQL, legend) and unit."""
+
+    title: str
+    description: str
+    queries: tuple[tuple[str, str], ...]
+    unit: str = "short"
+    gpu: bool = False
+    """A panel of the ``gpu`` group: empty on nodes without a GPU."""
+    threshold: float | None = None
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Step time, merged (mean per window)",
+          "Mean of the chosen stats over every rank of every node: sum of the samples over their count, from the "
+          "counters, so nodes merge exactly.",
+          ((f"sum by ({_BY_JOB}) (rate(shmstat_stat_sum_total{{{_STAT}, rank=\"\"}}{_RATE})) / "
+            f"sum by ({_BY_JOB}) (rate(shmstat_stat_count_total{{{_STAT}, rank=\"\"}}{_RATE}))",
+            "{{job}} {{group}}/{{stat}}"),)),
+    Panel("Step time per rank (mean)",
+          "Each rank's mean of the chosen stats, from its counters.",
+          ((f"sum by ({_BY_RANK}) (rate(shmstat_stat_sum_total{{{_STAT}, rank!=\"\"}}{_RATE})) / "
+            f"sum by ({_BY_RANK}) (rate(shmstat_stat_count_total{{{_STAT}, rank!=\"\"}}{_RATE}))",
+            "{{stat}} {{node}} rank {{rank}}"),)),
+    Panel("p50 and p99 (histograms, every node merged)",
+          "Quantiles of the chosen stats from the merged histograms (exponential schema 2 boundaries, the same "
+          "on every node, so histogram_quantile merges nodes); stats that keep percentiles only.",
+          ((f"histogram_quantile(0.5, sum by (le, {_BY_JOB}) (rate(shmstat_stat_hist_bucket{{{_STAT}}}{_RATE})))",
+            "p50 {{group}}/{{stat}}"),
+           (f"histogram_quantile(0.99, sum by (le, {_BY_JOB}) (rate(shmstat_stat_hist_bucket{{{_STAT}}}{_RATE})))",
+            "p99 {{group}}/{{stat}}"))),
+    Panel("Straggler score per rank",
+          "Median over a node's ranks of the newest window's figure (p50, else mean) over the rank's own: the "
+          f"collector's score. Under {DEFAULT_THRESHOLD} (the line) the rank is slow in that window.",
+          ((f"quantile by (job, node, group, stat) (0.5, {_FIGURE}) / on (job, node, group, stat) "
+            f"group_right {_FIGURE}", "{{stat}} {{node}} rank {{rank}}"),),
+          threshold=DEFAULT_THRESHOLD),
+    Panel("Samples per second",
+          "Samples added to the chosen stats per second, every rank of every node.",
+          ((f"sum by ({_BY_JOB}) (rate(shmstat_stat_count_total{{{_STAT}, rank=\"\"}}{_RATE}))",
+            "{{job}} {{group}}/{{stat}}"),), unit="ops"),
+    Panel("Events per second",
+          "Events and put metrics the collectors relayed per second.",
+          ((f"sum by (job) (rate(shmstat_collector_events_relayed_total{{{_SEL}}}{_RATE}))", "events {{job}}"),
+           (f"sum by (job) (rate(shmstat_collector_metrics_relayed_total{{{_SEL}}}{_RATE}))",
+            "put metrics {{job}}")), unit="ops"),
+    Panel("Drops and gaps",
+          "What was lost, counted: samples the ranks could not write, windows overwritten before they were read "
+          "or torn by a dying writer, numbered items missing in a sender's stream (gaps), events a sink lost, "
+          "rows a slow handler lost. All zero in a healthy job.",
+          tuple((f"sum by (job) (increase(shmstat_collector_{name}_total{{{_SEL}}}{_RATE}))", f"{name} {{{{job}}}}")
+                for name in ("samples_dropped", "windows_overwritten", "windows_torn", "seq_gaps",
+                             "events_dropped", "handler_dropped"))),
+    Panel("GPU per rank",
+          "Every stat of group gpu (utilisation, memory, power, temperature, clocks) per rank: the newest "
+          "window's mean. Empty on nodes without a GPU.",
+          ((f'shmstat_stat_mean{{{_SEL}, group="gpu", rank!=""}}', "{{stat}} {{node}} rank {{rank}}"),),
+          gpu=True),
+)
+"""The dashboard's panels, in order."""
+
+
+def _variable(name: str, label: str, query: str, *, multi: bool = True) -> dict[str, Any]:
+    return {"name": name, "label": label, "type": "query", "datasource": {"type": "prometheus",
+                                                                         "uid": "${datasource}"},
+            "query": {"query": query, "refId": f"{name}-values"}, "definition": query, "refresh": 2,
+            "includeAll": True, "multi": multi, "allValue": ".*", "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
+
+
+def _panel(index: int, panel: Panel) -> dict[str, Any]:
+    width = 12
+    field_defaults: dict[str, Any] = {"unit": panel.unit, "custom": {"drawStyle": "line", "lineWidth": 1,
+                                                                    "fillOpacity": 0, "showPoints": "never"}}
+    if panel.threshold is not None:
+        field_defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "red", "value": None},
+                                                                      {"color": "green", "value": panel.threshold}]}
+        field_defaults["custom"]["thresholdsStyle"] = {"mode": "line"}
+    return {
+        "id": index + 1, "type": "timeseries", "title": panel.title, "description": panel.description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": width, "x": (index % 2) * width, "y": (index // 2) * 8},
+        "fieldConfig": {"defaults": field_defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": [{"refId": chr(ord("A") + i), "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                     "expr": expr, "legendFormat": legend, "range": True}
+                    for i, (expr, legend) in enumerate(panel.queries)],
+    }
+
+
+def dashboard(*, title: str = "shmstat", uid: str = "shmstat-jobs") -> dict[str, Any]:
+    """The dashboard's JSON model (Grafana's import format) as a dict: the template variables and one
+    time-series panel per entry of :data:`PANELS`."""
+    return {
+        "title": title, "uid": uid, "tags": ["shmstat"], "timezone": "browser", "schemaVersion": 39,
+        "editable": True, "graphTooltip": 1, "refresh": "10s", "time": {"from": "now-30m", "to": "now"},
+        "description": "shmstat jobs: step time merged and per rank, percentiles, straggler scores, events, "
+                       "drops and gaps, GPUs (from the collectors' Prometheus endpoints; shmstat grafana)",
+        "templating": {"list": [
+            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0},
+            _variable("job", "job", "label_values(shmstat_stat_count_total, job)"),
+            _variable("stat", "stat", 'label_values(shmstat_stat_count_total{job=~"$job"}, stat)'),
+            _variable("node", "node", 'label_values(shmstat_stat_count_total{job=~"$job"}, node)'),
+        ]},
+        "annotations": {"list": []},
+        "panels": [_panel(i, p) for i, p in enumerate(PANELS)],
+    }
+
+
+def dashboard_json(*, title: str = "shmstat", uid: str = "shmstat-jobs") -> str:
+    """:func:`dashboard` as indented JSON text (what ``shmstat grafana`` prints)."""
+    return json.dumps(dashboard(title=title, uid=uid), indent=2)

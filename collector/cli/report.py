@@ -1,0 +1,490 @@
+"""``shmstat report``: a finished job's jsonl output (and its ``--events`` file) as one self-contained HTML file.
+
+Reading and drawing are two steps, so each can be tested on its own: :func:`load_report` reads the jsonl rows of
+the windows handler (:class:`collector.handlers.api.JsonlMetricHandler`'s format) and the events sink's lines
+(:class:`collector.handlers.events.JsonlEventHandler`'s) into a :class:`JobReport`; :func:`render_html` draws it
+with plotly.js (the ``plotly`` package's own copy, from the optional extra ``shmstat[report]``), inlined in the
+page with every figure's data, so nothing is fetched when the page is opened (no network, no CDN).
+
+The page holds: the job summary (ranks, windows, samples, drops, restarts, events and gaps); per stat its
+merged figure over time with the spread across ranks (the lowest and highest rank's figure of each window), its
+percentiles over time (stats that keep them), and a rank x window heatmap of the straggler figure (the window's
+p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`) with
+the windows where a rank scored under the threshold marked; the ``gpu`` group's stats in a section of their own;
+the events and gaps on a timeline. Scores are the collector's own when the jsonl holds them (the ``shmstat``
+group was configured), otherwise they are computed from the rows with the same rule.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shmstat.errors import ConfigError
+from shmstat.names import COLLECTOR_GROUP
+
+from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
+
+__all__ = ["AGGREGATIONS", "GPU_GROUP", "JobReport", "StatSeries", "load_report", "plotly_js", "render_html",
+           "write_report"]
+
+AGGREGATIONS = ("count", "sum", "mean", "max", "min", "value", "p50", "p90", "p99", "p999")
+"""The ``<stat>.<aggregation>`` suffixes a window row can carry."""
+PERCENTILES = ("p50", "p90", "p99", "p999")
+GPU_GROUP = "gpu"
+"""The group whose stats (GPU figures, one series per rank) get a section of their own."""
+_COUNTERS_PREFIX = "collector."
+_MAX_EVENT_ROWS = 1000  # events listed in the page's table (the timeline has all of them)
+
+Figures = dict[str, float | None]
+
+
+@dataclass
+class StatSeries:
+    """One stat's windows: merged figures and each rank's, by window start (unix seconds)."""
+
+    group: str
+    name: str
+    merged: dict[float, Figures] = field(default_factory=dict)
+    ranks: dict[int, dict[float, Figures]] = field(default_factory=dict)
+    scores: dict[tuple[int, float], float] = field(default_factory=dict)
+    """The collector's straggler scores, by (rank, window start), when the jsonl holds them."""
+    torn: int = 0
+    """Merged windows flagged torn (a writer died in the middle of an add)."""
+
+    @property
+    def key(self) -> str:
+        """``group/name``."""
+        return f"{self.group}/{self.name}"
+
+    def windows(self) -> list[float]:
+        """Every window start with a merged or per-rank row, in time order."""
+        starts = set(self.merged)
+        for per in self.ranks.values():
+            starts.update(per)
+        return sorted(starts)
+
+    def main_aggregation(self) -> str | None:
+        """The aggregation drawn over time: ``mean`` when the stat has it, else ``value``, ``sum``, ``count``."""
+        have = {a for figures in self.merged.values() for a in figures}
+        have.update(a for per in self.ranks.values() for figures in per.values() for a in figures)
+        return next((a for a in ("mean", "value", "sum", "count") if a in have), None)
+
+    def has_percentiles(self) -> bool:
+        """Whether the merged rows carry percentiles."""
+        return any(p in figures for figures in self.merged.values() for p in PERCENTILES)
+
+    def figure(self, figures: Figures) -> float | None:
+        """A rank's straggler figure in one window: its p50 when the stat keeps percentiles, else its mean
+        (:func:`collector.daemon.straggler.figure`); None for a window with no sample."""
+        if not figures.get("count", 1):
+            return None
+        value = figures.get("p50") if "p50" in figures else figures.get("mean")
+        return value if value is not None and math.isfinite(value) else None
+
+    def score_grid(self) -> dict[tuple[int, float], float]:
+        """Every (rank, window start) score: the collector's where the jsonl has one, else the collector's rule
+        applied to the rows (:func:`collector.daemon.straggler.score_ranks`)."""
+        out = dict(self.scores)
+        for start in self.windows():
+            figures = {rank: f for rank, per in self.ranks.items()
+                       if start in per and (f := self.figure(per[start])) is not None}
+            if any(f < 0 for f in figures.values()):
+                continue  # the collector scores no window with a negative figure
+            _, scores = score_ranks(figures)
+            for rank, score in scores.items():
+                out.setdefault((rank, start), score)
+        return out
+
+
+@dataclass
+class JobReport:
+    """What a report shows of one job: its stats, the collector's counters, events and gaps."""
+
+    job: str
+    stats: dict[tuple[str, str], StatSeries] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    """The collector's own counters (``shmstat`` group, ``collector.<name>``), newest value of each."""
+    window_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    put_metrics: int = 0
+    """Rows of metrics put by ranks (no window)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: int = 0
+    """Lines of either file that were not a JSON object of the expected shape (skipped, counted)."""
+
+    def ranks(self) -> list[int]:
+        """Every rank with a per-rank window row."""
+        return sorted({r for s in self.stats.values() for r in s.ranks})
+
+    def windows(self) -> list[float]:
+        """Every distinct window start (unix seconds) of any stat."""
+        return sorted({w for s in self.stats.values() for w in s.windows()})
+
+    def samples(self) -> int:
+        """Samples counted in the merged windows of every stat (their ``count`` rows)."""
+        return int(sum(f.get("count") or 0 for s in self.stats.values() for f in s.merged.values()))
+
+    def restarts(self) -> int:
+        """Rank starts after each rank's first: per rank, the incarnations its ``rank/joined`` events name, less
+        one (the events file tells; without it, 0)."""
+        seen: dict[Any, set[Any]] = defaultdict(set)
+        for e in self.events:
+            data = e.get("data")
+            if e.get("name") == "rank/joined" and isinstance(data, dict):
+                seen[data.get("rank")].add(data.get("incarnation"))
+        return sum(len(incarnations) - 1 for incarnations in seen.values())
+
+    def summary(self) -> dict[str, int]:
+        """The job's figures at a glance (what the page's summary table shows, by the same names)."""
+        return {
+            "ranks": len(self.ranks()),
+            "stats": len(self.stats),
+            "windows": len(self.windows()),
+            "samples": self.samples(),
+            "samples_dropped": int(self.counters.get("samples_dropped", 0)),
+            "windows_torn": sum(s.torn for s in self.stats.values()),
+            "windows_overwritten": int(self.counters.get("windows_overwritten", 0)),
+            "events": len(self.events),
+            "events_lost": int(sum(g.get("gap") or 0 for g in self.gaps)),
+            "restarts": self.restarts(),
+            "put_metrics": self.put_metrics,
+        }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    return None
+
+
+def _split_name(name: str) -> tuple[str, str] | None:
+    stat, dot, agg = name.rpartition(".")
+    return (stat, agg) if dot and stat and agg in AGGREGATIONS else None
+
+
+def _objects(path: str, what: str) -> Iterator[dict[str, Any] | None]:
+    """The lines of a jsonl file as objects (None for a line that is not one)."""
+    try:
+        f = open(path, encoding="utf-8")  # noqa: SIM115 (closed below; the error must name the option)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
+    with f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                yield None
+                continue
+            yield obj if isinstance(obj, dict) else None
+
+
+def load_report(jsonl: str, events: str | None = None, *, job: str | None = None) -> JobReport:
+    """Read a job's jsonl windows (and ``events``, its events jsonl) into a :class:`JobReport`.
+
+    A file holding several jobs (a node collector's) needs ``job``; rows of other jobs are left out. Lines that
+    are not a row are skipped and counted (:attr:`JobReport.bad_lines`). Raises :class:`ConfigError` with one
+    sentence for a file that cannot be read, a ``job`` it does not hold, or several jobs and no ``job``.
+    """
+    rows = list(_objects(jsonl, "jsonl"))
+    jobs = {r.get("job") for r in rows if r is not None and r.get("job") is not None}
+    if job is None and len(jobs) > 1:
+        raise ConfigError(f"{jsonl} holds {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
+                          "choose one with --job")
+    if job is not None and job not in jobs:
+        raise ConfigError(f"{jsonl} holds no row of job {job!r} (jobs: {', '.join(sorted(map(str, jobs))) or 'none'})")
+    chosen = job if job is not None else next(iter(jobs), "")
+    report = JobReport(chosen or os.path.basename(jsonl))
+    for r in rows:
+        if r is None or not isinstance(r.get("name"), str) or not isinstance(r.get("group"), str):
+            report.bad_lines += 1
+            continue
+        if r.get("job") not in (None, chosen):
+            continue
+        _take_row(report, r)
+    if events is not None:
+        for e in _objects(events, "events file"):
+            if e is None:
+                report.bad_lines += 1
+            elif e.get("job") not in (None, chosen):
+                continue
+            elif "gap" in e:
+                report.gaps.append(e)
+            elif isinstance(e.get("name"), str):
+                report.events.append(e)
+            else:
+                report.bad_lines += 1
+        report.events.sort(key=lambda e: e.get("timestamp") or 0.0)
+    return report
+
+
+def _take_row(report: JobReport, r: dict[str, Any]) -> None:
+    group, name, start, rank = r["group"], r["name"], r.get("window_start"), r.get("rank")
+    value = _number(r.get("value"))
+    if start is None:
+        if group == COLLECTOR_GROUP and name.startswith(_COUNTERS_PREFIX):
+            if value is not None:
+                report.counters[name[len(_COUNTERS_PREFIX):]] = value
+        else:
+            report.put_metrics += 1
+        return
+    start = float(start)
+    if group == COLLECTOR_GROUP and name.startswith(SCORE_METRIC_PREFIX):
+        stat_group, _, stat = name[len(SCORE_METRIC_PREFIX):].partition("/")
+        if rank is not None and value is not None:
+            series = _series(report, stat_group, stat)
+            series.scores[(int(rank), start)] = value
+        return
+    split = _split_name(name)
+    if split is None:
+        report.put_metrics += 1
+        return
+    stat, agg = split
+    series = _series(report, group, stat)
+    end = r.get("window_end")
+    if end is not None:
+        report.window_s[(group, stat)] = float(end) - start
+    if rank is None:
+        figures = series.merged.setdefault(start, {})
+        if agg == "count" and r.get("torn"):
+            series.torn += 1
+    else:
+        figures = series.ranks.setdefault(int(rank), {}).setdefault(start, {})
+    figures[agg] = value
+
+
+def _series(report: JobReport, group: str, stat: str) -> StatSeries:
+    series = report.stats.get((group, stat))
+    if series is None:
+        series = report.stats[(group, stat)] = StatSeries(group, stat)
+    return series
+
+
+# -- drawing -------------------------------------------------------------------------------------------------------
+
+
+def plotly_js() -> str:
+    """plotly.js, minified, as the ``plotly`` package ships it (``shmstat[report]``); :class:`ConfigError` with the
+    command that installs it when the package is missing."""
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise ConfigError("shmstat report draws with plotly: pip install 'shmstat[report]'") from None
+    return str(get_plotlyjs())
+
+
+def _ms(start: float) -> float:
+    return start * 1000.0
+
+
+def _clean(values: Iterable[float | None]) -> list[float | None]:
+    return [v if v is not None and math.isfinite(v) else None for v in values]
+
+
+def _over_time(s: StatSeries) -> dict[str, Any] | None:
+    agg = s.main_aggregation()
+    if agg is None:
+        return None
+    windows = s.windows()
+    x = [_ms(w) for w in windows]
+    traces: list[dict[str, Any]] = []
+    if len(s.ranks) >= 2:
+        lows, highs = [], []
+        for w in windows:
+            vals = [v for per in s.ranks.values() if w in per and (v := per[w].get(agg)) is not None
+                    and math.isfinite(v)]
+            lows.append(min(vals) if vals else None)
+            highs.append(max(vals) if vals else None)
+        traces.append({"type": "scatter", "mode": "lines", "name": f"lowest rank {agg}", "x": x, "y": lows,
+                       "line": {"width": 0}, "showlegend": False, "meta": "low"})
+        traces.append({"type": "scatter", "mode": "lines", "name": f"rank {agg}: lowest..highest", "x": x,
+                       "y": highs, "fill": "tonexty", "fillcolor": "rgba(31,119,180,0.2)", "line": {"width": 0},
+                       "meta": "high"})
+    merged = [s.merged.get(w, {}).get(agg) for w in windows]
+    traces.append({"type": "scatter", "mode": "lines+markers", "name": f"merged {agg}", "x": x,
+                   "y": _clean(merged), "line": {"color": "#1f77b4"}, "meta": "merged"})
+    return {"kind": "time", "aggregation": agg, "data": traces,
+            "layout": _layout(f"{s.key} {agg} over time (merged; band: spread across ranks)", agg)}
+
+
+def _percentiles(s: StatSeries) -> dict[str, Any] | None:
+    if not s.has_percentiles():
+        return None
+    windows = sorted(s.merged)
+    x = [_ms(w) for w in windows]
+    traces = [{"type": "scatter", "mode": "lines+markers", "name": p, "x": x,
+               "y": _clean(s.merged[w].get(p) for w in windows), "meta": p}
+              for p in PERCENTILES if any(p in s.merged[w] for w in windows)]
+    return {"kind": "percentiles", "data": traces, "layout": _layout(f"{s.key} percentiles over time (merged)", "")}
+
+
+def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
+    if len(s.ranks) < 2:
+        return None
+    windows = s.windows()
+    ranks = sorted(s.ranks)
+    x = [_ms(w) for w in windows]
+    z = [[s.figure(s.ranks[r][w]) if w in s.ranks[r] else None for w in windows] for r in ranks]
+    scores = s.score_grid()
+    slow = sorted((w, r) for (r, w), score in scores.items() if score < threshold)
+    figure_name = "p50" if s.has_percentiles() else "mean"
+    traces: list[dict[str, Any]] = [
+        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "colorscale": "Viridis",
+         "colorbar": {"title": {"text": figure_name}}, "meta": "figure",
+         "hovertemplate": "rank %{y}<br>%{x}<br>" + figure_name + " %{z}<extra></extra>"},
+        {"type": "scatter", "mode": "markers", "name": f"straggler (score < {threshold:g})",
+         "x": [_ms(w) for w, _ in slow], "y": [r for _, r in slow],
+         "text": [f"score {scores[(r, w)]:.3g}" for w, r in slow], "meta": "stragglers",
+         "marker": {"symbol": "x", "size": 10, "color": "#d62728", "line": {"width": 2, "color": "#ffffff"}}},
+    ]
+    layout = _layout(f"{s.key} {figure_name} per rank and window (x: straggler windows)", "")
+    layout["yaxis"] = {"title": {"text": "rank"}, "dtick": 1, "autorange": "reversed"}
+    layout["height"] = max(260, 60 + 22 * len(ranks))
+    return {"kind": "heatmap", "data": traces, "layout": layout}
+
+
+def _timeline(report: JobReport) -> dict[str, Any] | None:
+    if not report.events and not report.gaps:
+        return None
+    by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in report.events:
+        by_name[e["name"]].append(e)
+    traces: list[dict[str, Any]] = []
+    for name in sorted(by_name):
+        evs = by_name[name]
+        traces.append({"type": "scatter", "mode": "markers", "name": name, "meta": "event",
+                       "x": [_ms(float(e.get("timestamp") or 0.0)) for e in evs], "y": [name] * len(evs),
+                       "text": [html.escape(_event_text(e)) for e in evs], "hoverinfo": "x+text"})
+    if report.gaps:
+        traces.append({"type": "scatter", "mode": "markers", "name": "lost (gap)", "meta": "gap",
+                       "x": [_ms(float(g.get("timestamp") or 0.0)) for g in report.gaps],
+                       "y": ["lost"] * len(report.gaps), "marker": {"symbol": "x", "color": "#d62728", "size": 10},
+                       "text": [f"{g.get('gap')} lost at the {g.get('at')} (rank {g.get('rank')})"
+                                for g in report.gaps], "hoverinfo": "x+text"})
+    layout = _layout("events", "")
+    layout["height"] = max(260, 80 + 26 * len(traces))
+    layout["yaxis"] = {"type": "category", "automargin": True}
+    return {"kind": "events", "data": traces, "layout": layout}
+
+
+def _event_text(e: dict[str, Any]) -> str:
+    who = "collector" if e.get("rank") is None else f"rank {e.get('rank')}"
+    return f"{who}: {json.dumps(e.get('data', {}), sort_keys=True)[:300]}"
+
+
+def _layout(title: str, y_title: str) -> dict[str, Any]:
+    return {"title": {"text": html.escape(title)}, "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
+            "xaxis": {"type": "date", "title": {"text": "window start (UTC)"}},
+            "yaxis": {"title": {"text": y_title}}, "legend": {"orientation": "h"}}
+
+
+def _json_for_script(obj: Any) -> str:
+    """JSON safe inside an inline ``<script>`` (no ``</script>``, no ``<!--``)."""
+    return json.dumps(obj, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: str | None = None) -> str:
+    """The report page of ``report``: one HTML document with plotly.js (``js``, default :func:`plotly_js`) and
+    every figure's data inline. Each chart is a ``div.chart`` with ``data-stat`` (``group/name``, or ``events``) and
+    ``data-kind`` (``time``, ``percentiles``, ``heatmap``, ``events``); the summary is ``table#summary``, one
+    ``tr`` per figure with ``data-name`` and ``data-value``."""
+    if not 0 < threshold < 1:
+        raise ConfigError(f"--threshold must be between 0 and 1 (exclusive), got {threshold:g}")
+    js = (plotly_js() if js is None else js).replace("</script", "<\\/script")
+    charts: list[tuple[str, dict[str, Any]]] = []
+    sections: list[str] = []
+    summary = report.summary()
+    rows = "".join(f'<tr data-name="{k}" data-value="{v}"><th>{k.replace("_", " ")}</th><td>{v}</td></tr>'
+                   for k, v in summary.items())
+    counters = "".join(f'<tr data-name="{html.escape(k)}" data-value="{v:g}"><th>{html.escape(k)}</th>'
+                       f"<td>{v:g}</td></tr>" for k, v in sorted(report.counters.items()))
+    windows = report.windows()
+    span = (f"{_utc(windows[0])} to {_utc(windows[-1])} UTC" if windows else "no window")
+    sections.append(f"<section><h2>Job {html.escape(report.job)}</h2><p>{span}</p>"
+                    f'<table id="summary">{rows}</table>'
+                    + (f'<details><summary>Collector counters (newest)</summary><table id="counters">{counters}'
+                       "</table></details>" if counters else "") + "</section>")
+
+    def chart_div(key: str, chart: dict[str, Any] | None) -> str:
+        if chart is None:
+            return ""
+        ident = f"chart-{len(charts)}"
+        charts.append((ident, chart))
+        return (f'<div class="chart" id="{ident}" data-stat="{html.escape(key)}" '
+                f'data-kind="{chart["kind"]}"></div>')
+
+    ordered = sorted(report.stats.values(), key=lambda s: (s.group == GPU_GROUP, s.group, s.name))
+    current = None
+    for s in ordered:
+        heading = "GPU" if s.group == GPU_GROUP else "Stats"
+        if heading != current:
+            sections.append(f"<h2>{heading}</h2>")
+            current = heading
+        window = report.window_s.get((s.group, s.name))
+        about = f"{len(s.windows())} windows" + (f" of {window:g} s" if window else "") + f", {len(s.ranks)} ranks"
+        sections.append(f'<section class="stat" data-stat="{html.escape(s.key)}"><h3>{html.escape(s.key)}</h3>'
+                        f"<p>{about}</p>" + chart_div(s.key, _over_time(s)) + chart_div(s.key, _percentiles(s))
+                        + chart_div(s.key, _heatmap(s, threshold)) + "</section>")
+    timeline = _timeline(report)
+    if timeline is not None:
+        listed = report.events[:_MAX_EVENT_ROWS]
+        rows_html = "".join(
+            f"<tr><td>{_utc(float(e.get('timestamp') or 0.0))}</td><td>{html.escape(str(e['name']))}</td>"
+            f"<td>{'' if e.get('rank') is None else html.escape(str(e.get('rank')))}</td>"
+            f"<td>{html.escape(_event_text(e))}</td></tr>" for e in listed)
+        more = (f"<p>{len(report.events) - len(listed)} more events on the timeline only</p>"
+                if len(report.events) > len(listed) else "")
+        sections.append("<h2>Events</h2>" + chart_div("events", timeline)
+                        + f"<details><summary>{len(report.events)} events, {len(report.gaps)} gaps</summary>"
+                        '<table id="events"><tr><th>time (UTC)</th><th>event</th><th>rank</th><th>data</th></tr>'
+                        f"{rows_html}</table>{more}</details>")
+    figures = [{"id": ident, "data": chart["data"], "layout": chart["layout"]} for ident, chart in charts]
+    generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>shmstat report: {html.escape(report.job)}</title>"
+        "<style>body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
+        "th,td{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}td{font-variant-numeric:tabular-nums}"
+        ".chart{margin:0.5em 0 1.5em 0}section.stat{border-top:1px solid #ccc;margin-top:1em}</style>"
+        f"<script>{js}</script></head><body>"
+        f"<h1>shmstat report</h1><p>generated {generated} by shmstat report</p>"
+        + "".join(sections)
+        + f'<script id="figures" type="application/json">{_json_for_script(figures)}</script>'
+        "<script>(function(){var figs=JSON.parse(document.getElementById('figures').textContent);"
+        "figs.forEach(function(f){Plotly.newPlot(f.id,f.data,f.layout,{displaylogo:false,responsive:true});});"
+        "document.body.setAttribute('data-charts-drawn',String(figs.length));})();</script>"
+        "</body></html>\n"
+    )
+
+
+def _utc(start: float) -> str:
+    ms = int(start * 1000) % 1000
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(start))}.{ms:03d}"
+
+
+def write_report(jsonl: str, out: str | None = None, *, events: str | None = None, job: str | None = None,
+                 threshold: float = DEFAULT_THRESHOLD) -> str:
+    """Read ``jsonl`` (and ``events``), write the report page to ``out`` (default: ``jsonl`` with the suffix
+    ``.html``) and return its path. Raises :class:`ConfigError` with one sentence for a bad argument."""
+    report = load_report(jsonl, events, job=job)
+    page = render_html(report, threshold=threshold)
+    out = out or (os.path.splitext(jsonl)[0] + ".html")
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the report {out!r}: {exc.strerror}") from None
+    return out
