@@ -68,7 +68,7 @@ PANELS: tuple[Panel, ...] = (
           "Median over a node's ranks of the newest window's figure (p50, else mean) over the rank's own: the "
           f"collector's score. Under {DEFAULT_THRESHOLD} (the line) the rank is slow in that window.",
           ((f"quantile by (job, node, group, stat) (0.5, {_FIGURE}) / on (job, node, group, stat) "
-            f"group_right {_FIGURE}", "{{stat}} {{node}} rank {{rank}}"),),
+            f"group_right () {_FIGURE}", "{{stat}} {{node}} rank {{rank}}"),),
           threshold=DEFAULT_THRESHOLD),
     Panel("Samples per second",
           "Samples added to the chosen stats per second, every rank of every node.",
