@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+    t.add_argument("--history", type=int, default=20, metavar="N",
+                   help="windows kept per stat for the sparklines and straggler marks under the table (default 20)")
 
     o = command("report", _report, "one self-contained HTML page of a finished job, from its jsonl output")
     o.add_argument("jsonl", metavar="JSONL", help="the job's windows, as the jsonl:PATH handler wrote them")
@@ -170,7 +172,7 @@ def _top(args: argparse.Namespace) -> int:
     from .top_live import run_top
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
-                   iterations=args.iterations)
+                   iterations=args.iterations, history=args.history)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ Two steps, so that a frame can be tested without a terminal: :func:`snapshot` re
 closed window of every stat, merged across ranks, each rank's figure and straggler score in that window) into
 small frozen dataclasses (:mod:`collector.cli.top_snapshot`, which says how the windows are merged and scored),
 and :func:`render` turns a :class:`TopSnapshot` into a ``rich`` renderable (a pure function of the snapshot).
-The live loop and ``--once`` are in :mod:`collector.cli.top_live`.
+The live loop and ``--once`` are in :mod:`collector.cli.top_live`; the history under the table (sparklines of
+the last windows, straggler marks over time) is kept by :class:`collector.cli.top_history.History`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from .top_history import History, marks, sparkline
 from .top_snapshot import JobView, RankFigure, StatView, TopSnapshot, snapshot
 
 # JobView, RankFigure, StatView, TopSnapshot and snapshot are defined in top_snapshot
@@ -200,14 +202,66 @@ def _ranks_table(stat: StatView, sort: str, width: int, max_rows: int | None) ->
     return t
 
 
+def _strip_width(history: History, width: int) -> int:
+    """Characters of a sparkline: one per kept window, as many as fit beside the name and the ranks."""
+    return max(5, min(history.windows, (min(width, 120) - 22) // 2))
+
+
+def _history_table(width: int, what: str, strip: int) -> Table:
+    t = _table(width)
+    t.add_column(what, overflow="ellipsis", no_wrap=True, min_width=8, ratio=1)
+    t.add_column("P50|MEAN, LAST WINDOWS" if strip >= 21 else "LAST WINDOWS", no_wrap=True, width=strip)
+    t.add_column("STRAGGLERS", no_wrap=True, width=strip)
+    return t
+
+
+def _stats_history(job: JobView, history: History, sort: str, width: int, max_rows: int | None) -> Table | None:
+    rows = [(s, history.points(job.job, s)) for s in _sorted(job.stats, sort)]
+    rows = [(s, pts) for s, pts in rows if pts]
+    if not rows:
+        return None
+    strip = _strip_width(history, width)
+    t = _history_table(width, "STAT", strip)
+    t.add_column("SLOW", no_wrap=True, overflow="ellipsis", max_width=6)
+    for s, pts in rows[:max_rows]:
+        slow = sorted({r for p in pts for r in p.slow})
+        t.add_row(s.key, sparkline([p.merged for p in pts], strip),
+                  Text(marks([bool(p.slow) for p in pts], strip), style="bold red" if slow else ""),
+                  _ranks_list(tuple(slow)))
+    if max_rows is not None and len(rows) > max_rows:
+        t.add_row(Text(f"… {len(rows) - max_rows} more stats", style="dim"))
+    return t
+
+
+def _ranks_history(job: JobView, stat: StatView, history: History, width: int, max_rows: int | None
+                   ) -> Table | None:
+    pts = history.points(job.job, stat)
+    if not pts:
+        return None
+    strip = _strip_width(history, width)
+    t = _history_table(width, "RANK", strip)
+    t.add_row("merged", sparkline([p.merged for p in pts], strip), marks([bool(p.slow) for p in pts], strip))
+    ranks = sorted({r for p in pts for r in p.ranks} | {r.rank for r in stat.ranks})
+    for rank in ranks[:max_rows]:
+        was_slow = any(rank in p.slow for p in pts)
+        t.add_row(str(rank), sparkline([p.ranks.get(rank) for p in pts], strip),
+                  marks([rank in p.slow if rank in p.ranks else None for p in pts], strip),
+                  style="bold red" if was_slow else None)
+    if max_rows is not None and len(ranks) > max_rows:
+        t.add_row(Text(f"… {len(ranks) - max_rows} more ranks", style="dim"))
+    return t
+
+
 def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, sort: str = "name", width: int = 80,
-           height: int | None = None) -> RenderableType:
+           height: int | None = None, history: History | None = None) -> RenderableType:
     """One frame of ``shmstat top`` for ``snap``: per job, a header (job, clock, ranks alive, the window shown:
     local start and length) and a table; ``view="ranks"`` shows one row per rank of ``stat`` (``group/name``).
 
     ``sort`` is one of :data:`SORTS`; ``width`` the columns to fit (80 over ssh); ``height``, if given, bounds
     the rows so the frame fits a screen. Straggler rows are bold red and marked (``!`` / ``SLOW``), so the
-    mark survives a terminal without colour.
+    mark survives a terminal without colour. With ``history`` (:class:`collector.cli.top_history.History`, which
+    the caller feeds every snapshot) a second table follows: per stat (per rank, and merged, in the ranks view) a
+    sparkline of the figure over the last windows seen and a strip marking the windows with a straggler (``!``).
     """
     if view not in VIEWS or sort not in SORTS or (view == "ranks" and not stat):
         raise ValueError(f"render(view={view!r}, stat={stat!r}, sort={sort!r}): view is one of {VIEWS} (ranks "
@@ -216,6 +270,8 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
     if not snap.jobs:
         return Text("no shmstat segments of this user on this node (start a job, or see 'shmstat ls')")
     budget = None if height is None else max(3, (height - 1) // len(snap.jobs) - 4)
+    if budget is not None and history is not None:  # two tables share the rows
+        budget = max(2, (budget - 2) // 2)
     for job in snap.jobs:
         if parts:
             parts.append(Text(""))
@@ -233,7 +289,13 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
             where = f"{_windows_label([s], snap.now_ns)}  stat {s.key}  median {abbreviate(s.median)}"
             parts.append(_header(job, snap, where))
             parts.append(_ranks_table(s, sort, width, budget))
+            past = None if history is None else _ranks_history(job, s, history, width, budget)
+            if past is not None:
+                parts.extend((Text(""), past))
             continue
         parts.append(_header(job, snap, _windows_label(list(job.stats), snap.now_ns)))
         parts.append(_stats_table(job, sort, width, budget) if job.stats else Text("no closed window yet", "dim"))
+        past = None if history is None else _stats_history(job, history, sort, width, budget)
+        if past is not None:
+            parts.extend((Text(""), past))
     return Group(*parts)

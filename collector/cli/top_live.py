@@ -22,6 +22,9 @@ from shmstat.shm.runtime import validate_job
 from shmstat.shm.segment import Segment
 
 from .top import SORTS, TopSnapshot, render, snapshot
+from .top_history import DEFAULT_WINDOWS, History
+
+_MAX_HISTORY = 1000
 
 __all__ = ["run_top"]
 
@@ -72,20 +75,28 @@ class _Segments:
 
 def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "name", interval_s: float = 1.0,
             once: bool = False, iterations: int | None = None, console: Console | None = None,
-            clock: Callable[[], int] = time.time_ns) -> int:
+            clock: Callable[[], int] = time.time_ns, history: int = DEFAULT_WINDOWS) -> int:
     """Show ``shmstat top`` until Ctrl-C (exit status 0), for ``iterations`` frames, or one frame (``once``).
 
     ``job`` None shows every job of this user on the node; ``stat`` (``GROUP/NAME``) switches to the per-rank
-    view of that stat. Raises :class:`ConfigError` / :class:`SegmentError` for a bad option or a missing job.
+    view of that stat. Frames after the first show the last ``history`` windows seen (sparklines, straggler
+    marks; :mod:`collector.cli.top_history`). Raises :class:`ConfigError` / :class:`SegmentError` for a bad
+    option or a missing job.
     """
     _check(stat, sort, interval_s, iterations)
+    if not 1 <= history <= _MAX_HISTORY:
+        raise ConfigError(f"--history must be between 1 and {_MAX_HISTORY} windows, got {history}")
     view = "stats" if stat is None else "ranks"
     console = console or Console()
     segments = _Segments(job)
+    past = None if once else History(history)
 
     def frame(height: int | None) -> RenderableType:
         snap: TopSnapshot = snapshot(segments.current(), clock())
-        return render(snap, view=view, stat=stat, sort=sort, width=console.width, height=height)
+        if past is not None:
+            past.observe(snap)
+            past.forget({j.job for j in snap.jobs})
+        return render(snap, view=view, stat=stat, sort=sort, width=console.width, height=height, history=past)
 
     try:
         if once:
