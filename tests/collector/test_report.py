@@ -5,6 +5,7 @@ straggler marks, events) equals what the jsonl and events files hold. Plus the r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +24,8 @@ SCRIPT = os.path.join(REPO, "tests", "scripts", "report_job.py")
 RANKS = 3
 THRESHOLD = 0.75
 
-pytest.importorskip("plotly", reason="shmstat report draws with plotly: pip install 'shmstat[report]'")
+needs_plotly = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
+                                  reason="shmstat report draws with plotly: pip install 'shmstat[report]'")
 
 
 def run_report_job(tmp_path, *, seconds: float = 2.0, crash: bool = True) -> tuple[str, str, str]:
@@ -59,6 +61,7 @@ SUMMARY_JS = """JSON.stringify(Object.fromEntries(Array.from(document.querySelec
 
 
 @needs_chromium
+@needs_plotly
 def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp_path):
     _job, windows, events = run_report_job(tmp_path)
     page = tmp_path / "report.html"
