@@ -162,6 +162,11 @@ def test_the_reader_reconciles_a_real_jsonl_and_counts_what_it_skips(tmp_path):
                                      and r["name"].endswith(".count") and r["group"] != "shmstat")
     assert summary["restarts"] == 0 and summary["ranks"] == RANKS
     assert report.counters["windows_emitted"] > 0
+    # without the collector's scores (the shmstat group not kept) the page scores the rows by the same rule
+    for series in report.stats.values():
+        kept = dict(series.scores)
+        series.scores.clear()
+        assert kept and series.score_grid() == pytest.approx(kept, rel=1e-12), series.key
     page = render_html(report, js="/* plotly.js left out */")
     assert page.count('class="chart"') == 8 and "</script><img" not in page
 
