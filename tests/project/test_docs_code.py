@@ -87,7 +87,8 @@ def test_the_pages_have_code_and_every_mark_is_known() -> None:
     bad = [f"{b.where}: {b.mark}" for b in blocks if b.mark not in (None, "run", "skip", "quickstart")]
     bad += [f"{b.where}: skip without a reason" for b in blocks if b.mark == "skip" and not (b.why or "").strip()]
     assert not bad, bad
-    assert len(_python_blocks("quickstart")) == 1
+    quickstart = {b.body for b in _python_blocks("quickstart")}
+    assert len(quickstart) == 1, "README.md and the Quickstart page show one train.py, the one the test runs"
 
 
 def _clean_env() -> dict[str, str]:
@@ -254,8 +255,7 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
     """The Quickstart's train.py, as written, run as 2 ranks — by torchrun when PyTorch is installed, else with
     the variables torchrun sets — with a real ``shmstat collect`` keeping windows and events: every step of every
     rank is counted once, merged and per rank, and every checkpoint event is kept."""
-    (block,) = _python_blocks("quickstart")
-    code = block.body
+    code = _python_blocks("quickstart")[0].body
     assert len(code.strip().splitlines()) <= 12, "the Quickstart promises a 10-line train.py"
     steps = int(re.search(r"for step in range\((\d+)\)", code).group(1))
     every = int(re.search(r"if step % (\d+) == 0", code).group(1))
@@ -274,7 +274,7 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
         if torchrun and _has_torch():
             # as the Quickstart runs it; SHMSTAT_JOB names the job (torchrun --standalone makes up a random one)
             done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", str(ranks), "train.py"],
-                                  cwd=tmp_path, env=dict(env, SHMSTAT_JOB=job, TMPDIR=str(tmp_path)),
+                                  cwd=tmp_path, env=dict(env, SHMSTAT_JOB=job),
                                   capture_output=True, text=True, timeout=180)
             codes = [done.returncode]
             output = done.stdout + done.stderr
