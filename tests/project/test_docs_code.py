@@ -114,7 +114,7 @@ def test_every_python_block_runs(block: Block, tmp_path) -> None:
 def _is_shmstat(word: str) -> bool:
     """``shmstat``, ``.venv/bin/shmstat``, ``ExecStart=/usr/local/bin/shmstat`` (not ``Description=shmstat``)."""
     if "=" in word:
-        key, word = word.split("=", 1)
+        word = word.split("=", 1)[1]
         if "/" not in word:
             return False
     return word.rsplit("/", 1)[-1] == "shmstat"
