@@ -80,9 +80,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             names = formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
         what = formatter._expand_help(action) if action.help else ""
         default = action.default
-        shown = "" if default in (None, False, [], argparse.SUPPRESS) or action.nargs == 0 else f"`{default}`"
-        if action.option_strings and action.nargs == 0:
-            shown = ""
+        unset = default is None or default is False or default is argparse.SUPPRESS or default == []
+        shown = "" if unset or action.nargs == 0 else f"`{default}`"
         rows.append(f"| `{_cell(names)}` | {shown} | {_cell(what)} |")
     return rows
 
@@ -108,7 +107,7 @@ def cli_reference() -> str:
         out += [
             f"## shmstat {name}",
             "",
-            f"{about.get(name, '').capitalize()}.",
+            f"{about.get(name, '')[:1].upper()}{about.get(name, '')[1:]}.",
             "",
             "```text",
             sub.format_usage().strip(),

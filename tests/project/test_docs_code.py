@@ -316,3 +316,43 @@ def _has_torch() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("torch") is not None
+
+
+# --- the generated reference (docs/hooks.py; the site's build runs it, these run it without mkdocs) -----------
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", _ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_has_every_command_and_option_of_the_parser() -> None:
+    hooks = _hooks()
+    text = hooks.cli_reference()
+    parser = _parser()
+    commands = hooks.subcommands(parser)
+    assert tuple(commands) == COMMANDS
+    for name, sub in commands.items():
+        section = text.split(f"## shmstat {name}\n", 1)[1].split("\n## ", 1)[0]
+        for action in sub._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help"):
+                    assert f"`{option}" in section or f", {option}" in section, f"shmstat {name} {option}"
+    assert "<!-- cli-reference -->" in (_ROOT / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+
+
+def test_the_wire_and_layout_pages_render_their_modules_docstrings() -> None:
+    hooks = _hooks()
+    for module, page, drawn in (("shmstat.wire", "wire.md", '{"v": 1,'), ("shmstat.shm.layout", "layout.md",
+                                                                           "rank entry (128 bytes)")):
+        assert f"<!-- docstring: {module} -->" in (_ROOT / "docs" / "reference" / page).read_text(encoding="utf-8")
+        markdown = hooks.module_docstring(module)
+        fenced = re.findall(r"^```text\n(.*?)^```$", markdown, re.S | re.M)
+        assert any(drawn in block for block in fenced), f"{module}'s drawing is not in a code block"
+        prose = re.sub(r"^```text\n.*?^```$", "", markdown, flags=re.S | re.M)
+        assert "::\n" not in prose and not re.search(r":(mod|func|class|data):`", prose), prose
