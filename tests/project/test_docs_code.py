@@ -356,3 +356,19 @@ def test_the_wire_and_layout_pages_render_their_modules_docstrings() -> None:
         assert any(drawn in block for block in fenced), f"{module}'s drawing is not in a code block"
         prose = re.sub(r"^```text\n.*?^```$", "", markdown, flags=re.S | re.M)
         assert "::\n" not in prose and not re.search(r":(mod|func|class|data):`", prose), prose
+
+
+def test_the_environment_page_lists_exactly_the_variables_the_code_reads() -> None:
+    """Every ``SHMSTAT_*`` variable the packages name (C header guards aside) is on the environment reference, and
+    every one the docs name exists."""
+    in_code = set()
+    for package in ("shmstat", "collector", "elastic"):
+        for path in (_ROOT / package).rglob("*"):
+            if path.suffix in (".py", ".c", ".h"):
+                in_code |= set(re.findall(r"\bSHMSTAT_[A-Z0-9_]+", path.read_text(encoding="utf-8")))
+    in_code = {name for name in in_code if not name.endswith("_H")}
+    listed = set(re.findall(r"`(SHMSTAT_[A-Z0-9_]+)`",
+                            (_ROOT / "docs" / "reference" / "environment.md").read_text(encoding="utf-8")))
+    assert listed == in_code
+    named = {name for path in pages() for name in re.findall(r"\bSHMSTAT_[A-Z0-9_]+", path.read_text("utf-8"))}
+    assert named <= in_code, named - in_code
