@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import _prom_kit as prom
 import pytest
 from _procs import REPO, read_jsonl
 from _support import unique_job, wait_for
@@ -251,10 +252,16 @@ def test_every_json_block_is_json() -> None:
 # --- the Quickstart, for real -----------------------------------------------------------------------------------
 
 
+def _quickstart_block(lang: str, contains: str) -> str:
+    (body,) = [b.body for b in blocks_of(_ROOT / "docs" / "quickstart.md") if b.lang == lang and contains in b.body]
+    return body
+
+
 def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -> None:
     """The Quickstart's train.py, as written, run as 2 ranks — by torchrun when PyTorch is installed, else with
     the variables torchrun sets — with a real ``shmstat collect`` keeping windows and events: every step of every
-    rank is counted once, merged and per rank, and every checkpoint event is kept."""
+    rank is counted once, merged and per rank, and every checkpoint event is kept. Where Prometheus is installed,
+    one scraping with the Quickstart's plain-HTTP scrape_configs counts every step, and its p99 query answers."""
     code = _python_blocks("quickstart")[0].body
     assert len(code.strip().splitlines()) <= 12, "the Quickstart promises a 10-line train.py"
     steps = int(re.search(r"for step in range\((\d+)\)", code).group(1))
@@ -263,13 +270,18 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
     job, ranks = unique_job("quickstart"), 2
     metrics, events, ready = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl", tmp_path / "ready.json"
     env = _clean_env()
+    server: subprocess.Popen | None = None
+    base = ""
     collector = subprocess.Popen(
         [sys.executable, "-m", "collector", "collect", "--job", job, "--handler", f"*=jsonl:{metrics}",
-         "--events", f"jsonl:{events}", "--ready-file", str(ready), "--status-interval", "0"],
+         "--events", f"jsonl:{events}", "--ready-file", str(ready), "--status-interval", "0",
+         "--prometheus", "127.0.0.1:0"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: ready.exists() or collector.poll() is not None, 60, what="the collector's ready file")
         assert collector.poll() is None, collector.stderr.read() if collector.stderr else ""
+        if os.path.exists(prom.PROMETHEUS):  # scraping while the job runs, as the Quickstart does
+            server, base = _scrape_as_the_quickstart_says(tmp_path, json.loads(ready.read_text())["prometheus"])
         torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
         if torchrun and _has_torch():
             # as the Quickstart runs it; SHMSTAT_JOB names the job (torchrun --standalone makes up a random one)
@@ -296,7 +308,12 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
 
         # the ranks are gone: the collector emits their windows, the last one at its end plus the grace
         wait_for(lambda: merged_count() >= expected, 30, what=f"{expected} samples in the merged rows")
+        if server is not None:
+            _check_the_quickstart_queries(tmp_path, base, job, expected)
     finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
         if collector.poll() is None:
             collector.send_signal(signal.SIGTERM)
         collector.wait(30)
@@ -372,3 +389,31 @@ def test_the_environment_page_lists_exactly_the_variables_the_code_reads() -> No
     assert listed == in_code
     named = {name for path in pages() for name in re.findall(r"\bSHMSTAT_[A-Z0-9_]+", path.read_text("utf-8"))}
     assert named <= in_code, named - in_code
+
+
+def _scrape_as_the_quickstart_says(tmp_path: Path, metrics_url: str) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus with the Quickstart's scrape_configs (its target swapped for the collector's port)."""
+    config = _quickstart_block("yaml", "scrape_configs:")
+    assert "127.0.0.1:9464" in config and "tls_config" not in config, "the Quickstart scrapes plain HTTP"
+    target = metrics_url.removeprefix("http://").removesuffix("/metrics")
+    jobs = config.split("scrape_configs:\n", 1)[1].replace("127.0.0.1:9464", target)
+    (tmp_path / "prom").mkdir()
+    server, base = prom.start_prometheus(tmp_path / "prom", jobs)
+    wait_for(lambda: prom.scraping(base) or server.poll() is not None, 60, interval_s=0.2,
+             what="Prometheus to scrape the collector")
+    assert server.poll() is None, (tmp_path / "prom" / "prometheus.log").read_text()
+    return server, base
+
+
+def _check_the_quickstart_queries(tmp_path: Path, base: str, job: str, expected: int) -> None:
+    """Prometheus counts every step of the job, and the Quickstart's p99 query answers within the windows' p99s."""
+    counted = f'sum(shmstat_stat_count_total{{job="{job}", stat="step_ms", rank=""}})'
+    wait_for(lambda: prom.value(base, counted) == expected, 60, interval_s=0.2,
+             what=f"Prometheus to count {expected} steps")
+    promql = _quickstart_block("text", "histogram_quantile").strip()
+    p99 = prom.value(base, promql)
+    windows = [r["value"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))
+               if r["name"] == "step_ms.p99" and r["rank"] is None]
+    # the p99 of all windows lies between the windows' own p99s, give or take the scraped buckets' width
+    # (2^(1/4): about 19%)
+    assert p99 is not None and min(windows) / 1.2 <= p99 <= max(windows) * 1.2, (p99, windows)
