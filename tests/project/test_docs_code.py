@@ -3,10 +3,13 @@
 - Every Python block runs, in a fresh interpreter outside any job, unless an HTML comment right above it says
   ``<!-- docs-test: skip (why) -->`` (a fragment, or it needs torch or a running collector). The Quickstart's
   ``train.py`` (``<!-- docs-test: quickstart -->``) runs as ranks of a real job with a real collector, and its
-  samples and events reconcile exactly.
+  samples and events reconcile exactly; a real Prometheus (where installed) scrapes it with the page's
+  plain-HTTP ``scrape_configs`` and answers the page's p99 query.
 - Every ``shmstat ...`` command line in a shell block, and every inline ```shmstat COMMAND ...``` with arguments,
   parses with the parser the ``shmstat`` console script uses; every inline ```shmstat WORD``` names a command.
 - Every JSON block is JSON (one document, or one per line).
+- The generated reference (``docs/hooks.py``) has every command and option of the parser and fences the wire and
+  layout drawings; the environment reference lists exactly the ``SHMSTAT_*`` variables the packages read.
 
 The pages are read as Markdown text here (no mkdocs needed); the site's build (``mkdocs build --strict`` in .ci/run)
 checks links and the generated reference.
