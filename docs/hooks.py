@@ -70,7 +70,7 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
     formatter = parser._get_formatter()
     rows = []
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+        if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
             continue
         if action.option_strings:
             names = ", ".join(action.option_strings)
@@ -101,6 +101,10 @@ def cli_reference() -> str:
         "| option | default | what |",
         "|---|---|---|",
         *_option_rows(parser),
+        "",
+        "| command | what |",
+        "|---|---|",
+        *(f"| [`{name}`](#shmstat-{name}) | {_cell(text)} |" for name, text in about.items()),
         "",
     ]
     for name, sub in subcommands(parser).items():
