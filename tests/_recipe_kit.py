@@ -1,6 +1,7 @@
-"""The docs' "Many nodes" recipe (docs/guides/many-nodes.md) as the test that runs it reads it (tests/system/test_multinode.py): the code blocks
-of that section, taken from README.md at test time, with the operator's addresses and paths swapped for a
-simulated cluster's. Editing the recipe edits the test; a recipe the test cannot follow any more fails it.
+"""The docs' "Many nodes" recipe (docs/guides/many-nodes.md) as the test that runs it reads it
+(tests/system/test_multinode.py): the code blocks of that page before its first subsection, taken from it at test
+time, with the operator's addresses and paths swapped for a simulated cluster's. Editing the recipe edits the
+test; a recipe the test cannot follow any more fails it.
 
 The README's nodes ``10.0.0.1``, ``10.0.0.2``, ... (``node1``, ``node2``, ... in its certificate loop) are the
 cluster's hosts in order; ``/etc/shmstat``, ``/var/lib/shmstat``, ``/shared/shmstat``,

@@ -1,5 +1,5 @@
-"""The code map (docs/reference/code-map.md) lists exactly the packages and subpackages that exist, bottom layer first, and
-exactly the directories of tests/."""
+"""The code map (docs/reference/code-map.md) lists exactly the packages and subpackages that exist, bottom layer
+first, and exactly the directories of tests/."""
 
 from __future__ import annotations
 
