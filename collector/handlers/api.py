@@ -10,8 +10,8 @@ default for groups nobody configured (``compact`` unless given: merged windows o
 
 Whatever a SPEC names, the collector calls it one way (:mod:`collector.handlers.protocol`): each pass as columns
 (``emit_columns(columns)``), each metric that belongs to no window (put by ranks, the collector's own figures)
-through ``emit``. :func:`build_handler` decides once how: the built-in sinks are
-:class:`~collector.handlers.protocol.ColumnsHandler` s; ``console``, ``null`` and a user's class with only
+through ``emit``. :func:`build_handler` decides once how: the built-in sinks subclass
+:class:`~collector.handlers.protocol.ColumnsHandler`; ``console``, ``null`` and a user's class with only
 ``emit`` are wrapped in a :class:`~collector.handlers.protocol.RowsAdapter` (one ``MetricData`` per aggregation
 and row); a user's class that defines ``emit_columns`` gets the passes as columns.
 """

@@ -1,10 +1,10 @@
 """Every repository path, file name and module a comment, a docstring or a document names exists.
 
-Where names are looked for: the comments and docstrings of every tracked ``*.py`` file (docstrings of modules,
-classes and functions, and the string statements that document attributes), the comments of every ``*.c`` and
-``*.h`` file, ``setup.py`` (comments and docstrings, as any ``*.py``), and the whole text of README.md,
-BENCHMARKS.md, CHANGELOG.md and every page under docs/ (code blocks included). String literals the code uses
-are not read: they may name files on purpose that do not exist (a test's missing file).
+Where names are looked for: the comments and docstrings of every tracked ``*.py`` file (``setup.py`` included;
+docstrings of modules, classes and functions, and the string statements that document attributes), the comments
+of every ``*.c`` and ``*.h`` file, and the whole text of the :data:`DOCUMENTS` (README, BENCHMARKS and CHANGELOG,
+those there are) and of every page under docs/ (code blocks included). String literals the code uses are not
+read: they may name files on purpose that do not exist (a test's missing file).
 
 What counts as a name, and the rule each must follow:
 
@@ -14,8 +14,8 @@ What counts as a name, and the rule each must follow:
    character that is none of letters, digits, ``_ . / - * { } ,``; trailing ``.`` and ``,`` are dropped. It must
    exist in the checkout (a file or a directory); ``*`` is a glob that must match something, ``{a,b}`` must
    exist for each choice.
-2. a **file name**: a bare ``name.py``, ``name.c``, ``name.h`` or ``name.md`` (no directory in front) must be
-   the name of some tracked file, wherever it is, unless it is in :data:`NOT_OURS` (a user's script in
+2. a **file name**: a bare ``<name>.py``, ``<name>.c``, ``<name>.h`` or ``<name>.md`` (no directory in front)
+   must be the name of some tracked file, wherever it is, unless it is in :data:`NOT_OURS` (a user's script in
    examples, ``train.py``, and a placeholder).
 3. a **module**: a dotted name starting with ``shmstat.``, ``collector.`` or ``elastic.`` that is a code
    reference: inside a Sphinx role (``:mod:`collector.read.columns```, ``:func:`~shmstat.names.group_problem```)
@@ -59,8 +59,16 @@ _C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 
 @cache
 def _tracked() -> tuple[str, ...]:
-    out = subprocess.run(["git", "ls-files"], cwd=_ROOT, capture_output=True, text=True, check=True).stdout
-    return tuple(line for line in out.splitlines() if (_ROOT / line).exists())
+    """The repository's files: git's list, or (no git, e.g. an unpacked sdist) every file outside build output."""
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=_ROOT, capture_output=True, text=True, check=True).stdout
+        names = out.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "build", "site", "__pycache__"}
+        names = [p.relative_to(_ROOT).as_posix() for p in _ROOT.rglob("*")
+                 if p.is_file() and not skip & set(p.relative_to(_ROOT).parts)
+                 and not any(part.endswith(".egg-info") for part in p.parts)]
+    return tuple(name for name in names if (_ROOT / name).is_file())
 
 
 def _python_text(source: str) -> str:
