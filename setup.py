@@ -4,7 +4,7 @@
 compiler, no Python headers) the install still succeeds and ``Stat.add``, the publisher and the collector's intake
 use their pure-Python paths (``shmstat._backend``). Their shared constants come from ``shmstat/_c/layout.h``, which
 is generated from the Python modules (``shmstat._clayout``) before the build when shmstat can be imported here, and
-otherwise used as committed (tests/test_c_layout.py keeps the committed one current).
+otherwise used as committed (tests/project/test_c_layout.py keeps the committed one current).
 """
 
 import sys

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers.api import AgentMetricData, Dispatcher, JsonlMetricHandler, build_handler, takes_columns
+from .handlers.api import AgentMetricData, Dispatcher, JsonlMetricHandler, build_handler
 from .handlers.compact import CompactWindowHandler
 from .handlers.events import EventHandler, EventRecord, GapRecord, build_event_handler
+from .handlers.protocol import ColumnsHandler, RowsAdapter
 from .read.columns import Columns
-from .read.merge import Summary, WindowRow, merge
+from .read.merge import Summary, WindowRow
 
 __all__ = [
     "PLATFORM_GROUP",
@@ -15,16 +16,16 @@ __all__ = [
     "Collector",
     "CollectorConfig",
     "Columns",
+    "ColumnsHandler",
     "CompactWindowHandler",
     "Dispatcher",
     "EventHandler",
     "EventRecord",
     "GapRecord",
     "JsonlMetricHandler",
+    "RowsAdapter",
     "Summary",
     "WindowRow",
     "build_event_handler",
     "build_handler",
-    "merge",
-    "takes_columns",
 ]

@@ -1,6 +1,6 @@
 /* Optional C check of the collector's intake: ``check(topic, payload)`` validates one rank message of kind event or
  * metric by walking its msgpack bytes, building no Python object but the answer. ``shmstat.wire.decode`` is the one
- * definition of what is valid; this accepts exactly what it accepts (tests/test_intake.py checks that on random,
+ * definition of what is valid; this accepts exactly what it accepts (tests/collector/test_intake.py checks that on random,
  * adversarial and mutated input) and answers with:
  *
  *   a tuple (kind, rank, pid, incarnation, first_seq, n_items)  the message is valid (decode would accept it);
@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../shmstat/_c/layout.h" /* MAX_TOPIC, MAX_PAYLOAD, WIRE_VERSION: generated from shmstat/wire.py */
+#include "../shmstat/_c/layout.h" /* MAX_TOPIC, MAX_PAYLOAD, WIRE_VERSION: generated from shmstat/wire/__init__.py */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define MAX_DEPTH 512 /* msgpack-python refuses 1024; deeper than this we leave to decode */

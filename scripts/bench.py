@@ -474,6 +474,7 @@ def worker_scrape(args: argparse.Namespace) -> None:
     import urllib.request
 
     from collector.prometheus.exporter import PrometheusExporter
+    from collector.read.columns import Columns
     from collector.read.merge import Summary, WindowRow
 
     ex = PrometheusExporter("127.0.0.1:0")
@@ -484,8 +485,9 @@ def worker_scrape(args: argparse.Namespace) -> None:
         rows.append(WindowRow("load", f"load.s{i}", 1, 1000, mask, None, Summary(args.ranks, 1.0, 1.0, 1.0, 1.0, 1)))
         rows.extend(WindowRow("load", f"load.s{i}", 1, 1000, mask, r, Summary(1, 1.0, 1.0, 1.0, 1.0, 1))
                     for r in range(args.ranks))
+    cols = Columns.from_rows("bench", rows)
     t0 = time.perf_counter()
-    ex.observe("bench", rows)
+    ex.observe_columns(cols)
     t1 = time.perf_counter()
     cache = ex._cache
     assert cache is not None and cache.wait_rendered(600)

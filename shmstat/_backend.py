@@ -7,7 +7,7 @@ and in Python, the reference each C twin is held to by a differential test. :fun
 When the variable is read: once, on the first call of :func:`backend`, and the answer is kept for the process.
 That first call is made by ``import shmstat``, because :mod:`shmstat.publish.events` fixes the storage class of
 ``Event`` and the ``log_event`` function when it is defined; so this variable (and no other) is read when shmstat
-is imported, as prometheus_client's ``values.py`` picks its value class. A child process started with another
+is imported, as prometheus_client's ``values`` module picks its value class. A child process started with another
 value makes its own choice.
 
 The API every backend provides: a :class:`Backend` field per C name below. On the ``"python"`` backend each

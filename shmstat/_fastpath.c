@@ -1,7 +1,7 @@
 /* Optional C hot path for an attached ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python
  * ``add``/``roll`` closures of ``shmstat.writer._pywriter`` (``python_writer``) do, on the same bytes of the segment.
  *
- * The binary layout and the seqlock protocol are defined in ``shmstat/layout.py`` (the one source of truth);
+ * The binary layout and the seqlock protocol are defined in ``shmstat/shm/layout.py`` (the one source of truth);
  * this file takes its constants from the header generated from it (``_c/layout.h``). Bank (64 bytes, 8-byte words, little-endian):
  *   0 seq f64 | 8 wid i64 | 16 sum f64 | 24 min f64 | 32 max f64 | 40 last f64 | 48 last_ts i64 | 56 inc u64
  * ``seq`` is 2 * count as a double, plus 1 while a write is in progress.
@@ -37,7 +37,7 @@
 #endif
 
 /* The bank (BANK_SIZE, B_* byte offsets) and its histogram (HIST_SIZE, HIST_M, HIST_MAX_SCALE, HI_*, HIST_COUNTS;
- * semantics in shmstat/histogram.py), generated from shmstat/layout.py. A bank's histogram is written only while
+ * semantics in shmstat/histogram.py), generated from shmstat/shm/layout.py. A bank's histogram is written only while
  * the bank's seq is odd, so the bank's seqlock covers it. */
 #include "_c/layout.h"
 

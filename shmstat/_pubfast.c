@@ -2,18 +2,18 @@
  * One compilation unit, in parts under shmstat/_c/:
  *
  * - pack.h, outbox_publish.h, outbox_send.h: ``Outbox``, the publisher's bounded, batched, already-encoded
- *   backlog. ``shmstat/outbox.py`` is its pure-Python twin and the reference for its behaviour; both must put the
- *   same bytes on the wire (tests/test_outbox.py checks that on random input). Callers (``log_event``,
+ *   backlog. ``shmstat/publish/outbox.py`` is its pure-Python twin and the reference for its behaviour; both must put the
+ *   same bytes on the wire (tests/rank/test_outbox.py checks that on random input). Callers (``log_event``,
  *   ``put_metric``) encode their item here, under the GIL, straight into the msgpack bytes the wire carries, and
  *   add it to the open batch of its topic; the publisher thread only seals whole batches (header + array header
  *   + items) and sends them. Items this fast path does not handle (subclasses of the scalar types, ints past 64
  *   bits, strings that are not valid UTF-8, ...) make ``event``/``metric`` return -1: the Python caller then
  *   validates and encodes them the slow way and hands the bytes to ``raw`` (or ``invalid``). No Outbox method
  *   calls back into Python code, so each is atomic with respect to other threads.
- * - event.h: ``EventBase``, the storage and constructor of ``shmstat.events.Event``, its data check and the
- *   naive-timestamp conversion (tests/test_event_paths.py and test_event_timestamps.py hold them to the Python
+ * - event.h: ``EventBase``, the storage and constructor of ``shmstat.publish.events.Event``, its data check and the
+ *   naive-timestamp conversion (tests/rank/test_event_paths.py and test_event_timestamps.py hold them to the Python
  *   twins).
- * - log_event.h: ``log_event`` (twin of ``shmstat.events._py_log_event``); it runs the event handlers.
+ * - log_event.h: ``log_event`` (twin of ``shmstat.publish.events._py_log_event``); it runs the event handlers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,9 +40,9 @@ static PyMethodDef module_methods[] = {
     {"naive_local_ns", naive_local_ns, METH_O, "A naive local datetime as Unix ns, or None (see events)."},
     {"remember_offset", remember_offset, METH_VARARGS, "Record a local quarter hour's UTC offset (see events)."},
     {"set_event_checks", set_event_checks, METH_VARARGS, "Register the Python checks EventBase falls back to."},
-    {"set_log_state", set_log_state, METH_VARARGS, "Register what log_event needs (see shmstat.events)."},
+    {"set_log_state", set_log_state, METH_VARARGS, "Register what log_event needs (see shmstat.publish.events)."},
     {"sync_log_state", (PyCFunction)(void (*)(void))sync_log_state, METH_FASTCALL,
-     "Copy STATE's handler_tuple, publisher and auto_init_done for log_event (see shmstat._state)."},
+     "Copy STATE's handler_tuple, publisher and auto_init_done for log_event (see shmstat.job._state)."},
     {"log_event", (PyCFunction)(void (*)(void))c_log_event, METH_FASTCALL | METH_KEYWORDS,
      "log_event($module, event)\n--\n\n"
      "Pass ``event`` (the same object) to every registered handler, in order, then to the job's collector.\n\n"
@@ -51,7 +51,7 @@ static PyMethodDef module_methods[] = {
      "remaining handlers still run; a handler may itself call ``log_event``. Raises TypeError if ``event`` is\n"
      "not an Event, ConfigError if its name breaks the name rule of shmstat.names (before any handler sees\n"
      "it) and EventTooLargeError if it is to be published and is over shmstat.wire.MAX_EVENT_BYTES\n"
-     "(after the local handlers saw it). (The C twin of shmstat.events._py_log_event.)"},
+     "(after the local handlers saw it). (The C twin of shmstat.publish.events._py_log_event.)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -70,7 +70,7 @@ PyInit__pubfast(void)
     if (PyDateTimeAPI == NULL) return NULL;
     if (PyType_Ready(&OutboxType) < 0) return NULL;
     if (PyType_Ready(&EventBaseType) < 0) return NULL;
-    /* the publisher's public fast-path surface (shmstat.publisher.Publisher.outbox, .started, .start) */
+    /* the publisher's public fast-path surface (shmstat.publish.publisher.Publisher.outbox, .started, .start) */
     s_outbox = PyUnicode_InternFromString("outbox");
     s_started = PyUnicode_InternFromString("started");
     s_start = PyUnicode_InternFromString("start");

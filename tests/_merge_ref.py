@@ -1,13 +1,33 @@
-"""Merging summaries the slow way, for tests: :func:`merge_all`, the per-object fold over
-:class:`collector.read.merge.Summary` parts that the collector's columnar merge
-(:func:`collector.read.column_merge.merge_parts`) must equal, bit for bit when the parts come in the same order."""
+"""Merging summaries the slow way, for tests: :func:`merge` (two summaries) and :func:`merge_all`, the per-object
+fold over :class:`collector.read.merge.Summary` parts that the collector's one merge, the columnar
+:func:`collector.read.column_merge.merge_parts`, must equal, bit for bit when the parts come in the same order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from collector.read.merge import Summary
 from shmstat.histogram import Histogram, merge_histograms
+
+
+def merge(a: Summary, b: Summary) -> Summary:
+    """Combine two summaries; empty ones are the identity (an empty torn one only passes its flag on)."""
+    if a.count == 0:
+        return b if not a.torn or b.torn else replace(b, torn=True)
+    if b.count == 0:
+        return a if not b.torn or a.torn else replace(a, torn=True)
+    later = b if b.last_ts > a.last_ts else a
+    if a.hist is None:
+        hist = b.hist
+    elif b.hist is None:
+        hist = a.hist
+    else:
+        hist = a.hist.merge(b.hist)
+    return Summary(
+        a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
+        a.torn or b.torn, hist,
+    )
 
 
 def merge_all(parts: Iterable[Summary]) -> Summary:

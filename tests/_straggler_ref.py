@@ -8,11 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import numpy as np
-
 from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 from collector.read.columns import Columns
-from collector.read.hist_batch import HistBatch
 from collector.read.merge import Summary, WindowRow
 
 
@@ -66,20 +63,4 @@ def columns_of(rows: Iterable[WindowRow], job: str = "job") -> Columns:
                                          higher_is_better=first.higher_is_better)]
         laid += sorted((r for r in mine if r.rank is not None), key=lambda r: r.rank)
 
-    def col(get, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
-        return np.array([get(r) for r in laid], dtype=dtype)
-
-    def q(p: float):  # type: ignore[no-untyped-def]
-        return col(lambda r: math.nan if r.summary.quantile(p) is None else r.summary.quantile(p), np.float64)
-
-    return Columns(
-        job, group=col(lambda r: r.group, object), stat=col(lambda r: r.name, object),
-        rank=col(lambda r: -1 if r.rank is None else r.rank, np.int64), ranks=col(lambda r: r.ranks, np.int64),
-        wid=col(lambda r: r.wid, np.int64), window_ms=col(lambda r: r.window_ms, np.int64),
-        agg_mask=col(lambda r: r.agg_mask, np.int64), count=col(lambda r: r.summary.count, np.int64),
-        sum=col(lambda r: r.summary.sum, np.float64), min=col(lambda r: r.summary.min, np.float64),
-        max=col(lambda r: r.summary.max, np.float64), value=col(lambda r: r.summary.last, np.float64),
-        last_ts=col(lambda r: r.summary.last_ts, np.int64), mean=col(lambda r: r.summary.mean, np.float64),
-        p50=q(0.5), p90=q(0.9), p99=q(0.99), p999=q(0.999), torn=col(lambda r: r.summary.torn, bool),
-        higher_is_better=col(lambda r: r.higher_is_better, bool),
-        hists=HistBatch.from_histograms([r.summary.hist for r in laid]))
+    return Columns.from_rows(job, laid)

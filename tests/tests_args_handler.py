@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from collector import ColumnsHandler
 from elastic.metrics import MetricHandler
 
 
@@ -44,6 +45,17 @@ class Refuses(MetricHandler):
 
 class NotAHandler:
     """Has an ``emit`` but is no MetricHandler."""
+
+    def emit(self, metric_data) -> None:
+        pass
+
+
+class NoEmit(MetricHandler):
+    """A MetricHandler subclass that defines neither ``emit`` nor ``emit_columns`` (still abstract)."""
+
+
+class NoColumns(ColumnsHandler):
+    """A ColumnsHandler subclass that forgot ``emit_columns``."""
 
     def emit(self, metric_data) -> None:
         pass

@@ -71,10 +71,10 @@ class Collector:
         self.segment: Segment | None = None
         self.relay = None
         self.last_ranks: list[RankInfo] = []
+        """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
         self.rank_look_s = 0.0
         """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving: 5 ms)."""
-        self._next_rank_look = 0.0
-        """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
+        self._next_rank_look = 0.0  # monotonic time of the next look at the rank table
         self.exporter = exporter
         self._owns_exporter = False
         self.events = KeptEvents(config.job, events, owns=events is None)

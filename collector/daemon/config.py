@@ -104,14 +104,11 @@ def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricH
     nowhere unless asked for."""
     inner = Dispatcher.from_specs(config.handlers)
     for group, handler in (handler_objects or {}).items():
-        if group == "*":
-            inner.default = handler
-        else:
-            inner.handlers[group] = handler
+        inner.bind(group, handler)
     if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
         from elastic.metrics import NullMetricHandler
 
-        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+        inner.bind(PLATFORM_GROUP, NullMetricHandler())
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
 
 

@@ -3,11 +3,11 @@
 Its watermark moves at once in the scanner's memory, and into the segment only once every handler took the pass
 (:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one.
 
-The pass is read as :class:`collector.read.columns.Columns` and handed to the dispatcher whole
-(:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: as columns to handlers that take them, one
-MetricData per aggregation to the others). :class:`collector.read.merge.WindowRow` objects are built only for
-what still takes rows, and only when it is there: subscribers of a group's ``stat/`` topics and the Prometheus
-exporter. The straggler detector reads the columns.
+The pass is read as :class:`collector.read.columns.Columns` (merged by the one merge,
+:func:`collector.read.column_merge.merge_parts`) and handed whole to the dispatcher
+(:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: every handler takes it as columns), the
+Prometheus exporter and the straggler detector. :class:`collector.read.merge.WindowRow` objects are built only
+for subscribers of a group's ``stat/`` topics, and only when there are some.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Where the collector's rows go: handlers per metric group, each in a thread of its own.
 
+- :mod:`~collector.handlers.protocol`: the one way a handler is called (``ColumnsHandler``: each pass as
+  columns), and ``RowsAdapter``, which gives a torchelastic ``MetricHandler`` the same passes as rows;
 - :mod:`~collector.handlers.api`: per-group handlers and handler specs (``Dispatcher``, ``build_handler``,
   ``JsonlMetricHandler``), and ``AgentMetricData``, the agent's metrics as handlers get them;
 - :mod:`~collector.handlers.dispatch`: each handler behind a bounded queue and a thread of its own;

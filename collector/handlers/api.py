@@ -8,12 +8,12 @@ arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Clas
 default for groups nobody configured (``compact`` unless given: merged windows only, so a job's put metrics and
 ``@prof`` calls are printed only for groups bound to ``console``).
 
-A handler that defines ``emit_columns(columns: Columns)`` (:func:`takes_columns`) receives each collector pass
-once, as one :class:`collector.read.columns.Columns` holding the rows of all the groups it serves (arrays per figure),
-instead of one ``MetricData`` per aggregation and row. A handler that defines ``emit_window(row: WindowRow, job:
-str)`` (:func:`takes_windows`) receives each closed window whole, histogram included. Either way, metrics that
-belong to no window (put by ranks, the collector's own figures) still reach its ``emit``. A handler defining
-both gets columns.
+Whatever a SPEC names, the collector calls it one way (:mod:`collector.handlers.protocol`): each pass as columns
+(``emit_columns(columns)``), each metric that belongs to no window (put by ranks, the collector's own figures)
+through ``emit``. :func:`build_handler` decides once how: the built-in sinks subclass
+:class:`~collector.handlers.protocol.ColumnsHandler`; ``console``, ``null`` and a user's class with only
+``emit`` are wrapped in a :class:`~collector.handlers.protocol.RowsAdapter` (one ``MetricData`` per aggregation
+and row); a user's class that defines ``emit_columns`` gets the passes as columns.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
@@ -33,12 +33,13 @@ from shmstat.names import COLLECTOR_GROUP, RULE, group_problem
 
 from .compact import CompactWindowHandler
 from .jsonl_resume import DEFAULT_TAIL_BYTES, resume_jsonl
+from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
 __all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "load_user_class",
-           "parse_handler_args", "parse_spec_kwargs", "plan_pass", "takes_columns", "takes_windows"]
+           "parse_handler_args", "parse_spec_kwargs"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -56,7 +57,7 @@ class AgentMetricData(StatMetricData):
                    window_start=None, window_end=None, job=job)  # type: ignore[arg-type]
 
 
-class JsonlMetricHandler(MetricHandler):
+class JsonlMetricHandler(ColumnsHandler):
     """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job.
 
     ``rank`` is null for rows merged across ranks and for metrics put by ranks; ``window_start`` and
@@ -140,15 +141,17 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-def build_handler(spec: str) -> MetricHandler:
-    """The handler a SPEC names; raises :class:`ConfigError` with one sentence for a bad SPEC."""
+def build_handler(spec: str) -> ColumnsHandler:
+    """The handler a SPEC names, as the collector calls it (:func:`collector.handlers.protocol.as_columns_handler`:
+    torchelastic handlers wrapped in a :class:`~collector.handlers.protocol.RowsAdapter`); raises
+    :class:`ConfigError` with one sentence for a bad SPEC."""
     kind, _, arg = spec.partition(":")
     if spec == "compact":
         return CompactWindowHandler()
     if spec == "console":
-        return ConsoleMetricHandler()
+        return RowsAdapter(ConsoleMetricHandler())
     if spec == "null":
-        return NullMetricHandler()
+        return RowsAdapter(NullMetricHandler())
     if kind == "jsonl":
         if not arg:
             raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
@@ -163,7 +166,8 @@ def build_handler(spec: str) -> MetricHandler:
         return build_otlp_handler(arg)
     class_name, comma, arguments = arg.partition(",")
     if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
-        return _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {})
+        return as_columns_handler(
+            _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {}))
     raise ConfigError(
         f"unknown handler spec {spec!r}; use compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
         "pkg.module:Class[,key=value...]"
@@ -225,39 +229,15 @@ def _split_top_level(spec: str, text: str) -> list[str]:
     return items
 
 
-def takes_windows(handler: MetricHandler) -> bool:
-    """Whether ``handler`` takes whole window rows (it defines ``emit_window(row, job)``)."""
-    return callable(getattr(handler, "emit_window", None))
-
-
-def takes_columns(handler: MetricHandler) -> bool:
-    """Whether ``handler`` takes whole passes as columns (it defines ``emit_columns(columns)``)."""
-    return callable(getattr(handler, "emit_columns", None))
-
-
-def plan_pass(handler_for: Any, discards: Any, columns: Columns) -> list[tuple[MetricHandler, str, Columns]]:
-    """How one pass reaches its handlers: ``(handler, kind, its rows)`` per handler serving a group present,
-    with ``kind`` ``"columns"`` (:func:`takes_columns`), ``"windows"`` (:func:`takes_windows`) or ``"rows"``
-    (one MetricData per aggregation); groups whose handler :meth:`~Dispatcher.discards` get nothing."""
-    groups = columns.groups() if len(columns) else []
-    served: dict[int, tuple[MetricHandler, list[str]]] = {}
-    for group in groups:
-        if not discards(group):
-            handler = handler_for(group)
-            served.setdefault(id(handler), (handler, []))[1].append(group)
-    out = []
-    for handler, mine in served.values():
-        part = columns if len(mine) == len(groups) else columns.of_groups(set(mine))
-        kind = "columns" if takes_columns(handler) else "windows" if takes_windows(handler) else "rows"
-        out.append((handler, kind, part))
-    return out
-
-
 def _load_user_handler(module_name: str, class_name: str, kwargs: dict[str, Any]) -> MetricHandler:
     def refusal(cls: Any) -> str | None:
-        if isinstance(cls, type) and issubclass(cls, MetricHandler):
-            return None
-        return f"{module_name}:{class_name} is not a MetricHandler subclass"
+        if not (isinstance(cls, type) and issubclass(cls, MetricHandler)):
+            return f"{module_name}:{class_name} is not a MetricHandler subclass"
+        if inspect.isabstract(cls):  # the protocol's methods it lacks are its abstract ones
+            lacking = " and ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+            return (f"{module_name}:{class_name} does not define {lacking}: a handler defines emit(metric_data), "
+                    "and emit_columns(columns) to take passes as columns")
+        return None
 
     handler: MetricHandler = load_user_class(module_name, class_name, kwargs, what="a handler", refusal=refusal)
     return handler
@@ -335,13 +315,23 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
 
 
 class Dispatcher:
-    """Which handler serves each group (or the default): the routing table. Handlers are called only by
-    :class:`collector.handlers.dispatch.ThreadedDispatcher`, each in a thread of its own."""
+    """Which handler serves each group (or the default): the routing table. Each handler is held as the collector
+    calls it, a :class:`~collector.handlers.protocol.ColumnsHandler` (a torchelastic handler given here is wrapped
+    once, :func:`~collector.handlers.protocol.as_columns_handler`; one object serving several groups is wrapped
+    once for all). Handlers are called only by :class:`collector.handlers.dispatch.ThreadedDispatcher`, each in a
+    thread of its own."""
 
-    def __init__(self, handlers: dict[str, MetricHandler], default: MetricHandler | None = None) -> None:
-        self.handlers = dict(handlers)
-        star: MetricHandler | None = self.handlers.pop("*", None)
-        self.default = default if default is not None else star or CompactWindowHandler()
+    def __init__(self, handlers: Mapping[str, MetricHandler], default: MetricHandler | None = None) -> None:
+        self._wrapped: dict[int, ColumnsHandler] = {}
+        self.handlers: dict[str, ColumnsHandler] = {}
+        self.default: ColumnsHandler = CompactWindowHandler()
+        given = dict(handlers)
+        star = given.pop("*", None)
+        chosen = default if default is not None else star
+        if chosen is not None:
+            self.bind("*", chosen)
+        for group, handler in given.items():
+            self.bind(group, handler)
 
     @classmethod
     def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
@@ -350,24 +340,36 @@ class Dispatcher:
         default = built.pop("*", None)
         return cls(built, default)
 
-    def handler_for(self, group: str) -> MetricHandler:
+    def bind(self, group: str, handler: MetricHandler) -> ColumnsHandler:
+        """Serve ``group`` (``*``: the default) with ``handler``; returns it as the collector calls it."""
+        wrapped = self._wrapped.get(id(handler))
+        if wrapped is None:
+            wrapped = self._wrapped[id(handler)] = as_columns_handler(handler)
+            self._wrapped[id(wrapped)] = wrapped
+        if group == "*":
+            self.default = wrapped
+        else:
+            self.handlers[group] = wrapped
+        return wrapped
+
+    def handler_for(self, group: str) -> ColumnsHandler:
         """The handler that receives metrics of ``group``."""
         return self.handlers.get(group, self.default)
 
     def discards(self, group: str) -> bool:
-        """Whether ``group``'s handler is a plain null handler (its ``emit`` is NullMetricHandler's, which does
-        nothing): the collector then builds no metric for it."""
-        return type(self.handlers.get(group, self.default)).emit is NullMetricHandler.emit
+        """Whether ``group``'s handler throws everything away (a null handler: its ``discards``): the collector
+        then builds no metric for it."""
+        return self.handlers.get(group, self.default).discards
 
     def discards_points(self, group: str) -> bool:
         """Whether ``group``'s handler has no use for metrics that belong to no window (put by ranks, ``@prof``):
         it :meth:`discards` everything, or says so with ``takes_points = False`` (the compact handler)."""
         handler = self.handlers.get(group, self.default)
-        return type(handler).emit is NullMetricHandler.emit or getattr(handler, "takes_points", True) is False
+        return handler.discards or not handler.takes_points
 
-    def all_handlers(self) -> list[MetricHandler]:
+    def all_handlers(self) -> list[ColumnsHandler]:
         """Every distinct handler, default included."""
-        seen: dict[int, MetricHandler] = {id(self.default): self.default}
+        seen: dict[int, ColumnsHandler] = {id(self.default): self.default}
         for h in self.handlers.values():
             seen.setdefault(id(h), h)
         return list(seen.values())

@@ -13,8 +13,10 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING
 
-from elastic.metrics import MetricData, MetricHandler
+from elastic.metrics import MetricData
 from shmstat.aggregation import Aggregation, aggregation_key
+
+from .protocol import ColumnsHandler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -26,7 +28,7 @@ _FIGURE = {Aggregation.SUM: "sum", Aggregation.MEAN: "mean", Aggregation.MAX: "m
            Aggregation.P999: "p999"}
 
 
-class CompactWindowHandler(MetricHandler):
+class CompactWindowHandler(ColumnsHandler):
     """Prints one line per window merged across ranks, e.g.
     ``[12:00:05] train/step_ms  count=128 mean=12.4 p99=15 (4 ranks)``: the window's local start time, the stat,
     its exact sample count, then every other aggregation the stat asked for (torch.monitor's order), how many ranks

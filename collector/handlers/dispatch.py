@@ -1,12 +1,14 @@
 """Handlers off the scanning loop: each handler runs in a thread of its own, fed through a bounded queue.
 
-A slow or stuck handler delays only the groups it serves: the loop never waits for a handler. Each pass ends with
-a flush marker; :meth:`ThreadedDispatcher.flush` returns a :class:`PassTaken` ticket that says when every handler
-has reached it, which is when the collector commits the pass's watermark (:mod:`collector.daemon.commits`). When a
-handler's queue is full (``handler_queue`` rows, default 100,000, about 30 MB of rows), new rows for it are
-dropped, counted (``dropped``, and per group) and warned about once. A pass queued as columns for a handler
-that takes them (``emit_columns``) counts as its number of rows (a row of columns is ~200 bytes), and is cut
-at the bound the same way: its first rows are queued, the rest dropped and counted per group.
+Every handler here is a :class:`collector.handlers.protocol.ColumnsHandler` (anything else was wrapped when it
+was built): a pass reaches it as columns (``emit_columns``), a metric outside windows through ``emit``, and
+nothing is looked up per call. A slow or stuck handler delays only the groups it serves: the loop never waits
+for a handler. Each pass ends with a flush marker; :meth:`ThreadedDispatcher.flush` returns a :class:`PassTaken`
+ticket that says when every handler has reached it, which is when the collector commits the pass's watermark
+(:mod:`collector.daemon.commits`). A handler's queue holds at most ``handler_queue`` rows (default 100,000:
+a row, one window of one stat merged or of one rank, is ~200 bytes as columns; a metric outside windows counts
+as one row). A pass counts as its number of rows and is cut at the bound: its first rows are queued, the rest
+dropped, counted (``dropped``, and per group) and warned about once.
 
 Closing gives every handler a bounded time to finish (``close_budget_s`` in all); a handler still stuck then
 is left behind (its thread is a daemon), so SIGTERM always ends the collector within a few seconds.
@@ -19,19 +21,20 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from elastic.metrics import MetricData, MetricHandler
+from elastic.metrics import MetricData
 
-from .api import Dispatcher, plan_pass
+from .api import Dispatcher
+from .protocol import ColumnsHandler, RowsFailed
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
-    from ..read.merge import WindowRow
 
-__all__ = ["DEFAULT_HANDLER_QUEUE", "PassTaken", "ThreadedDispatcher"]
+__all__ = ["DEFAULT_HANDLER_QUEUE", "PassTaken", "ThreadedDispatcher", "plan_pass"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -41,25 +44,31 @@ DEFAULT_HANDLER_QUEUE = 100_000
 _FLUSH, _BARRIER, _STOP = object(), object(), object()
 
 
-class _Window(NamedTuple):
-    """A whole window row queued for a handler that takes windows (its ``emit_window``)."""
-
-    row: WindowRow
-    job: str
-
-
 class _Pass(NamedTuple):
-    """A pass queued whole for a handler that takes columns (its ``emit_columns``)."""
+    """A pass queued whole for a handler's ``emit_columns``."""
 
     columns: Columns
 
 
+def plan_pass(handler_for: Callable[[str], ColumnsHandler], columns: Columns) -> list[tuple[ColumnsHandler, Columns]]:
+    """How one pass reaches its handlers: ``(handler, its rows)`` per handler serving a group present; groups
+    whose handler :attr:`~collector.handlers.protocol.ColumnsHandler.discards` everything get nothing."""
+    groups = columns.groups() if len(columns) else []
+    served: dict[int, tuple[ColumnsHandler, list[str]]] = {}
+    for group in groups:
+        handler = handler_for(group)
+        if not handler.discards:
+            served.setdefault(id(handler), (handler, []))[1].append(group)
+    return [(handler, columns if len(mine) == len(groups) else columns.of_groups(set(mine)))
+            for handler, mine in served.values()]
+
+
 class PassTaken:
     """Whether every handler has taken what was queued for it up to one :meth:`ThreadedDispatcher.flush`: its
-    ``emit``/``emit_columns`` returned (or raised: counted in ``errors``) and its ``flush`` ran. Rows dropped for a
+    ``emit_columns``/``emit`` returned (or raised: counted in ``errors``) and its ``flush`` ran. Rows dropped for a
     handler whose queue was full (counted in ``dropped``) are taken as far as this ticket is concerned."""
 
-    def __init__(self, waits: list[tuple[MetricHandler, threading.Event]]) -> None:
+    def __init__(self, waits: list[tuple[ColumnsHandler, threading.Event]]) -> None:
         self._waits = waits
 
     @property
@@ -67,7 +76,7 @@ class PassTaken:
         """Every handler took the pass."""
         return all(event.is_set() for _, event in self._waits)
 
-    def waiting(self) -> list[MetricHandler]:
+    def waiting(self) -> list[ColumnsHandler]:
         """The handlers that have not taken it yet."""
         return [handler for handler, event in self._waits if not event.is_set()]
 
@@ -80,7 +89,7 @@ class PassTaken:
 class _Worker:
     """One handler's thread and queue."""
 
-    def __init__(self, handler: MetricHandler, limit: int, owner: ThreadedDispatcher) -> None:
+    def __init__(self, handler: ColumnsHandler, limit: int, owner: ThreadedDispatcher) -> None:
         self.handler = handler
         self.limit = limit
         self.owner = owner
@@ -127,6 +136,7 @@ class _Worker:
         return done
 
     def _run(self) -> None:
+        handler = self.handler
         while True:
             with self.cond:
                 while not self.queue:
@@ -135,40 +145,40 @@ class _Worker:
                 self.rows -= rows
             if first is _FLUSH or first is _BARRIER or first is _STOP:
                 if first is _FLUSH:
-                    flush = getattr(self.handler, "flush", None)
-                    if callable(flush):
-                        self._call(flush, "flush")
+                    self._call(handler.flush, "flush")
                 second.set()
                 if first is _STOP:
                     return
                 continue
-            emit = self.handler.emit
             self.busy_since = time.monotonic()
             if type(second) is _Pass:
-                if self._call(self.handler.emit_columns, f"(pass of job {first})", second.columns):  # type: ignore[attr-defined]
+                if self._call(handler.emit_columns, f"(pass of job {first})", second.columns):
                     self.emitted += rows
-                self.busy_since = 0.0
-                continue
-            for metric in second:
-                if type(metric) is _Window:
-                    done = self._call(self.handler.emit_window, first, metric.row, metric.job)  # type: ignore[attr-defined]
-                else:
-                    done = self._call(emit, first, metric)
-                if done:
-                    self.emitted += 1
+            else:
+                for metric in second:
+                    if self._call(handler.emit, first, metric):
+                        self.emitted += 1
             self.busy_since = 0.0
 
-    def _call(self, fn: Any, group: str, *args: Any) -> bool:
+    def _call(self, fn: Callable[..., object], group: str, *args: Any) -> bool:
+        """Call ``fn``; whether what it was given counts as taken (not when it raised, except
+        :class:`RowsFailed`, whose rows were all offered and whose failures are counted one by one)."""
         try:
             fn(*args)
             return True
+        except RowsFailed as failed:  # a wrapped torchelastic handler: every row was offered, some raised
+            self._count_error(failed.failures, failed.first, group)
+            return True
         except Exception as exc:  # a user's handler may raise anything; the others must still run
-            self.errors += 1
-            if type(exc) not in self._warned:
-                self._warned.add(type(exc))
-                _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
-                           self.handler, group, exc)
+            self._count_error(1, exc, group)
             return False
+
+    def _count_error(self, n: int, exc: Exception, group: str) -> None:
+        self.errors += n
+        if type(exc) not in self._warned:
+            self._warned.add(type(exc))
+            _log.error("handler %r for group %r raised %r (counted; further ones not logged)",
+                       self.handler, group, exc)
 
 
 class ThreadedDispatcher:
@@ -185,7 +195,7 @@ class ThreadedDispatcher:
         self._warned_full: set[int] = set()
         self._closed = False
 
-    def _worker(self, handler: MetricHandler) -> _Worker:
+    def _worker(self, handler: ColumnsHandler) -> _Worker:
         worker = self._workers.get(id(handler))
         if worker is None:
             worker = self._workers[id(handler)] = _Worker(handler, self.handler_queue, self)
@@ -198,18 +208,18 @@ class ThreadedDispatcher:
 
     @property
     def emitted(self) -> int:
-        """Metrics handlers took without raising."""
+        """Rows (of passes) and metrics (outside windows) handlers took without raising."""
         return sum(w.emitted for w in self._workers.values())
 
     def discards(self, group: str) -> bool:
-        """Whether ``group``'s handler is a plain null handler (see :meth:`Dispatcher.discards`)."""
+        """Whether ``group``'s handler throws everything away (see :meth:`Dispatcher.discards`)."""
         return self.inner.discards(group)
 
     def discards_points(self, group: str) -> bool:
         """Whether ``group``'s handler has no use for metrics outside windows (:meth:`Dispatcher.discards_points`)."""
         return self.inner.discards_points(group)
 
-    def handler_for(self, group: str) -> MetricHandler:
+    def handler_for(self, group: str) -> ColumnsHandler:
         """The handler that receives metrics of ``group``."""
         return self.inner.handler_for(group)
 
@@ -220,37 +230,23 @@ class ThreadedDispatcher:
             self._queue(group, self.inner.handler_for(group), metrics)
 
     def emit_columns(self, columns: Columns) -> None:
-        """Queue one pass for the handlers of its groups (never blocks; past a handler's bound rows are dropped
-        and counted): whole, as columns, for handlers that take them (``emit_columns``), as window rows for those
-        that take windows, as one MetricData per aggregation (torchelastic's interface) for the others. This is
-        the one place a pass is turned into rows, and only for the handlers that take nothing else."""
+        """Queue one pass for the handlers of its groups, each its own selection of the rows, for its
+        ``emit_columns`` (never blocks; past a handler's bound rows are dropped and counted per group)."""
         if self._closed:
             return
-        job = columns.job
-        for handler, kind, part in plan_pass(self.inner.handler_for, self.inner.discards, columns):
-            if kind == "columns":
-                lost = self._worker(handler).put_columns(part)
-                if lost is not None:
-                    groups, counts = np.unique(lost.group.astype(str), return_counts=True)
-                    for group, n in zip(groups.tolist(), counts.tolist(), strict=True):
-                        self._count_lost(handler, group, n)
-            elif kind == "windows":
-                for row in part.to_rows():
-                    self._queue(row.group, handler, [_Window(row, job)])
-            else:
-                metrics = part.to_metrics()
-                begin = 0
-                for end in range(1, len(metrics) + 1):  # runs of one group, in row order
-                    if end == len(metrics) or metrics[end].group_name != metrics[begin].group_name:
-                        self._queue(metrics[begin].group_name, handler, metrics[begin:end])
-                        begin = end
+        for handler, part in plan_pass(self.inner.handler_for, columns):
+            lost = self._worker(handler).put_columns(part)
+            if lost is not None:
+                groups, counts = np.unique(lost.group.astype(str), return_counts=True)
+                for group, n in zip(groups.tolist(), counts.tolist(), strict=True):
+                    self._count_lost(handler, group, n)
 
-    def _queue(self, group: str, handler: MetricHandler, rows: list[Any]) -> None:
+    def _queue(self, group: str, handler: ColumnsHandler, rows: list[Any]) -> None:
         lost = self._worker(handler).put(group, rows)
         if lost:
             self._count_lost(handler, group, lost)
 
-    def _count_lost(self, handler: MetricHandler, group: str, lost: int) -> None:
+    def _count_lost(self, handler: ColumnsHandler, group: str, lost: int) -> None:
         if lost:
             self.dropped += lost
             self.dropped_by_group[group] += lost
@@ -273,7 +269,7 @@ class ThreadedDispatcher:
         events = [w.control(_BARRIER) for w in list(self._workers.values())]
         return all(e.wait(max(0.0, deadline - time.monotonic())) for e in events)
 
-    def stuck(self, after_s: float) -> list[MetricHandler]:
+    def stuck(self, after_s: float) -> list[ColumnsHandler]:
         """Handlers busy in one call for longer than ``after_s`` seconds."""
         now = time.monotonic()
         return [w.handler for w in self._workers.values() if w.busy_since and now - w.busy_since > after_s]
@@ -291,12 +287,8 @@ class ThreadedDispatcher:
                 _log.warning("handler %r did not finish within %.1f s of shutdown; leaving it behind",
                              worker.handler, self.close_budget_s)
                 continue
-            close = getattr(worker.handler, "close", None)
-            if callable(close):
-                worker._call(close, "close")
+            worker._call(worker.handler.close, "close")
         for handler in self.inner.all_handlers():  # handlers that never got a row: close them too
             if id(handler) not in self._workers:
-                close = getattr(handler, "close", None)
-                if callable(close):
-                    with contextlib.suppress(Exception):  # same policy as emit
-                        close()
+                with contextlib.suppress(Exception):  # same policy as emit
+                    handler.close()

@@ -40,14 +40,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from elastic.metrics import MetricData, MetricHandler
+from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
-from ..read.merge import WindowRow
+from .protocol import ColumnsHandler
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+    from ..read.merge import WindowRow
 
 __all__ = ["DEFAULT_TIMEOUT_S", "OtlpExportError", "OtlpMetricHandler", "build_otlp_handler"]
 
@@ -143,10 +147,10 @@ def check_endpoint(endpoint: str, spec_kind: str, example: str) -> None:
         raise ConfigError(f"otlp endpoint {endpoint!r} is not an http(s) URL, e.g. {example}")
 
 
-class OtlpMetricHandler(MetricHandler):
+class OtlpMetricHandler(ColumnsHandler):
     """Exports windows to an OTLP/HTTP receiver at ``endpoint`` (see the module docstring for what is sent).
 
-    The collector hands it whole window rows (:meth:`emit_window`) and other metrics (:meth:`emit`) from one
+    The collector hands it each pass as columns (:meth:`emit_columns`) and other metrics (:meth:`emit`) from one
     thread, then calls :meth:`flush` once per pass. ``exporter`` (anything with ``export(MetricsData)`` and
     ``shutdown()``) and ``clock`` (monotonic seconds) are for tests.
     """
@@ -178,7 +182,12 @@ class OtlpMetricHandler(MetricHandler):
         return f"OtlpMetricHandler({self.endpoint!r})"
 
     # -- rows in ----------------------------------------------------------------------------------------
-    def emit_window(self, row: WindowRow, job: str) -> None:
+    def emit_columns(self, columns: Columns) -> None:
+        """Add the points of every window of a pass (its merged rows and its per-rank rows), in row order."""
+        for row in columns.to_rows():
+            self._add_window(row, columns.job)
+
+    def _add_window(self, row: WindowRow, job: str) -> None:
         """Add the points of one closed window (merged when ``row.rank`` is None, else of that rank)."""
         ex = self._otel.export
         s = row.summary

@@ -44,12 +44,13 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from elastic.metrics import MetricData, MetricHandler
+from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.names import rank_segment
 from shmstat.shm.runtime import validate_job
 
 from .api import AgentMetricData
+from .protocol import ColumnsHandler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -123,7 +124,7 @@ def _keep_origin(path: str, job: str, proposed_ns: int) -> int:
     return proposed_ns
 
 
-class TensorboardMetricHandler(MetricHandler):
+class TensorboardMetricHandler(ColumnsHandler):
     """Writes every row it receives as a TensorBoard scalar under ``logdir`` (see the module docstring).
 
     Rows are buffered by TensorBoard's writer; :meth:`flush` (after every collector pass) pushes them to the

@@ -55,7 +55,6 @@ from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
-from ..read.merge import WindowRow
 from .put_metrics import MAX_SERIES_BYTES, PutMetrics, put_families
 from .server import MetricsServer, RenderCache
 
@@ -182,20 +181,9 @@ class PrometheusExporter:
             raise ConfigError(f"--prometheus-sd cannot write {self.sd_file!r}: {exc.strerror}") from None
 
     # -- what the collector feeds ----------------------------------------------------------------------------
-    def observe(self, job: str, rows: list[WindowRow]) -> None:
-        """Fold one pass's rows (merged and per rank) into the series."""
-        updates = []
-        for row in rows:
-            s = row.summary
-            hist = s.hist
-            pct = tuple(s.quantile(q) or 0.0 for q in (0.5, 0.9, 0.99, 0.999)) if hist is not None else None
-            updates.append(((job, row.group, row.name, row.rank), s.count, s.sum, s.mean, s.min, s.max, pct,
-                            _classic(hist) if hist is not None and row.rank is None else None))
-        self._fold(job, updates)
-
     def observe_columns(self, cols: Columns) -> None:
-        """Fold one pass given as columns (what the collector hands over: no row objects are built; histogram
-        objects only for the merged rows, whose buckets are exported)."""
+        """Fold one pass (merged and per-rank rows) into the series, as the collector hands it over: columns (no
+        row objects are built; histogram objects only for the merged rows, whose buckets are exported)."""
         job = cols.job
         pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
         exported = np.flatnonzero((cols.rank < 0) & cols.hists.present)

@@ -1,14 +1,16 @@
 """Merging the windows one pass found into :class:`collector.read.columns.Columns`, on arrays.
 
-The scanner hands over its found windows as :class:`Parts` (one entry per slot window: a rank's own slot or
-one of its writers'), and the stats they belong to as :class:`StatTable`. :func:`merge_parts` sorts them into
-the per-row path's order and merges them with the rules of :func:`collector.read.merge.merge` folded in that
-order, exactly: counts and sums added in the same order (so float sums are bit-identical to the fold), min/max over
-non-empty parts, the value of the part with the latest timestamp (the first such part on a tie), torn if any part
-is, histograms merged on arrays (:meth:`collector.read.hist_batch.HistBatch.merge_groups`, exactly
-:func:`shmstat.histogram.merge_histograms`). A rank's writers give that rank one row; all parts of a window give
-its merged row. No Python object is made per row. The collector's passes and ``shmstat top``
-(:mod:`collector.cli.top_snapshot`) both merge windows with it; the per-object fold it is checked against is in
+The collector's one merge. The scanner hands over its found windows as :class:`Parts` (one entry per slot window:
+a rank's own slot or one of its writers'), and the stats they belong to as :class:`StatTable`.
+:func:`merge_parts` sorts them into row order (by window, then stat; each window's merged row, then one
+row per rank) and folds them in that order, exactly: counts and sums added in order (so float sums are
+bit-identical to a fold), MEAN = SUM / COUNT, min/max over non-empty parts, the value of the part with the
+latest timestamp (the first such part on a tie), torn if any part is, histograms merged on arrays
+(:meth:`collector.read.hist_batch.HistBatch.merge_groups`, exactly :func:`shmstat.histogram.merge_histograms`)
+and the percentiles read from them. A rank's writers give that rank one row; all parts of a window give its
+merged row. No Python object is made per row. The collector's passes (so every handler, the Prometheus exporter
+and the straggler detector, which all take a pass as columns) and ``shmstat top``
+(:mod:`collector.cli.top_snapshot`) merge windows with it; the per-object fold it is checked against is in
 ``tests/_merge_ref.py``.
 """
 

@@ -1,18 +1,18 @@
-"""One collector pass of one job as columns: :class:`Columns`, what handlers with ``emit_columns`` receive.
+"""One collector pass of one job as columns: :class:`Columns`, what every handler's ``emit_columns`` receives.
 
 Every figure is a NumPy array with one entry per row; a row is one window of one stat, merged across ranks or of
-one rank, in the order the per-row path emits them (windows by window id then stat; each window's merged row
+one rank, in the collector's row order (windows by window id then stat; each window's merged row
 first, then one row per rank by rank). The arrays are built straight from the scanner's vectorised read
 (:func:`collector.read.column_merge.merge_parts`): no Python object is made per row.
 
 Conventions:
 
-- ``rank`` is ``-1`` for a row merged across ranks (per-row handlers see ``rank=None`` there), else the rank;
+- ``rank`` is ``-1`` for a row merged across ranks (torchelastic handlers see ``rank=None`` there), else the rank;
   ``ranks`` is how many ranks a merged row combines (1 on a per-rank row);
 - ``count`` is an int64 array; ``sum``, ``min``, ``max``, ``value`` (the latest sample) and ``mean`` are float64;
   for an empty window (possible only on a window flagged ``torn``) ``mean`` is 0.0, as torch.monitor reports;
 - ``p50``, ``p90``, ``p99``, ``p999`` are float64: NaN where the stat keeps no percentiles, otherwise exactly what
-  a per-row handler gets for ``<stat>.p50``.. (0.0 for an empty window or a histogram lost to an overwrite), for
+  a torchelastic handler gets for ``<stat>.p50``.. (0.0 for an empty window or a histogram lost to an overwrite), for
   all four, whichever of them the stat asked for; ``hists`` holds every row's histogram as arrays
   (:class:`collector.read.hist_batch.HistBatch`, no object per row) and ``hist`` the same as
   :class:`shmstat.histogram.Histogram` objects (None where there is none, built on first use), for handlers
@@ -26,7 +26,8 @@ The arrays belong to the handler that received them (each handler gets its own s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
@@ -102,6 +103,32 @@ class Columns:
                 arrays[f.name] = np.empty(0, _DTYPES.get(f.name, np.float64))
         return cls(job, hists=HistBatch.empty(0), **arrays)
 
+    @classmethod
+    def from_rows(cls, job: str, rows: Sequence[WindowRow], *, job_start_ns: int = 0) -> Columns:
+        """``rows`` as the columns of a pass of ``job``, in the given order and as they are (nothing merged or
+        added): the inverse of :meth:`to_rows`, to feed a handler's ``emit_columns`` rows made by hand (a test
+        of one's own handler)."""
+        if not rows:
+            return cls.empty(job)
+        s = [r.summary for r in rows]
+
+        def quantile(q: float) -> np.ndarray:
+            return np.array([math.nan if x.hist is None else x.quantile(q) for x in s], np.float64)
+
+        return cls(
+            job, group=np.array([r.group for r in rows], object), stat=np.array([r.name for r in rows], object),
+            rank=np.array([-1 if r.rank is None else r.rank for r in rows], np.int64),
+            ranks=np.array([r.ranks for r in rows], np.int64), wid=np.array([r.wid for r in rows], np.int64),
+            window_ms=np.array([r.window_ms for r in rows], np.int64),
+            agg_mask=np.array([r.agg_mask for r in rows], np.int64), count=np.array([x.count for x in s], np.int64),
+            sum=np.array([x.sum for x in s], np.float64), min=np.array([x.min for x in s], np.float64),
+            max=np.array([x.max for x in s], np.float64), value=np.array([x.last for x in s], np.float64),
+            last_ts=np.array([x.last_ts for x in s], np.int64), mean=np.array([x.mean for x in s], np.float64),
+            p50=quantile(0.5), p90=quantile(0.9), p99=quantile(0.99), p999=quantile(0.999),
+            torn=np.array([x.torn for x in s], bool),
+            higher_is_better=np.array([r.higher_is_better for r in rows], bool),
+            hists=HistBatch.from_histograms([x.hist for x in s]), job_start_ns=job_start_ns)
+
     @cached_property
     def hist(self) -> np.ndarray:
         """Each row's :class:`shmstat.histogram.Histogram` (object array; None where there is none), built from
@@ -124,7 +151,7 @@ class Columns:
 
     @property
     def window_start(self) -> np.ndarray:
-        """Window starts, Unix seconds (float64, as per-row handlers get them)."""
+        """Window starts, Unix seconds (float64, as torchelastic handlers get them)."""
         return self.start_ns / 1e9
 
     @property
@@ -158,7 +185,7 @@ class Columns:
         return _ordered(int(self.agg_mask[i]))
 
     def row(self, i: int) -> WindowRow:
-        """Row ``i`` as a :class:`WindowRow` (the per-row path's record)."""
+        """Row ``i`` as a :class:`WindowRow`."""
         rank = int(self.rank[i])
         return WindowRow(
             self.group[i], self.stat[i], int(self.wid[i]), int(self.window_ms[i]), int(self.agg_mask[i]),
@@ -184,7 +211,8 @@ class Columns:
         return iter(self.to_rows())
 
     def to_metrics(self) -> list[StatMetricData]:
-        """What per-row handlers receive for these rows: one :class:`StatMetricData` per aggregation each stat
+        """What torchelastic handlers receive for these rows (through
+        :class:`collector.handlers.protocol.RowsAdapter`): one :class:`StatMetricData` per aggregation each stat
         asked for, named ``<stat>.<aggregation>``, timestamp = window end, in row order."""
         return StatMetricData._from_figures(self.flat(), self.job)
 

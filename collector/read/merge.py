@@ -1,21 +1,20 @@
-"""A window's figures as one record: :class:`Summary` and the row it belongs to (:class:`WindowRow`), and the rules
-that merge two of them (:func:`merge`).
+"""A window's figures as one record: :class:`Summary` and the row it belongs to (:class:`WindowRow`).
 
-COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX are the extremes of the parts, VALUE is the value with
-the latest timestamp, the percentiles come from the parts' histograms merged exactly (:mod:`shmstat.histogram`).
-:func:`merge` is associative and commutative, so any grouping of parts gives the same
-result (a job-level collector merges node rows exactly as a node merges rank rows). The collector's passes and
-``shmstat top`` merge windows with the same rules on arrays (:func:`collector.read.column_merge.merge_parts`).
+These are the records a pass's rows become when one is wanted as an object (:meth:`collector.read.columns.Columns.row`,
+``to_rows``: ``stat/`` subscribers, the OTLP sink, ``shmstat top``). Merging is not done here: the one merge is
+:func:`collector.read.column_merge.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
+are the extremes of the parts, VALUE is the value with the latest timestamp, the percentiles come from the parts'
+histograms merged exactly); the per-object fold it is checked against is in ``tests/_merge_ref.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
 from shmstat.histogram import Histogram
 
-__all__ = ["Summary", "WindowRow", "WindowSpan", "merge"]
+__all__ = ["Summary", "WindowRow", "WindowSpan"]
 
 
 @dataclass(frozen=True)
@@ -46,25 +45,6 @@ class Summary:
     def value(self, agg: Aggregation) -> float:
         """The figure for one aggregation, as a float."""
         return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
-
-
-def merge(a: Summary, b: Summary) -> Summary:
-    """Combine two summaries; empty ones are the identity (an empty torn one only passes its flag on)."""
-    if a.count == 0:
-        return b if not a.torn or b.torn else replace(b, torn=True)
-    if b.count == 0:
-        return a if not b.torn or a.torn else replace(a, torn=True)
-    later = b if b.last_ts > a.last_ts else a
-    if a.hist is None:
-        hist = b.hist
-    elif b.hist is None:
-        hist = a.hist
-    else:
-        hist = a.hist.merge(b.hist)
-    return Summary(
-        a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
-        a.torn or b.torn, hist,
-    )
 
 
 class WindowSpan:

@@ -1,4 +1,4 @@
-/* Event data checks, naive local timestamps as Unix ns, and EventBase (the storage of shmstat.events.Event). Part of shmstat/_pubfast.c, which includes it (one compilation unit). */
+/* Event data checks, naive local timestamps as Unix ns, and EventBase (the storage of shmstat.publish.events.Event). Part of shmstat/_pubfast.c, which includes it (one compilation unit). */
 #ifndef SHMSTAT_EVENT_H
 #define SHMSTAT_EVENT_H
 
@@ -93,7 +93,7 @@ remember_offset(PyObject *Py_UNUSED(module), PyObject *args)
 
 /* ------------------------------------------------------------------------------------------ EventBase */
 
-/* The storage and constructor of shmstat.events.Event (the Python class adds the properties): the common case
+/* The storage and constructor of shmstat.publish.events.Event (the Python class adds the properties): the common case
  * (an exact str name, an exact datetime, plain data) is checked and copied here; anything else goes to the
  * Python checks registered with set_event_checks, which convert or raise exactly as the pure-Python Event does. */
 static PyObject *check_name_py, *check_timestamp_py, *check_data_py;
@@ -206,7 +206,7 @@ static PyTypeObject EventBaseType = {
     .tp_name = "shmstat._pubfast.EventBase",
     .tp_basicsize = sizeof(EventBaseObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "EventBase(name, timestamp, data)\n--\n\nStorage and constructor of shmstat.events.Event.",
+    .tp_doc = "EventBase(name, timestamp, data)\n--\n\nStorage and constructor of shmstat.publish.events.Event.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)EventBase_init,
     .tp_dealloc = (destructor)EventBase_dealloc,

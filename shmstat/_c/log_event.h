@@ -1,15 +1,15 @@
-/* log_event in C, and the copy of shmstat._state.STATE it reads. Part of shmstat/_pubfast.c, which includes it (one compilation unit). */
+/* log_event in C, and the copy of shmstat.job._state.STATE it reads. Part of shmstat/_pubfast.c, which includes it (one compilation unit). */
 #ifndef SHMSTAT_LOG_EVENT_H
 #define SHMSTAT_LOG_EVENT_H
 
 /* ------------------------------------------------------------------------------------------ log_event */
 
-/* log_event(event): shmstat.events.log_event's common case in C (see its docstring for what it promises). The
+/* log_event(event): shmstat.publish.events.log_event's common case in C (see its docstring for what it promises). The
  * Event class and the Python helpers it needs come from set_log_state; anything but a C Outbox goes to the
  * Python publish path (``slow(event, publisher)``).
  *
  * What it reads on every call (the handlers, the publisher and its outbox, whether the environment was
- * consulted) is a copy of shmstat._state.STATE kept here by sync_log_state, which GlobalState.__setattr__ calls
+ * consulted) is a copy of shmstat.job._state.STATE kept here by sync_log_state, which GlobalState.__setattr__ calls
  * whenever one of those fields is assigned: no attribute lookups on the hot path. */
 
 static PyObject *fs_handlers;  /* STATE.handler_tuple */

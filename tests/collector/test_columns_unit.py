@@ -9,8 +9,9 @@ import numpy as np
 from _merge_ref import merge_all
 from _straggler_ref import update_rows
 
-from collector import Columns, takes_columns
+from collector import Columns, ColumnsHandler, RowsAdapter
 from collector.daemon.straggler import StragglerDetector
+from collector.handlers.protocol import ColumnsAdapter, as_columns_handler
 from collector.read.column_merge import Parts, StatTable, merge_parts
 from collector.read.hist_batch import HistBatch
 from collector.read.merge import Summary
@@ -85,7 +86,7 @@ def test_columns_helpers():
     assert Summary(1, 1.0, 1.0, 1.0, 1.0, 1).count == 1
 
 
-def test_takes_columns():
+def test_a_handler_is_wrapped_once_by_what_its_class_defines():
     class Rows(MetricHandler):
         def emit(self, metric_data) -> None:
             pass
@@ -94,21 +95,41 @@ def test_takes_columns():
         def emit_columns(self, columns) -> None:
             pass
 
-    assert takes_columns(Cols()) and not takes_columns(Rows())
+    class Own(ColumnsHandler):
+        def emit(self, metric_data) -> None:
+            pass
+
+        def emit_columns(self, columns) -> None:
+            pass
+
+    rows, cols, own = Rows(), Cols(), Own()
+    assert type(as_columns_handler(rows)) is RowsAdapter and as_columns_handler(rows).handler is rows
+    assert type(as_columns_handler(cols)) is ColumnsAdapter and as_columns_handler(own) is own
 
 
-def test_the_prometheus_exporter_folds_columns_exactly_as_rows():
-    from collector.prometheus.exporter import PrometheusExporter
+def test_the_prometheus_exporter_folds_columns_as_the_rows_say():
+    from collector.prometheus.exporter import BUCKET_BOUNDS, PrometheusExporter, _classic
 
     rng = random.Random(11)
-    by_rows, by_cols = PrometheusExporter("127.0.0.1:0"), PrometheusExporter("127.0.0.1:0")
+    ex = PrometheusExporter("127.0.0.1:0")
+    want: dict[tuple, list] = {}  # (job, group, stat, rank) -> [count, total, mean, lo, hi, percentiles, buckets]
     for wid in range(1, 30):
         cols = _random_pass(rng, wid)
-        by_rows.observe("job", cols.to_rows())
-        by_cols.observe_columns(cols)
-    assert by_cols._series.keys() == by_rows._series.keys() and by_cols._series
-    for key, want in by_rows._series.items():
-        got = by_cols._series[key]
-        assert (got.count, got.total, got.mean, got.lo, got.hi, got.buckets) == (
-            want.count, want.total, want.mean, want.lo, want.hi, want.buckets), key
-        assert got.percentiles == want.percentiles, key
+        ex.observe_columns(cols)
+        for row in cols.to_rows():  # the reference: each row folded on its own
+            s = row.summary
+            cur = want.setdefault(("job", row.group, row.name, row.rank), [0, 0.0, 0.0, 0.0, 0.0, None, None])
+            cur[0] += s.count
+            cur[1] += s.sum
+            cur[2:6] = s.mean, s.min, s.max, (tuple(s.quantile(q) or 0.0 for q in (0.5, 0.9, 0.99, 0.999))
+                                             if s.hist is not None else None)
+            if s.hist is not None and row.rank is None:
+                cur[6] = cur[6] or [0] * (len(BUCKET_BOUNDS) + 1)
+                for i, c in _classic(s.hist):
+                    cur[6][i] += c
+    assert ex._series.keys() == want.keys() and want
+    for key, (count, total, mean, lo, hi, pct, buckets) in want.items():
+        got = ex._series[key]
+        assert (got.count, got.total, got.mean, got.lo, got.hi, got.buckets) == (count, total, mean, lo, hi,
+                                                                                 buckets), key
+        assert got.percentiles == pct, key

@@ -8,11 +8,13 @@ import math
 import random
 
 import pytest
-from _merge_ref import merge_all
+from _merge_ref import merge, merge_all
 
 from collector.handlers.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
 from collector.handlers.dispatch import ThreadedDispatcher
-from collector.read.merge import Summary, WindowRow, merge
+from collector.handlers.protocol import ColumnsAdapter, RowsAdapter
+from collector.read.columns import Columns
+from collector.read.merge import Summary, WindowRow
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
@@ -55,9 +57,10 @@ def test_window_row_values_follow_the_requested_aggregations():
 
 
 def test_handler_specs():
-    assert isinstance(build_handler("console"), ConsoleMetricHandler)
-    assert isinstance(build_handler("null"), NullMetricHandler)
-    assert type(build_handler("tests_user_handler:Recording")).__name__ == "Recording"
+    console, null, user = (build_handler(s) for s in ("console", "null", "tests_user_handler:Recording"))
+    assert isinstance(console, RowsAdapter) and isinstance(console.handler, ConsoleMetricHandler)
+    assert isinstance(null, RowsAdapter) and isinstance(null.handler, NullMetricHandler) and null.discards
+    assert isinstance(user, RowsAdapter) and type(user.handler).__name__ == "Recording" and not user.discards
     for bad in ("jsonl:", "nope", "os.path:join", "no_such_module_xyz:Thing"):
         with pytest.raises(ConfigError):
             build_handler(bad)
@@ -68,6 +71,55 @@ def test_handler_specs():
     for group in ("a/b", "rank0", "x" * 49):  # a group no rank can have (shmstat.names): said, not ignored
         with pytest.raises(ConfigError, match=r"no rank can have.*the name rule"):
             parse_handler_args([f"{group}=console"])
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("tests_args_handler:NoEmit", "tests_args_handler:NoEmit does not define emit: a handler defines "
+                                  "emit(metric_data), and emit_columns(columns) to take passes as columns"),
+    ("tests_args_handler:NoColumns", "tests_args_handler:NoColumns does not define emit_columns: a handler "
+                                     "defines emit(metric_data), and emit_columns(columns) to take passes as columns"),
+])
+def test_a_handler_class_missing_the_protocol_is_refused_when_built_in_one_sentence(spec, says):
+    with pytest.raises(ConfigError) as err:
+        build_handler(spec)
+    assert str(err.value) == says and len(says) < 160
+
+
+def test_a_user_class_with_emit_columns_gets_passes_as_columns_and_its_own_flush_and_close(tmp_path):
+    built = build_handler(f"tests_columns_handler:Recorder,path={tmp_path / 'rec.jsonl'}")
+    assert isinstance(built, ColumnsAdapter) and type(built.handler).__name__ == "Recorder"
+    built.emit_columns(Columns.from_rows("j", [WindowRow("g", "lat", 5, 100, to_mask([A.COUNT]), None,
+                                                         Summary(2, 3.0, 1.0, 2.0, 2.0, 7), ranks=2)]))
+    built.flush()  # Recorder has no flush: nothing to call
+    built.close()  # its own close
+    (line,) = (tmp_path / "rec.jsonl").read_text().splitlines()
+    assert json.loads(line)["count"] == [2] and built.handler._out.closed
+
+
+class _Picky(MetricHandler):
+    """Raises on every figure of stat ``b``; keeps the others."""
+
+    def __init__(self):
+        self.got = []
+
+    def emit(self, metric_data):
+        if metric_data.name.startswith("b."):
+            raise KeyError(metric_data.name)
+        self.got.append(metric_data.name)
+
+
+def test_a_rows_handler_raising_on_some_rows_gets_the_others_and_each_failure_is_counted(caplog):
+    mask = to_mask([A.COUNT, A.MEAN])
+    rows = [WindowRow("g", name, 5, 100, mask, rank, Summary(1, 1.0, 1.0, 1.0, 1.0, 1))
+            for name in ("a", "b", "c") for rank in (None, 0)]
+    picky = _Picky()
+    d = ThreadedDispatcher(Dispatcher({"g": picky}))
+    d.emit_columns(Columns.from_rows("j", rows))
+    assert d.wait(10)
+    d.close()
+    assert picky.got == ["a.count", "a.mean"] * 2 + ["c.count", "c.mean"] * 2
+    assert d.errors == 4 and d.emitted == 6  # every failed figure counted; the pass's rows as taken rows
+    assert sum("KeyError" in r.getMessage() for r in caplog.records) == 1
 
 
 class _Boom(MetricHandler):

@@ -20,6 +20,7 @@ from _percentile_kit import hist_of as _hist
 from _procs import spawn, start_collector, wait_file
 from _support import wait_for
 
+from collector.read.columns import Columns
 from collector.read.merge import Summary, WindowRow
 from collector.read.scanner import Scanner
 from shmstat.aggregation import to_mask
@@ -170,7 +171,8 @@ def test_the_otlp_point_of_a_window_of_infinities_only_is_empty_but_valid():
     s = Summary(3, math.nan, -INF, INF, INF, 0, hist=_hist(xs))
     with receiver() as rx:
         h = OtlpMetricHandler(rx.endpoint, host="node-a", timeout_s=2.0)
-        h.emit_window(WindowRow("g", "lat", 10, 100, to_mask([A.COUNT, A.P50, A.P99]), None, s), "j")
+        row = WindowRow("g", "lat", 10, 100, to_mask([A.COUNT, A.P50, A.P99]), None, s)
+        h.emit_columns(Columns.from_rows("j", [row]))
         h.close()
         points = rx.points()
     (point,) = [p for _r, m, p, _a in points if m.name == "lat.histogram"]

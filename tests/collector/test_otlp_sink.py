@@ -172,6 +172,7 @@ def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
     from _otlp_kit import receiver
 
     from collector.handlers.otlp import OtlpExportError, OtlpMetricHandler
+    from collector.read.columns import Columns
     from collector.read.merge import Summary, WindowRow
     from shmstat import Aggregation as A
     from shmstat.aggregation import to_mask
@@ -185,20 +186,20 @@ def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
     now = [100.0]
     with receiver() as rx:
         h = OtlpMetricHandler(rx.endpoint, host="node-a", clock=lambda: now[0], timeout_s=2.0)
-        h.emit_window(row(10, [1.0, 2.0]), "j")
-        h.emit_window(row(10, [-1.0, 0.0, 4.0], name="delta"), "j")
+        h.emit_columns(Columns.from_rows("j", [row(10, [1.0, 2.0])]))
+        h.emit_columns(Columns.from_rows("j", [row(10, [-1.0, 0.0, 4.0], name="delta")]))
         h.emit(MetricData(1.5, "g", "put.loss", 0.25))
         h.flush()
         rx.status = 500
-        h.emit_window(row(11, [3.0]), "j")
+        h.emit_columns(Columns.from_rows("j", [row(11, [3.0])]))
         with pytest.raises(OtlpExportError, match="500"):
             h.flush()
         rx.status = 200
-        h.emit_window(row(12, [5.0, 6.0, 7.0]), "j")
+        h.emit_columns(Columns.from_rows("j", [row(12, [5.0, 6.0, 7.0])]))
         with pytest.raises(OtlpExportError, match="dropped"):
             h.flush()  # within the wait after a failure: dropped, not sent
         now[0] += 1.5
-        h.emit_window(row(13, [8.0]), "j")
+        h.emit_columns(Columns.from_rows("j", [row(13, [8.0])]))
         h.flush()
         h.close()
         points = rx.points()

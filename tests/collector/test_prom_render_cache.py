@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.server import MetricsServer, RenderCache
+from collector.read.columns import Columns
 from collector.read.merge import Summary, WindowRow
 
 
@@ -113,7 +114,8 @@ def test_the_exporter_serves_figures_right_after_observe():
     url = ex.start()
     try:
         for n in (1, 2, 3):
-            ex.observe("j", [WindowRow("g", "g.s", 1, 1000, 0b100, None, Summary(5, 5.0, 1.0, 1.0, 1.0, 1))])
+            row = WindowRow("g", "g.s", 1, 1000, 0b100, None, Summary(5, 5.0, 1.0, 1.0, 1.0, 1))
+            ex.observe_columns(Columns.from_rows("j", [row]))
             with urllib.request.urlopen(url, timeout=10) as r:
                 fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
             assert [s.value for s in fams["shmstat_stat_count"].samples] == [5.0 * n]

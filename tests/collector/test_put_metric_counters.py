@@ -16,6 +16,7 @@ from _support import wait_for
 
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.put_metrics import SERIES_OVERHEAD_BYTES
+from collector.read.columns import Columns
 from collector.read.merge import Summary, WindowRow
 from elastic import metrics
 from elastic.metrics import MetricData
@@ -143,7 +144,8 @@ def test_counts_are_ints_in_the_exporter():
     ex = PrometheusExporter("127.0.0.1:0", node="n")
     row = WindowRow("g", "lat", 100, 50, 0b111, None, Summary(3, 6.0, 1.0, 3.0, 3.0, 5, hist=None), ranks=2)
     for _ in range(2):
-        ex.observe("j", [row, WindowRow("g", "lat", 100, 50, 0b111, 0, Summary(3, 6.0, 1.0, 3.0, 3.0, 5))])
+        per_rank = WindowRow("g", "lat", 100, 50, 0b111, 0, Summary(3, 6.0, 1.0, 3.0, 3.0, 5))
+        ex.observe_columns(Columns.from_rows("j", [row, per_rank]))
     for value in (1, 1, True):
         ex.observe_metric("j", MetricData(1.0, "g", "calls.success", value), rank=0)
     got = _exposed(ex)
