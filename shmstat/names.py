@@ -32,8 +32,9 @@ label) is 1 to :data:`MAX_JOB_LEN` (64) ASCII letters, digits, ``-``, ``_`` or `
 ending in ``.lock`` (:func:`is_job_id`; :func:`shmstat.shm.runtime.validate_job` raises with the rule).
 
 A name that breaks the rule raises :class:`~shmstat.errors.ConfigError` at the call, naming the problem and the
-rule's page (:data:`RULE_REFERENCE`). A name of the wrong type raises :class:`TypeError` (``put_metric`` and ``elastic.events.record`` first turn
-a non-``str`` name into its ``str``, as torchelastic passes any object through).
+rule's page (:data:`RULE_REFERENCE`). A name of the wrong type raises :class:`TypeError` (``put_metric`` and
+``elastic.events.record`` first turn a non-``str`` name into its ``str``, as torchelastic passes any object
+through).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def name_problem(text: str, limit: int = MAX_NAME_BYTES) -> str | None:
             return f"holds the control character U+{ord(ch):04X}"
         size = len(text.encode("utf-8"))
     if size > limit:
-        return f"is {size} bytes in UTF-8, over the limit: shorten it to at most {limit}"
+        return f"is {size} bytes of UTF-8: shorten it to at most {limit}"
     return None
 
 

@@ -99,9 +99,6 @@ def list_segments() -> int:
             note += f"  (no room for {ranks} rank(s), {writers} worker(s), {stats} stat(s))"
         print(f"{job:40s} {f'{i.ranks_alive}/{i.ranks_total}':>9s} {f'{i.writers_alive}/{i.writers_total}':>9s} "
               f"{coll:>12s} {i.size / 2**20:>8.1f}MB {i.dropped:>9d}{note}")
-    if jobs:
-        print("RANKS and WRITERS: alive/registered; WRITERS are ranks' extra processes (DataLoader workers, forks); "
-              "DROPPED: samples", file=sys.stderr)
     _say_skipped(scan.skipped)
     return 0
 

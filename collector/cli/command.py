@@ -139,8 +139,8 @@ def _one_node(text: str) -> str:
     """``--nnodes`` as torchrun takes it, accepted only where it means this one node (1, 1:1)."""
     if text.strip() in ("1", "1:1"):
         return text
-    raise argparse.ArgumentTypeError(f"shmstat run runs one node (1 or 1:1, got {text!r}); for more use torchrun with a "
-                                     f"node collector ({see_docs('guides/torchrun.md')})")
+    raise argparse.ArgumentTypeError(f"shmstat run runs one node (1 or 1:1, got {text!r}); for more use torchrun "
+                                     f"with a node collector ({see_docs('guides/torchrun.md')})")
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:

@@ -211,6 +211,11 @@ class NodeCollector:
             candidates = scan.segments
         else:
             candidates = self.jobs
+        default = self.dispatcher.inner.default
+        if isinstance(default, CompactWindowHandler) and default.show_job:  # short ids unique among the node's jobs
+            for job, shown in default.know(candidates).items():
+                if job in self.collectors:
+                    print(f"shmstat collector: job {job} is now shown as {shown}", file=self.out, flush=True)
         for job in candidates:
             if job in self.collectors or self._not_now.get(job, 0.0) > now:
                 continue
@@ -239,7 +244,9 @@ class NodeCollector:
             self._done.discard(job)
             collector.rank_look_s = SERVING_RANK_LOOK_S
             self.collectors[job] = collector
-            print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
+            shown = (f" (shown as {default.shown(job)})" if isinstance(default, CompactWindowHandler)
+                     and default.show_job else "")
+            print(f"shmstat collector: job {job} picked up{shown}, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)
 
     def _say_once(self, key: str, line: str, stream: IO[str]) -> None:

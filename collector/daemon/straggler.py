@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..read.columns import Columns
 
 __all__ = [
-    "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
+    "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS",
+    "RECOVERED_EVENT",
     "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
     "figure", "score_ranks",
 ]

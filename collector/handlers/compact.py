@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from elastic.metrics import MetricData, MetricHandler
@@ -89,12 +90,21 @@ class CompactWindowHandler(StragglerLines, MetricHandler):
 
     def shown(self, job: str) -> str:
         """How the lines show ``job``: its shortest prefix of at least :data:`SHORT_JOB_LEN` characters unique
-        among the jobs seen so far."""
+        among the jobs known so far (:meth:`know`)."""
+        if job not in self._short:
+            self.know([job])
+        return self._short[job]
+
+    def know(self, jobs: Iterable[str]) -> dict[str, str]:
+        """Take ``jobs`` into account for the short forms (a node collector names the jobs on its node); returns
+        the jobs known before whose short form changed, with the new one."""
         with self._lock:
-            if job not in self._short:
-                jobs = set(self._short) if len(self._short) < _SHORT_JOBS_KEPT else set()
-                self._short = short_job_ids(frozenset(jobs | {job}))
-            return self._short[job]
+            new = set(jobs) - set(self._short)
+            if not new:
+                return {}
+            before = self._short if len(self._short) + len(new) <= _SHORT_JOBS_KEPT else {}
+            self._short = short_job_ids(frozenset(set(before) | new))
+            return {job: self._short[job] for job, was in before.items() if self._short[job] != was}
 
     def say_straggler(self, name: str, job: str, data: dict[str, str | int | float | bool]) -> None:
         """Print the line of a straggler flagged or recovered (:func:`straggler_line`)."""

@@ -225,5 +225,5 @@ def build_event_handler(spec: str) -> Any:
         return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
     shown = repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
     either = f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
-    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, otlp:ENDPOINT or "
-                      "pkg.module:Class")
+    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, "
+                      "otlp:ENDPOINT or pkg.module:Class")

@@ -237,7 +237,7 @@ def test_a_two_node_torchrun_job_under_the_secured_recipe_reconciles_everywhere(
     wait_for(lambda: heard(sub, job, lambda m: m.get("record") == "end") == set(endpoints), 30, 0.05,
              what=f"the subscriber to see job {job} end on every host\n{sim_cluster.tails()}")
     lines = received(sub)
-    got = sorted((endpoints[m["source"]], m["rank"], it[2]["rank"], it[2]["step"]) for m in lines
+    got = sorted((endpoints[m["source"]], m["rank"], it["data"]["rank"], it["data"]["step"]) for m in lines
                  if m.get("kind") == "event" and m.get("topic") == "event/train.progress" and m["job"] == job
                  for it in m["items"])
     assert got == sorted((t["host"], rank, rank, step) for rank, t in tallies.items()
