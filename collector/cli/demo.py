@@ -110,8 +110,8 @@ def demo(*, ranks: int = 3, seconds: float = 3.0, window_ms: int = 500, out: IO[
     job = f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     table = DemoTableHandler(out)
     collector = Collector(
-        CollectorConfig(job=job, handlers={"*": "null"}), handler_objects={_GROUP: table}, out=out
-    )
+        CollectorConfig(job=job, handlers={"*": "null"}), handler_objects={_GROUP: table}
+    )  # its notes on stderr
     print(f"demo job {job}: {ranks} ranks for {seconds:.0f} s, {window_ms} ms windows; "
           f"subscribe with: shmstat subscribe --job {job}", file=out, flush=True)
     ctx = mp.get_context("spawn")

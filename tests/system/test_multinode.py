@@ -107,7 +107,7 @@ def start_node_collectors(cluster: Cluster, places: recipe.Places, work: Path) -
                                          "--grace-ms", "10", "--heartbeat-interval", "0.2", "--status-interval",
                                          "3600"], name="collector"))
     for coll in colls:
-        wait_for(lambda c=coll: "serving every job" in c.output() or c.popen.poll() is not None, 60,
+        wait_for(lambda c=coll: "serving every job" in c.notes() or c.popen.poll() is not None, 60,
                  what=f"{coll.name} to start")
         assert coll.popen.poll() is None, coll.tail()
     return colls
@@ -169,7 +169,7 @@ def run_job(cluster: Cluster, work: Path, commands: list[list[str]], collectors:
     for proc in procs:
         assert proc.wait(150) == 0, cluster.tails()
     for coll in collectors:
-        wait_for(lambda c=coll: f"job {job}'s segment removed" in c.output(), 30,
+        wait_for(lambda c=coll: f"job {job}'s segment removed" in c.notes(), 30,
                  what=f"{coll.name} to let the job go\n{cluster.tails()}")
     tallies = {}
     for rank in range(len(cluster.hosts) * RANKS_PER_HOST):
