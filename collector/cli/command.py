@@ -121,7 +121,8 @@ _VERBOSE = {
 _TORCHRUN_ONLY = ("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
                   "--rdzv-conf", "--rdzv_conf", "--node-rank", "--node_rank", "--master-addr", "--master_addr",
                   "--master-port", "--master_port", "--max-nodes", "--local-addr", "--local_addr")
-"""torchrun's multi-node flags: ``shmstat run`` runs one node, so they get a pointer to torchrun instead."""
+"""torchrun's rendezvous flags: ``shmstat run`` makes its own rendezvous on one node, so they get a pointer to
+torchrun instead."""
 
 
 def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> NoReturn:
@@ -130,8 +131,8 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     sub = _subparser(parser, getattr(args, "command", None))
     torchrun = [e.partition("=")[0] for e in extras if e.partition("=")[0] in _TORCHRUN_ONLY]
     if sub is not None and args.command == "run" and torchrun:
-        sub.error(f"{torchrun[0]} is torchrun's multi-node flag and shmstat run runs one node; use torchrun with a "
-                  f"node collector ({see_docs('guides/torchrun.md')})")
+        sub.error(f"{torchrun[0]} is torchrun's rendezvous (shmstat run makes its own, on one node); for more use "
+                  f"torchrun with a node collector ({see_docs('guides/torchrun.md')})")
     (sub or parser).error(f"unrecognized arguments: {' '.join(extras)}")
 
 

@@ -350,8 +350,8 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"--handler {arg!r} is not GROUP=SPEC (e.g. train=jsonl:/tmp/m.jsonl or *=console)")
         problem = None if group in ("*", COLLECTOR_GROUP) else group_problem(group)
         if problem is not None:
-            raise ConfigError(f"--handler {arg!r} names a group no rank can have: {group!r} {problem} "
-                              f"({RULE_REFERENCE})")
+            shown = repr(group) if len(group) <= 32 else repr(group[:29]) + "..."
+            raise ConfigError(f"--handler group {shown} {problem} ({RULE_REFERENCE})")
         out[group] = spec
     return out
 

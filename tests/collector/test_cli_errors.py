@@ -34,7 +34,7 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("collect", "--job", "{job}", "--handler", "*=compactt"), "use compact, console, null"),
     (("collect", "--job", "{job}", "--handler", "*=jsnl:x"), "unknown handler kind 'jsnl'"),
     (("collect", "--job", "{job}", "--handler", "*=jsnl:/tmp/x"), "unknown handler kind 'jsnl'"),
-    (("collect", "--job", "{job}", "--handler", "rank0=console"), "no rank can have"),
+    (("collect", "--job", "{job}", "--handler", "rank0=console"), "--handler group 'rank0' reads as rank<N>"),
     (("run", "--job", "{job}", "--nproc-per-node", "1", "--role", "a\tb", "tests/scripts/elastic_job.py"),
      "the name rule"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),

@@ -75,8 +75,8 @@ def test_run_takes_torchruns_single_node_flags(tmp_path):
 
 @pytest.mark.parametrize("flags, says", [
     (("--nnodes", "2"), "argument --nnodes: shmstat run runs one node"),
-    (("--rdzv-endpoint", "host:29400"), "--rdzv-endpoint is torchrun's multi-node flag"),
-    (("--node_rank", "1"), "--node_rank is torchrun's multi-node flag"),
+    (("--rdzv-endpoint", "host:29400"), "--rdzv-endpoint is torchrun's rendezvous"),
+    (("--node_rank", "1"), "--node_rank is torchrun's rendezvous"),
     (("--no-such-flag",), "unrecognized arguments: --no-such-flag"),
 ])
 def test_run_refuses_other_flags_with_its_own_usage_and_what_to_use(tmp_path, flags, says):
@@ -86,7 +86,7 @@ def test_run_refuses_other_flags_with_its_own_usage_and_what_to_use(tmp_path, fl
     sentence = _error(done, "shmstat run: error: ")
     assert sentence.startswith(says) and len(sentence) < SHORT, sentence
     if "unrecognized" not in says:
-        assert "use torchrun with a node collector (see docs/guides/torchrun.md)" in sentence
+        assert "for more use torchrun with a node collector (see docs/guides/torchrun.md)" in sentence
         assert os.path.exists(os.path.join(REPO, "docs", "guides", "torchrun.md"))
 
 
