@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         c.set_defaults(run=run)
         return c
 
-    c = command("collect", _collect, "run the per-node collector for a job")
+    c = command("collect", _collect, "run this node's collector: every job of yours on it, or the --job ones")
     c.add_argument("--job", action="append", default=[],
                    help="collect only this job (repeatable); without --job, every job of this user on this node")
     add_collector_options(c)
@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
 
-    command("ls", _ls, "list the shmstat segments of this node")
+    command("ls", _ls, "list the shmstat segments of this node: RANKS and WRITERS (ranks' worker processes) as "
+                       "alive/registered, the collector, SIZE, samples DROPPED")
     k = command("clean", _clean, "remove segments of jobs with no live process")
     k.add_argument("job", nargs="?", default=None, metavar="JOB",
                    help="clean only this job (default: every job of yours with no live process)")
