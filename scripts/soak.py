@@ -291,19 +291,20 @@ class CollectorRuns:
 
     def start(self) -> None:
         out = os.path.join(self.workdir, f"windows-{len(self.outputs)}.jsonl")
+        ready = os.path.join(self.workdir, f"ready-{len(self.outputs)}.json")
         self.outputs.append(out)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "collector", "collect", "--job", self.job, "--publish", self.publish,
              "--handler", f"*=jsonl:{out}", "--grace-ms", str(GRACE_MS), "--banks", "64", "--max-ranks", "32",
-             "--max-stats", "16", "--status-interval",
-             "0"],
+             "--max-stats", "16", "--status-interval", "0", "--ready-file", ready],
             cwd=REPO, stdout=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")),
         )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("shmstat collector:"):
-            raise SystemExit(f"soak: the collector did not start: {line!r}")
+        deadline = time.monotonic() + 60  # its notes are on stderr; the ready file says it serves
+        while not os.path.exists(ready) and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not os.path.exists(ready):
+            raise SystemExit(f"soak: the collector did not start (exit status {self.proc.poll()})")
 
     def stop(self) -> int:
         assert self.proc is not None

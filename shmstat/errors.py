@@ -11,12 +11,14 @@
      ├── WireError (ValueError)       a frame received on a socket is not a valid shmstat message
      └── CollectorError               the collector cannot start (e.g. another one runs for the job)
 
-Every message is one sentence that says what to change.
+Every message is one sentence that says what to change, under about 160 characters; where a rule is too long to
+repeat, the sentence names its page (:func:`see_docs`).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DOCS_BASE",
     "CapacityError",
     "CollectorError",
     "ConfigError",
@@ -25,7 +27,16 @@ __all__ = [
     "SegmentError",
     "ShmstatError",
     "WireError",
+    "see_docs",
 ]
+
+DOCS_BASE = "docs/"
+"""Where every message's documentation links point: the documentation site's pages in the repository."""
+
+
+def see_docs(page: str) -> str:
+    """``see docs/<page>``: how a message names the page that states a rule (``page`` relative to the docs)."""
+    return f"see {DOCS_BASE}{page}"
 
 
 class ShmstatError(Exception):

@@ -32,8 +32,9 @@ label) is 1 to :data:`MAX_JOB_LEN` (64) ASCII letters, digits, ``-``, ``_`` or `
 ending in ``.lock`` (:func:`is_job_id`; :func:`shmstat.shm.runtime.validate_job` raises with the rule).
 
 A name that breaks the rule raises :class:`~shmstat.errors.ConfigError` at the call, naming the problem and the
-rule. A name of the wrong type raises :class:`TypeError` (``put_metric`` and ``elastic.events.record`` first turn
-a non-``str`` name into its ``str``, as torchelastic passes any object through).
+rule's page (:data:`RULE_REFERENCE`). A name of the wrong type raises :class:`TypeError` (``put_metric`` and
+``elastic.events.record`` first turn a non-``str`` name into its ``str``, as torchelastic passes any object
+through).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from .errors import ConfigError
+from .errors import ConfigError, see_docs
 
 __all__ = [
     "COLLECTOR_GROUP",
@@ -51,6 +52,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "MAX_STAT_NAME_BYTES",
     "RULE",
+    "RULE_REFERENCE",
     "check_event_name",
     "check_group",
     "check_metric",
@@ -81,7 +83,11 @@ RULE: Final = (
     f"character, line separator, lone surrogate or U+FFFD, and a group is 1 to {MAX_GROUP_BYTES} such bytes with "
     f"no '/' or '=' that is not '*', '{COLLECTOR_GROUP}' or rank<N>"
 )
-"""The rule in one clause, as every refusal quotes it."""
+"""The rule in one clause (for documentation and help texts; a refusal names its page instead)."""
+
+RULE_REFERENCE: Final = f"the name rule: {see_docs('reference/name-rule.md')}"
+"""How every refusal of a name or group names the rule: its documentation page, not the whole rule (one sentence
+stays short)."""
 
 _REFUSED = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffd]")
 _RANK_SEGMENT = re.compile("rank-?[0-9]+")
@@ -118,7 +124,7 @@ def name_problem(text: str, limit: int = MAX_NAME_BYTES) -> str | None:
             return f"holds the control character U+{ord(ch):04X}"
         size = len(text.encode("utf-8"))
     if size > limit:
-        return f"is {size} bytes in UTF-8, over the limit: shorten it to at most {limit}"
+        return f"is {size} bytes of UTF-8: shorten it to at most {limit}"
     return None
 
 
@@ -141,8 +147,8 @@ def group_problem(text: str) -> str | None:
 
 
 def _refuse(what: str, text: str, problem: str) -> ConfigError:
-    shown = repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
-    return ConfigError(f"{what} {shown} {problem} (the name rule: {RULE})")
+    shown = repr(text) if len(text) <= 32 else repr(text[:29]) + "..."
+    return ConfigError(f"{what} {shown} {problem} ({RULE_REFERENCE})")
 
 
 def _as_str(text: Any, what: str) -> str:

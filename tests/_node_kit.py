@@ -79,8 +79,8 @@ def main(workdir: str, mode: str = "") -> None:
     os.environ["XDG_RUNTIME_DIR"] = runtime
     out = os.path.join(workdir, "m.jsonl")
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
-                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
+                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # its notes are on stderr
     lines: list[str] = []
     assert coll.stdout is not None
     first = coll.stdout.readline()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -55,20 +56,27 @@ def start_collector(job: str, *args: str) -> CollectorProc:
                                                        os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "collector", "collect", "--job", job, *args],
-        stdout=subprocess.PIPE, stderr=None, text=True, env=env, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
     )
-    assert proc.stdout is not None
+    assert proc.stderr is not None
     lines: list[str] = []
-    while True:
-        line = proc.stdout.readline()
+    while True:  # its notes are on stderr: the Prometheus endpoint, warnings, then where it serves
+        line = proc.stderr.readline()
         lines.append(line.strip())
-        if not line.startswith("shmstat collector:"):
+        if not line:
             proc.kill()
             raise AssertionError(f"collector did not start: {lines!r}")
-        if " publish " in line:
+        if line.startswith("shmstat collector:") and " publish " in line:
             break
+    threading.Thread(target=_forward, args=(proc.stderr,), daemon=True).start()
     fields = line.split()
     return CollectorProc(proc, fields[fields.index("publish") + 1], fields[fields.index("ingest") + 1], lines)
+
+
+def _forward(stream) -> None:
+    """Pass what a collector writes to stderr after its start on to the test's stderr, as if inherited."""
+    for line in stream:
+        sys.stderr.write(line)
 
 
 def read_jsonl(path: str) -> list[dict]:

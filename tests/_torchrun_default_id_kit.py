@@ -32,8 +32,8 @@ def main(workdir: str) -> None:
         env.pop(var, None)
     out = os.path.join(workdir, "m.jsonl")
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
-                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE, text=True,
-                            env=env, cwd=REPO)
+                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # its notes are on stderr
     lines: list[str] = []
 
     def read() -> None:

@@ -101,6 +101,10 @@ class Proc:
         """Everything it wrote to stdout so far."""
         return self.out.read_text(errors="replace")
 
+    def notes(self) -> str:
+        """Everything it wrote to stderr so far (a collector's notes)."""
+        return self.err.read_text(errors="replace")
+
     def tail(self, lines: int = 15) -> str:
         """The last ``lines`` lines of its stderr and stdout, for a failure message."""
         parts = []

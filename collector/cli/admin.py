@@ -18,7 +18,7 @@ from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, scan_shm
 
 from ..daemon.sweep import remove_if_dead, remove_leftover_locks
 
-__all__ = ["SegmentInfo", "clean", "list_segments", "segment_info"]
+__all__ = ["LS_COLUMNS", "SegmentInfo", "clean", "list_segments", "segment_info"]
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,15 @@ class SegmentInfo:
     """Samples the job's processes could not write (no room, segment removed): header and rank entries."""
     refused: tuple[int, int, int] = (0, 0, 0)
     """(ranks, writer processes, stats) that got no room in the segment."""
+    writers_alive: int = 0
+    """Extra writer processes of ranks (forked or spawned children, DataLoader workers) still running."""
+    writers_total: int = 0
+    """Extra writer entries in the rank table (:attr:`ranks_total` counts ranks only)."""
 
     @property
     def live(self) -> bool:
         """Whether any process of the job still runs on this node."""
-        return self.collector_alive or self.ranks_alive > 0
+        return self.collector_alive or self.ranks_alive > 0 or self.writers_alive > 0
 
 
 def segment_info(job: str) -> SegmentInfo:
@@ -53,26 +57,39 @@ def segment_info(job: str) -> SegmentInfo:
             size = os.lstat(f"{SHM_DIR}/shmstat.{job}").st_size
         return SegmentInfo(job, size, 0, 0, 0, False, str(exc))
     try:
-        ranks = seg.ranks()
-        alive = sum(1 for r in ranks if r.state == RankState.ACTIVE and pid_alive(r.pid))
+        entries = seg.ranks()
+        ranks = [r for r in entries if not r.is_writer]
+        writers = [r for r in entries if r.is_writer]
+
+        def alive(of: list) -> int:
+            return sum(1 for r in of if r.state == RankState.ACTIVE and pid_alive(r.pid))
+
         h = seg.header()
-        dropped = h.dropped + sum(r.dropped for r in ranks)
-        refused = (h.ranks_refused, sum(r.writers_refused for r in ranks), sum(r.stats_refused for r in ranks))
-        return SegmentInfo(job, h.total_size, alive, len(ranks), h.collector_pid, pid_alive(h.collector_pid),
-                           dropped=dropped, refused=refused)
+        dropped = h.dropped + sum(r.dropped for r in entries)
+        refused = (h.ranks_refused, sum(r.writers_refused for r in entries), sum(r.stats_refused for r in entries))
+        return SegmentInfo(job, h.total_size, alive(ranks), len(ranks), h.collector_pid, pid_alive(h.collector_pid),
+                           dropped=dropped, refused=refused, writers_alive=alive(writers), writers_total=len(writers))
     finally:
         seg.close()
 
 
+LS_COLUMNS = ("JOB", "RANKS", "WRITERS", "COLLECTOR", "SIZE", "DROPPED")
+"""The columns of ``shmstat ls``: RANKS and WRITERS are ``alive/registered`` ranks, and extra writer processes of
+ranks (forked or spawned children such as DataLoader workers, which write their rank's samples); DROPPED counts
+samples."""
+
+
 def list_segments() -> int:
-    """Print every segment of this user on this node: job, ranks alive, collector, size; then one line on stderr
-    for each entry named like a segment that is not this user's (or not a segment at all), which is skipped."""
+    """Print every segment of this user on this node (:data:`LS_COLUMNS`): job, ranks and extra writers alive of
+    those registered, collector, size, samples dropped; then one line on stderr for each entry named like a segment
+    that is not this user's (or not a segment at all), which is skipped."""
     scan = scan_shm()
     jobs = scan.segments
     if not jobs:
         print("no shmstat segments on this node")
     else:
-        print(f"{'JOB':40s} {'RANKS':>9s} {'COLLECTOR':>12s} {'SIZE':>10s} {'DROPPED':>9s}")
+        job_h, ranks_h, writers_h, coll_h, size_h, dropped_h = LS_COLUMNS
+        print(f"{job_h:40s} {ranks_h:>9s} {writers_h:>9s} {coll_h:>12s} {size_h:>10s} {dropped_h:>9s}")
     for job in jobs:
         i = segment_info(job)
         coll = f"{i.collector_pid} up" if i.collector_alive else "-"
@@ -80,8 +97,8 @@ def list_segments() -> int:
         if any(i.refused):
             ranks, writers, stats = i.refused
             note += f"  (no room for {ranks} rank(s), {writers} worker(s), {stats} stat(s))"
-        print(f"{job:40s} {i.ranks_alive:>4d}/{i.ranks_total:<4d} {coll:>12s} {i.size / 2**20:>8.1f}MB "
-              f"{i.dropped:>9d}{note}")
+        print(f"{job:40s} {f'{i.ranks_alive}/{i.ranks_total}':>9s} {f'{i.writers_alive}/{i.writers_total}':>9s} "
+              f"{coll:>12s} {i.size / 2**20:>8.1f}MB {i.dropped:>9d}{note}")
     _say_skipped(scan.skipped)
     return 0
 

@@ -9,8 +9,9 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from shmstat.errors import ShmstatError
+from shmstat.errors import ShmstatError, see_docs
 
 from .options import add_collector_options, collector_config
 
@@ -21,29 +22,37 @@ COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "ls", "cl
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what the collector does")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what shmstat does on stderr (INFO level)")
     p.add_argument("--version", action="version", version=f"shmstat {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    verbose = argparse.ArgumentParser(add_help=False)  # -v after the command too
-    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                         help="log what the collector does")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, parents=[verbose], help=about)
+        c = sub.add_parser(name, help=about, description=about)
+        c.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help=_VERBOSE.get(name, "log what this command does on stderr (INFO level)"))
         c.set_defaults(run=run)
         return c
 
-    c = command("collect", _collect, "run the per-node collector for a job")
+    c = command("collect", _collect, "run this node's collector: every job of yours on it, or the --job ones")
     c.add_argument("--job", action="append", default=[],
                    help="collect only this job (repeatable); without --job, every job of this user on this node")
     add_collector_options(c)
 
     r = command("run", _run, "start a collector and N ranks of a script or module, like torchrun")
     r.add_argument("--job", default=None, help="job id (default: a fresh one)")
-    r.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this node (default 1, as torchrun)")
-    r.add_argument("--max-restarts", type=int, default=0)
-    r.add_argument("--monitor-interval", type=float, default=0.1, help="seconds between checks of the ranks")
-    r.add_argument("--role", default="default")
+    r.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                   help="ranks on this node (default 1, as torchrun)")
+    r.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                   help="restart the whole group this many times after a rank fails (default 0, as torchrun)")
+    r.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1,
+                   help="seconds between checks of the ranks (default 0.1)")
+    r.add_argument("--role", default="default",
+                   help="the worker role, in the agent's metric names workers.ROLE.* (default 'default', as torchrun)")
+    r.add_argument("--standalone", action="store_true",
+                   help="accepted for torchrun's sake: shmstat run is always one standalone node")
+    r.add_argument("--nnodes", type=_one_node, default="1", metavar="1",
+                   help="accepted for torchrun's sake as 1 or 1:1; for more nodes use torchrun with a node collector "
+                        f"({see_docs('guides/torchrun.md')})")
     r.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this long "
                         "each (default 10)")
@@ -95,14 +104,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--title", default="shmstat", help="the dashboard's title (default shmstat)")
     g.add_argument("--uid", default="shmstat-jobs", help="the dashboard's uid (default shmstat-jobs)")
 
-    command("ls", _ls, "list the shmstat segments of this node")
+    command("ls", _ls, "list the shmstat segments of this node: RANKS and WRITERS (ranks' worker processes) as "
+                       "alive/registered, the collector, SIZE, samples DROPPED")
     k = command("clean", _clean, "remove segments of jobs with no live process")
-    k.add_argument("job", nargs="?", default=None)
+    k.add_argument("job", nargs="?", default=None, metavar="JOB",
+                   help="clean only this job (default: every job of yours with no live process)")
 
     d = command("demo", _demo, "a demo job: a collector and a few ranks, printing aggregated windows")
-    d.add_argument("--ranks", type=int, default=3)
-    d.add_argument("--seconds", type=float, default=3.0)
-    d.add_argument("--window-ms", type=int, default=500)
+    d.add_argument("--ranks", type=int, default=3, help="ranks to start, rank 1 slowed on purpose (default 3)")
+    d.add_argument("--seconds", type=float, default=3.0, help="how long the ranks run (default 3)")
+    d.add_argument("--window-ms", type=int, default=500, help="the stats' window in milliseconds (default 500)")
 
     y = command("keys", _keys, "write CURVE keys: a collector's TCP streams only for subscribers holding one")
     y.add_argument("dir", metavar="DIR", help="where the keys go (created owner-only if missing)")
@@ -113,6 +124,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_VERBOSE = {
+    "collect": "log what the collector does on stderr (INFO level)",
+    "run": "log what the collector and the agent do on stderr (INFO level)",
+    "demo": "log what the demo's collector does on stderr (INFO level)",
+    "subscribe": "log what the subscriber does on stderr (INFO level)",
+    "top": "log what top does on stderr (INFO level)",
+    "ls": "log what ls does on stderr (INFO level)",
+    "clean": "log what clean does on stderr (INFO level)",
+    "keys": "log what keys does on stderr (INFO level)",
+}
+
+_TORCHRUN_ONLY = ("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
+                  "--rdzv-conf", "--rdzv_conf", "--node-rank", "--node_rank", "--master-addr", "--master_addr",
+                  "--master-port", "--master_port", "--max-nodes", "--local-addr", "--local_addr")
+"""torchrun's rendezvous flags: ``shmstat run`` makes its own rendezvous on one node, so they get a pointer to
+torchrun instead."""
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> NoReturn:
+    """Refuse arguments no parser took, with the usage of the subcommand they were given to, and a pointer for
+    torchrun's multi-node flags."""
+    sub = _subparser(parser, getattr(args, "command", None))
+    torchrun = [e.partition("=")[0] for e in extras if e.partition("=")[0] in _TORCHRUN_ONLY]
+    if sub is not None and args.command == "run" and torchrun:
+        sub.error(f"{torchrun[0]} is torchrun's rendezvous (shmstat run makes its own, on one node); for more use "
+                  f"torchrun with a node collector ({see_docs('guides/torchrun.md')})")
+    (sub or parser).error(f"unrecognized arguments: {' '.join(extras)}")
+
+
+def _one_node(text: str) -> str:
+    """``--nnodes`` as torchrun takes it, accepted only where it means this one node (1, 1:1)."""
+    if text.strip() in ("1", "1:1"):
+        return text
+    raise argparse.ArgumentTypeError(f"shmstat run runs one node (1 or 1:1, got {text!r}); for more use torchrun "
+                                     f"with a node collector ({see_docs('guides/torchrun.md')})")
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    return None
+
+
 def _version() -> str:
     from shmstat import __version__
 
@@ -121,7 +177,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shmstat`` console script; returns the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _unrecognized(parser, args, extras)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -2,7 +2,8 @@
 
 Each rank adds a simulated step time (rank 1 is a straggler) and a data-loader wait to two Stats, and logs
 an event per simulated epoch. The collector merges the ranks per window and prints one line per merged
-window and the slowest rank's mean beside it, which is how a straggler shows up.
+window and the slowest rank's mean beside it, and a ``straggler:`` line once it flags rank 1 (with three ranks
+or more: against two, the median is their mean and rank 1 scores 0.81, above the 0.75 threshold).
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from typing import IO
 from elastic.metrics import MetricData, MetricHandler
 
 from ..daemon.collector import Collector, CollectorConfig
+from ..handlers.compact import StragglerLines, straggler_line
 
 __all__ = ["DemoTableHandler", "demo"]
 
 _GROUP = "demo"
 
 
-class DemoTableHandler(MetricHandler):
-    """Prints merged windows as table rows, with the per-rank extreme of the mean beside them."""
+class DemoTableHandler(StragglerLines, MetricHandler):
+    """Prints merged windows as table rows, with the per-rank extreme of the mean beside them, and the collector's
+    straggler lines (:func:`collector.handlers.compact.straggler_line`)."""
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out if out is not None else sys.stdout
@@ -46,6 +49,10 @@ class DemoTableHandler(MetricHandler):
             row[agg] = metric_data.value
         elif agg == "mean":
             row["ranks"][rank] = metric_data.value
+
+    def say_straggler(self, name: str, job: str, data: dict[str, str | int | float | bool]) -> None:
+        """Print the line of a straggler flagged or recovered."""
+        print(straggler_line(name, data), file=self.out, flush=True)
 
     def flush(self) -> None:
         """Print the windows collected since the last flush."""
@@ -103,8 +110,8 @@ def demo(*, ranks: int = 3, seconds: float = 3.0, window_ms: int = 500, out: IO[
     job = f"demo-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     table = DemoTableHandler(out)
     collector = Collector(
-        CollectorConfig(job=job, handlers={"*": "null"}), handler_objects={_GROUP: table}, out=out
-    )
+        CollectorConfig(job=job, handlers={"*": "null"}), handler_objects={_GROUP: table}
+    )  # its notes on stderr
     print(f"demo job {job}: {ranks} ranks for {seconds:.0f} s, {window_ms} ms windows; "
           f"subscribe with: shmstat subscribe --job {job}", file=out, flush=True)
     ctx = mp.get_context("spawn")

@@ -243,7 +243,7 @@ class Agent:
 def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float,
                          role: str) -> None:
     # the longest metric name the agent puts for its role follows the name rule (else put_metric raises mid-run)
-    check_name(f"workers.{role}.run_success_with_retries", f"--role {role!r} gives the metric name")
+    check_name(f"workers.{role}.run_success_with_retries", "--role gives the metric name")
     if not 1 <= nproc <= 4096:
         raise ConfigError(f"--nproc-per-node must be between 1 and 4096, got {nproc}")
     if max_restarts < 0:

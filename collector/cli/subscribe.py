@@ -42,7 +42,7 @@ from ..wire.curve import (
 )
 from .sources import job_over, served_jobs, socket_identity
 
-__all__ = ["gap_line", "message_to_json", "subscribe"]
+__all__ = ["gap_line", "item_to_json", "message_to_json", "subscribe"]
 
 _RCVHWM = 64  # messages queued in this process at most (each at most 2 MiB)
 _DISCOVER_S = 0.1  # node-wide: how often /dev/shm is looked at for jobs that start
@@ -71,12 +71,32 @@ def _jsonable(value: Any) -> Any:
 
 
 def message_to_json(msg: wire.WireMessage, endpoint: str, job: str | None = None) -> str:
-    """One JSON line for a decoded message: topic, kind, rank, pid, incarnation, seq, items, source, job."""
+    """One JSON line for a decoded message: topic, kind, rank, pid, incarnation, seq, items, source, job; every
+    item an object (:func:`item_to_json`)."""
     return json.dumps(
         {"topic": msg.topic, "kind": msg.kind, "rank": msg.rank, "pid": msg.pid, "incarnation": msg.incarnation,
-         "seq": msg.seq, "items": _jsonable(msg.items), "source": endpoint, "job": job},
+         "seq": msg.seq, "items": [item_to_json(msg, j, item, job) for j, item in enumerate(msg.items)],
+         "source": endpoint, "job": job},
         allow_nan=False,
     )
+
+
+def item_to_json(msg: wire.WireMessage, index: int, item: Any, job: str | None) -> Any:
+    """Item ``index`` of ``msg`` as a JSON object. An event is shaped as a line of ``--events jsonl:PATH``
+    (:meth:`collector.handlers.events.EventRecord.to_json`): ``name``, ``job``, ``rank`` (null for the
+    collector's own), ``timestamp`` (unix seconds), ``data``, ``seq``, ``pid``, ``incarnation``; a put metric as
+    ``timestamp``, ``group``, ``name``, ``value``, ``rank``, ``job``, ``seq``; the collector's maps (stat, rank,
+    heartbeat) as they are. Non-finite floats are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
+    rank = None if msg.rank == wire.COLLECTOR_RANK else msg.rank
+    if msg.kind == "event":
+        name, ts_ns, data = item
+        return {"name": name, "job": job, "rank": rank, "timestamp": ts_ns / 1e9, "data": _jsonable(data),
+                "seq": msg.seq + index, "pid": msg.pid, "incarnation": msg.incarnation}
+    if msg.kind == "metric":
+        group, name, value, ts = item
+        return {"timestamp": ts, "group": group, "name": name, "value": _jsonable(value), "rank": rank, "job": job,
+                "seq": msg.seq + index}
+    return _jsonable(item)
 
 
 def gap_line(gap: Gap, job: str | None) -> str:
@@ -353,6 +373,11 @@ def _loop(sub: _Subscriber, sources: list[_Source], node_wide: bool, fixed: bool
         sub.handshakes()
     if sub.bad:
         print(f"shmstat subscribe: {sub.bad} malformed messages skipped", file=sys.stderr)
+    never = [s.job for s in sources if s.job is not None and not s.seen]
+    if never and sub.seen == 0:
+        print(f"shmstat subscribe: job {never[0]} did not appear on this node before the timeout: no collector served "
+              "it and nothing was received (see shmstat ls)", file=sys.stderr)
+        return 1
     if sub.seen == 0 and not node_wide and not any(s.seen for s in sources):
         names = ", ".join(s.job or s.endpoint for s in sources)
         print(f"shmstat subscribe: nothing received from {names} (is a collector running there?)", file=sys.stderr)

@@ -65,7 +65,9 @@ class Collector:
         validate_job(config.job)
         self.config = config
         self.clock = config.clock
-        self.out = out if out is not None else sys.stdout
+        self.out = out if out is not None else sys.stderr
+        """Where notes go (where it serves, the Prometheus endpoint): stderr by default, so that stdout carries only
+        data (the default handler's window and straggler lines)."""
         self.stop_requested = threading.Event()
         self._lock_fd: int | None = None
         self.segment: Segment | None = None

@@ -101,11 +101,12 @@ class CollectorConfig:
 def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
                      ) -> ThreadedDispatcher:
     """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
-    nowhere unless asked for."""
+    nowhere unless asked for by name (``--handler shmstat=SPEC``, or a handler object for it): ``*`` does not
+    include it (its counters are on ``/metrics`` and the status line already)."""
     inner = Dispatcher.from_specs(config.handlers)
     for group, handler in (handler_objects or {}).items():
         inner.bind(group, handler)
-    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
+    if PLATFORM_GROUP not in inner.handlers:
         from elastic.metrics import NullMetricHandler
 
         inner.bind(PLATFORM_GROUP, NullMetricHandler())

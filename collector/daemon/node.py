@@ -47,6 +47,7 @@ from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
 from .collector import Collector, CollectorConfig, build_dispatcher
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
+from .node_lock import NodeLock
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
@@ -64,13 +65,25 @@ class NodeCollector:
 
     def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
                  discover_interval_s: float = 0.2) -> None:
+        self._node_lock = NodeLock.take() if jobs is None else None  # before anything is bound: one per node
+        try:
+            self._start(config, jobs, out, discover_interval_s)
+        except BaseException:
+            if self._node_lock is not None:
+                self._node_lock.release()
+            raise
+
+    def _start(self, config: CollectorConfig, jobs: list[str] | None, out: IO[str] | None,
+               discover_interval_s: float) -> None:
         # one status line for the node, not per job; the jobs' own endpoints are their default ones
         self.config = dataclasses.replace(config, status_interval_s=0.0, publish=None, ready_file=None,
                                           curve=None)  # the node's endpoint is the node's, below
         self.ready_file = config.ready_file
         self.status = _NodeStatus(config.status_interval_s)
         self.jobs = list(jobs) if jobs else None
-        self.out = out if out is not None else sys.stdout
+        self.out = out if out is not None else sys.stderr
+        """Where notes go (start, jobs picked up and let go, segments removed, the Prometheus endpoint): stderr by
+        default, so that stdout carries only data (the default handler's windows and straggler lines)."""
         self.discover_interval_s = discover_interval_s
         self.outlet: Outlet | None = None
         """The node's publish socket (``--publish``), which every job's relay also sends on, or None."""
@@ -198,6 +211,11 @@ class NodeCollector:
             candidates = scan.segments
         else:
             candidates = self.jobs
+        default = self.dispatcher.inner.default
+        if isinstance(default, CompactWindowHandler) and default.show_job:  # short ids unique among the node's jobs
+            for job, shown in default.know(candidates).items():
+                if job in self.collectors:
+                    print(f"shmstat collector: job {job} is now shown as {shown}", file=self.out, flush=True)
         for job in candidates:
             if job in self.collectors or self._not_now.get(job, 0.0) > now:
                 continue
@@ -226,7 +244,9 @@ class NodeCollector:
             self._done.discard(job)
             collector.rank_look_s = SERVING_RANK_LOOK_S
             self.collectors[job] = collector
-            print(f"shmstat collector: job {job} picked up, ingest {collector.ingest_endpoint} publish "
+            shown = (f" (shown as {default.shown(job)})" if isinstance(default, CompactWindowHandler)
+                     and default.show_job else "")
+            print(f"shmstat collector: job {job} picked up{shown}, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)
 
     def _say_once(self, key: str, line: str, stream: IO[str]) -> None:
@@ -298,6 +318,9 @@ class NodeCollector:
             self.dispatcher.close()
         if self.exporter is not None:
             self.exporter.close()
+        if self._node_lock is not None:
+            self._node_lock.release()
+            self._node_lock = None
 
 
     def endpoint_counters(self) -> dict[str, int]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from shmstat import wire
 
+from ..handlers.compact import StragglerLines
 from .config import PLATFORM_GROUP
 from .straggler import EVENT_TOPICS
 
@@ -69,7 +70,10 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
     assert relay is not None
     relay.update_subscriptions()  # first: rows nobody receives are never built
-    scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))  # straggler output
+    lines = _straggler_lines(dispatcher)
+    # straggler output: scores to our group, events to subscribers, lines to the console handlers
+    scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS)) or any(
+        h is not None for h in lines.values())
 
     def wanted(group: str) -> bool:
         return (scored or exporter is not None or not dispatcher.discards(group)
@@ -90,9 +94,22 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
         dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
         c.publish_event(ev.name, now, ev.data)
+        group = str(ev.data["group"])
+        say = lines[group] if group in lines else lines["*"]
+        if say is not None:
+            say.say_straggler(ev.name, job, ev.data)
     c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
+
+
+def _straggler_lines(dispatcher: ThreadedDispatcher) -> dict[str, StragglerLines | None]:
+    """Each configured group's handler if it prints straggler lines (else None), and ``*``: the default's."""
+    inner = dispatcher.inner
+    found: dict[str, StragglerLines | None] = {
+        g: h if isinstance(h, StragglerLines) else None for g, h in inner.handlers.items()}
+    found["*"] = inner.default if isinstance(inner.default, StragglerLines) else None
+    return found
 
 
 def _publish_rows(relay: Relay, cols: Columns) -> None:

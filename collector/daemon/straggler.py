@@ -1,6 +1,7 @@
 """Stragglers: how each rank compares with the node, per closed window of a stat present on two ranks or more.
 
-A rank's figure is its window's p50 when the stat keeps percentiles, else its mean. Its score is
+A rank's figure is its window's p50 when the stat keeps percentiles, else its mean; a stat that asked only for
+COUNT is not scored (:data:`COUNT_ONLY_MASK`). Its score is
 ``median over ranks / figure`` for a stat where higher is worse (a time: the slow rank scores under 1), and
 ``figure / median`` for one that declared ``higher_is_better`` (a rate). Prior art: NVIDIA's resiliency extension
 scores ranks the same way and flags under 0.75.
@@ -21,6 +22,7 @@ import numpy as np
 
 from elastic.metrics import StatMetricData
 from shmstat import wire
+from shmstat.aggregation import Aggregation
 from shmstat.errors import ConfigError
 
 from ..read.merge import Summary, WindowSpan
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
     from ..read.columns import Columns
 
 __all__ = [
-    "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS", "RECOVERED_EVENT",
+    "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS",
+    "RECOVERED_EVENT",
     "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
     "figure", "score_ranks",
 ]
@@ -40,6 +43,11 @@ DEFAULT_WINDOWS = 3
 """Consecutive slow windows before a rank is reported a straggler."""
 MAX_WINDOWS = 1000
 """The most consecutive windows one may ask for."""
+
+
+COUNT_ONLY_MASK = 1 << int(Aggregation.COUNT)
+"""The aggregation mask of a stat that counts and asks for no figure of its values: never scored (its mean is no
+figure the user asked for, so a score of it means nothing)."""
 
 
 def figure(summary: Summary) -> float:
@@ -181,7 +189,8 @@ class StragglerDetector:
         block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
         with np.errstate(invalid="ignore"):
             fig = np.where(cols.hists.present, cols.p50, cols.mean)  # figure(): p50 if a histogram
-            rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig))
+            rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig)
+                                  & ((cols.agg_mask & ~COUNT_ONLY_MASK) != 0))
         b, f = block[rows], fig[rows]
         order = np.lexsort((f, b))
         rows, b, f = rows[order], b[order], f[order]

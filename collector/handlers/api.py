@@ -19,6 +19,7 @@ and row); a user's class that defines ``emit_columns`` gets the passes as column
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -29,7 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.errors import ConfigError
-from shmstat.names import COLLECTOR_GROUP, RULE, group_problem
+from shmstat.names import COLLECTOR_GROUP, RULE_REFERENCE, group_problem
 
 from .compact import CompactWindowHandler
 from .jsonl_resume import DEFAULT_TAIL_BYTES, resume_jsonl
@@ -38,8 +39,8 @@ from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "load_user_class",
-           "parse_handler_args", "parse_spec_kwargs"]
+__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "is_user_class_spec",
+           "load_user_class", "parse_handler_args", "parse_spec_kwargs"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -165,13 +166,33 @@ def build_handler(spec: str) -> ColumnsHandler:
 
         return build_otlp_handler(arg)
     class_name, comma, arguments = arg.partition(",")
-    if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
+    if is_user_class_spec(kind, class_name):
         return as_columns_handler(
             _load_user_handler(kind, class_name, parse_spec_kwargs(spec, arguments) if comma else {}))
-    raise ConfigError(
-        f"unknown handler spec {spec!r}; use compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
-        "pkg.module:Class[,key=value...]"
-    )
+    raise ConfigError(f"unknown handler kind {kind!r} in {_shown_spec(spec)}{_no_module(kind, class_name)}; use "
+                      "compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or pkg.module:Class")
+
+
+def is_user_class_spec(module_name: str, class_name: str) -> bool:
+    """Whether ``module_name:class_name`` reads as a user's class: a dotted module name and a class name, the
+    module dotted or one Python finds (``jsnl:x`` is a mistyped kind, not a module named ``jsnl``)."""
+    if not (class_name.isidentifier() and module_name and all(p.isidentifier() for p in module_name.split("."))):
+        return False
+    if "." in module_name:
+        return True
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _no_module(kind: str, class_name: str) -> str:
+    """`` (no module named KIND either)`` when the SPEC could have meant a user's class."""
+    return f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
+
+
+def _shown_spec(spec: str) -> str:
+    return repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
 
 
 def parse_spec_kwargs(spec: str, arguments: str) -> dict[str, Any]:
@@ -308,8 +329,8 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"--handler {arg!r} is not GROUP=SPEC (e.g. train=jsonl:/tmp/m.jsonl or *=console)")
         problem = None if group in ("*", COLLECTOR_GROUP) else group_problem(group)
         if problem is not None:
-            raise ConfigError(f"--handler {arg!r} names a group no rank can have: {group!r} {problem} "
-                              f"(the name rule: {RULE})")
+            shown = repr(group) if len(group) <= 32 else repr(group[:29]) + "..."
+            raise ConfigError(f"--handler group {shown} {problem} ({RULE_REFERENCE})")
         out[group] = spec
     return out
 

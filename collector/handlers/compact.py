@@ -1,6 +1,6 @@
 """What ``shmstat run`` and ``shmstat collect`` print when no ``--handler`` says otherwise: one line per merged stat
-window (:class:`CompactWindowHandler`, handler spec ``compact``) and a periodic one-line status
-(:func:`status_line`).
+window and one per straggler flagged or recovered (:class:`CompactWindowHandler`, handler spec ``compact``), and a
+periodic one-line status (:func:`status_line`).
 
 Per-rank rows, metrics put by ranks and ``@prof`` calls are not printed by the compact handler: they are one line
 per call, which floods a terminal (ask for them with ``--handler GROUP=console``).
@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from elastic.metrics import MetricData
@@ -21,19 +22,61 @@ from .protocol import ColumnsHandler
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["CompactWindowHandler", "status_line"]
+__all__ = ["SHORT_JOB_LEN", "CompactWindowHandler", "StragglerLines", "short_job_ids", "status_line", "straggler_line"]
+
+SHORT_JOB_LEN = 8
+"""How many characters of a job id a console line shows at least (more when two jobs share them)."""
+_SHORT_JOBS_KEPT = 4096  # job ids remembered for their short form; past it the memory starts over
+
+
+def short_job_ids(jobs: set[str] | frozenset[str]) -> dict[str, str]:
+    """Each job's shortest prefix of at least :data:`SHORT_JOB_LEN` characters that no other job of ``jobs``
+    starts with (the whole id when none is shorter)."""
+    out = {}
+    for job in jobs:
+        n = min(SHORT_JOB_LEN, len(job))
+        while n < len(job) and any(other != job and other.startswith(job[:n]) for other in jobs):
+            n += 1
+        out[job] = job[:n]
+    return out
+
+
+class StragglerLines:
+    """A console handler that also prints a line when the collector flags a straggler (``shmstat.straggler``) or
+    sees one recover (``shmstat.straggler.recovered``): the collector scores ranks for it even when nobody asked
+    for scores or subscribed to those events."""
+
+    def say_straggler(self, name: str, job: str, data: dict[str, str | int | float | bool]) -> None:
+        """Print the line of straggler event ``name`` of ``job`` (its ``data`` as published)."""
+        raise NotImplementedError
+
+
+def straggler_line(name: str, data: dict[str, str | int | float | bool], job: str = "") -> str:
+    """The console line of a straggler event, e.g. ``[12:00:05] straggler: rank 1 on train/step_ms scores 0.62
+    (its 16.2 against a median of 10.1) for 3 windows``; ``job`` (a short id) goes after the time."""
+    start_ns = int(data.get("window_start_ns", 0))
+    where = f"rank {data.get('rank')} on {data.get('group')}/{data.get('stat')}"
+    head = f"[{_stamp(start_ns // 1_000_000)}] {job + ' ' if job else ''}"
+    score = float(data.get("score", 0.0))
+    if name.endswith(".recovered"):
+        why = "scores as the others again" if data.get("reason") == "recovered" else "is no longer scored"
+        return f"{head}straggler recovered: {where} {why} (score {score:.2f})"
+    figure, median = float(data.get("figure", 0.0)), float(data.get("median", 0.0))
+    return (f"{head}straggler: {where} scores {score:.2f} (its {figure:.4g} against a median of {median:.4g}) for "
+            f"{data.get('windows')} windows")
 
 _FIGURE = {Aggregation.SUM: "sum", Aggregation.MEAN: "mean", Aggregation.MAX: "max", Aggregation.MIN: "min",
            Aggregation.VALUE: "value", Aggregation.P50: "p50", Aggregation.P90: "p90", Aggregation.P99: "p99",
            Aggregation.P999: "p999"}
 
 
-class CompactWindowHandler(ColumnsHandler):
+class CompactWindowHandler(StragglerLines, ColumnsHandler):
     """Prints one line per window merged across ranks, e.g.
     ``[12:00:05] train/step_ms  count=128 mean=12.4 p99=15 (4 ranks)``: the window's local start time, the stat,
     its exact sample count, then every other aggregation the stat asked for (torch.monitor's order), how many ranks
-    the window merges, and ``torn`` when a writer died in the middle of an ``add``. ``show_job`` puts the job
-    after the time (a node collector serves several). Metrics that belong to no window (put by ranks, ``@prof``,
+    the window merges, and ``torn`` when a writer died in the middle of an ``add``; and a line per straggler
+    flagged or recovered (:func:`straggler_line`). ``show_job`` puts the job after the time (a node collector
+    serves several), shortened (:meth:`shown`). Metrics that belong to no window (put by ranks, ``@prof``,
     the collector's own) are not printed: :attr:`takes_points` is False, so the collector does not even decode
     them for it."""
 
@@ -45,6 +88,34 @@ class CompactWindowHandler(ColumnsHandler):
         self.show_job = show_job
         self.lines = 0
         self._lock = threading.Lock()  # a node collector's jobs share one handler
+        self._short: dict[str, str] = {}
+
+    def shown(self, job: str) -> str:
+        """How the lines show ``job``: its shortest prefix of at least :data:`SHORT_JOB_LEN` characters unique
+        among the jobs known so far (:meth:`know`)."""
+        if job not in self._short:
+            self.know([job])
+        return self._short[job]
+
+    def know(self, jobs: Iterable[str]) -> dict[str, str]:
+        """Take ``jobs`` into account for the short forms (a node collector names the jobs on its node); returns
+        the jobs known before whose short form changed, with the new one."""
+        with self._lock:
+            new = set(jobs) - set(self._short)
+            if not new:
+                return {}
+            before = self._short if len(self._short) + len(new) <= _SHORT_JOBS_KEPT else {}
+            self._short = short_job_ids(frozenset(set(before) | new))
+            return {job: self._short[job] for job, was in before.items() if self._short[job] != was}
+
+    def say_straggler(self, name: str, job: str, data: dict[str, str | int | float | bool]) -> None:
+        """Print the line of a straggler flagged or recovered (:func:`straggler_line`)."""
+        line = straggler_line(name, data, self.shown(job) if self.show_job and job else "")
+        out = self.out if self.out is not None else sys.stdout
+        with self._lock:
+            out.write(line + "\n")
+            out.flush()
+            self.lines += 1
 
     def emit(self, metric_data: MetricData) -> None:
         """Ignore a metric that belongs to no window; windows arrive whole through :meth:`emit_columns`."""
@@ -54,7 +125,7 @@ class CompactWindowHandler(ColumnsHandler):
         merged = columns.merged()
         if not len(merged):
             return
-        job = f"{columns.job} " if self.show_job and columns.job else ""
+        job = f"{self.shown(columns.job)} " if self.show_job and columns.job else ""
         figures = {a: getattr(merged, _FIGURE[a]).tolist() for a in _FIGURE}
         lines = []
         for i, (group, stat, count, ranks, wid, window_ms, torn) in enumerate(zip(

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from shmstat.errors import ConfigError
 
-from .api import load_user_class, parse_spec_kwargs
+from .api import is_user_class_spec, load_user_class, parse_spec_kwargs
 
 __all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler",
            "build_event_handler", "takes_events"]
@@ -214,7 +214,7 @@ def build_event_handler(spec: str) -> Any:
 
         return build_otlp_event_handler(arg)
     class_name, comma, arguments = arg.partition(",")
-    if class_name.isidentifier() and kind and all(part.isidentifier() for part in kind.split(".")):
+    if is_user_class_spec(kind, class_name):
         kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
 
         def refusal(cls: Any) -> str | None:
@@ -223,5 +223,7 @@ def build_event_handler(spec: str) -> Any:
             return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
 
         return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
-    raise ConfigError(f"unknown events spec {spec!r}; use console, jsonl:PATH, otlp:ENDPOINT or "
-                      "pkg.module:Class[,key=value...]")
+    shown = repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
+    either = f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
+    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, "
+                      "otlp:ENDPOINT or pkg.module:Class")

@@ -20,6 +20,7 @@ __all__ = [
     "env_number",
     "ingest_endpoint",
     "lock_path",
+    "node_lock_path",
     "publish_endpoint",
     "runtime_dir",
     "segment_name",
@@ -118,3 +119,10 @@ def lock_path(job: str) -> str:
     """The file whose ``flock`` serialises creation and registration in the job's segment (next to it in
     ``/dev/shm``; the kernel drops the lock of a process that dies)."""
     return f"/dev/shm/shmstat.{validate_job(job)}.lock"
+
+
+def node_lock_path() -> str:
+    """The file whose ``flock`` the node collector (``shmstat collect`` serving every job) holds while it runs, in
+    the owner-only runtime directory: a second one refuses to start (the kernel drops the lock of a process that
+    dies, so a stale file never blocks). Not a job id (it ends in ``.lock``): no job's files are named so."""
+    return os.path.join(runtime_dir(), "node-collector.lock")

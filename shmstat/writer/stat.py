@@ -337,6 +337,14 @@ class _CLocalCore:
             self._on_roll(int(seq) >> 1, total, lo, hi, lastv, self._clock())
 
 
+def _banks_for(window_ms: int) -> int:
+    """The fewest banks whose shortest window is at most ``window_ms`` (the largest allowed when none is)."""
+    for banks in range(L.DEFAULT_BANKS, 65):
+        if L.min_window_ms(banks) <= window_ms:
+            return banks
+    return 64
+
+
 class _SharedCore:
     """Writes through this process's one writer of the stat's slot (:class:`shmstat.writer._writer.SlotBinding`)."""
 
@@ -349,9 +357,8 @@ class _SharedCore:
         shortest = L.min_window_ms(geo.banks)
         if window_ms < shortest:
             raise ConfigError(
-                f"window_size of {window_ms} ms is too short for job {att.segment.job!r}: with {geo.banks} banks "
-                f"per slot the collector cannot read windows under {shortest} ms before they are overwritten; "
-                "use a longer window or a segment with more banks"
+                f"window_size {window_ms} ms is under {shortest} ms, the shortest {geo.banks} banks keep: use a "
+                f"longer window or start the job with more (shmstat run/collect --banks {_banks_for(window_ms)})"
             )
         key = SlotKey(stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
         binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)

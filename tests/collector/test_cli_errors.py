@@ -32,7 +32,9 @@ def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     (("run", "--job", "{job}", "--nproc-per-node", "2", "--stop-grace", "-1", "tests/scripts/elastic_job.py"),
      "--stop-grace"),
     (("collect", "--job", "{job}", "--handler", "*=compactt"), "use compact, console, null"),
-    (("collect", "--job", "{job}", "--handler", "rank0=console"), "no rank can have"),
+    (("collect", "--job", "{job}", "--handler", "*=jsnl:x"), "unknown handler kind 'jsnl'"),
+    (("collect", "--job", "{job}", "--handler", "*=jsnl:/tmp/x"), "unknown handler kind 'jsnl'"),
+    (("collect", "--job", "{job}", "--handler", "rank0=console"), "--handler group 'rank0' reads as rank<N>"),
     (("run", "--job", "{job}", "--nproc-per-node", "1", "--role", "a\tb", "tests/scripts/elastic_job.py"),
      "the name rule"),
     (("top", "--job", "{job}", "--interval", "-1"), "--interval"),
@@ -59,6 +61,7 @@ def test_a_bad_option_is_one_sentence_and_exit_2(job, args, says):
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("shmstat: error: ") and says in lines[0], done.stderr
+    assert len(lines[0]) - len("shmstat: error: ") < 160, lines[0]  # one short sentence
     assert "ingest" not in lines[0]
     assert not [n for n in os.listdir("/dev/shm") if job in n], "a bad command left something in /dev/shm"
 

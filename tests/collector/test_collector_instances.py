@@ -50,7 +50,9 @@ def test_a_killed_collectors_successor_starts_at_once(job):
 def test_a_subscription_flood_keeps_memory_bounded_and_loses_no_window(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     # a ring of 16 windows: on a loaded 2-core machine the flood and the test share the CPU with the collector
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
+    own = str(tmp_path / "collector.jsonl")  # the collector's own group, asked for by name
+    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--handler", f"shmstat=jsonl:{own}", "--grace-ms", "10",
+                           "--banks", "16")
     proc = psutil.Process(coll.proc.pid)
     ctx = zmq.Context()
     flooders = []
@@ -85,7 +87,7 @@ def test_a_subscription_flood_keeps_memory_bounded_and_loses_no_window(job, tmp_
         assert coll.stop() == 0
     rows = read_jsonl(out)
     assert_rank_workers_reconcile(rows, tmp_path, 1)
-    assert max(r["value"] for r in rows if r["name"] == "collector.subscription_resets") >= 1
+    assert max(r["value"] for r in read_jsonl(own) if r["name"] == "collector.subscription_resets") >= 1
 
 
 def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(tmp_path):
@@ -108,8 +110,8 @@ def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     lines: list[str] = []
     try:
-        assert node.stdout is not None
-        lines.append(node.stdout.readline())
+        assert node.stderr is not None  # its notes are on stderr, its data on stdout
+        lines.append(node.stderr.readline())
         ranks = [spawn(rank_worker, job_a, 0, 1, 0.6, WINDOW_MS, str(dir_a / "r0.json")),
                  spawn(rank_worker, job_b, 0, 1, 0.6, WINDOW_MS, str(dir_b / "r0.json"))]
         for p in ranks:
@@ -119,13 +121,14 @@ def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(
         assert third.returncode == 2 and f"pid {node.pid}" in third.stderr, third.stderr
         assert per_job.stop() == 0  # A's first collector goes: the node collector takes A over (within 5 s)
         while not any(f"job {job_a} picked up" in line for line in lines):
-            line = node.stdout.readline()
+            line = node.stderr.readline()
             assert line, "the node collector exited before taking job A over"
             lines.append(line)
     finally:
         per_job.stop()
         node.send_signal(signal.SIGTERM)
-        _, err = node.communicate(timeout=30)
+        _, rest = node.communicate(timeout=30)
+        err = "".join(lines) + rest
         Segment.unlink(job_a)
         Segment.unlink(job_b)
     assert node.returncode == 0, err

@@ -145,13 +145,17 @@ def test_with_curve_a_non_loopback_publish_needs_no_allow_remote_and_says_what_i
                              "tcp://0.0.0.0:0", "--curve", str(keys), "--handler", "*=null", "--status-interval", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env=dict(os.environ, PYTHONPATH=REPO))
+    said: list[str] = []
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("shmstat collector:") and " publish tcp://0.0.0.0:" in line, line
+        assert proc.stderr is not None  # its notes: what CURVE protects, then where it serves
+        while not said or not said[-1].startswith("shmstat collector:"):
+            said.append(proc.stderr.readline())
+            assert said[-1], said
+        assert " publish tcp://0.0.0.0:" in said[-1], said
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        _, rest = proc.communicate(timeout=30)
+    err = "".join(said) + rest
     assert proc.returncode == 0, err
     assert "secured with CURVE" in err and "only subscribers whose public key is a *.key file" in err
     assert "--allow-remote-publish" not in err

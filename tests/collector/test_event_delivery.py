@@ -160,13 +160,16 @@ def test_a_users_sink_takes_keyword_arguments():
 
 
 @pytest.mark.parametrize(("spec", "says"), [
-    ("bogus", "unknown events spec 'bogus'"),
-    ("json:/tmp/x", "unknown events spec"),
+    ("bogus", "unknown events sink kind 'bogus'"),
+    ("json:/tmp/x", "unknown events sink kind 'json'"),
+    ("jsnl:x", "unknown events sink kind 'jsnl'"),
     ("jsonl:", "needs a path"),
     ("jsonl:/nonexistent-dir/e.jsonl", "cannot open the events output"),
     ("otlp:", "needs an endpoint"),
     ("otlp:ftp://host/v1/logs", "is not an http(s) URL"),
-    ("no_such_module_xyz:Sink", "cannot import module 'no_such_module_xyz' for an events sink"),
+    ("no_such_module_xyz:Sink", "unknown events sink kind 'no_such_module_xyz' in 'no_such_module_xyz:Sink' (no "
+                                "module"),
+    ("tests_no_such_pkg.mod:Sink", "cannot import module 'tests_no_such_pkg.mod' for an events sink"),
     ("tests_events_sinks:Missing", "has no class 'Missing'"),
     ("tests_events_sinks:NotASink", "has no emit_events(batch) method"),
     ("tests_events_sinks:Counting,bogus=1", "does not take these arguments"),

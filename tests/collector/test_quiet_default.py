@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from _procs import REPO, load_counts, rank_worker, spawn
-from _support import unique_job
+from _support import unique_job, wait_for
 
 from shmstat.shm.runtime import lock_path, segment_name
 from shmstat.shm.segment import Segment
@@ -85,9 +85,12 @@ def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_fo
              "--status-interval", "0.2"], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
             env=dict(os.environ, PYTHONPATH=REPO))
     try:
-        assert proc.stdout is not None
-        head = [proc.stdout.readline() for _ in range(3)]  # its start line, then each job picked up
-        assert all(" picked up" in line for line in head[1:]), head
+        notes = tmp_path / "err"  # its start line, then each job picked up (shown as its short id): on stderr
+        wait_for(lambda: notes.read_text().count(" picked up") == 2 or proc.poll() is not None, 60,
+                 what="both jobs picked up")
+        shown = {job: re.search(rf"job {job} picked up \(shown as (\S+)\)", notes.read_text()).group(1)
+                 for job in jobs}
+        assert all(len(short) < len(job) for job, short in shown.items()), shown
         ranks = [spawn(rank_worker, job, 0, 1, 0.6, 100, str(tmp_path / f"r{i}.json")) for i, job in enumerate(jobs)]
         for p in ranks:
             p.join(60)
@@ -97,8 +100,9 @@ def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_fo
         assert proc.returncode == 0
         line = re.compile(r"^\[\d\d:\d\d:\d\d(\.\d{3})?\] (\S+) train/steps  count=(\d+) sum=\S+ max=\S+ \(1 rank\)$")
         windows = [m for m in map(line.match, out.splitlines()) if m]
+        assert len(windows) == len(out.splitlines()), out  # stdout: the windows and nothing else
         for i, job in enumerate(jobs):
-            printed = sum(int(m.group(3)) for m in windows if m.group(2) == job)
+            printed = sum(int(m.group(3)) for m in windows if m.group(2) == shown[job])
             assert printed == sum(load_counts(str(tmp_path / f"r{i}.json")).values())  # exact, per job
         statuses = [m for m in map(NODE_STATUS.match, (tmp_path / "err").read_text().splitlines()) if m]
         assert len(statuses) >= 2 and statuses[-1].group(1) == "2"  # periodic, then the final one over both jobs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -21,6 +22,7 @@ from collector.daemon.straggler import (
     StragglerUpdate,
 )
 from collector.read.merge import Summary, WindowRow
+from shmstat import Aggregation as A
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
@@ -35,7 +37,8 @@ def _row(rank: int | None, value: float, wid: int, *, name: str = "step", group:
         for _ in range(count):
             h.add(value)
     summary = Summary(count, value * count, value, value, value, wid, hist=h)
-    return WindowRow(group, name, wid, WMS, 0, rank, summary, higher_is_better=higher_is_better)
+    mask = (1 << A.COUNT) | (1 << A.MEAN) | ((1 << A.P50) if hist else 0)  # a stat that asked for a figure
+    return WindowRow(group, name, wid, WMS, mask, rank, summary, higher_is_better=higher_is_better)
 
 
 def _window(wid: int, figures: dict[int, float], **kw: object) -> list[WindowRow]:
@@ -69,6 +72,13 @@ def test_a_rank_slow_for_n_windows_is_reported_once_with_its_figures():
         "since_ns": 100 * WMS * 1_000_000, "threshold": 0.75,
     }
     assert det.tracked == 1
+
+
+def test_a_stat_that_asked_only_for_count_is_not_scored():
+    det = StragglerDetector("j", threshold=0.75, windows=1)
+    rows = [dataclasses.replace(row, agg_mask=1 << A.COUNT) for row in _window(100, {0: 10.0, 1: 10.0, 2: 30.0})]
+    assert _update(det, rows) == StragglerUpdate()  # no score, no event: its values' mean is no figure it asked for
+    assert _update(det, _window(101, {0: 10.0, 1: 10.0, 2: 30.0})).events  # the same figures of a timed stat
 
 
 def test_exactly_the_threshold_is_not_slow_and_just_under_is():

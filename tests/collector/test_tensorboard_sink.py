@@ -193,8 +193,9 @@ def _collect_with(job: str, spec: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("nope", "unknown handler spec 'nope'"),
-    ("no_such_module_xyz:Thing", "cannot import module 'no_such_module_xyz'"),
+    ("nope", "unknown handler kind 'nope'"),
+    ("no_such_module_xyz:Thing", "unknown handler kind 'no_such_module_xyz' in 'no_such_module_xyz:Thing' (no module"),
+    ("no_such_pkg_xyz.mod:Thing", "cannot import module 'no_such_pkg_xyz.mod'"),
     ("tests_args_handler:Missing", "has no class 'Missing'"),
     ("tests_args_handler:NotAHandler", "is not a MetricHandler subclass"),
     ("tests_args_handler:Configured,path=/tmp/x,colour=1", "unexpected keyword argument 'colour'"),

@@ -72,7 +72,8 @@ def test_each_bad_name_is_refused_with_its_reason_and_the_rule(label: str) -> No
     with pytest.raises(ConfigError) as err:
         N.check_name(text, "metric name")
     message = str(err.value)
-    assert message.startswith("metric name ") and N.RULE in message and "\n" not in message
+    assert message.startswith("metric name ") and N.RULE_REFERENCE in message and "\n" not in message
+    assert len(message) < 160, message  # one short sentence: the page states the rule
     assert N.name_problem(text) in message
 
 
@@ -187,7 +188,7 @@ def test_every_entry_point_refuses_every_bad_name_and_takes_the_limits_on_both_b
     for entry, outcomes in got["names"].items():
         for name in bad:
             kind, message = outcomes[name]
-            assert kind == "ConfigError" and N.RULE in message, (entry, name, message)
+            assert kind == "ConfigError" and N.RULE_REFERENCE in message, (entry, name, message)
         for name in good:
             want = "ok" if entry != "Stat" or len(name.encode()) <= 80 else outcomes[name]
             assert outcomes[name] == want, (entry, name)
@@ -195,11 +196,11 @@ def test_every_entry_point_refuses_every_bad_name_and_takes_the_limits_on_both_b
                 assert outcomes[name][0] == "ConfigError" and "shorten it to at most 80" in outcomes[name][1]
     for name, outcome in got["stat_names"].items():
         assert (outcome == "ok") == (name in GOOD_STAT_NAMES), (name, outcome)
-        assert outcome == "ok" or (outcome[0] == "ConfigError" and N.RULE in outcome[1])
+        assert outcome == "ok" or (outcome[0] == "ConfigError" and N.RULE_REFERENCE in outcome[1])
     for entry, outcomes in got["groups"].items():
         for group, outcome in outcomes.items():
             assert (outcome == "ok") == (group in GOOD_GROUPS), (entry, group, outcome)
-            assert outcome == "ok" or (outcome[0] == "ConfigError" and N.RULE in outcome[1]), (entry, group)
+            assert outcome == "ok" or (outcome[0] == "ConfigError" and N.RULE_REFERENCE in outcome[1]), (entry, group)
     assert got["seen"] == good  # a refused event reaches no handler; every accepted one does, as given
     if pure == "1" and _backend.c_available():
         assert got == _entry_outcomes("0", bad + good, list(STAT_TOO_LONG.values()) + GOOD_STAT_NAMES,

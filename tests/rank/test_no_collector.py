@@ -183,10 +183,10 @@ def test_ls_and_the_collector_show_what_was_dropped(job, tmp_path):
     ls = subprocess.run([sys.executable, "-m", "collector", "ls"], capture_output=True, text=True, env=env,
                         cwd=REPO, timeout=60)
     row = next(line for line in ls.stdout.splitlines() if line.startswith(job))
-    assert "DROPPED" in ls.stdout and row.split()[4] == "7", ls.stdout
+    assert "DROPPED" in ls.stdout and row.split()[5] == "7", ls.stdout
     assert "no room for 0 rank(s), 0 worker(s), 1 stat(s)" in row
-    out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--status-interval", "0")
+    out = str(tmp_path / "m.jsonl")  # the collector's own group, asked for by name
+    coll = start_collector(job, "--handler", f"shmstat=jsonl:{out}", "--status-interval", "0")
     coll.stop()
     rows = read_jsonl(out)
     assert [r["value"] for r in rows if r["name"] == "collector.samples_dropped"][-1] == 7

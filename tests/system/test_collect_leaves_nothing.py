@@ -30,9 +30,9 @@ def start(job: str, tmp_path, *args: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--grace-ms", "10",
                                  *args], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
                                 env=dict(os.environ, PYTHONPATH=REPO))
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert " publish " in line, (line, (tmp_path / "err").read_text())
+    wait_for(lambda: " publish " in (tmp_path / "err").read_text() or proc.poll() is not None, 60,
+             what="its endpoints on stderr")
+    assert proc.poll() is None, (tmp_path / "err").read_text()
     return proc
 
 

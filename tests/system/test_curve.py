@@ -59,7 +59,7 @@ def _beats(path: str) -> int:
 
 
 def _events(path: str) -> list[int]:
-    return [it[2]["i"] for line in _lines(path) if line.get("kind") == "event" for it in line["items"]]
+    return [it["data"]["i"] for line in _lines(path) if line.get("kind") == "event" for it in line["items"]]
 
 
 def _log_events(job: str, n: int) -> None:

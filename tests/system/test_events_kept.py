@@ -280,7 +280,7 @@ def test_a_bad_events_spec_is_one_sentence_and_starts_nothing(job, tmp_path):
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     for args, says in [
-        (["collect", "--job", job, "--events", "bogus"], "unknown events spec 'bogus'"),
+        (["collect", "--job", job, "--events", "bogus"], "unknown events sink kind 'bogus'"),
         (["collect", "--job", job, "--events", "tests_events_sinks:NotASink"], "no emit_events(batch) method"),
         (["collect", "--job", job, "--job", job + "-2", "--events", "jsonl:"], "needs a path"),
         (["collect", "--job", job, "--events", ""], "--events needs a SPEC"),

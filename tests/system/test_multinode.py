@@ -103,10 +103,11 @@ def start_node_collectors(cluster: Cluster, places: recipe.Places, work: Path) -
     for i, h in enumerate(cluster.hosts):
         args = recipe.collector_args(places, i, h.name, work / f"etc-{h.name}", work / f"var-{h.name}")
         colls.append(shmstat_command(h, [*args, "--events", f"jsonl:{work / f'{h.name}.events.jsonl'}",
+                                         "--handler", f"shmstat=jsonl:{work / f'{h.name}.collector.jsonl'}",
                                          "--grace-ms", "10", "--heartbeat-interval", "0.2", "--status-interval",
                                          "3600"], name="collector"))
     for coll in colls:
-        wait_for(lambda c=coll: "serving every job" in c.output() or c.popen.poll() is not None, 60,
+        wait_for(lambda c=coll: "serving every job" in c.notes() or c.popen.poll() is not None, 60,
                  what=f"{coll.name} to start")
         assert coll.popen.poll() is None, coll.tail()
     return colls
@@ -168,7 +169,7 @@ def run_job(cluster: Cluster, work: Path, commands: list[list[str]], collectors:
     for proc in procs:
         assert proc.wait(150) == 0, cluster.tails()
     for coll in collectors:
-        wait_for(lambda c=coll: f"job {job}'s segment removed" in c.output(), 30,
+        wait_for(lambda c=coll: f"job {job}'s segment removed" in c.notes(), 30,
                  what=f"{coll.name} to let the job go\n{cluster.tails()}")
     tallies = {}
     for rank in range(len(cluster.hosts) * RANKS_PER_HOST):
@@ -202,12 +203,13 @@ def test_a_two_node_torchrun_job_under_the_secured_recipe_reconciles_everywhere(
     assert {(t["run_id"], t["job"]) for t in tallies.values()} == {("none", job)}, "one job id on both hosts"
     everything = [s for t in tallies.values() for s in t["samples"]]
     rows = {h.name: work / f"var-{h.name}" / "metrics.jsonl" for h in hosts}
+    own = {h.name: work / f"{h.name}.collector.jsonl" for h in hosts}  # the collector's group, asked for by name
 
     # Prometheus on the ops side, over https: both hosts' counters add up to every sample, and their buckets
     # to a p99 within a bucket of the exact one
     merged = f'sum(shmstat_stat_count_total{{job="{job}", stat="step_ms", rank=""}})'
     _wait_for_prometheus(sim_cluster, base, merged, len(everything), 60, lambda: {
-        h.name: _overwritten(read_jsonl(str(rows[h.name])), job) for h in hosts})
+        h.name: _overwritten(read_jsonl(str(own[h.name])), job) for h in hosts})
     assert sorted(t["scrapeUrl"] for t in sim_cluster.ops.call(_targets, base)) == [
         f"https://{h.address}:{METRICS_PORT}/metrics" for h in hosts]
     by_node = {r["metric"]["node"]: float(r["value"][1]) for r in sim_cluster.ops.call(
@@ -235,7 +237,7 @@ def test_a_two_node_torchrun_job_under_the_secured_recipe_reconciles_everywhere(
     wait_for(lambda: heard(sub, job, lambda m: m.get("record") == "end") == set(endpoints), 30, 0.05,
              what=f"the subscriber to see job {job} end on every host\n{sim_cluster.tails()}")
     lines = received(sub)
-    got = sorted((endpoints[m["source"]], m["rank"], it[2]["rank"], it[2]["step"]) for m in lines
+    got = sorted((endpoints[m["source"]], m["rank"], it["data"]["rank"], it["data"]["step"]) for m in lines
                  if m.get("kind") == "event" and m.get("topic") == "event/train.progress" and m["job"] == job
                  for it in m["items"])
     assert got == sorted((t["host"], rank, rank, step) for rank, t in tallies.items()
@@ -264,7 +266,7 @@ def test_a_two_node_torchrun_job_under_the_secured_recipe_reconciles_everywhere(
     for host in hosts:
         mine = {rank: t for rank, t in tallies.items() if t["host"] == host.name}
         assert len(mine) == RANKS_PER_HOST
-        _reconcile_host(read_jsonl(str(rows[host.name])),
+        _reconcile_host(read_jsonl(str(rows[host.name])), read_jsonl(str(own[host.name])),
                         read_jsonl(str(work / f"{host.name}.events.jsonl")), job, mine)
 
     # nothing of the job is left on either host, nor a target file
@@ -319,11 +321,13 @@ def _ops_value(cluster: Cluster, base: str, promql: str) -> float | None:
         return None
 
 
-def _reconcile_host(rows: list[dict], events: list[dict], job: str, mine: dict[int, dict]) -> None:
+def _reconcile_host(rows: list[dict], own: list[dict], events: list[dict], job: str,
+                    mine: dict[int, dict]) -> None:
     """The rows of one host's node collector are exactly what its ranks added: per rank and merged, every
     sample counted once and summed exactly; every put value once; every event once, none of another host's."""
     assert rows and all(r["job"] == job for r in rows if r["group"] in ("train", "trainer"))
-    assert _overwritten(rows, job) == 0, ("the node collector lost windows to the ring (starved of CPU for "
+    assert not [r for r in rows if r["group"] == "shmstat"], "the collector's group reached '*' unasked"
+    assert _overwritten(own, job) == 0, ("the node collector lost windows to the ring (starved of CPU for "
                                           "longer than 3 windows): the figures below cannot be exact")
     stat = [r for r in rows if r["group"] == "train"]
     assert {r["rank"] for r in stat} == {*mine, None}, "a host's rows are its own ranks' and their merge"

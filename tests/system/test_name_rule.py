@@ -117,7 +117,9 @@ class _Prometheus:
 def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_tags(job, tmp_path):
     rows_path, tb, tb_a = tmp_path / "rows.jsonl", tmp_path / "tb", tmp_path / "tb_a"
     sd_file = tmp_path / "sd.json"
-    args = ["--handler", f"*=jsonl:{rows_path}", "--handler", f"{GROUP_TB}=tensorboard:{tb}",
+    own_path = tmp_path / "collector.jsonl"  # the collector's own group, asked for by name
+    args = ["--handler", f"*=jsonl:{rows_path}", "--handler", f"shmstat=jsonl:{own_path}",
+            "--handler", f"{GROUP_TB}=tensorboard:{tb}",
             "--handler", f"{GROUP_A}=tensorboard:{tb_a}", "--grace-ms", "10", "--prometheus", "127.0.0.1:0",
             "--prometheus-sd", str(sd_file), "--status-interval", "0"]
     rx = None
@@ -219,7 +221,8 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
     metric_rows = {(r["group"], r["name"], r["rank"]) for r in rows if r["window_start"] is None
                    and r["group"] != "shmstat"}
     assert metric_rows == {(g, n, r) for g, n in METRICS if g not in (GROUP_TB, GROUP_A) for r in range(WORLD)}
-    refused_descriptors = [r["value"] for r in rows if r["name"] == "collector.descriptors_refused"]
+    refused_descriptors = [r["value"] for r in read_jsonl(str(own_path))
+                           if r["name"] == "collector.descriptors_refused"]
     assert refused_descriptors and max(refused_descriptors) == 0  # nothing a rank accepted was dropped later
 
     # TensorBoard: <group>/<stat>.<agg> merged, rank<N>/<group>/<stat>.<agg> per rank, every sample counted

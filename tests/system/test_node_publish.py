@@ -32,7 +32,7 @@ def result(tmp_path_factory) -> dict:
 
 def _events(lines: list[dict], job: str) -> Counter:
     """(rank, i) of every event item of ``job`` received, with how many times."""
-    return Counter((it[2]["rank"], it[2]["i"]) for line in lines if line.get("kind") == "event"
+    return Counter((it["data"]["rank"], it["data"]["i"]) for line in lines if line.get("kind") == "event"
                    and line.get("job") == job for it in line["items"])
 
 

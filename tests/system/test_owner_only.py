@@ -106,9 +106,14 @@ def test_the_tcp_warning_is_printed(job):
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
                              "tcp://127.0.0.1:0", "--handler", "*=null"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
+    said: list[str] = []
     try:
-        assert coll.stdout is not None and coll.stdout.readline().startswith("shmstat collector:")
+        assert coll.stderr is not None  # its notes: the warning, then where it serves
+        while not said or not said[-1].startswith("shmstat collector:"):
+            said.append(coll.stderr.readline())
+            assert said[-1], said
     finally:
         coll.terminate()
-        _, err = coll.communicate(timeout=30)
+        _, rest = coll.communicate(timeout=30)
+    err = "".join(said) + rest
     assert "any local user can subscribe" in err

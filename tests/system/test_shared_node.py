@@ -101,8 +101,8 @@ def test_a_node_collector_skips_what_is_not_its_users_says_it_once_and_sweeps_on
                                               ("other_node", "o-idle", "o-live", "r-")):
         run = runs[name]
         assert run["code"] == 0, run
-        assert f"job {own_dead}'s segment removed" in run["out"] and f"job {own_live} picked up" in run["out"]
-        assert f"job {foreign}" not in run["out"], "another user's job is never served"
+        assert f"job {own_dead}'s segment removed" in run["err"] and f"job {own_live} picked up" in run["err"]
+        assert f"job {foreign}" not in run["out"] + run["err"], "another user's job is never served"
         paths = _skipped(run)
         assert len(paths) == len(set(paths)) == 8, "each skipped entry said once, over many discoveries"
     assert "shmstat.o-idle" not in runs["end"]["entries"]  # the other user's own node collector swept it

@@ -154,7 +154,7 @@ def test_node_wide_subscribe_follows_every_job_a_node_collector_serves(tmp_path)
         assert f"following job {job}" in err and f"job {job} ended" in err
         mine = [line for line in lines if line.get("job") == job]
         done_events = [it for line in mine if line.get("topic") == "event/done" for it in line["items"]]
-        assert sorted(e[2]["rank"] for e in done_events) == list(range(world))
+        assert sorted(e["data"]["rank"] for e in done_events) == list(range(world))
         merged = sum(it["count"] for line in mine if line.get("topic") == "stat/train/steps"
                      for it in line["items"] if it["rank"] is None)
         assert merged == 500 * world  # every window of the job, to its end
