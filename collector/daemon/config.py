@@ -90,6 +90,13 @@ class CollectorConfig:
     prometheus_tls: TLSFiles | None = None
     """Serve ``/metrics`` over HTTPS with these PEM files (a client CA among them: client certificates required);
     None: plain HTTP."""
+    gpu: str = "auto"
+    """GPU telemetry (:mod:`collector.daemon.gpu`): ``auto`` (on where an NVIDIA driver is loaded, silent where
+    none is), ``on`` (one line saying why when it cannot be), ``off``."""
+    gpu_interval_s: float = 1.0
+    """Seconds between GPU samples (at least :data:`collector.daemon.gpu.MIN_INTERVAL_S`)."""
+    gpu_extra: tuple[str, ...] = ()
+    """Expensive GPU figures to sample too: ``energy``, ``pcie``."""
     geometry: Geometry | None = None
     ingest: str | None = None
     ready_file: str | None = None
@@ -99,19 +106,21 @@ class CollectorConfig:
 
 
 def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
-                     ) -> ThreadedDispatcher:
+                     quiet: tuple[str, ...] = ()) -> ThreadedDispatcher:
     """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
-    nowhere unless asked for."""
+    nowhere unless asked for, nor do the groups in ``quiet`` (the GPU figures' when the collector samples GPUs:
+    a dozen figures per GPU are not for the default console line)."""
     inner = Dispatcher.from_specs(config.handlers)
     for group, handler in (handler_objects or {}).items():
         if group == "*":
             inner.default = handler
         else:
             inner.handlers[group] = handler
-    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
-        from elastic.metrics import NullMetricHandler
+    for group in (PLATFORM_GROUP, *quiet):
+        if group not in inner.handlers and "*" not in config.handlers:
+            from elastic.metrics import NullMetricHandler
 
-        inner.handlers[PLATFORM_GROUP] = NullMetricHandler()
+            inner.handlers[group] = NullMetricHandler()
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
 
 

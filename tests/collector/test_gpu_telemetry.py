@@ -1,0 +1,229 @@
+"""GPU telemetry per rank in the collector, end to end: real ranks (processes, one with a child on a GPU), a real
+collector sampling a recorded H200 pair (``SHMSTAT_GPU_RECORDING``; CI has no GPU) whose process lists name the
+real pids, and what reaches jsonl, the events sink and ``/metrics``. Then what happens without NVML, a refused
+interval, and tests marked ``gpu`` against a real GPU (skipped with the reason where NVML finds none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from _gpu_kit import recording
+from _procs import REPO, read_jsonl, start_collector
+from _support import wait_for
+
+from collector.daemon.nvml import RECORDING_ENV
+from shmstat.shm.segment import Segment
+
+KIT = str(Path(__file__).resolve().parents[1] / "_gpu_kit.py")
+
+
+def _rank(job: str, rank: int, out: Path, value: float, *, child: bool = False, **env: str | None) -> subprocess.Popen:
+    environ = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", RECORDING_ENV)}
+    environ["PYTHONPATH"] = REPO
+    environ.update({k: v for k, v in env.items() if v is not None})
+    args = [sys.executable, KIT, job, str(rank), "4", str(out), str(value), *(["child"] if child else [])]
+    return subprocess.Popen(args, env=environ, cwd=REPO)
+
+
+def _pid(out: Path, name: str) -> int:
+    path = out / name
+    wait_for(path.exists, 30, what=str(path))
+    return int(path.read_text())
+
+
+def _families(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+
+def _gpu_samples(fams: dict, family: str) -> dict[tuple[str, str | None], float]:
+    """``{(gpu, rank or None): value}`` of one GPU family."""
+    fam = fams.get(family)
+    return {} if fam is None else {(s.labels["gpu"], s.labels.get("rank")): s.value for s in fam.samples}
+
+
+def test_gpu_figures_of_real_ranks_reach_jsonl_events_and_metrics_attributed_per_rank(job, tmp_path, monkeypatch):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    # rank 0: a child of it is on GPU 0; rank 2: itself on GPU 1 (capped by power), slowed once the GPUs are
+    # sampled; rank 1 and 3 are on no GPU's process list: LOCAL_RANK=1 of all GPUs, CUDA_VISIBLE_DEVICES naming GPU 0
+    ranks = [_rank(job, 0, out, 1.0, child=True, LOCAL_RANK="0"), _rank(job, 1, out, 1.0, LOCAL_RANK="1"),
+             _rank(job, 2, out, 1.0, LOCAL_RANK="2"),
+             _rank(job, 3, out, 1.0, LOCAL_RANK="3", CUDA_VISIBLE_DEVICES="0")]
+    coll = None
+    try:
+        child0, pid2 = _pid(out, "child0"), _pid(out, "pid2")
+        pids = {r: _pid(out, f"pid{r}") for r in range(4)}
+        doc = recording(tmp_path / "h200.json", {0: [child0], 1: [pid2]})
+        uuids = [d["uuid"] for d in doc["devices"]]
+        monkeypatch.setenv(RECORDING_ENV, str(tmp_path / "h200.json"))
+        rows_path, events_path = tmp_path / "gpu.jsonl", tmp_path / "events.jsonl"
+        coll = start_collector(job, "--gpu", "on", "--gpu-interval", "0.5", "--handler", f"gpu=jsonl:{rows_path}",
+                               "--handler", "*=null", "--events", f"jsonl:{events_path}", "--prometheus",
+                               "127.0.0.1:0", "--grace-ms", "10", "--status-interval", "0")
+        assert "GPU telemetry: 2 GPUs (NVIDIA H200; driver 580.159.04)" in coll.lines_seen("GPU telemetry")
+        url = coll.lines_seen("Prometheus endpoint").split()[-1]
+
+        def attributed() -> dict | None:
+            got = {e["data"]["rank"]: e["data"] for e in read_jsonl(str(events_path)) if e["name"] == "shmstat.gpu"}
+            return got if len(got) == 4 else None
+
+        said = wait_for(attributed, 30, what="an attribution event per rank")
+        assert {r: (d["gpus"], d["by"], d["pid"]) for r, d in said.items()} == {
+            0: ("0", "pid", pids[0]), 1: ("1", "LOCAL_RANK", pids[1]), 2: ("1", "pid", pids[2]),
+            3: ("0", "CUDA_VISIBLE_DEVICES", pids[3])}
+        assert said[0]["uuids"] == uuids[0] and said[1]["uuids"] == uuids[1]
+        (out / "slow2").touch()
+
+        def straggler() -> dict | None:
+            return next((e["data"] for e in read_jsonl(str(events_path)) if e["name"] == "shmstat.straggler"), None)
+
+        slow = wait_for(straggler, 30, what="rank 2 reported a straggler")
+        assert slow["rank"] == 2 and slow["stat"] == "step_ms"
+        assert slow["gpu"] == "1" and slow["gpu_by"] == "pid" and slow["gpu_state"] == "throttled"
+        assert slow["gpu_throttle_reasons"] == "sw_power_cap" and slow["gpu_throttled"] == 1.0
+        assert slow["gpu_samples"] >= 1 and 88 <= slow["gpu_util"] <= 90
+
+        def exported() -> dict | None:
+            fams = _families(url)
+            used = _gpu_samples(fams, "shmstat_gpu_fb_used")
+            return fams if {("0", "0"), ("0", "3"), ("1", "1"), ("1", "2"), ("0", None), ("1", None)} <= set(used) \
+                else None
+
+        fams = wait_for(exported, 30, what="every rank's GPU on /metrics")
+        used = _gpu_samples(fams, "shmstat_gpu_fb_used")
+        assert set(used) == {("0", "0"), ("0", "3"), ("1", "1"), ("1", "2"), ("0", None), ("1", None)}
+        assert used[("0", "0")] == used[("0", None)] == 3800.0 and used[("1", None)] == 1300.0  # MiB, as DCGM
+        assert _gpu_samples(fams, "shmstat_gpu_fb_total")[("1", "2")] == 143771.0
+        for s in fams["shmstat_gpu_util"].samples:
+            assert s.labels["uuid"] == uuids[int(s.labels["gpu"])] and s.labels["job"] == job
+        # the rank's own processes: only where NVML lists them (ranks 0 and 2), the child's 810 MiB for rank 0
+        proc = _gpu_samples(fams, "shmstat_gpu_proc_fb_used")
+        assert proc[("0", "0")] == 810.0 and proc[("1", "2")] == 810.0
+        assert ("1", "1") not in proc and ("0", "3") not in proc
+        assert _gpu_samples(fams, "shmstat_gpu_throttled")[("1", "2")] == 1.0
+        assert "shmstat_gpu_total_energy" not in fams and "shmstat_gpu_pcie_tx" not in fams  # not asked for
+        assert fams["shmstat_collector_gpu_samples"].samples[0].value >= 1
+
+        rows = read_jsonl(str(rows_path))
+        per_rank = {(r["name"], r["rank"]) for r in rows if r["rank"] is not None}
+        assert {("gpu0.util.mean", 0), ("gpu0.util.mean", 3), ("gpu1.util.mean", 1),
+                ("gpu1.util.mean", 2)} <= per_rank
+        assert not {("gpu1.util.mean", 0), ("gpu0.util.mean", 2), ("gpu1.util.mean", 3)} & per_rank
+        merged = [r for r in rows if r["name"] == "gpu0.util.mean" and r["rank"] is None]
+        assert merged and all(96 <= r["value"] <= 98 and r["group"] == "gpu" and r["job"] == job for r in merged)
+    finally:
+        (out / "stop").touch()
+        for p in ranks:
+            p.wait(60)
+        if coll is not None:
+            assert coll.stop() == 0
+    # the collector's GPU entries were handed back: the job's segment went with its ranks
+    assert job not in Segment.list_jobs()
+
+
+def _collect_briefly(job: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a collector for ``job`` with ``args`` until it served, then SIGTERM it; its output."""
+    environ = {k: v for k, v in os.environ.items() if k != RECORDING_ENV}
+    environ.update(env or {}, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--status-interval", "0",
+                             *args], cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    while " publish " not in (line := proc.stdout.readline()):
+        assert line, "the collector stopped before serving"
+    proc.terminate()
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, line + stdout, stderr)
+
+
+def _nvml_finds_a_gpu() -> str:
+    """"" when NVML finds a GPU here, else why not."""
+    from collector.daemon.nvml import NvmlDevices
+    from shmstat.errors import ConfigError
+
+    try:
+        NvmlDevices().close()
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def test_without_nvml_gpu_on_is_one_line_and_nothing_else(job):
+    why = _nvml_finds_a_gpu()
+    if not why:
+        pytest.skip("NVML finds a GPU here: the path without one is not this machine's")
+    r = _collect_briefly(job, "--gpu", "on")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"shmstat collector: GPU telemetry off: {why}"]
+    assert "GPU" not in r.stdout
+    auto = _collect_briefly(job, "--gpu", "auto")  # the default: no driver here, so not a word
+    assert auto.returncode == 0 and auto.stderr == "" and "GPU" not in auto.stdout
+
+
+def test_a_gpu_interval_under_half_a_second_is_refused_in_one_sentence(job):
+    r = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", job, "--gpu-interval", "0.2"],
+                       cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == ["shmstat: error: --gpu-interval must be between 0.5 and 3600 seconds (NVML holds "
+                                     "a driver lock while it samples), got 0.2"]
+    assert job not in Segment.list_jobs()
+
+
+@pytest.fixture
+def real_gpu() -> None:
+    """Skip (with the reason) unless NVML finds a GPU on this machine."""
+    why = _nvml_finds_a_gpu()
+    if why:
+        pytest.skip(f"needs a GPU NVML finds: {why}")
+
+
+@pytest.mark.gpu
+def test_a_real_gpu_is_sampled_in_nvml_units(real_gpu):
+    from collector.daemon.gpu import GpuSampler
+    from collector.daemon.nvml import NvmlDevices
+
+    sampler = GpuSampler(NvmlDevices(), interval_s=0.5, extra=("energy", "pcie"))
+    try:
+        snap = sampler.sample()
+        assert len(snap.devices) >= 1
+        for dev in snap.devices:
+            f = dev.figures
+            assert dev.uuid.startswith(("GPU-", "MIG-"))
+            assert 0 <= f["util"] <= 100 and 0 < f["fb_used"] <= f["fb_total"]
+            assert 0 < f["power_usage"] < 2000 and 0 < f["temp"] < 120 and f["sm_clock"] >= 0
+            assert f["throttled"] in (0.0, 1.0)
+    finally:
+        sampler.close()
+
+
+@pytest.mark.gpu
+def test_a_real_gpu_reaches_jsonl_for_a_real_rank(real_gpu, job, tmp_path):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    rank = _rank(job, 0, out, 1.0, LOCAL_RANK="0")
+    coll = None
+    try:
+        _pid(out, "pid0")
+        rows_path = tmp_path / "gpu.jsonl"
+        coll = start_collector(job, "--gpu", "on", "--gpu-interval", "0.5", "--handler", f"gpu=jsonl:{rows_path}",
+                               "--handler", "*=null", "--grace-ms", "10", "--status-interval", "0")
+
+        def util_rows() -> list:
+            return [r for r in read_jsonl(str(rows_path)) if r["name"].endswith(".util.mean") and r["rank"] == 0]
+
+        rows = wait_for(util_rows, 30, what="rank 0's GPU utilisation in jsonl")
+        assert all(0 <= r["value"] <= 100 for r in rows)
+    finally:
+        (out / "stop").touch()
+        rank.wait(60)
+        if coll is not None:
+            coll.stop()
