@@ -77,6 +77,9 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--straggler-windows", "straggler_windows", int,
           f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
           metavar="N"),
+    Tuned("--gpu-interval", "gpu_interval_s", float,
+          f"seconds between GPU samples (--gpu), at least {MIN_INTERVAL_S:g}: NVML holds a driver lock while it "
+          "samples", metavar="SECONDS"),
 )
 """The options that tune a collector, each tied to the :class:`CollectorConfig` field it sets."""
 
@@ -130,9 +133,6 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", choices=("auto", "on", "off"), default=config_default("gpu"),
                    help="GPU telemetry per rank, group gpu (needs shmstat[gpu]): auto = on where an NVIDIA driver "
                         "is loaded; on = also say in one line why it cannot be; off (default auto)")
-    p.add_argument("--gpu-interval", type=float, default=config_default("gpu_interval_s"), metavar="SECONDS",
-                   help=f"seconds between GPU samples, at least {MIN_INTERVAL_S:g} (NVML holds a driver lock) "
-                        f"(default {_shown(config_default('gpu_interval_s'))})")
     p.add_argument("--gpu-extra", action="append", default=[], choices=EXTRAS,
                    help="also sample this expensive GPU figure: energy (3.7 ms per GPU), pcie (21 ms per GPU); "
                         "repeatable")
@@ -199,7 +199,7 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
         prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
         prometheus_tls=_checked_tls(args.prometheus_tls, args.prometheus), ready_file=args.ready_file,
-        gpu=args.gpu, gpu_interval_s=args.gpu_interval, gpu_extra=tuple(dict.fromkeys(args.gpu_extra)),
+        gpu=args.gpu, gpu_extra=tuple(dict.fromkeys(args.gpu_extra)),
         **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
     )
 

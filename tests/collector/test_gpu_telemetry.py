@@ -5,7 +5,6 @@ interval, and tests marked ``gpu`` against a real GPU (skipped with the reason w
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
