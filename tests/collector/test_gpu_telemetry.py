@@ -5,6 +5,7 @@ interval, and tests marked ``gpu`` against a real GPU (skipped with the reason w
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,6 +128,28 @@ def test_gpu_figures_of_real_ranks_reach_jsonl_events_and_metrics_attributed_per
             assert coll.stop() == 0
     # the collector's GPU entries were handed back: the job's segment went with its ranks
     assert job not in Segment.list_jobs()
+
+
+def test_a_node_collector_samples_every_job_and_lets_a_finished_one_go(tmp_path):
+    from _support import run_with_private_dev_shm
+
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO)
+    env.pop(RECORDING_ENV, None)
+    script = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/_gpu_kit.py node "$WORK"'
+    done = run_with_private_dev_shm(script, env, REPO, 300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((work / "result.json").read_text())
+    job, lines = result["job"], result["lines"]
+    assert not [line for line in lines if "TIMED OUT" in line], lines
+    assert any("GPU telemetry: 2 GPUs" in line for line in lines)
+    ranks = {r["rank"] for r in result["rows"] if r["name"] == "gpu0.util.mean"}
+    assert ranks == {0, None} and all(r["job"] == job for r in result["rows"])
+    # the collector's GPU entry did not keep the job alive: let go, and its segment removed while it served
+    assert f"shmstat collector: job {job} done (its ranks exited, windows emitted)" in lines
+    assert f"shmstat collector: job {job}'s segment removed" in lines
+    assert result["left"] == [] and result["status"] == 0
 
 
 def _collect_briefly(job: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
