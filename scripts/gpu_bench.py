@@ -96,8 +96,8 @@ def main() -> int:
             both_us = _median_us(one, args.rounds, n)
             job_gpu.close()
             sampler.close()
-        source = f"NVML, {n} GPU{"s" if n != 1 else ""} ({', '.join(sorted(set(sampler.names)))})" if args.nvml else \
-            f"recorded H200, {n} GPU{'s' if n != 1 else ''}"
+        gpus = f"{n} GPU{'s' if n != 1 else ''}"
+        source = f"NVML, {gpus} ({', '.join(sorted(set(sampler.names)))})" if args.nvml else f"recorded H200, {gpus}"
         print(f"GPU telemetry ({source}; {args.ranks} ranks, median of {args.rounds} rounds, "
               f"{sys.implementation.name} {sys.version.split()[0]})")
         print(f"  sampling, per GPU:                 {sample_us:8.1f} us")
