@@ -249,3 +249,60 @@ def test_a_real_gpu_reaches_jsonl_for_a_real_rank(real_gpu, job, tmp_path):
         rank.wait(60)
         if coll is not None:
             coll.stop()
+
+
+def test_top_shows_a_gpu_column_per_rank_and_scores_no_gpu_figure(job, tmp_path):
+    from _support import FakeClock
+    from rich.console import Console
+
+    from collector.cli.top import render, snapshot
+    from collector.daemon.gpu import GpuSampler, JobGpu
+    from collector.daemon.nvml import RecordedDevices
+    from shmstat.job.rank import RankAttachment
+
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    seg = Segment.open(job)
+    try:
+        for r, p in enumerate(sleepers):
+            RankAttachment.register(seg, rank=r, local_rank=r, world_size=2, pid=p.pid)
+        doc = recording(tmp_path / "h200.json", {0: [p.pid for p in sleepers]})
+        for frame in doc["devices"][0]["frames"]:  # rank 1 holds ten times rank 0's memory on GPU 0
+            frame["processes"][1][1] *= 10
+        (tmp_path / "h200.json").write_text(json.dumps(doc))
+        clock = FakeClock()
+        clock.to_window(1000)
+        sampler = GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), interval_s=1.0, clock=clock)
+        said: list[tuple] = []
+        gpu = JobGpu(seg, sampler, lambda *event: said.append(event), clock=clock)
+        for i in range(2):  # one sample in a window, then one in the next: the first window is closed
+            clock.advance_ms(1000 * i)
+            sampler.sample()
+            gpu.step(seg.ranks())
+        assert [(e[0], e[2]["rank"], e[2]["gpus"], e[2]["by"]) for e in said] == [
+            ("shmstat.gpu", 0, "0", "pid"), ("shmstat.gpu", 1, "0", "pid")]
+        snap = snapshot(seg, clock.now)
+        (view,) = snap.jobs
+        g0, g1 = view.gpu_of(0), view.gpu_of(1)
+        assert g0 is not None and g1 is not None
+        assert (g0.gpus, g0.util, g0.memory_mib) == ((0,), 97.0, 810.0)
+        assert (g1.gpus, g1.util, g1.memory_mib) == ((0,), 97.0, 8100.0)
+        assert not [s.key for s in view.stats if s.stragglers], "a GPU figure was scored"
+        console = Console(width=100, record=True, color_system=None)
+        console.print(render(snap, view="ranks", stat="gpu/gpu0.proc_fb_used", width=100))
+        text = console.export_text()
+        assert "GPU" in text and "0:97% 849M" in text and "0:97% 8.49G" in text and "SLOW" not in text
+        # nor does the collector's straggler detector score them (rank 1 would be 0.55 of the median)
+        from collector.daemon.straggler import StragglerDetector
+        from collector.read.scanner import Scanner
+
+        cols = Scanner(seg, 0).scan(clock.now, final=True).columns
+        assert "gpu0.proc_fb_used" in set(cols.stat.tolist())
+        found = StragglerDetector(job, windows=1).update_columns(cols)
+        assert found.scores == [] and found.events == []
+        gpu.close()
+        sampler.close()
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+        seg.close()
