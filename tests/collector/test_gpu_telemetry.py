@@ -130,6 +130,47 @@ def test_gpu_figures_of_real_ranks_reach_jsonl_events_and_metrics_attributed_per
     assert job not in Segment.list_jobs()
 
 
+def _tensorboard_scalars(logdir: str) -> dict[str, list[float]]:
+    """``{tag: [value, ...]}`` of every scalar in ``logdir``, as TensorBoard's EventAccumulator reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(logdir, size_guidance={TENSORS: 0})
+    acc.Reload()
+    return {tag: [tensor_util.make_ndarray(e.tensor_proto).item() for e in acc.Tensors(tag)]
+            for tag in acc.Tags()[TENSORS]}
+
+
+def test_gpu_figures_reach_tensorboard_per_rank_and_merged(job, tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "ranks"
+    out.mkdir()
+    rank = _rank(job, 0, out, 1.0, LOCAL_RANK="0")
+    coll = None
+    try:
+        recording(tmp_path / "h200.json", {1: [_pid(out, "pid0")]})
+        monkeypatch.setenv(RECORDING_ENV, str(tmp_path / "h200.json"))
+        logdir = str(tmp_path / "tb")
+        coll = start_collector(job, "--gpu", "on", "--gpu-interval", "0.5", "--handler", f"gpu=tensorboard:{logdir}",
+                               "--handler", "*=null", "--grace-ms", "10", "--status-interval", "0")
+        tags = ("gpu/gpu1.power_usage.mean", "rank0/gpu/gpu1.power_usage.mean")
+
+        def written() -> dict | None:
+            run = os.path.join(logdir, job)  # the job's run
+            scalars = _tensorboard_scalars(run) if os.path.isdir(run) else {}
+            return scalars if all(scalars.get(t) for t in tags) else None
+
+        scalars = wait_for(written, 30, what="rank 0's GPU 1 in TensorBoard")
+        for tag in tags:  # W (recorded in mW), as float32
+            assert all(699.59 <= v <= 700.01 for v in scalars[tag]), (tag, scalars[tag])  # float32
+        assert not [t for t in scalars if "gpu0." in t]  # rank 0 is on GPU 1 only
+    finally:
+        (out / "stop").touch()
+        rank.wait(60)
+        if coll is not None:
+            coll.stop()
+
+
 def test_a_node_collector_samples_every_job_and_lets_a_finished_one_go(tmp_path):
     from _support import run_with_private_dev_shm
 
