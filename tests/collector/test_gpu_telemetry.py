@@ -261,9 +261,10 @@ def test_a_real_gpu_is_sampled_in_nvml_units(real_gpu):
         for dev in snap.devices:
             f = dev.figures
             assert dev.uuid.startswith(("GPU-", "MIG-"))
-            assert 0 <= f["util"] <= 100 and 0 < f["fb_used"] <= f["fb_total"]
-            assert 0 < f["power_usage"] < 2000 and 0 < f["temp"] < 120 and f["sm_clock"] >= 0
-            assert f["throttled"] in (0.0, 1.0)
+            assert 0 <= f["util"] <= 100 and 0 <= f["fb_used"] <= f["fb_total"] and f["fb_total"] > 0
+            # what a GPU may not support (a MIG slice, a virtual GPU) is absent, never wrong
+            assert 0 < f.get("power_usage", 1) < 2000 and 0 < f.get("temp", 1) < 120 and f.get("sm_clock", 0) >= 0
+            assert f.get("throttled", 0.0) in (0.0, 1.0)
     finally:
         sampler.close()
 
