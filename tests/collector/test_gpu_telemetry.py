@@ -348,3 +348,21 @@ def test_top_shows_a_gpu_column_per_rank_and_scores_no_gpu_figure(job, tmp_path)
             p.kill()
             p.wait()
         seg.close()
+
+
+def test_the_expensive_figures_are_sampled_only_when_asked(tmp_path):
+    from collector.daemon.gpu import GpuSampler
+    from collector.daemon.nvml import RecordedDevices
+    from shmstat.errors import ConfigError
+
+    recording(tmp_path / "h200.json", {})
+    plain = GpuSampler(RecordedDevices(str(tmp_path / "h200.json"))).sample().devices[0].figures
+    asked = GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), extra=("energy", "pcie")).sample().devices[0]
+    assert not {"total_energy", "pcie_tx", "pcie_rx"} & set(plain)
+    assert (asked.figures["total_energy"], asked.figures["pcie_tx"], asked.figures["pcie_rx"]) == (
+        918_233_114.0, 120_400.0, 98_700.0)  # mJ and KB/s, as NVML gives them
+    assert plain["power_usage"] == 612.4 and plain["fb_used"] == 3800.0 and plain["throttled"] == 0.0  # W, MiB
+    with pytest.raises(ConfigError, match="--gpu-extra 'power' is not one of energy, pcie"):
+        GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), extra=("power",))
+    with pytest.raises(ConfigError, match="--gpu-interval must be between 0.5 and 3600 seconds"):
+        GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), interval_s=0.1)
