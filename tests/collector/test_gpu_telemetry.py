@@ -364,5 +364,5 @@ def test_the_expensive_figures_are_sampled_only_when_asked(tmp_path):
     assert plain["power_usage"] == 612.4 and plain["fb_used"] == 3800.0 and plain["throttled"] == 0.0  # W, MiB
     with pytest.raises(ConfigError, match="--gpu-extra 'power' is not one of energy, pcie"):
         GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), extra=("power",))
-    with pytest.raises(ConfigError, match="--gpu-interval must be between 0.5 and 3600 seconds"):
+    with pytest.raises(ConfigError, match=r"--gpu-interval must be between 0\.5 and 3600 seconds"):
         GpuSampler(RecordedDevices(str(tmp_path / "h200.json")), interval_s=0.1)
