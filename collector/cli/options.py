@@ -17,6 +17,7 @@ from shmstat.shm.layout import (
 )
 
 from ..daemon.config import CollectorConfig
+from ..daemon.gpu import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..daemon.straggler import MAX_WINDOWS
 from ..handlers.api import parse_handler_args
 from ..prometheus.tls import TLSFiles
@@ -76,6 +77,9 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--straggler-windows", "straggler_windows", int,
           f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
           metavar="N"),
+    Tuned("--gpu-interval", "gpu_interval_s", float,
+          f"seconds between GPU samples (--gpu), at least {MIN_INTERVAL_S:g}: NVML holds a driver lock while it "
+          "samples", metavar="SECONDS"),
 )
 """The options that tune a collector, each tied to the :class:`CollectorConfig` field it sets."""
 
@@ -126,6 +130,12 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-sd", default=config_default("prometheus_sd"), metavar="FILE",
                    help="write a Prometheus file_sd target file for the endpoint (removed on a clean exit; with "
                         "--prometheus-tls it says __scheme__: https)")
+    p.add_argument("--gpu", choices=("auto", "on", "off"), default=config_default("gpu"),
+                   help="GPU telemetry per rank, group gpu (needs shmstat[gpu]): auto = on where an NVIDIA driver "
+                        "is loaded; on = also say in one line why it cannot be; off (default auto)")
+    p.add_argument("--gpu-extra", action="append", default=[], choices=EXTRAS,
+                   help="also sample this expensive GPU figure: energy (3.7 ms per GPU), pcie (21 ms per GPU); "
+                        "repeatable")
     p.add_argument("--ready-file", default=config_default("ready_file"), metavar="FILE",
                    help="once serving, write the collector's endpoints here as JSON (job, pid, ingest, publish, "
                         "prometheus; a node collector's: pid, publish, prometheus, jobs), for the program that "
@@ -177,6 +187,7 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
     if not 1 <= args.straggler_windows <= MAX_WINDOWS:
         raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
+    check_interval(args.gpu_interval)
     if args.curve is not None:
         _check_curve(args.curve, args.publish)
     if args.publish is not None:
@@ -188,6 +199,7 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         prometheus=_checked_listen(args.prometheus), prometheus_node=args.prometheus_node,
         prometheus_sd=_checked_sd(args.prometheus_sd, args.prometheus),
         prometheus_tls=_checked_tls(args.prometheus_tls, args.prometheus), ready_file=args.ready_file,
+        gpu=args.gpu, gpu_extra=tuple(dict.fromkeys(args.gpu_extra)),
         **{t.field: t.to_config(getattr(args, t.dest)) for t in TUNED},
     )
 

@@ -18,12 +18,12 @@ from rich.table import Table
 from rich.text import Text
 
 from .top_history import History, marks, sparkline
-from .top_snapshot import JobView, RankFigure, StatView, TopSnapshot, snapshot
+from .top_snapshot import JobView, RankFigure, RankGpu, StatView, TopSnapshot, snapshot
 
-# JobView, RankFigure, StatView, TopSnapshot and snapshot are defined in top_snapshot
+# JobView, RankFigure, RankGpu, StatView, TopSnapshot and snapshot are defined in top_snapshot
 __all__ = [
-    "SORTS", "VIEWS", "JobView", "RankFigure", "StatView", "TopSnapshot", "abbreviate", "render", "snapshot",
-    "window_label",
+    "SORTS", "VIEWS", "JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "abbreviate", "gpu_cell",
+    "render", "snapshot", "window_label",
 ]
 
 SORTS = ("name", "count", "mean", "p99", "spread")
@@ -181,21 +181,34 @@ def _stats_table(job: JobView, sort: str, width: int, max_rows: int | None) -> T
     return t
 
 
-def _ranks_table(stat: StatView, sort: str, width: int, max_rows: int | None) -> Table:
+def gpu_cell(g: RankGpu | None) -> str:
+    """A rank's GPU column: ``<gpus>:<utilisation>% <memory>`` (``0:87% 12.9G``); ``-`` without GPU figures."""
+    if g is None:
+        return "-"
+    util = "-" if g.util is None else f"{g.util:.0f}%"
+    memory = "" if g.memory_mib is None else " " + abbreviate(g.memory_mib * 1048576.0)
+    return f"{','.join(map(str, g.gpus))}:{util}{memory}"
+
+
+def _ranks_table(stat: StatView, sort: str, width: int, max_rows: int | None, job: JobView | None = None) -> Table:
+    gpus = job is not None and bool(job.gpus)
     t = _table(width)
     t.add_column("RANK", justify="right", no_wrap=True)
     t.add_column("STATE", no_wrap=True, overflow="ellipsis", max_width=7)
     t.add_column("PID", justify="right", no_wrap=True, max_width=8)
     _num_columns(t, "COUNT", "MEAN", "P50", "P99", "MIN", "MAX")
     t.add_column("SCORE", justify="right", no_wrap=True, max_width=6)
+    if gpus:
+        t.add_column("GPU", justify="right", no_wrap=True, overflow="ellipsis", max_width=14)
     t.add_column("", no_wrap=True, max_width=4)
     rows = _sorted_ranks(stat.ranks, sort)
     for r in rows[:max_rows]:
         s = r.summary
         score = "-" if r.score is None else f"{r.score:.2f}" if r.score < 100 else abbreviate(r.score)
+        gpu = [gpu_cell(job.gpu_of(r.rank))] if gpus and job is not None else []
         t.add_row(str(r.rank), r.state, str(r.pid or "-"), abbreviate(s.count), abbreviate(s.mean),
                   abbreviate(s.quantile(0.5)), abbreviate(s.quantile(0.99)), abbreviate(s.min if s.count else None),
-                  abbreviate(s.max if s.count else None), score, "SLOW" if r.straggler else "",
+                  abbreviate(s.max if s.count else None), score, *gpu, "SLOW" if r.straggler else "",
                   style="bold red" if r.straggler else None)
     if max_rows is not None and len(rows) > max_rows:
         t.add_row(Text(f"… {len(rows) - max_rows} more ranks", style="dim"))
@@ -288,7 +301,7 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
             s = max(chosen, key=lambda c: c.start_ns)
             where = f"{_windows_label([s], snap.now_ns)}  stat {s.key}  median {abbreviate(s.median)}"
             parts.append(_header(job, snap, where))
-            parts.append(_ranks_table(s, sort, width, budget))
+            parts.append(_ranks_table(s, sort, width, budget, job))
             past = None if history is None else _ranks_history(job, s, history, width, budget)
             if past is not None:
                 parts.extend((Text(""), past))

@@ -9,7 +9,8 @@ rank, and a rank's extra writers (forked children, spawned workers: entries with
 rank's figure. A rank's *figure* and *score* are the collector's straggler rule
 (:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean; ``median /
 figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the threshold in the
-window shown.
+window shown. The collector's GPU figures (:mod:`collector.read.gpu_figures`) are shown but not scored, and give
+each rank its GPU summary (:class:`RankGpu`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from shmstat.shm.segment import Segment, pid_alive
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, figure, score_ranks
 from ..read.column_merge import Parts, StatTable, merge_parts
+from ..read.gpu_figures import figure_of
 from ..read.hist_batch import HistBatch
 from ..read.merge import Summary, WindowRow
 
-__all__ = ["JobView", "RankFigure", "StatView", "TopSnapshot", "snapshot"]
+__all__ = ["JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "snapshot"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,18 @@ class StatView:
 
 
 @dataclass(frozen=True)
+class RankGpu:
+    """One rank's GPUs in their newest closed window: which, utilisation and memory (None: not sampled)."""
+
+    rank: int
+    gpus: tuple[int, ...]
+    util: float | None
+    """Mean GPU utilisation, %, over the rank's GPUs."""
+    memory_mib: float | None
+    """Memory the rank's processes hold on its GPUs (where NVML lists them), else its GPUs' memory used, MiB."""
+
+
+@dataclass(frozen=True)
 class JobView:
     """One job's segment: its ranks and stats, or why it could not be read."""
 
@@ -101,6 +115,12 @@ class JobView:
     ranks_alive: int = 0
     ranks_total: int = 0
     error: str | None = None
+    gpus: tuple[RankGpu, ...] = ()
+    """Per rank, its GPUs (when the collector samples GPUs)."""
+
+    def gpu_of(self, rank: int) -> RankGpu | None:
+        """Rank ``rank``'s GPU summary, if any."""
+        return next((g for g in self.gpus if g.rank == rank), None)
 
 
 @dataclass(frozen=True)
@@ -156,6 +176,8 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
         parts = {rank: s for rank, s in per_rank.items() if s.count or s.torn}
         figures = {rank: figure(s) for rank, s in parts.items()}
         median, scores = score_ranks(figures, higher_is_better)
+        if figure_of(merged.group, merged.name) is not None:
+            scores = {}  # a GPU figure: shown, not scored
         ranks = tuple(
             RankFigure(rank, s, figures[rank], scores.get(rank), rank in scores and scores[rank] < threshold,
                        *owners.get(rank, ("", 0)))
@@ -167,7 +189,28 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
                               ranks, median, higher_is_better))
     stats.sort(key=lambda s: (s.key, s.window_ns))
     roots = [i for i in infos if not i.is_writer]
-    return JobView(reader.segment.job, tuple(stats), n_alive, len(roots))
+    return JobView(reader.segment.job, tuple(stats), n_alive, len(roots), gpus=_rank_gpus(stats))
+
+
+def _rank_gpus(stats: list[StatView]) -> tuple[RankGpu, ...]:
+    """Each rank's GPU summary from the GPU figures among ``stats``."""
+    seen: dict[int, dict[str, dict[int, float]]] = {}  # rank -> figure -> gpu -> mean
+    for s in stats:
+        found = figure_of(s.group, s.name)
+        if found is None or found[1].name not in ("util", "fb_used", "proc_fb_used"):
+            continue
+        for r in s.ranks:
+            if r.summary.count:
+                seen.setdefault(r.rank, {}).setdefault(found[1].name, {})[found[0]] = r.summary.mean
+    out = []
+    for rank in sorted(seen):
+        figs = seen[rank]
+        gpus = tuple(sorted({g for by_gpu in figs.values() for g in by_gpu}))
+        util = figs.get("util")
+        memory = figs.get("proc_fb_used") or figs.get("fb_used")
+        out.append(RankGpu(rank, gpus, sum(util.values()) / len(util) if util else None,
+                           sum(memory.values()) if memory else None))
+    return tuple(out)
 
 
 def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, WindowRead]],

@@ -30,12 +30,14 @@ from ..handlers.compact import status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
+from ..read.gpu_figures import GPU_GROUP
 from ..read.scanner import Scanner
 from ..wire.intake import Received
 from ..wire.outlet import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
+from .gpu import GpuSampler, JobGpu, start_sampler
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
 from .ownership import remove_if_done, take_instance_lock
@@ -54,13 +56,14 @@ class Collector:
     """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
     :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job.
     ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
-    frame: :mod:`shmstat.wire`)."""
+    frame: :mod:`shmstat.wire`). ``gpu_sampler``: a node collector's GPU sampler, shared by its jobs (without one,
+    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.gpu.start_sampler`)."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
         out: IO[str] | None = None, dispatcher: ThreadedDispatcher | None = None,
         exporter: PrometheusExporter | None = None, events: EventDelivery | None = None,
-        node_outlet: Outlet | None = None,
+        node_outlet: Outlet | None = None, gpu_sampler: GpuSampler | None = None,
     ) -> None:
         validate_job(config.job)
         self.config = config
@@ -81,11 +84,19 @@ class Collector:
         self._owns_exporter = False
         self.events = KeptEvents(config.job, events, owns=events is None)
         """What goes to the events sinks (``--events``; a node collector's, shared, as ``events``)."""
+        self.gpu_sampler = gpu_sampler
+        self._owns_sampler = False
+        self.gpu: JobGpu | None = None
+        """This job's GPU figures (None: GPU telemetry off)."""
         try:
             if events is None:
                 self.events.delivery = build_event_delivery(config)
+            if gpu_sampler is None:
+                self.gpu_sampler = start_sampler(config, self.out)
+                self._owns_sampler = self.gpu_sampler is not None
             self._owns_dispatcher = dispatcher is None
-            self.dispatcher = dispatcher or build_dispatcher(config, handler_objects)
+            self.dispatcher = dispatcher or build_dispatcher(config, handler_objects,
+                                                             quiet=(GPU_GROUP,) if self.gpu_sampler else ())
             self.segment = Segment.open(config.job, geometry=config.geometry)
             self._lock_fd = take_instance_lock(self.segment)
             self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
@@ -107,6 +118,10 @@ class Collector:
             if self.exporter is None and config.prometheus:
                 self.exporter = start_exporter(config, self.out)
                 self._owns_exporter = True
+            if self.gpu_sampler is not None:
+                self.gpu = JobGpu(self.segment, self.gpu_sampler, self.publish_event, clock=self.clock)
+                if self.exporter is not None:
+                    self.exporter.set_gpus(self.gpu_sampler.uuids)
         except BaseException:
             self._release()
             self.events.close()
@@ -235,6 +250,8 @@ class Collector:
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
+            if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
+                self.gpu.step(self.last_ranks)
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)
@@ -253,6 +270,9 @@ class Collector:
         alive, every window that holds data), flush handlers, release everything."""
         if self.relay is None:
             return
+        if self.gpu is not None:  # first: its entries are the collector's own, not processes of the job
+            with contextlib.suppress(Exception):
+                self.gpu.close()
         try:
             self._drain_ingest()
             self._drain_submitted()
@@ -321,6 +341,9 @@ class Collector:
         return taken
 
     def _release(self) -> None:
+        if self._owns_sampler and self.gpu_sampler is not None:
+            self.gpu_sampler.close()
+            self._owns_sampler = False
         if self._owns_exporter and self.exporter is not None:
             self.exporter.close()
             self.exporter = None
@@ -396,5 +419,12 @@ class Collector:
             "passes_not_taken": self.commits.not_taken,
             "ranks_refused": self.scanner.reader.bad_ranks, "descriptors_refused": self.scanner.reader.bad_descriptors,
             **drop_counters(self.segment),
+            **self._gpu_counters(),
         }
+
+    def _gpu_counters(self) -> dict[str, int]:
+        if self.gpu_sampler is None:
+            return {}
+        return {"gpu_samples": self.gpu_sampler.samples, "gpu_errors": self.gpu_sampler.errors,
+                "gpu_figures_written": self.gpu.samples_written if self.gpu is not None else 0}
 

@@ -90,6 +90,13 @@ class CollectorConfig:
     prometheus_tls: TLSFiles | None = None
     """Serve ``/metrics`` over HTTPS with these PEM files (a client CA among them: client certificates required);
     None: plain HTTP."""
+    gpu: str = "auto"
+    """GPU telemetry (:mod:`collector.daemon.gpu`): ``auto`` (on where an NVIDIA driver is loaded, silent where
+    none is), ``on`` (one line saying why when it cannot be), ``off``."""
+    gpu_interval_s: float = 1.0
+    """Seconds between GPU samples (at least :data:`collector.daemon.gpu.MIN_INTERVAL_S`)."""
+    gpu_extra: tuple[str, ...] = ()
+    """Expensive GPU figures to sample too: ``energy``, ``pcie``."""
     geometry: Geometry | None = None
     ingest: str | None = None
     ready_file: str | None = None
@@ -99,17 +106,22 @@ class CollectorConfig:
 
 
 def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
-                     ) -> ThreadedDispatcher:
+                     quiet: tuple[str, ...] = ()) -> ThreadedDispatcher:
     """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
     nowhere unless asked for by name (``--handler shmstat=SPEC``, or a handler object for it): ``*`` does not
-    include it (its counters are on ``/metrics`` and the status line already)."""
+    include it (its counters are on ``/metrics`` and the status line already). Nor do the groups in ``quiet``
+    (the GPU figures' when the collector samples GPUs: a dozen figures per GPU are not for the default console
+    line) unless a handler names them or ``*`` is configured."""
     inner = Dispatcher.from_specs(config.handlers)
     for group, handler in (handler_objects or {}).items():
         inner.bind(group, handler)
-    if PLATFORM_GROUP not in inner.handlers:
-        from elastic.metrics import NullMetricHandler
+    from elastic.metrics import NullMetricHandler
 
+    if PLATFORM_GROUP not in inner.handlers:
         inner.bind(PLATFORM_GROUP, NullMetricHandler())
+    for group in quiet:
+        if group not in inner.handlers and "*" not in config.handlers:
+            inner.bind(group, NullMetricHandler())
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
 
 

@@ -43,11 +43,13 @@ from ..handlers.compact import CompactWindowHandler, status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
+from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
 from .collector import Collector, CollectorConfig, build_dispatcher
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
 from .node_lock import NodeLock
+from .gpu import GpuSampler, start_sampler
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
@@ -77,7 +79,7 @@ class NodeCollector:
                discover_interval_s: float) -> None:
         # one status line for the node, not per job; the jobs' own endpoints are their default ones
         self.config = dataclasses.replace(config, status_interval_s=0.0, publish=None, ready_file=None,
-                                          curve=None)  # the node's endpoint is the node's, below
+                                          curve=None, gpu="off")  # the node's endpoint and GPUs: the node's, below
         self.ready_file = config.ready_file
         self.status = _NodeStatus(config.status_interval_s)
         self.jobs = list(jobs) if jobs else None
@@ -93,6 +95,8 @@ class NodeCollector:
         self._next_key_check = 0.0
         self.events: EventDelivery | None = None
         self.exporter: PrometheusExporter | None = None
+        self.gpu: GpuSampler | None = None
+        """One GPU sampler for every job of the node (:mod:`collector.daemon.gpu`), or None."""
         try:
             if config.publish is not None:
                 if config.curve is not None:
@@ -104,14 +108,19 @@ class NodeCollector:
                     raise CollectorError(f"cannot bind the publish endpoint {config.publish}: {exc}") from None
             self.events = build_event_delivery(config)
             """One set of events sinks (``--events``) for every job of the node, or None."""
-            self.dispatcher = build_dispatcher(config)
+            self.gpu = start_sampler(config, self.out)
+            self.dispatcher = build_dispatcher(config, quiet=(GPU_GROUP,) if self.gpu else ())
             self.exporter = start_exporter(config, self.out) if config.prometheus else None
             """One Prometheus endpoint for every job of the node (``--prometheus``)."""
             if self.exporter is not None and self.outlet is not None:
                 self.exporter.add_node(self.endpoint_counters)
+            if self.exporter is not None and self.gpu is not None:
+                self.exporter.set_gpus(self.gpu.uuids)
         except BaseException:
             if self.events is not None:
                 self.events.close()
+            if self.gpu is not None:
+                self.gpu.close()
             self._close_outlet()
             raise
         self.status.name_jobs(self.dispatcher)
@@ -232,7 +241,7 @@ class NodeCollector:
             try:
                 collector = Collector(dataclasses.replace(self.config, job=job), out=self.out,
                                       dispatcher=self.dispatcher, exporter=self.exporter, events=self.events,
-                                      node_outlet=self.outlet)
+                                      node_outlet=self.outlet, gpu_sampler=self.gpu)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
                 self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
@@ -288,7 +297,9 @@ class NodeCollector:
     @staticmethod
     def _finished(c: Collector) -> bool:
         ranks = c.last_ranks  # read by the step just taken: reading the rank table again doubled its cost
-        return bool(ranks) and not any(r.state == RankState.ACTIVE and pid_alive(r.pid) for r in ranks)
+        me = os.getpid()  # the entries this process holds (GPU figures) are no process of the job
+        return bool(ranks) and not any(r.state == RankState.ACTIVE and r.pid != me and pid_alive(r.pid)
+                                       for r in ranks)
 
     def _release(self, job: str) -> bool:
         """Let ``job`` go; True if its collector emitted every window it held."""
@@ -321,6 +332,8 @@ class NodeCollector:
         if self._node_lock is not None:
             self._node_lock.release()
             self._node_lock = None
+        if self.gpu is not None:
+            self.gpu.close()
 
 
     def endpoint_counters(self) -> dict[str, int]:

@@ -20,7 +20,7 @@ from shmstat import wire
 
 from ..handlers.compact import StragglerLines
 from .config import PLATFORM_GROUP
-from .straggler import EVENT_TOPICS
+from .straggler import EVENT_TOPICS, STRAGGLER_EVENT
 
 if TYPE_CHECKING:
     from ..handlers.dispatch import ThreadedDispatcher
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..wire.relay import Relay
     from .commits import PendingCommits
     from .config import CollectorConfig
+    from .gpu import JobGpu
     from .straggler import StragglerDetector
 
 __all__ = ["PassCounts", "emit_scan"]
@@ -44,6 +45,7 @@ class PassHost(Protocol):
     scanner: Scanner
     stragglers: StragglerDetector
     commits: PendingCommits
+    gpu: JobGpu | None
 
     def publish_event(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
         """Publish an event the collector made and hand it to the events sinks."""
@@ -93,11 +95,15 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     if found.scores and scores_wanted:
         dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
-        c.publish_event(ev.name, now, ev.data)
-        group = str(ev.data["group"])
+        data = ev.data
+        if c.gpu is not None and ev.name == STRAGGLER_EVENT:  # what the slow rank's GPU did meanwhile
+            end = int(data["window_start_ns"]) + int(data["window_ms"]) * 1_000_000
+            data = {**data, **c.gpu.describe(int(data["rank"]), int(data["since_ns"]), end)}
+        c.publish_event(ev.name, now, data)
+        group = str(data["group"])
         say = lines[group] if group in lines else lines["*"]
         if say is not None:
-            say.say_straggler(ev.name, job, ev.data)
+            say.say_straggler(ev.name, job, data)
     c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)

@@ -9,7 +9,9 @@ scores ranks the same way and flags under 0.75.
 :class:`StragglerDetector` keeps, per job, the ranks currently slow and turns each emitted pass of per-rank rows
 into scores (for the collector's ``shmstat`` group) and :data:`STRAGGLER_EVENT` / :data:`RECOVERED_EVENT`
 events (for ``event/<name>``). Figures that are not finite leave their rank out of the window; a window with a
-negative figure is not scored (a ratio of such figures means nothing).
+negative figure is not scored (a ratio of such figures means nothing). The collector's GPU figures
+(:mod:`collector.read.gpu_figures`) are not scored: a rank's GPU is not slower for being busier; the straggler
+event says instead what a slow rank's GPU did (:meth:`collector.daemon.gpu.JobGpu.describe`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from shmstat import wire
 from shmstat.aggregation import Aggregation
 from shmstat.errors import ConfigError
 
+from ..read.gpu_figures import GPU_GROUP, is_gpu_stat
 from ..read.merge import Summary, WindowSpan
 
 if TYPE_CHECKING:
@@ -189,8 +192,12 @@ class StragglerDetector:
         block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
         with np.errstate(invalid="ignore"):
             fig = np.where(cols.hists.present, cols.p50, cols.mean)  # figure(): p50 if a histogram
-            rows = np.flatnonzero((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig)
-                                  & ((cols.agg_mask & ~COUNT_ONLY_MASK) != 0))
+            scored = ((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig)
+                      & ((cols.agg_mask & ~COUNT_ONLY_MASK) != 0))
+            gpu = np.flatnonzero(cols.group == GPU_GROUP)
+            if len(gpu):  # the GPU figures are not scored (see the module docstring)
+                scored[gpu] &= [not is_gpu_stat(GPU_GROUP, cols.stat[i]) for i in gpu.tolist()]
+            rows = np.flatnonzero(scored)
         b, f = block[rows], fig[rows]
         order = np.lexsort((f, b))
         rows, b, f = rows[order], b[order], f[order]

@@ -19,7 +19,12 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   none for the agent's): ``shmstat_metric`` (gauge, the newest value), ``shmstat_metric_count_total`` and
   ``shmstat_metric_sum_total`` (counters: values put and their sum), ``shmstat_metric_dropped_total`` (per job:
   values of series past the job's bound);
-- ``shmstat_collector_<counter>_total``: the collector's own counters per job.
+- ``shmstat_collector_<counter>_total``: the collector's own counters per job;
+- the GPU figures (group ``gpu``, :mod:`collector.read.gpu_figures`), besides their ``shmstat_stat_*`` series, as
+  one gauge family per figure, ``shmstat_gpu_<figure>`` (``shmstat_gpu_util``, ``shmstat_gpu_fb_used``, ...: the
+  unit of dcgm-exporter's ``DCGM_FI_DEV_*`` twin), labels ``job``, ``node``, ``gpu`` (NVML index), ``uuid`` and,
+  per rank, ``rank``: the newest window's mean (a mask or a running total: its latest sample). The series
+  without ``rank`` is the GPU's, merged across the ranks that share it.
 
 A scrape sends a cached rendering (:mod:`collector.prometheus.server`): the newest figures while rendering is cheap, at
 most one rendering behind once it is not (8 ranks x 8,000 stats: ~5 s of a background thread per rendering,
@@ -55,6 +60,7 @@ from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
+from ..read.gpu_figures import FIGURES, figure_of
 from .put_metrics import MAX_SERIES_BYTES, PutMetrics, put_families
 from .server import MetricsServer, RenderCache
 
@@ -112,6 +118,8 @@ class PrometheusExporter:
         self.clock = clock
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}
+        self._gpu: dict[tuple[str, str, int, int | None], float] = {}  # (job, figure, gpu, rank) -> newest
+        self._uuids: tuple[str, ...] = ()
         self._puts = PutMetrics(max_put_bytes)
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self._node_counters: list[Callable[[], dict[str, int]]] = [self._server_counters]
@@ -196,7 +204,27 @@ class PrometheusExporter:
             pct = (pcts[0][i], pcts[1][i], pcts[2][i], pcts[3][i]) if has_hist else None
             updates.append(((job, group, stat, None if rank < 0 else rank), n, total, mean, lo, hi, pct,
                             classic.get(i)))
+        if len(cols):
+            with self._lock:
+                self._fold_gpu(cols)
         self._fold(job, updates)
+
+    def set_gpus(self, uuids: tuple[str, ...]) -> None:
+        """The UUIDs of the node's GPUs by NVML index (the ``uuid`` label of the GPU families)."""
+        with self._lock:
+            self._uuids = tuple(uuids)
+        self._changed()
+
+    def _fold_gpu(self, cols: Columns) -> None:
+        """The GPU figures of a pass into their families' newest values (lock held)."""
+        for i in np.flatnonzero(cols.group == "gpu").tolist():
+            found = figure_of(cols.group[i], cols.stat[i])
+            if found is None or not cols.count[i]:
+                continue
+            gpu, fig = found
+            rank = int(cols.rank[i])
+            value = cols.value[i] if fig.latest else cols.mean[i]
+            self._gpu[(cols.job, fig.name, gpu, None if rank < 0 else rank)] = float(value)
 
     def _fold(self, job: str, updates: list[tuple]) -> None:
         with self._lock:
@@ -266,6 +294,9 @@ class PrometheusExporter:
             series = [(k, v.count, v.total, v.mean, v.lo, v.hi, v.percentiles,
                        list(v.buckets) if v.buckets is not None else None) for k, v in self._series.items()]
             puts = self._puts.snapshot()
+            gpu = sorted(self._gpu.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3] is not None,
+                                                            kv[0][3] or 0))
+            uuids = self._uuids
             counter_sources = list(self._counters.items())
             node_sources = list(self._node_counters)
         self.renders += 1
@@ -300,6 +331,7 @@ class PrometheusExporter:
                 hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
         yield from (count, total, mean, lo, hi, *pcts, hist)
+        yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)
         yield from _counter_families("shmstat_collector", "Collector counter",
                                      [({"job": job, "node": node}, source) for job, source in counter_sources])
@@ -312,10 +344,32 @@ class PrometheusExporter:
             return
         for key in [k for k in self._series if k[0] in gone]:
             del self._series[key]
+        for gkey in [k for k in self._gpu if k[0] in gone]:
+            del self._gpu[gkey]
         self._puts.forget(gone)
         for job in gone:
             self._counters.pop(job, None)
             del self._retired[job]
+
+
+def _gpu_families(series: list[tuple[tuple[str, str, int, int | None], float]], uuids: tuple[str, ...],
+                  node: str) -> Iterator[object]:
+    """One gauge family per GPU figure (``shmstat_gpu_<figure>``), in the order ``series`` is sorted (by figure)."""
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.samples import Sample
+
+    families: dict[str, GaugeMetricFamily] = {}
+    for (job, name, gpu, rank), value in series:
+        fig = FIGURES[name]
+        family = families.get(name)
+        if family is None:
+            twin = f"; as dcgm-exporter's {fig.dcgm}" if fig.dcgm else ""
+            family = families[name] = GaugeMetricFamily(fig.family, f"{fig.help} ({fig.unit}{twin})")
+        labels = {"job": job, "node": node, "gpu": str(gpu), "uuid": uuids[gpu] if gpu < len(uuids) else ""}
+        if rank is not None:
+            labels["rank"] = str(rank)
+        family.samples.append(Sample(fig.family, labels, value))
+    yield from families.values()
 
 
 def _counter_families(prefix: str, doc: str, sources: list[tuple[dict[str, str], Callable[[], dict[str, int]]]]

@@ -74,6 +74,10 @@ def test_walking_the_parser_every_default_and_its_help_come_from_the_config():
             assert action.default == [] and config_default("events") == []
         elif flag == "--allow-remote-publish":
             assert action.default is False
+        elif flag == "--gpu":
+            assert action.default == config_default("gpu") == "auto"
+        elif flag == "--gpu-extra":
+            assert action.default == [] and config_default("gpu_extra") == ()
         else:  # an option named after its field, default None there too
             field = flag.lstrip("-").replace("-", "_")
             assert field in config_fields and action.default == config_default(field) is None, flag
