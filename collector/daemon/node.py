@@ -48,8 +48,8 @@ from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
 from .collector import Collector, CollectorConfig, build_dispatcher
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
-from .node_lock import NodeLock
 from .gpu import GpuSampler, start_sampler
+from .node_lock import NodeLock
 from .sweep import Verdict, remove_if_dead
 
 __all__ = ["NodeCollector"]
