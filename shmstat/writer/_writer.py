@@ -250,11 +250,12 @@ def check_removed(att: RankAttachment) -> bool:
     for binding in list(att.writers.values()):
         if binding.att is att and binding.index >= 0:
             _drop_mode(binding)
-    from ..job._drops import warn_once
+    from ..job._drops import warn_once_in_job
 
-    warn_once("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs (by "
-              "'shmstat clean' or by hand); this process's samples are dropped and counted (shmstat.stats()); "
-              "restart the job to collect it again")
+    # one warning per job: the flag is in the orphaned mapping every process that noticed shares, and passed on to
+    # workers started later (which then do not make the segment again: shmstat.job.attach.ensure_init)
+    warn_once_in_job("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs; its "
+                     "samples are dropped and counted (shmstat.stats()); restart the job to collect it", seg)
     return True
 
 
