@@ -300,7 +300,7 @@ class _Sender:
         job = self._job or "?"
         message = (f"no collector takes the events of job {job}; they wait in the rank, bounded; run: shmstat collect "
                    f"--job {job}")
-        segment = self._segment or _job_segment(self._job)
+        segment = self._segment if self._segment is not None else _job_segment(self._job)
         try:
             if segment is not None:
                 warn_once_in_job("uncollected", message, segment)

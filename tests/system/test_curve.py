@@ -102,7 +102,8 @@ def test_only_a_key_holder_receives_the_stream_and_every_refused_attempt_is_coun
     says = {"no-keys": "lets in only CURVE subscribers", "stranger": "refused this CURVE key",
             "as-server": "refused this CURVE key", "other-server": "the CURVE handshake keeps failing"}
     try:
-        wait_for(lambda: _beats(good_out) > 0, 30, 0.05, what="the key holder's first heartbeat")
+        # five subscriber processes start at once: on a loaded 2-core machine their imports alone took over 30 s
+        wait_for(lambda: _beats(good_out) > 0, 90, 0.05, what="the key holder's first heartbeat")
         # every unauthorised subscriber was turned away and said so (the counters alone do not tell: the one with
         # another server key retries, and its failures alone reach 2 while the one with no keys may still be
         # starting); the stranger's and the server's key by the ZAP handler, the one with no CURVE and the one
