@@ -215,10 +215,10 @@ class _Sender:
                     if failures == 1:
                         _log.exception("shmstat: unexpected error in the publisher thread (continuing)")
                     progressed = False
+                if not self._ever_subscribed:
+                    self._check_uncollected()  # also as it stops: a short-lived rank still says it once
                 if self._stop:
                     return
-                if not self._ever_subscribed:
-                    self._check_uncollected()
                 if progressed:
                     sleep_s = wait_s = self._idle_sleep_s  # items are flowing: let the next ones gather into batches
                 else:
