@@ -16,8 +16,9 @@ from shmstat.shm.segment import Segment
 _RANK = """
 import datetime, time, shmstat
 from shmstat.job import _state
-end = time.monotonic() + float({seconds})
-n = 0
+shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {{"n": 0}}))
+end = time.monotonic() + float({seconds})  # from the first event: attaching may take seconds on a loaded machine
+n = 1
 while time.monotonic() < end:
     shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {{"n": n}}))
     n += 1
