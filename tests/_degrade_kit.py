@@ -183,6 +183,54 @@ def removed(n: int, threads: int) -> dict[str, Any]:
     return result
 
 
+def _worker_across_the_removal(n: int, go: Any, out: Any) -> None:
+    """A spawn worker alive when the segment is removed: a Stat before, then (told the segment is gone) a new one
+    of ``n`` samples, which it finds the segment gone when it creates; reports what it dropped."""
+    shmstat.Stat("w.before", [A.COUNT], 60.0).add(1.0)
+    out.put("attached")
+    assert go.wait(120)
+    stat = shmstat.Stat("w.after", [A.COUNT], 60.0)
+    for _ in range(n):
+        stat.add(1.0)
+    out.put(shmstat.stats().dropped_samples)
+
+
+def _worker_after_the_removal(n: int, out: Any) -> None:
+    """A spawn worker started after its rank found the segment removed."""
+    stat = shmstat.Stat("w.late", [A.COUNT], 60.0)
+    for _ in range(n):
+        stat.add(1.0)
+    out.put((shmstat.stats().dropped_samples, os.path.exists("/dev/shm/shmstat." + _job())))
+
+
+def removed_with_workers(n: int, workers: int) -> dict[str, Any]:
+    """``workers`` spawn workers alive across the removal of the segment, then ``workers`` started after it;
+    each adds ``n`` samples after the removal."""
+    ctx = mp.get_context("spawn")
+    shmstat.Stat("before", [A.COUNT], 60.0).add(1.0)
+    go, out = ctx.Event(), ctx.Queue()
+    alive = [ctx.Process(target=_worker_across_the_removal, args=(n, go, out)) for _ in range(workers)]
+    for p in alive:
+        p.start()
+    assert [out.get(timeout=120) for _ in alive] == ["attached"] * workers
+    os.unlink("/dev/shm/shmstat." + _job())
+    after = shmstat.Stat("after", [A.COUNT], 60.0)  # the rank notices the removal here
+    for _ in range(n):
+        after.add(1.0)
+    go.set()
+    across = sorted(out.get(timeout=120) for _ in alive)
+    for p in alive:
+        p.join()
+    late = [ctx.Process(target=_worker_after_the_removal, args=(n, out)) for _ in range(workers)]
+    for p in late:
+        p.start()
+    started_after = [out.get(timeout=120) for _ in late]
+    for p in late:
+        p.join()
+    return {"codes": [p.exitcode for p in alive + late], "rank": shmstat.stats().dropped_samples, "across": across,
+            "late": [d for d, _ in started_after], "late_made_it": any(made for _, made in started_after)}
+
+
 def lock_unusable(n: int, threads: int) -> dict[str, Any]:
     """Adds, then the job's lock file is replaced by one open to other users (which shmstat refuses to lock),
     then the API everywhere."""

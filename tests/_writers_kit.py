@@ -148,3 +148,86 @@ def rank_with_workers(job: str, pure: bool, n: int, rounds: int, out: str) -> No
         count += n + 3 * n
         total += n * 0.5 + 3 * n * 10.0 ** (r % 3)
     _done(out, count, total)
+
+
+def _racing_creator(go, n: int, group: str) -> None:
+    """A worker of the rank (spawn, forkserver or fork) that creates the Stat ``raced`` the moment ``go`` is set."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    assert go.wait(120), "the rank never said go"
+    stat = shmstat.Stat("raced", [A.COUNT, A.SUM], WINDOW_S, group=group)
+    for _ in range(n):
+        stat.add(1.0)
+    shmstat.shutdown()
+
+
+def creators_racing_on_one_stat(job: str, pure: bool, threads: int, n: int, rounds: int, out: str) -> None:
+    """Per round, at one signal: ``threads`` threads of the rank, a child the rank forks from one more thread, and
+    a spawn, a forkserver and a fork worker all create the Stat ``raced`` (the round's group) and add ``n`` each.
+    The rank attaches first: a worker started before its rank attached may take the rank's own entry."""
+    _env(job, pure)
+    import shmstat
+
+    # attached before any thread forks (also: a child forked while another thread imports a module, as the first
+    # attach does, waits forever for that module's import lock, a CPython hazard of fork in a threaded process)
+    assert shmstat.init() is not None
+    count = 0
+    for r in range(rounds):
+        count += _racing_round(f"round{r}", threads, n)
+    _done(out, count, float(count))
+
+
+def _create_and_add(go, group: str, n: int, errors: list[BaseException]) -> None:
+    import shmstat
+    from shmstat import Aggregation as A
+
+    try:
+        assert go.wait(120), "the rank never said go"
+        stat = shmstat.Stat("raced", [A.COUNT, A.SUM], WINDOW_S, group=group)
+        for _ in range(n):
+            stat.add(1.0)
+    except BaseException as exc:  # reported by the rank: a thread's failure must fail the test
+        errors.append(exc)
+
+
+def _fork_a_creator(go, group: str, n: int, forked: list[int]) -> None:
+    assert go.wait(120), "the rank never said go"
+    pid = os.fork()
+    if pid == 0:  # the child of a thread, while the rank's other threads create the same Stat
+        import shmstat
+
+        code = 1
+        try:
+            _create_and_add(go, group, n, [])
+            shmstat.shutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    forked.append(pid)
+
+
+def _racing_round(group: str, threads: int, n: int) -> int:
+    """One round of :func:`creators_racing_on_one_stat`; the samples it added."""
+    go = mp.get_context("spawn").Event()
+    workers = [mp.get_context(method).Process(target=_racing_creator, args=(go, n, group))
+               for method in ("spawn", "forkserver", "fork")]
+    for w in workers:
+        w.start()
+    errors: list[BaseException] = []
+    forked: list[int] = []
+    pool = [threading.Thread(target=_create_and_add, args=(go, group, n, errors)) for _ in range(threads)]
+    pool.append(threading.Thread(target=_fork_a_creator, args=(go, group, n, forked)))
+    for t in pool:
+        t.start()
+    go.set()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    for pid in forked:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the forked creator failed"
+    for w in workers:
+        w.join(120)
+        assert w.exitcode == 0, f"worker exit code {w.exitcode}"
+    return (threads + 1 + len(workers)) * n

@@ -22,7 +22,8 @@ from ..shm import layout as L
 if TYPE_CHECKING:  # pragma: no cover
     from ..shm.segment import Segment
 
-__all__ = ["CAPACITY_VARIABLES", "add_counter", "geometry_from_env", "warn_once"]
+__all__ = ["CAPACITY_VARIABLES", "REPORTED_VARIABLE", "add_counter", "geometry_from_env", "reported", "warn_once",
+           "warn_once_in_job"]
 
 _log = logging.getLogger("shmstat")
 
@@ -34,7 +35,12 @@ _plain_lock = threading.Lock()
 
 # Bits of the header's ``warned`` word: a kind reported by one process of the job is not reported again by the
 # others (a DataLoader starts new workers every epoch: one warning per job, not one per worker).
-KINDS = {"ranks": 1, "writers": 2, "stats": 4, "percentiles": 8, "takeover": 16}
+KINDS = {"ranks": 1, "writers": 2, "stats": 4, "percentiles": 8, "takeover": 16, "removed": 32, "uncollected": 64}
+
+REPORTED_VARIABLE = "SHMSTAT_REPORTED"
+"""Set by a process for the children it starts afterwards (spawn and forkserver workers inherit the environment):
+``JOB:kind,kind`` — the problems of that job already reported, which a child does not report again (with no
+segment to hold the flag, e.g. one removed from /dev/shm or a /dev/shm too full to create it)."""
 
 
 def add_counter(segment: Segment, offset: int, n: int = 1) -> None:
@@ -55,12 +61,18 @@ def add_counter(segment: Segment, offset: int, n: int = 1) -> None:
         pass
 
 
-def warn_once(kind: str, message: str, segment: Segment | None = None) -> bool:
+def warn_once(kind: str, message: str, segment: Segment | None = None, job: str | None = None) -> bool:
     """Log ``message`` at WARNING unless this process (or, with ``segment`` given and the job lock held by the
-    caller, any process of the job) already reported ``kind``; True if it was logged."""
+    caller, any process of the job; or the process that started this one, for ``job``) already reported ``kind``;
+    True if it was logged. Children started afterwards inherit the report (:data:`REPORTED_VARIABLE`)."""
     if kind in _warned:
         return False
     _warned.add(kind)
+    job = segment.job if job is None and segment is not None else job
+    if job is not None:
+        if reported(job, kind):
+            return False
+        _pass_on(job, kind)
     bit = KINDS.get(kind, 0)
     if segment is not None and bit:
         try:
@@ -74,9 +86,37 @@ def warn_once(kind: str, message: str, segment: Segment | None = None) -> bool:
     return True
 
 
+def warn_once_in_job(kind: str, message: str, segment: Segment) -> bool:
+    """:func:`warn_once` for the whole job from a caller that does not hold the job lock: takes it while the
+    job's lock file is there (never making one: a removed job leaves nothing behind), else flags unlocked."""
+    from ..shm.runtime import lock_path
+
+    try:
+        if os.path.exists(lock_path(segment.job)):
+            with segment.locked():
+                return warn_once(kind, message, segment)
+    except Exception:  # the lock file is unusable: the flag in the segment still tells the others
+        pass
+    return warn_once(kind, message, segment)
+
+
+def reported(job: str, kind: str) -> bool:
+    """Whether the process that started this one (or this one) reported ``kind`` for ``job``
+    (:data:`REPORTED_VARIABLE`)."""
+    owner, _, kinds = os.environ.get(REPORTED_VARIABLE, "").partition(":")
+    return owner == job and kind in kinds.split(",")
+
+
+def _pass_on(job: str, kind: str) -> None:
+    owner, _, kinds = os.environ.get(REPORTED_VARIABLE, "").partition(":")
+    known = [k for k in kinds.split(",") if k] if owner == job else []
+    os.environ[REPORTED_VARIABLE] = f"{job}:{','.join([*known, kind])}"
+
+
 def reset_warnings() -> None:
     """Forget which problems this process reported (for tests)."""
     _warned.clear()
+    os.environ.pop(REPORTED_VARIABLE, None)
 
 
 def geometry_from_env(env: dict[str, str] | None = None) -> L.Geometry | None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ..errors import CapacityError, ConfigError, ShmstatError
 from ..shm.runtime import ingest_endpoint, validate_job
 from . import _state
-from ._drops import geometry_from_env, warn_once
+from ._drops import geometry_from_env, reported, warn_once
 from .identity import Identity, identity_from_env
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,7 +127,7 @@ def ensure_init() -> RankAttachment | None:
                 st.attachment = RankAttachment.register_writer(segment, owner_local_rank=owner)
             except (ShmstatError, OSError) as exc:  # e.g. the job's lock file became unusable
                 warn_once("attach", f"a forked worker cannot register in job {segment.job!r} ({exc}); its samples "
-                          "are dropped and counted in its rank's entry")
+                          "are dropped and counted in its rank's entry", job=segment.job)
                 owner_info = segment.rank(owner)
                 st.attachment = RankAttachment.without_entry(segment, rank=owner_info.rank,
                                                              world_size=owner_info.world_size, writer_of=owner)
@@ -144,6 +144,8 @@ def ensure_init() -> RankAttachment | None:
             return None
         from .rank import EntryHeldError
 
+        if reported(env.job, "removed"):
+            return _stand_in(env)
         try:
             return init(env.job, env.rank, env.local_rank, env.world_size)
         except EntryHeldError as exc:  # not a bad value: the table's state (e.g. a stale process of the job)
@@ -153,9 +155,24 @@ def ensure_init() -> RankAttachment | None:
         except (ShmstatError, OSError) as exc:
             reason = exc
         warn_once("attach", f"this process cannot attach to job {env.job!r} ({reason}); its Stats work in-process "
-                  "only and its events and metrics stay local")
+                  "only and its events and metrics stay local", job=env.job)
         st.auto_init_done = True
         return None
+
+
+def _stand_in(env: Identity) -> RankAttachment:
+    """A worker started after its rank found the job's segment removed from /dev/shm: making the segment again
+    would hold its samples where no one reads them and remove them at its exit, uncounted. It attaches to a
+    private stand-in instead (:meth:`~shmstat.shm.segment.Segment.stand_in`), holding no entry: every sample is
+    dropped and counted (:func:`shmstat.stats`), and the warning its rank gave is not given again."""
+    from ..shm.segment import Segment
+    from .rank import RankAttachment
+
+    st = _state.STATE
+    st.attachment = RankAttachment.without_entry(Segment.stand_in(env.job), rank=env.rank,
+                                                 world_size=env.world_size)
+    st.auto_init_done = True
+    return st.attachment
 
 
 def _no_room_for_rank(segment: Segment, rank: int, local_rank: int, world_size: int) -> RankAttachment:

@@ -219,7 +219,8 @@ class RankAttachment:
 
     def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int,
                       flags: int = 0) -> int:
-        """The descriptor index of this stat key: the one already published for it, else a new one (O(1)); a
+        """The descriptor index of this stat key: the one already published for it, else a new one (O(1); looked
+        up again under the job lock, so threads asking for one key at once get one descriptor); a
         stat with a percentile aggregation gets a histogram of the entry's table too. ``flags`` (e.g.
         :data:`~shmstat.shm.layout.FLAG_HIGHER_IS_BETTER`) are those of the first Stat of the key.
 
@@ -236,6 +237,11 @@ class RankAttachment:
         if self.local_rank < 0:
             raise CapacityError(f"this process holds no entry of job {seg.job!r}")
         with seg.locked():
+            # again, under the lock: taking it (flock) releases the GIL, and another thread of this process may
+            # have published the key meanwhile; one key, one descriptor
+            found = self.index.get(key)
+            if found is not None:
+                return found
             nstats = min(seg.rank(self.local_rank).nstats, geo.max_stats)
             if nstats >= geo.max_stats:
                 raise CapacityError(
@@ -259,7 +265,7 @@ class RankAttachment:
                 max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation, flags=flags, hist=hist,
             )
             struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
-        self.index[key] = nstats
+            self.index[key] = nstats
         return nstats
 
     def refuse_stat(self, name: str, kind: str, why: str) -> None:

@@ -54,8 +54,18 @@ publisher's own byte-bounded backlog, where a drop is counted and numbered."""
 
 _MAX_IDLE_SLEEP_S = 0.02
 
-_WARNED_UNCOLLECTED = False  # the uncollected-events warning is said once per process
+_WARNED_UNCOLLECTED = False  # this process checked for the uncollected-events warning (said once per job)
 DEFAULT_UNCOLLECTED_WARNING_S = 10.0
+
+
+def _job_segment(job: str | None) -> Any:
+    """The segment of ``job`` this process is attached to (a :class:`shmstat.shm.segment.Segment`), else None."""
+    from ..job import _state
+
+    att = _state.STATE.attachment
+    if job is None or att is None or att.segment.job != job or att.segment.inode < 0:
+        return None
+    return att.segment
 
 
 def unacked_warning_from_env() -> float:
@@ -99,6 +109,10 @@ class _Sender:
         self.thread: threading.Thread | None = None
         self._outbox = outbox  # or its C twin (the same methods)
         self._job = job
+        self._segment = _job_segment(job)
+        """The job's segment as this process attached it when the publisher started (None: not yet), where the
+        uncollected warning is flagged for the whole job; taken now, since shutdown detaches before the last
+        flush."""
         self._rank = rank
         self._pid = pid
         self._incarnation = incarnation
@@ -201,10 +215,10 @@ class _Sender:
                     if failures == 1:
                         _log.exception("shmstat: unexpected error in the publisher thread (continuing)")
                     progressed = False
+                if not self._ever_subscribed:
+                    self._check_uncollected()  # also as it stops: a short-lived rank still says it once
                 if self._stop:
                     return
-                if not self._ever_subscribed:
-                    self._check_uncollected()
                 if progressed:
                     sleep_s = wait_s = self._idle_sleep_s  # items are flowing: let the next ones gather into batches
                 else:
@@ -275,17 +289,25 @@ class _Sender:
                 self._ever_subscribed = True
 
     def _check_uncollected(self) -> None:
-        """Warn once per process when no collector has taken this publisher's items in time."""
+        """Warn once per job (every rank and worker of it) when no collector has taken this publisher's items in
+        time: the flag is in the job's segment (:func:`shmstat.job._drops.warn_once_in_job`)."""
         global _WARNED_UNCOLLECTED
         if _WARNED_UNCOLLECTED or time.monotonic() - self._first_publish < self._unacked_warning_s:
             return
         _WARNED_UNCOLLECTED = True
+        from ..job._drops import warn_once, warn_once_in_job
+
         job = self._job or "?"
-        _log.warning(
-            "shmstat: no collector has taken the events of job %s (rank %s) within %g s of the first one; "
-            "they wait in this process (up to the backlog bound, then dropped and counted) and stats keep "
-            "accumulating in shared memory. Collect them with: shmstat collect  (every job on this node) or "
-            "shmstat collect --job %s", job, self._rank, self._unacked_warning_s, job)
+        message = (f"no collector takes the events of job {job}; they wait in the rank, bounded; run: shmstat collect "
+                   f"--job {job}")
+        segment = self._segment if self._segment is not None else _job_segment(self._job)
+        try:
+            if segment is not None:
+                warn_once_in_job("uncollected", message, segment)
+            else:
+                warn_once("uncollected", message, job=self._job)
+        except Exception:  # the sender thread must survive anything; the warning is a courtesy
+            _log.debug("shmstat: the uncollected warning failed", exc_info=True)
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it

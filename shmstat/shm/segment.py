@@ -105,6 +105,17 @@ class Segment:
         return seg
 
     @classmethod
+    def stand_in(cls, job: str) -> Segment:
+        """A private anonymous mapping laid out as a (one-entry) segment of ``job``, in no /dev/shm and seen by no
+        other process: for a process that must not make the job's segment again (it was removed while the job
+        ran) to count what it drops where :func:`shmstat.stats` reads it."""
+        validate_job(job)
+        geo = L.Geometry(1, 1, L.DEFAULT_BANKS, 0)
+        mm = mmap.mmap(-1, geo.total_size)
+        codec.write_header(memoryview(mm), geo, time.time_ns())
+        return cls(job, mm, geo, created=False)
+
+    @classmethod
     def _open_locked(cls, job: str, create: bool, geometry: L.Geometry | None,
                      create_geometry: L.Geometry | None = None) -> Segment:
         name = segment_name(job)

@@ -3,7 +3,9 @@
 Every Stat of one key in a process, and every ``add`` a user kept bound after the Stat was gone, writes through
 one :class:`SlotBinding`, so their samples land in one window (re-created or closed Stats lose nothing).
 Threads: the C add runs without giving up the GIL (Python callbacks such as the window report run after the
-bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Forks: a
+bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Creating a
+binding is idempotent under any concurrency: finding, creating and re-binding one run under one process-wide lock
+(:data:`_binding_lock`), so threads creating the same Stat at once get one binding and one slot. Forks: a
 binding taken before a fork re-binds, in the child, to a slot of the child's own writer entry on its first
 add (a fork generation checked per add), so a child never writes its parent's slot.
 No slot (the stat or percentile table is full, or the process holds no entry of the job): the writer is in *drop
@@ -14,6 +16,7 @@ or the header) with an atomic add, so nothing raises and ``shmstat ls`` and a co
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -38,6 +41,11 @@ Clock = Callable[[], int]
 _generation = [0]  # bumped in the child of every fork
 _all: weakref.WeakSet[SlotBinding] = weakref.WeakSet()
 _inherited: dict[tuple[str, int, SlotKey], SlotBinding] = {}  # in a forked child: the parent's bindings
+_binding_lock = threading.RLock()
+"""Held while a binding is found or created (:func:`binding_for`) and while an inherited one re-binds in a forked
+child (:meth:`SlotBinding.rebind`): allocating a slot takes the job lock, whose ``flock`` releases the GIL, so
+without it two threads creating one key could both allocate (two slots, or two writers of one slot). Never held
+by ``add`` itself, except on a forked child's first add."""
 
 
 class WindowSummary:
@@ -136,17 +144,21 @@ class SlotBinding:
         return None if best is None else codec.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
 
     def rebind(self) -> None:
-        """In a forked child, on the first add: write a slot of the child's own writer entry from now on."""
+        """In a forked child, on the first add: write a slot of the child's own writer entry from now on (once,
+        whichever thread of the child adds first)."""
         from ..job.attach import ensure_init  # late: attach imports the publisher
 
-        try:
-            att = ensure_init()
-        except Exception:  # telemetry's state never raises into an add: drop and count in the parent's segment
-            att = None
-        if att is None or att.segment.job != self.job:
-            drop_inherited(self)
-            return
-        adopt(self, att)
+        with _binding_lock:
+            if self._gen == _generation[0]:
+                return  # another thread of this child re-bound it while this one waited
+            try:
+                att = ensure_init()
+            except Exception:  # telemetry's state never raises into an add: drop and count in the parent's segment
+                att = None
+            if att is None or att.segment.job != self.job:
+                drop_inherited(self)
+                return
+            adopt(self, att)
 
 
 def _allocate(att: RankAttachment, key: SlotKey, flags: int) -> int:
@@ -238,28 +250,36 @@ def check_removed(att: RankAttachment) -> bool:
     for binding in list(att.writers.values()):
         if binding.att is att and binding.index >= 0:
             _drop_mode(binding)
-    from ..job._drops import warn_once
+    from ..job._drops import warn_once_in_job
 
-    warn_once("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs (by "
-              "'shmstat clean' or by hand); this process's samples are dropped and counted (shmstat.stats()); "
-              "restart the job to collect it again")
+    # one warning per job: the flag is in the orphaned mapping every process that noticed shares, and passed on to
+    # workers started later (which then do not make the segment again: shmstat.job.attach.ensure_init)
+    warn_once_in_job("removed", f"the segment of job {seg.job!r} was removed from /dev/shm while the job runs; its "
+                     "samples are dropped and counted (shmstat.stats()); restart the job to collect it", seg)
     return True
 
 
 def binding_for(att: RankAttachment, key: SlotKey, window_ns: int, want_last: bool, clock: Clock,
                 flags: int = 0) -> SlotBinding:
-    """The writer of ``key`` in ``att``: the existing one, one inherited across a fork, or a new one."""
+    """The writer of ``key`` in ``att``: the existing one, one inherited across a fork, or a new one; one per key
+    however many threads ask at once."""
     found = att.writers.get(key)
     if found is not None and found._gen == _generation[0]:
         return found
-    inherited = _inherited.get((att.segment.job, att.owner_local_rank, key))
-    if inherited is not None:
-        adopt(inherited, att)
-        return inherited
-    return SlotBinding(att, key, window_ns, want_last, clock, flags)
+    with _binding_lock:
+        found = att.writers.get(key)  # again: another thread may have created it while this one waited
+        if found is not None and found._gen == _generation[0]:
+            return found
+        inherited = _inherited.get((att.segment.job, att.owner_local_rank, key))
+        if inherited is not None:
+            adopt(inherited, att)
+            return inherited
+        return SlotBinding(att, key, window_ns, want_last, clock, flags)
 
 
 def _after_fork_in_child() -> None:
+    global _binding_lock
+    _binding_lock = threading.RLock()  # a thread of the parent may have held it at the fork
     _generation[0] += 1
     _inherited.clear()
     for binding in list(_all):

@@ -92,3 +92,35 @@ def test_full_rank_and_stat_tables_are_clear_errors_that_corrupt_nothing(job):
         again.close()
     finally:
         seg.close()
+
+
+_FULL_JOB = """
+import multiprocessing as mp
+import shmstat
+from shmstat import Aggregation as A
+
+def work(n):
+    stat = shmstat.Stat("w", [A.COUNT], 60.0)
+    for _ in range(n):
+        stat.add(1.0)
+
+if __name__ == "__main__":
+    work(10)
+    for method in ("spawn", "spawn", "forkserver", "fork"):
+        p = mp.get_context(method).Process(target=work, args=(10,))
+        p.start()
+        p.join()
+        assert p.exitcode == 0, p.exitcode
+    print("ran on")
+"""
+
+
+def test_a_rank_and_its_workers_on_a_full_dev_shm_warn_once_for_the_job_and_run_on(tmp_path):
+    rank = tmp_path / "full_job.py"
+    rank.write_text(_FULL_JOB)
+    out = _in_small_shm(f'SHMSTAT_JOB=full SHMSTAT_RANK=0 "$PY" {rank}')
+    stdout, listing = out.stdout.split("--ls--\n")
+    assert "ran on" in stdout, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("cannot attach to job 'full'") == 1, out.stderr  # the rank's, not one per worker
+    assert listing.strip() == ""  # nothing left behind

@@ -126,6 +126,21 @@ def test_the_segment_removed_mid_run_stops_nothing_and_leaves_nothing(job_id):
     assert _leftovers(job_id) == []
 
 
+def test_workers_of_a_job_whose_segment_was_removed_warn_once_and_count_every_sample(job_id):
+    n, workers = 25, 3
+    got, err = _run(job_id, "removed_with_workers", n, workers)
+    assert got["codes"] == [0] * (2 * workers)
+    # the rank's Stat created after the removal and those of the workers alive across it: dropped and counted in
+    # the rank's entry of the orphaned mapping, which they all share
+    assert got["rank"] == n * (1 + workers), got
+    assert min(got["across"]) >= n, got
+    # workers started after it do not make the segment again (their samples would go where no one reads them and
+    # be removed at their exit, uncounted): every sample dropped and counted in the worker
+    assert got["late"] == [n] * workers and not got["late_made_it"], got
+    assert err.count("was removed from /dev/shm while the job runs") == 1, err  # one for the job, not per worker
+    assert _leftovers(job_id) == []
+
+
 def test_an_unusable_lock_file_mid_run_stops_nothing(job_id):
     n, threads = 20, 2
     got, err = _run(job_id, "lock_unusable", n, threads)

@@ -16,8 +16,9 @@ from shmstat.shm.segment import Segment
 _RANK = """
 import datetime, time, shmstat
 from shmstat.job import _state
-end = time.monotonic() + float({seconds})
-n = 0
+shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {{"n": 0}}))
+end = time.monotonic() + float({seconds})  # from the first event: attaching may take seconds on a loaded machine
+n = 1
 while time.monotonic() < end:
     shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {{"n": n}}))
     n += 1
@@ -42,9 +43,27 @@ def test_a_rank_nobody_collects_warns_once_naming_its_job_and_the_command():
     finally:
         Segment.unlink(job)
     assert r.returncode == 0, r.stderr
-    warnings = [line for line in r.stderr.splitlines() if "no collector has taken the events" in line]
+    warnings = [line for line in r.stderr.splitlines() if "no collector takes the events" in line]
     assert len(warnings) == 1, r.stderr
     assert f"job {job}" in warnings[0] and f"shmstat collect --job {job}" in warnings[0]
+
+
+def test_the_ranks_of_a_job_nobody_collects_warn_once_for_the_job_in_one_short_line():
+    job = unique_job("unc")
+    env = dict(os.environ, SHMSTAT_JOB=job, PYTHONPATH=REPO, SHMSTAT_UNCOLLECTED_WARNING_S="0.2",
+               SHMSTAT_KEEP_SEGMENT="1")
+    script = _RANK.format(seconds=3.0, flush=0.1)
+    try:
+        ranks = [subprocess.Popen([sys.executable, "-c", script], env=dict(env, SHMSTAT_RANK=str(r)), cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+        said = [p.communicate(timeout=60) for p in ranks]
+    finally:
+        Segment.unlink(job)
+    assert [p.returncode for p in ranks] == [0] * 4, said
+    stderr = "".join(err for _, err in said)
+    warnings = [line for line in stderr.splitlines() if "no collector takes the events" in line]
+    assert len(warnings) == 1, stderr  # one for the job, not one per rank
+    assert len(warnings[0]) < 160 and f"shmstat collect --job {job}" in warnings[0], warnings[0]
 
 
 def test_a_rank_with_a_collector_does_not_warn():

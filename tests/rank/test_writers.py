@@ -13,7 +13,14 @@ import threading
 
 import numpy as np
 import pytest
-from _writers_kit import as_rank, fork_with_bound_add, rank_with_workers, recreated_stats, threads_on_one_stat
+from _writers_kit import (
+    as_rank,
+    creators_racing_on_one_stat,
+    fork_with_bound_add,
+    rank_with_workers,
+    recreated_stats,
+    threads_on_one_stat,
+)
 
 import shmstat
 from shmstat import Aggregation as A
@@ -68,6 +75,13 @@ def test_spawn_forkserver_and_fork_workers_count_in_their_ranks_rows(shmstat_job
     sj, want = _collect(shmstat_job_factory, tmp_path, "loader", rank_with_workers, pure, 2000, 3)
     _reconcile(sj, "loader", want)
     assert not [r for r in sj.rows() if r.stat.startswith("rank/")]
+
+
+def test_threads_forks_and_workers_creating_one_stat_at_once_reconcile_exactly(shmstat_job_factory, tmp_path,
+                                                                               backend):
+    pure = backend == "python"
+    sj, want = _collect(shmstat_job_factory, tmp_path, "raced", creators_racing_on_one_stat, pure, 6, 2000, 2)
+    _reconcile(sj, "raced", want)
 
 
 def test_threads_on_one_in_process_stat_reconcile_exactly():
