@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from shmstat.errors import ShmstatError
 
 from .options import add_collector_options, collector_config
+from .streams import keep_writing
 
 __all__ = ["COMMANDS", "main"]
 
@@ -106,6 +107,8 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shmstat`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.command in ("collect", "run"):  # daemons: a reader that died (| tee, then Ctrl-C) must not end them
+        keep_writing()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -122,11 +125,13 @@ def _collect(args: argparse.Namespace) -> int:
 
     if len(args.job) == 1:
         collector = Collector(collector_config(args, args.job[0]))
-        status = collector.run()
-        kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
-        if kept:
-            print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
-        return status
+        try:
+            return collector.run()
+        finally:  # whatever ended the run: the job's segment and lock file go unless something was not emitted
+            collector.shutdown()  # (a no-op once run shut down)
+            kept = collector.finish()
+            if kept:
+                print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
     from shmstat.shm.runtime import validate_job
 
     from ..daemon.node import NodeCollector

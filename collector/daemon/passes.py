@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .config import CollectorConfig
     from .straggler import StragglerDetector
 
-__all__ = ["PassCounts", "emit_scan"]
+__all__ = ["PassCounts", "commit_pass", "emit_scan"]
 
 
 class PassHost(Protocol):
@@ -63,9 +63,8 @@ class PassCounts(NamedTuple):
 
 def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
-    the rows, flush the handlers and hand the pass's watermarks to ``c.commits``, which writes them into the
-    segment once every handler took the pass (:mod:`collector.daemon.commits`); returns what the pass counted
-    (``c`` is only read)."""
+    the rows; returns what the pass counted (``c`` is only read). The caller then hands the pass to
+    :func:`commit_pass`."""
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
     assert relay is not None
     relay.update_subscriptions()  # first: rows nobody receives are never built
@@ -90,9 +89,15 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
         dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
     for ev in found.events:
         c.publish_event(ev.name, now, ev.data)
-    c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
+
+
+def commit_pass(c: PassHost) -> None:
+    """Flush the handlers and hand the last pass's watermarks to ``c.commits``, which writes them into the segment
+    once every handler took what was dispatched so far (:mod:`collector.daemon.commits`): the pass's rows and
+    whatever was dispatched after them, such as the counters of the windows it found lost."""
+    c.commits.add(c.dispatcher.flush(), c.scanner.advance())
 
 
 def _publish_rows(relay: Relay, cols: Columns) -> None:

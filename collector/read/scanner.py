@@ -38,7 +38,7 @@ import numpy as np
 from shmstat.shm import layout as L
 from shmstat.shm.layout import RankState
 from shmstat.shm.layout_records import RankInfo
-from shmstat.shm.reader import SegmentReader
+from shmstat.shm.reader import SegmentReader, windows_of_bank
 from shmstat.shm.segment import Segment, pid_alive
 
 from .bank_reads import read_banks, read_hist, retry_torn
@@ -188,14 +188,12 @@ class Scanner:
         # windows whose bank already holds a later one: read_slot's loop over (max(after + 1, safe - 8K), safe]
         # (every w there is in (after, newest], so its bank w % K was read above)
         safe = newest
-        bank_wid = np.full((n, banks), np.iinfo(np.int64).min, np.int64)
-        bank_wid[pos, bank] = wid
-        lo = np.maximum(after + 1, safe - 8 * banks)
-        span = np.where((after >= 0) & ~slow, safe - lo + 1, 0)
-        positions = np.arange(n)
-        for d in range(int(span.max(initial=0))):
-            w = lo + d
-            result.overwritten += int(((d < span) & (bank_wid[positions, w % banks] > w)).sum())
+        bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
+        bank_wid[pos, bank] = np.maximum(wid, np.iinfo(np.int64).min // 2)
+        counted = (after >= 0) & ~slow
+        for b in range(banks):  # the windows of (after, safe] in bank b older than what it holds
+            hi = np.minimum(safe, bank_wid[:, b] - 1)
+            result.overwritten += int(windows_of_bank(after + 1, hi, b, banks)[counted].sum())
         adv = (safe > after) & ~slow
         pend_idx, pend_wid = [idx[adv]], [safe[adv]]
         result.windows_read += len(fs)
