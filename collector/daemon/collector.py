@@ -47,7 +47,7 @@ from .submitted import Submitted
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
 
 
-def stop_signals() -> list[int]:
+def stop_signals() -> list[signal.Signals]:
     """The signals that stop a collector as SIGTERM does: SIGINT, SIGTERM, and SIGHUP (the terminal closed) unless
     it was ignored when the process started (``nohup``)."""
     return [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN

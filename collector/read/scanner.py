@@ -38,7 +38,7 @@ import numpy as np
 from shmstat.shm import layout as L
 from shmstat.shm.layout import RankState
 from shmstat.shm.layout_records import RankInfo
-from shmstat.shm.reader import SegmentReader, windows_of_bank
+from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
 from .bank_reads import read_banks, read_hist, retry_torn
@@ -191,9 +191,10 @@ class Scanner:
         bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
         bank_wid[pos, bank] = np.maximum(wid, np.iinfo(np.int64).min // 2)
         counted = (after >= 0) & ~slow
-        for b in range(banks):  # the windows of (after, safe] in bank b older than what it holds
+        for b in range(banks):  # the windows of (after, safe] in bank b older than what it holds (windows_of_bank)
             hi = np.minimum(safe, bank_wid[:, b] - 1)
-            result.overwritten += int(windows_of_bank(after + 1, hi, b, banks)[counted].sum())
+            n_b = (hi - b) // banks - (after - b) // banks
+            result.overwritten += int(np.where(counted & (hi > after), n_b, 0).sum())
         adv = (safe > after) & ~slow
         pend_idx, pend_wid = [idx[adv]], [safe[adv]]
         result.windows_read += len(fs)

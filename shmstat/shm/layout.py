@@ -119,7 +119,8 @@ Concurrency guarantees:
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
 - Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat.shm._joblock``); a
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
-- ``emitted_wid`` is written by the collector only, once the descriptor is published; everything else in a rank's region only by that rank,
+- ``emitted_wid`` is written by the collector only, once the descriptor is published; everything else in a
+  rank's region only by that rank,
   except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
   ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
   header's ``warned``, written under the job lock.

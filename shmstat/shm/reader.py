@@ -176,10 +176,10 @@ class SegmentReader:
 
 
 def windows_of_bank(lo: int, hi: int, bank: int, banks: int) -> int:
-    """How many windows ``w`` in ``[lo, hi]`` live in bank ``bank`` (``w % banks == bank``); 0 if ``hi < lo``.
-    Works on integers and, element-wise, on NumPy arrays."""
-    n = (hi - bank) // banks - (lo - 1 - bank) // banks
-    return n * (hi >= lo)
+    """How many windows ``w`` in ``[lo, hi]`` live in bank ``bank`` (``w % banks == bank``); 0 if ``hi < lo``."""
+    if hi < lo:
+        return 0
+    return (hi - bank) // banks - (lo - 1 - bank) // banks
 
 
 def _closed_by_writer(info: RankInfo, desc: StatDescriptor, snaps: list[BankSnapshot],

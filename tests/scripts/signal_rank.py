@@ -57,7 +57,10 @@ def start_daemons() -> None:
     path = os.path.join(out, f"daemons-{rank}")
     subprocess.run(["sh", "-c", f'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! >> "{path}"'], check=True)
     subprocess.run([sys.executable, "-c", _DOUBLE_FORK, path], check=True)
-    while len(open(path).read().split()) < 2:  # the double-forked one writes its pid once it runs
+    while True:  # the double-forked one writes its pid once it runs
+        with open(path) as f:
+            if len(f.read().split()) >= 2:
+                return
         time.sleep(0.005)
 
 
