@@ -582,6 +582,43 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
         f"{first_windows}): {dict(list(lost.items())[:4])}")
 
 
+def test_windows_a_ring_overwrote_are_counted_before_any_watermark_and_across_any_outage(job):
+    """A rank writes 50 windows before any collector runs (more than the ring's 4 banks hold, and more than 8
+    rings), then 70 more while its collector does not look (one window between them stays empty): the windows
+    the ring lost are counted as overwritten, all of them, and the others are emitted (a new slot's watermark
+    starts before its first window; the count covers the whole gap)."""
+    import shmstat
+
+    wns = 50 * MS
+    base = (time.time_ns() // wns) * wns
+    now = [base]
+    shmstat.init(job, rank=0, local_rank=0, world_size=1, publish=False, banks=4)
+    stat = shmstat.Stat("ring", [A.COUNT], wns / 1e9, group="faults", clock=lambda: now[0])
+
+    def write_windows(first: int, n: int) -> None:
+        for w in range(first, first + n):
+            now[0] = base + w * wns + wns // 2
+            stat.add(1.0)
+
+    write_windows(0, 50)
+    rec = Recorder()
+    coll = Collector(CollectorConfig(job=job, handlers={"*": "null"}, grace_ms=1, status_interval_s=0,
+                                     clock=lambda: now[0] + 2 * wns), handler_objects={"faults": rec},
+                     out=io.StringIO())
+    step_and_wait(coll)
+    try:
+        coll.step()
+        emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
+        assert len(emitted) + coll.overwritten == 50, (sorted(emitted), coll.overwritten)
+        # from the first window its clock left open; it does not look meanwhile (an outage of 70 windows)
+        write_windows(51, 70)
+        coll.step()
+        emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
+        assert len(emitted) + coll.overwritten == 120, (len(emitted), coll.overwritten)
+    finally:
+        coll.close()
+
+
 # ----------------------------------------------------------------------------------- a subscriber stops reading
 
 

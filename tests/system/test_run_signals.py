@@ -219,7 +219,10 @@ def test_the_launcher_owns_every_process_of_the_job_daemons_included(tmp_path, h
         if signalled:
             assert len(marked(mark)) >= 6, "the ranks and their daemons run, marked"
             run.send_signal(getattr(signal, how))
-        code = run.wait(60)
+        try:
+            code = run.wait(120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"shmstat run did not end; job processes: {marked(mark)}") from None
         assert code == {"SIGINT": 130, "SIGTERM": 143, "end": 0, "failure": 3}[how]
         assert marked(mark) == [], "a process of the job outlived shmstat run"
         assert running(daemons) == []
