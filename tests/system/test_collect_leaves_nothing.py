@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn
+from _procs import REPO, assert_rank_workers_reconcile, default_signals, rank_worker, read_jsonl, spawn
 from _support import unique_job, wait_for
 
 from shmstat.shm import layout as L
@@ -31,7 +31,7 @@ def start(job: str, tmp_path, *args: str) -> subprocess.Popen:
     with open(tmp_path / "err", "w") as err:  # the child keeps writing it
         proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--grace-ms", "10",
                                  *args], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=REPO))
+                                env=dict(os.environ, PYTHONPATH=REPO), preexec_fn=default_signals)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert " publish " in line, (line, (tmp_path / "err").read_text())
@@ -166,7 +166,8 @@ def _start_piped(argv: list[str], tmp_path) -> subprocess.Popen:
     a shell's job); returns once it printed its first line."""
     env = dict(os.environ, PYTHONPATH=REPO, OUT_DIR=str(tmp_path), MODE="save")
     proc = subprocess.Popen([sys.executable, "-m", "collector", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=REPO, env=env, process_group=0)
+                            stderr=subprocess.STDOUT, cwd=REPO, env=env, process_group=0,
+                            preexec_fn=default_signals)
     assert proc.stdout is not None
     assert proc.stdout.readline()
     return proc

@@ -13,7 +13,7 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, read_jsonl
+from _procs import REPO, default_signals, read_jsonl
 from _support import unique_job, wait_for
 
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
@@ -34,7 +34,7 @@ def start_run(job: str, tmp_path, nproc: int, *extra: str, mode: str = "save") -
     return subprocess.Popen(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(nproc),
          "--monitor-interval", "0.05", "--grace-ms", "10", *extra, SCRIPT],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def pids_of(tmp_path, nproc: int) -> list[int]:
@@ -209,7 +209,7 @@ def test_the_launcher_owns_every_process_of_the_job_daemons_included(tmp_path, h
     run = subprocess.Popen(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",
          "0.05", "--grace-ms", "10", "--stop-grace", "5", "--handler", "*=null", SCRIPT],
-        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     daemons: list[int] = []
     try:
         wait_for(lambda: all(os.path.exists(tmp_path / f"ready-{r}") for r in range(2)), 60, what="both ranks")
