@@ -185,8 +185,8 @@ class Scanner:
         keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
         fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
         fgrow = grow[keep]
-        # windows whose bank already holds a later one: read_slot's loop over (max(after + 1, safe - 8K), safe]
-        # (every w there is in (after, newest], so its bank w % K was read above)
+        # windows whose bank already holds a later one, read_slot's count over (after, safe] (every bank holding
+        # such a window was read above: all K once the gap reaches K)
         safe = newest
         bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
         bank_wid[pos, bank] = np.maximum(wid, np.iinfo(np.int64).min // 2)
