@@ -338,8 +338,12 @@ def idle_adder(job: str, rank: int, window_ms: int, out_path: str, stop_path: st
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=8)
     cur = [0]
-    stat = shmstat.Stat("steps", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="faults",
-                        clock=lambda: cur[0])
+
+    def clock() -> int:  # the real clock, read inside add (after the bank is marked), remembered for the tally: a
+        cur[0] = time.time_ns()  # reading taken before add could fall in a window closed while this rank waited
+        return cur[0]
+
+    stat = shmstat.Stat("steps", [A.COUNT, A.SUM, A.MIN, A.MAX], window_ms / 1000, group="faults", clock=clock)
     put = None
     if metrics:
         from elastic import metrics as em
@@ -349,10 +353,8 @@ def idle_adder(job: str, rank: int, window_ms: int, out_path: str, stop_path: st
     counts: dict[int, int] = defaultdict(int)
     n = 0
     while not os.path.exists(stop_path):
-        t = time.time_ns()
-        cur[0] = t
         stat.add(1.0)
-        counts[t // wns] += 1
+        counts[cur[0] // wns] += 1
         n += 1
         if put is not None:
             put("seq", n, "faults")
@@ -453,4 +455,36 @@ def late_writer(job: str, rank: int, window_ms: int, out_path: str, stop_path: s
         n += 1
         time.sleep(0.001)
     _write_json(out_path, {"counts": {str(k): v for k, v in counts.items()}, "adds": n, "pid": os.getpid()})
+    shmstat.shutdown()
+
+
+def percentile_adder(job: str, rank: int, window_ms: int, nstats: int, out_path: str, stop_path: str) -> None:
+    """A rank adding to ``nstats`` Stats that keep percentiles (COUNT, P50, P99), one add to each every ~1 ms,
+    until ``stop_path`` appears. The clock is read inside ``add`` (after the bank is marked) and remembered, so the
+    per-window counts it writes to ``out_path`` (``{"counts": {stat: {wid: n}}}``) are exactly what each window of
+    each Stat holds."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=rank, local_rank=rank, world_size=8, publish=False)
+    cur = [0]
+
+    def clock() -> int:
+        cur[0] = time.time_ns()
+        return cur[0]
+
+    names = [f"p{i:02d}" for i in range(nstats)]
+    stats = [shmstat.Stat(name, [A.COUNT, A.P50, A.P99], window_ms / 1000, group="kills", clock=clock)
+             for name in names]
+    wns = window_ms * 1_000_000
+    counts: dict[str, dict[int, int]] = {name: defaultdict(int) for name in names}
+    n = 0
+    while not os.path.exists(stop_path):
+        n += 1
+        for name, s in zip(names, stats, strict=True):
+            s.add(float(n % 97 + 1))
+            counts[name][cur[0] // wns] += 1
+        time.sleep(0.001)
+    _write_json(out_path, {"counts": {name: {str(k): v for k, v in c.items()} for name, c in counts.items()},
+                           "pid": os.getpid()})
     shmstat.shutdown()

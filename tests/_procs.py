@@ -159,3 +159,11 @@ def assert_rank_workers_reconcile(rows: list[dict], tmp_path, ranks: int, stat: 
         for start, n in c.items():
             assert per_rank.get((rank, start)) == n, f"rank {rank} window {start}: a window missing or emitted twice"
     assert sum(merged.values()) == sum(sum(c.values()) for c in counts.values())
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a process a test stops by a signal: SIGINT, SIGQUIT and SIGHUP back to their default
+    actions (a test run started in the background by a shell inherits SIGINT and SIGQUIT ignored, and a process
+    keeps a signal ignored at its start ignored, as under nohup)."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)

@@ -14,6 +14,7 @@ from typing import NoReturn
 from shmstat.errors import ShmstatError, see_docs
 
 from .options import add_collector_options, collector_config
+from .streams import keep_writing
 
 __all__ = ["COMMANDS", "main"]
 
@@ -181,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         _unrecognized(parser, args, extras)
+    if args.command in ("collect", "run"):  # daemons: a reader that died (| tee, then Ctrl-C) must not end them
+        keep_writing()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -197,11 +200,13 @@ def _collect(args: argparse.Namespace) -> int:
 
     if len(args.job) == 1:
         collector = Collector(collector_config(args, args.job[0]))
-        status = collector.run()
-        kept = collector.finish()  # the job's segment and lock file go unless something was not emitted
-        if kept:
-            print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
-        return status
+        try:
+            return collector.run()
+        finally:  # whatever ended the run: the job's segment and lock file go unless something was not emitted
+            collector.shutdown()  # (a no-op once run shut down)
+            kept = collector.finish()
+            if kept:
+                print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)
     from shmstat.shm.runtime import validate_job
 
     from ..daemon.node import NodeCollector

@@ -9,7 +9,9 @@ The agent plays torchelastic's local agent on one node: it sets the environment 
 times; each restart is a new incarnation of every rank) and exits with the workers' status. Signals are handled
 as torchrun's agent does (:mod:`collector.cli.stopping`): the signal received (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is
 forwarded to every worker's process group, then SIGTERM and SIGKILL follow after ``stop_grace_s`` each, and the
-launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. It emits the
+launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. The launcher owns
+every process of the job: it is their child subreaper, so a daemon a rank starts (``setsid cmd &``, a double-forked
+helper) is reparented to it, reaped when it ends, and stopped with the ranks on every way the run ends. It emits the
 agent's metrics in group ``torchelastic`` under torchelastic's names and the ``torchelastic.worker.status.<STATE>``
 events, through the collector it runs in a thread of its own.
 """
@@ -35,7 +37,7 @@ from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
 from ..handlers.api import AgentMetricData
-from .stopping import stop_group
+from .stopping import become_subreaper, reap_adopted, stop_group
 
 __all__ = ["Agent", "AgentResult", "run_job"]
 
@@ -84,7 +86,7 @@ class Agent:
     def __init__(
         self, collector: Collector, job: str, cmd: list[str], nproc: int, *, max_restarts: int = 0,
         monitor_interval_s: float = 0.1, role: str = "default", env: dict[str, str] | None = None,
-        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S, adopt_orphans: bool = False,
     ) -> None:
         _check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s, role)
         self.collector = collector
@@ -99,6 +101,10 @@ class Agent:
         self.workers: list[_Worker] = []
         self.restart_count = 0
         self.stop_grace_s = stop_grace_s
+        self.adopt_orphans = adopt_orphans
+        """This process is the job's child subreaper and starts no other process: every process below it is one
+        of the job's, and is stopped and reaped with the workers (``shmstat run``; see
+        :func:`collector.cli.stopping.become_subreaper`)."""
         self.stop_signal: int | None = None
         """The first stopping signal received (set by :meth:`on_signal`)."""
         self.signals_received = 0
@@ -140,7 +146,7 @@ class Agent:
     @metrics.prof(group=AGENT_GROUP)
     def _stop_workers(self, sig: int = signal.SIGTERM) -> None:
         sent = stop_group([w.proc for w in self.workers], sig, self.stop_grace_s,
-                          insisted=lambda: self.signals_received)
+                          insisted=lambda: self.signals_received, adopted=self.adopt_orphans)
         if sent:
             self.signals_sent = sent
 
@@ -190,6 +196,8 @@ class Agent:
         role = self.role
         while True:
             time.sleep(self.monitor_interval_s)
+            if self.adopt_orphans:  # daemons of the ranks that ended, reparented to us
+                reap_adopted([w.proc for w in self.workers])
             if self.stop_signal is not None:
                 return self._interrupted(failures)
             state, failed = self._monitor_workers()
@@ -283,6 +291,7 @@ def run_job(args: argparse.Namespace) -> int:
         raise ConfigError(f"script {args.script!r} does not exist")
     _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace, args.role)
     config = collector_config(args, job)  # before anything is made
+    adopting = become_subreaper()  # the ranks' daemons reparent to us, to be stopped with the ranks
     stopped: list[int] = []
     # a signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a job started with & by a script)
     handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
@@ -291,7 +300,8 @@ def run_job(args: argparse.Namespace) -> int:
         collector = Collector(config)
         cmd = [sys.executable, "-u", *(["-m"] if args.module else []), args.script, *args.script_args]
         agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
-                      monitor_interval_s=args.monitor_interval, role=args.role, stop_grace_s=args.stop_grace)
+                      monitor_interval_s=args.monitor_interval, role=args.role, stop_grace_s=args.stop_grace,
+                      adopt_orphans=adopting)
     except BaseException:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -41,12 +41,19 @@ from .gpu import GpuSampler, JobGpu, start_sampler
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
 from .ownership import remove_if_done, take_instance_lock
-from .passes import emit_scan
+from .passes import commit_pass, emit_scan
 from .points import dispatch_put_metrics, drop_counters, emit_usage, relay_counts
 from .straggler import StragglerDetector
 from .submitted import Submitted
 
-__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher"]
+__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
+
+
+def stop_signals() -> list[signal.Signals]:
+    """The signals that stop a collector as SIGTERM does: SIGINT, SIGTERM, and SIGHUP (the terminal closed) unless
+    it was ignored when the process started (``nohup``)."""
+    return [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN
+                                              else [])
 
 
 _log = logging.getLogger("shmstat.collector")
@@ -123,8 +130,12 @@ class Collector:
                 if self.exporter is not None:
                     self.exporter.set_gpus(self.gpu_sampler.uuids)
         except BaseException:
+            created = self.segment is not None and self.segment.created
             self._release()
             self.events.close()
+            if created:  # a failed start (a port in use, ...) leaves nothing of what it made: no rank came yet
+                with contextlib.suppress(Exception):
+                    Segment.unlink_if_unused(config.job)
             raise
         self.windows_emitted = 0
         self.rows_emitted = 0
@@ -163,12 +174,12 @@ class Collector:
         """Serve until SIGINT/SIGTERM (or :meth:`request_stop`), then emit what is held and return 0."""
         self._install_signals()
         self.rank_look_s = SERVING_RANK_LOOK_S
-        print(
-            f"shmstat collector: job {self.config.job} pid {os.getpid()} ingest {self.ingest_endpoint} "
-            f"publish {self.publish_endpoint}",
-            file=self.out, flush=True,
-        )
         try:
+            print(
+                f"shmstat collector: job {self.config.job} pid {os.getpid()} ingest {self.ingest_endpoint} "
+                f"publish {self.publish_endpoint}",
+                file=self.out, flush=True,
+            )
             self.write_ready_file()
         except BaseException:
             self.shutdown()
@@ -210,7 +221,7 @@ class Collector:
     def _install_signals(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop_signals():
             signal.signal(sig, lambda _s, _f: self.stop_requested.set())
 
     def _release_hold(self) -> None:
@@ -386,6 +397,12 @@ class Collector:
         self.rows_emitted += counts.rows
         self.overwritten += counts.overwritten
         self.torn += counts.torn
+        if counts.overwritten or counts.torn:
+            # Windows found lost or torn are counted in the pass whose watermark moves past them: the counters go
+            # to the handlers before that watermark is committed, so a collector killed in between leaves both to
+            # the next one, which counts them again, and never the watermark without the count.
+            self._emit_usage(now, self.last_ranks)
+        commit_pass(self)
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
         dispatch_put_metrics(self.config.job, msg, self.dispatcher, self.exporter, self.relay_counters)

@@ -46,7 +46,7 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
-from .collector import Collector, CollectorConfig, build_dispatcher
+from .collector import Collector, CollectorConfig, build_dispatcher, stop_signals
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
 from .gpu import GpuSampler, start_sampler
 from .node_lock import NodeLock
@@ -138,7 +138,7 @@ class NodeCollector:
     def run(self) -> int:
         """Serve until SIGINT/SIGTERM, then let every job go (emitting what it holds) and return 0."""
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in stop_signals():
                 signal.signal(sig, lambda _s, _f: self.stop_requested.set())
         which = "every job of this user" if self.jobs is None else "jobs " + ", ".join(self.jobs)
         every = f"; every job on {self.outlet.endpoint}" if self.outlet is not None else ""

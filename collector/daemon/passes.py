@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .gpu import JobGpu
     from .straggler import StragglerDetector
 
-__all__ = ["PassCounts", "emit_scan"]
+__all__ = ["PassCounts", "commit_pass", "emit_scan"]
 
 
 class PassHost(Protocol):
@@ -66,9 +66,8 @@ class PassCounts(NamedTuple):
 
 def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
     """Scan ``c``'s segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
-    the rows, flush the handlers and hand the pass's watermarks to ``c.commits``, which writes them into the
-    segment once every handler took the pass (:mod:`collector.daemon.commits`); returns what the pass counted
-    (``c`` is only read)."""
+    the rows; returns what the pass counted (``c`` is only read). The caller then hands the pass to
+    :func:`commit_pass`."""
     relay, dispatcher, exporter, job = c.relay, c.dispatcher, c.exporter, c.config.job
     assert relay is not None
     relay.update_subscriptions()  # first: rows nobody receives are never built
@@ -104,7 +103,6 @@ def emit_scan(c: PassHost, now: int, *, final: bool) -> PassCounts:
         say = lines[group] if group in lines else lines["*"]
         if say is not None:
             say.say_straggler(ev.name, job, data)
-    c.commits.add(dispatcher.flush(), c.scanner.advance())
     return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                       rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
 
@@ -116,6 +114,13 @@ def _straggler_lines(dispatcher: ThreadedDispatcher) -> dict[str, StragglerLines
         g: h if isinstance(h, StragglerLines) else None for g, h in inner.handlers.items()}
     found["*"] = inner.default if isinstance(inner.default, StragglerLines) else None
     return found
+
+
+def commit_pass(c: PassHost) -> None:
+    """Flush the handlers and hand the last pass's watermarks to ``c.commits``, which writes them into the segment
+    once every handler took what was dispatched so far (:mod:`collector.daemon.commits`): the pass's rows and
+    whatever was dispatched after them, such as the counters of the windows it found lost."""
+    c.commits.add(c.dispatcher.flush(), c.scanner.advance())
 
 
 def _publish_rows(relay: Relay, cols: Columns) -> None:

@@ -185,17 +185,16 @@ class Scanner:
         keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
         fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
         fgrow = grow[keep]
-        # windows whose bank already holds a later one: read_slot's loop over (max(after + 1, safe - 8K), safe]
-        # (every w there is in (after, newest], so its bank w % K was read above)
+        # windows whose bank already holds a later one, read_slot's count over (after, safe] (every bank holding
+        # such a window was read above: all K once the gap reaches K)
         safe = newest
-        bank_wid = np.full((n, banks), np.iinfo(np.int64).min, np.int64)
-        bank_wid[pos, bank] = wid
-        lo = np.maximum(after + 1, safe - 8 * banks)
-        span = np.where((after >= 0) & ~slow, safe - lo + 1, 0)
-        positions = np.arange(n)
-        for d in range(int(span.max(initial=0))):
-            w = lo + d
-            result.overwritten += int(((d < span) & (bank_wid[positions, w % banks] > w)).sum())
+        bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
+        bank_wid[pos, bank] = np.maximum(wid, np.iinfo(np.int64).min // 2)
+        counted = (after >= 0) & ~slow
+        for b in range(banks):  # the windows of (after, safe] in bank b older than what it holds (windows_of_bank)
+            hi = np.minimum(safe, bank_wid[:, b] - 1)
+            n_b = (hi - b) // banks - (after - b) // banks
+            result.overwritten += int(np.where(counted & (hi > after), n_b, 0).sum())
         adv = (safe > after) & ~slow
         pend_idx, pend_wid = [idx[adv]], [safe[adv]]
         result.windows_read += len(fs)

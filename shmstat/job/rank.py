@@ -218,11 +218,13 @@ class RankAttachment:
         bytes(self.segment.buf[d0 : d0 + self.segment.geometry.max_stats * L.DESC_SIZE : mmap.PAGESIZE])
 
     def allocate_stat(self, name: str, group: str, window_ms: int, max_samples: int, agg_mask: int,
-                      flags: int = 0) -> int:
+                      flags: int = 0, before: int = -1) -> int:
         """The descriptor index of this stat key: the one already published for it, else a new one (O(1); looked
         up again under the job lock, so threads asking for one key at once get one descriptor); a
         stat with a percentile aggregation gets a histogram of the entry's table too. ``flags`` (e.g.
-        :data:`~shmstat.shm.layout.FLAG_HIGHER_IS_BETTER`) are those of the first Stat of the key.
+        :data:`~shmstat.shm.layout.FLAG_HIGHER_IS_BETTER`) are those of the first Stat of the key. A new slot's
+        watermark (``emitted_wid``) starts at ``before``, the window before the first one it can hold, so a
+        window lost before any collector emitted one is counted like any other (-1: none).
 
         Raises :class:`CapacityError` when the entry's stat or histogram table is full, or the process holds no
         entry; nothing is written then (the caller counts the refusal, see :meth:`refuse_stat`).
@@ -263,6 +265,7 @@ class RankAttachment:
             codec.write_descriptor(
                 seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
                 max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation, flags=flags, hist=hist,
+                emitted_wid=before,
             )
             struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
             self.index[key] = nstats

@@ -64,7 +64,9 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                writer's end (see the window constants below)
      16  max_samples      i64
      24  agg_mask         u64  bit (1 << Aggregation value)
-     32  emitted_wid      i64  written by the collector only: the newest window it has emitted (-1 none)
+     32  emitted_wid      i64  the newest window a collector has emitted; written by the rank once, when it
+                               publishes the descriptor, as the window before its first (-1: unknown), so
+                               windows lost before any collector emitted one are counted; then by the collector
      40  name_len         u64
      48  group_len        u64
      56  incarnation      u64  incarnation of the rank that published the descriptor
@@ -117,7 +119,8 @@ Concurrency guarantees:
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
 - Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat.shm._joblock``); a
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
-- ``emitted_wid`` is written only by the collector; everything else in a rank's region only by that rank,
+- ``emitted_wid`` is written by the collector only, once the descriptor is published; everything else in a
+  rank's region only by that rank,
   except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
   ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
   header's ``warned``, written under the job lock.

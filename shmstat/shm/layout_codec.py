@@ -140,12 +140,14 @@ def read_descriptor(buf: memoryview, geometry: Geometry, local_rank: int, stat: 
 def write_descriptor(
     buf: memoryview, geometry: Geometry, local_rank: int, stat: int, *, name: bytes, group: bytes,
     window_ms: int, max_samples: int, agg_mask: int, incarnation: int, flags: int = 0, hist: int = -1,
+    emitted_wid: int = -1,
 ) -> None:
-    """Publish a descriptor: every field first, ``state = 1`` last (``hist``: -1 for no histogram)."""
+    """Publish a descriptor: every field first, ``state = 1`` last (``hist``: -1 for no histogram;
+    ``emitted_wid``: the slot's first watermark, the window before the first one its writer can write)."""
     off = geometry.desc_offset(local_rank, stat)
     buf[off + D_NAME : off + D_NAME + MAX_NAME_BYTES] = name.ljust(MAX_NAME_BYTES, b"\x00")
     buf[off + D_GROUP : off + D_GROUP + MAX_GROUP_BYTES] = group.ljust(MAX_GROUP_BYTES, b"\x00")
-    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, -1, len(name), len(group), incarnation,
+    _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, emitted_wid, len(name), len(group), incarnation,
                          flags, hist + 1)
     struct.pack_into("<Q", buf, off + D_STATE, 1)
 

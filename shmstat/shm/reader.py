@@ -18,7 +18,7 @@ from . import layout_codec as codec
 from .layout_records import BankSnapshot, RankInfo, StatDescriptor
 from .segment import Segment, pid_alive
 
-__all__ = ["SegmentReader", "SlotRead", "WindowRead"]
+__all__ = ["SegmentReader", "SlotRead", "WindowRead", "windows_of_bank"]
 
 _log = logging.getLogger("shmstat")
 _MAX_WARNED = 10_000  # entries remembered for count-once and warn-once
@@ -158,13 +158,12 @@ class SegmentReader:
                     continue
             if snap.count > 0 or snap.torn:
                 found.append(snap)
-        # Windows whose bank already holds a later one (the collector fell behind the ring). An empty window
-        # looks the same, so this is an upper bound on windows lost.
+        # Windows whose bank already holds a later one (the collector fell behind the ring), however far back
+        # the watermark is. An empty window looks the same, so this is an upper bound on windows lost.
         overwritten = 0
         if after_wid >= 0:
-            for wid in range(max(after_wid + 1, safe - 8 * banks), safe + 1):
-                if snaps[wid % banks].wid > wid and all(f.wid != wid for f in found):
-                    overwritten += 1
+            for b, snap in enumerate(snaps):
+                overwritten += windows_of_bank(after_wid + 1, min(safe, snap.wid - 1), b, banks)
         windows = [
             WindowRead(
                 info.local_rank, info.rank, desc.index, snap.wid, wns, snap.count, snap.sum, snap.min,
@@ -174,6 +173,13 @@ class SegmentReader:
             if snap.wid <= safe
         ]
         return SlotRead(windows, safe, overwritten)
+
+
+def windows_of_bank(lo: int, hi: int, bank: int, banks: int) -> int:
+    """How many windows ``w`` in ``[lo, hi]`` live in bank ``bank`` (``w % banks == bank``); 0 if ``hi < lo``."""
+    if hi < lo:
+        return 0
+    return (hi - bank) // banks - (lo - 1 - bank) // banks
 
 
 def _closed_by_writer(info: RankInfo, desc: StatDescriptor, snaps: list[BankSnapshot],

@@ -79,7 +79,7 @@ class SlotBinding:
         self.owner = att.owner_local_rank
         self.att = att
         self.flags = flags
-        self.index = _allocate(att, key, flags)
+        self.index = _allocate(att, key, flags, _window_before(clock, window_ns))
         """The slot's descriptor index in ``att``'s entry; -1 in drop mode (no slot)."""
         self.hist0 = att.hist_offset(self.index) if self.index >= 0 else -1
         self._gen = _generation[0]
@@ -161,13 +161,21 @@ class SlotBinding:
             adopt(self, att)
 
 
-def _allocate(att: RankAttachment, key: SlotKey, flags: int) -> int:
+def _window_before(clock: Clock, window_ns: int) -> int:
+    """The window before the one ``clock`` reads now: a new slot's first watermark (-1 if the clock fails)."""
+    try:
+        return max(-1, int(clock()) // window_ns - 1)
+    except Exception:  # an injected clock that fails: the slot starts with no watermark
+        return -1
+
+
+def _allocate(att: RankAttachment, key: SlotKey, flags: int, before: int = -1) -> int:
     """The descriptor index of ``key`` in ``att``, or -1 (drop mode) when there is no room, counted and reported,
-    or the segment was removed."""
+    or the segment was removed. A new slot's watermark starts at ``before`` (the window before its first)."""
     if check_removed(att):
         return -1
     try:
-        return att.allocate_stat(*key, flags=flags)
+        return att.allocate_stat(*key, flags=flags, before=before)
     except CapacityError as exc:
         full = "percentiles" if "percentile" in str(exc) else "stats"
         att.refuse_stat(key.name, full, str(exc))
@@ -182,7 +190,7 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     (or drop mode when there is no room)."""
     _inherited.pop((binding.job, binding.owner, binding.key), None)
     binding.att = att
-    binding.index = _allocate(att, binding.key, binding.flags)
+    binding.index = _allocate(att, binding.key, binding.flags, _window_before(binding.clock, binding.window_ns))
     binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
     binding.last = WindowSummary()

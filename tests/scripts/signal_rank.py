@@ -4,6 +4,10 @@
 ``saved-<rank>`` with the signal's name and how many samples it added, and exits 0.
 ``MODE=stubborn``: ignores SIGINT and SIGTERM (noting each in ``got-<rank>``), after starting a child in its process
 group and a grandchild in a session of its own, both ignoring them too; only SIGKILL ends them.
+``MODE=daemons``: first starts two helpers that leave the rank's session and parents, as daemons do (``setsid sleep
+600 &`` from a shell, and a double-forked Python process in a session of its own), then behaves as ``save``;
+``MODE=daemons-exit`` starts them too, then exits with status ``EXIT_CODE`` at once. The helpers carry the rank's
+environment (the test marks it) and write their pids to ``daemons-<rank>``.
 Every process writes its pid to ``pids-<rank>`` (one per line) and the rank writes ``ready-<rank>`` once it runs.
 """
 
@@ -36,6 +40,35 @@ class Terminated(Exception):
 def on_term(_signum, _frame):
     raise Terminated
 
+
+_DOUBLE_FORK = ("import os, signal, sys, time\n"
+                "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                "if os.fork() == 0:\n"
+                "    os.setsid()\n"
+                "    if os.fork() == 0:\n"
+                "        with open(sys.argv[1], 'a') as f: f.write(f'{os.getpid()}\\n')\n"
+                "        time.sleep(600)\n"
+                "    os._exit(0)\n"
+                "os.wait()\n")
+
+
+def start_daemons() -> None:
+    """Two helpers reparented away from the rank at once, each noting its pid in ``daemons-<rank>``."""
+    path = os.path.join(out, f"daemons-{rank}")
+    subprocess.run(["sh", "-c", f'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $! >> "{path}"'], check=True)
+    subprocess.run([sys.executable, "-c", _DOUBLE_FORK, path], check=True)
+    while True:  # the double-forked one writes its pid once it runs
+        with open(path) as f:
+            if len(f.read().split()) >= 2:
+                return
+        time.sleep(0.005)
+
+
+if mode.startswith("daemons"):
+    start_daemons()
+    if mode == "daemons-exit":
+        note("ready", "")
+        sys.exit(int(os.environ.get("EXIT_CODE", "0")))
 
 stat = shmstat.Stat("work", [Aggregation.COUNT, Aggregation.SUM], 0.1, group="sig")
 note("pids", str(os.getpid()))

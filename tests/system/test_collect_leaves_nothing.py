@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import pytest
-from _procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn
+from _procs import REPO, assert_rank_workers_reconcile, default_signals, rank_worker, read_jsonl, spawn
 from _support import unique_job, wait_for
 
+from shmstat.shm import layout as L
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
 from shmstat.shm.segment import Segment
 
@@ -29,7 +31,7 @@ def start(job: str, tmp_path, *args: str) -> subprocess.Popen:
     with open(tmp_path / "err", "w") as err:  # the child keeps writing it
         proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--grace-ms", "10",
                                  *args], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=REPO))
+                                env=dict(os.environ, PYTHONPATH=REPO), preexec_fn=default_signals)
     wait_for(lambda: " publish " in (tmp_path / "err").read_text() or proc.poll() is not None, 60,
              what="its endpoints on stderr")
     assert proc.poll() is None, (tmp_path / "err").read_text()
@@ -96,4 +98,127 @@ def test_a_job_still_running_keeps_its_segment_and_the_collector_says_why(tmp_pa
             proc.kill()
         rank.kill()
         rank.join(10)
+        Segment.unlink(job)
+
+
+# ------------------------------------------------------------------------------ failed starts and every way out
+
+
+@pytest.fixture
+def taken_port():
+    """A loopback TCP port something else listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield s.getsockname()[1]
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "collector", *args], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.path.join(REPO, "tests")),
+                          timeout=60, **kw)
+
+
+_FAILED_STARTS = {
+    "port in use": ("--prometheus", "127.0.0.1:{port}"),
+    "bad handler": ("--handler", "*=tests_no_such_module:Handler"),
+    "bad events spec": ("--events", "nosuchsink:{tmp}/e"),
+    "full /dev/shm": ("--max-ranks", "4096", "--max-stats", "65536", "--banks", "64"),
+}
+
+
+@pytest.mark.parametrize("command", ["collect --job", "run"])
+@pytest.mark.parametrize("failure", list(_FAILED_STARTS))
+def test_a_failed_start_says_why_in_one_line_and_leaves_nothing(tmp_path, taken_port, command, failure):
+    job = unique_job("nostart")
+    if failure == "full /dev/shm":
+        st = os.statvfs("/dev/shm")
+        if L.Geometry(4096, 65536, 64).total_size <= 2 * st.f_blocks * st.f_frsize:
+            pytest.skip("/dev/shm is too large to exceed with the largest geometry")
+    extra = [a.format(port=taken_port, tmp=tmp_path) for a in _FAILED_STARTS[failure]]
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    argv = (["collect", "--job", job, *extra] if command == "collect --job"
+            else ["run", "--job", job, *extra, str(script)])
+    r = _cli(*argv, "--ready-file", str(tmp_path / "ready"))
+    try:
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("shmstat: error: "), r.stderr
+        assert left_behind(job) == [] and not (tmp_path / "ready").exists()
+    finally:
+        Segment.unlink(job)
+
+
+def test_a_node_collector_that_cannot_start_leaves_nothing(tmp_path, taken_port):
+    jobs = [unique_job("node-nostart") for _ in range(2)]
+    r = _cli("collect", *[a for j in jobs for a in ("--job", j)], "--prometheus", f"127.0.0.1:{taken_port}",
+             "--ready-file", str(tmp_path / "ready"))
+    try:
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert [p for j in jobs for p in left_behind(j)] == [] and not (tmp_path / "ready").exists()
+    finally:
+        for j in jobs:
+            Segment.unlink(j)
+
+
+def _start_piped(argv: list[str], tmp_path) -> subprocess.Popen:
+    """``argv`` with stdout and stderr into one pipe, as ``... 2>&1 | tee log``, in a process group of its own (as
+    a shell's job); returns once it printed its first line."""
+    env = dict(os.environ, PYTHONPATH=REPO, OUT_DIR=str(tmp_path), MODE="save")
+    proc = subprocess.Popen([sys.executable, "-m", "collector", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=REPO, env=env, process_group=0,
+                            preexec_fn=default_signals)
+    assert proc.stdout is not None
+    assert proc.stdout.readline()
+    return proc
+
+
+_SIGNAL_RANK = os.path.join(REPO, "tests", "scripts", "signal_rank.py")
+
+
+@pytest.mark.parametrize("command", ["collect --job", "collect", "run"])
+@pytest.mark.parametrize("how", ["SIGINT, reader gone", "SIGINT, reader reading", "SIGHUP"])
+def test_every_way_out_through_a_pipe_leaves_nothing(tmp_path, command, how):
+    """``... 2>&1 | tee log`` then Ctrl-C (the whole group gets SIGINT: tee dies, so every later write meets a
+    closed pipe), the same with the reader still there, and SIGHUP (the terminal closed): every process ends and
+    nothing of the job is left once every window was emitted."""
+    job = unique_job("piped")
+    common = ["--grace-ms", "10", "--handler", "*=console", "--status-interval", "0.2"]
+    if command == "run":
+        argv = ["run", "--job", job, "--nproc-per-node", "1", "--monitor-interval", "0.05", *common, _SIGNAL_RANK]
+    elif command == "collect --job":
+        argv = ["collect", "--job", job, *common]
+    else:
+        argv = ["collect", "--job", job, "--job", unique_job("piped-other"), *common]
+    proc = _start_piped(argv, tmp_path)
+    rank = None
+    try:
+        if command == "run":
+            wait_for(lambda: (tmp_path / "ready-0").exists(), 60, what="the rank")
+        else:
+            ready = str(tmp_path / "ready")
+            rank = spawn(rank_worker, job, 0, 1, 0.6, 100, str(tmp_path / "r0.json"), None, 0, ready)
+            wait_for(lambda: os.path.exists(ready), 60, what="the rank adding")
+            rank.join(60)
+            assert rank.exitcode == 0
+        assert proc.stdout is not None
+        if how == "SIGINT, reader gone":
+            proc.stdout.close()  # tee died of the same Ctrl-C
+        sig = signal.SIGHUP if how == "SIGHUP" else signal.SIGINT
+        os.killpg(proc.pid, sig)
+        if how != "SIGINT, reader gone":
+            proc.stdout.read()  # EOF once every process of the job closed the pipe
+        code = proc.wait(60)
+        if command == "run":
+            assert code == 128 + sig
+        else:
+            assert code == 0
+        wait_for(lambda: not left_behind(job), 10, what="nothing of the job left")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None and not proc.stdout.closed:
+            proc.stdout.close()
+        if rank is not None and rank.is_alive():
+            rank.kill()
         Segment.unlink(job)

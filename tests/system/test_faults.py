@@ -26,6 +26,7 @@ from _faultkit import (
     idle_adder,
     late_writer,
     load_worker,
+    percentile_adder,
     read_json,
     rows_by_rank_window,
     sigkill_victim,
@@ -459,6 +460,166 @@ def test_collector_killed_and_restarted(job, tmp_path, sig):
             assert lost == 0
         else:
             assert 0 <= lost < 1000, lost
+
+
+def _collector_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+
+
+def _start_up_line(proc: subprocess.Popen) -> bool:
+    """Read the collector's output up to its endpoints line; False if it ended first."""
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            return False
+        if " publish " in line:
+            return True
+
+
+KILLS_WINDOW_MS = 200  # 64 banks: a 12.8 s ring, longer than a collector's start-up on a loaded machine
+KILLS_STATS = 6
+
+
+def _overwritten_total(rows: list[dict]) -> float:
+    """Windows the collectors writing ``rows`` counted as overwritten: each collector's counter starts at 0 and only
+    grows, so the file holds runs of growing values, one per collector; their last values add up."""
+    total = last = 0.0
+    for r in rows:
+        if r["name"] == "collector.windows_overwritten":
+            if r["value"] < last:
+                total += last
+            last = r["value"]
+    return total + last
+
+
+def _ranges(wids: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of window ids, as (first, last)."""
+    out: list[tuple[int, int]] = []
+    for w in sorted(wids):
+        if out and w == out[-1][1] + 1:
+            out[-1] = (out[-1][0], w)
+        else:
+            out.append((w, w))
+    return out
+
+
+def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_path):
+    """Collectors SIGKILLed again and again at random moments (during start-up, mid-pass, during the shutdown that
+    follows a SIGTERM), some restarted at once and some after an outage, while two ranks add to Stats keeping
+    percentiles: every window of every rank and Stat is in the one jsonl file exactly once with the count the rank
+    added, from the job's first window to its last, or is counted (``windows_overwritten``)."""
+    out, stop = str(tmp_path / "m.jsonl"), str(tmp_path / "stop")
+    argv = [sys.executable, "-m", "collector", "collect", "--job", job, "--handler", f"*=jsonl:{out}",
+            "--grace-ms", "10", "--banks", "64", "--max-ranks", "4", "--max-stats", "16", "--status-interval", "0"]
+    rng = random.Random(os.environ.get("SHMSTAT_TEST_SEED", os.getpid()))
+    env = _collector_env()
+    # The segment exists before the ranks (with this geometry); its first collector dies before any pass.
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    assert _start_up_line(first)
+    ranks = [spawn(percentile_adder, job, r, KILLS_WINDOW_MS, KILLS_STATS, str(tmp_path / f"r{r}.json"), stop)
+             for r in range(2)]
+    first.kill()
+    first.wait(20)
+    assert first.stdout is not None
+    first.stdout.close()
+    moments: list[str] = []
+    try:
+        for _ in range(12):
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+            moment = rng.choice(("start-up", "mid-pass", "mid-pass", "shutdown"))
+            moments.append(moment)
+            if moment == "start-up":
+                time.sleep(rng.uniform(0.0, 0.6))  # python's start, the segment's open, the first pass
+            else:
+                assert _start_up_line(proc)
+                time.sleep(rng.uniform(0.0, 0.4))
+                if moment == "shutdown":
+                    proc.send_signal(signal.SIGTERM)
+                    time.sleep(rng.uniform(0.0, 0.03))
+            proc.kill()
+            proc.wait(20)
+            assert proc.stdout is not None
+            proc.stdout.close()
+            time.sleep(rng.choice((0.0, 0.0, rng.uniform(0.05, 0.3))))  # an outage: windows close meanwhile
+        coll = start_collector(job, *argv[6:])
+        open(stop, "w").close()
+        for p in ranks:
+            p.join(60)
+            assert p.exitcode == 0
+        assert coll.stop() == 0
+    finally:
+        open(stop, "w").close()
+        for p in ranks:
+            if p.is_alive():
+                p.kill()
+    rows = read_jsonl(out)
+    overwritten = _overwritten_total(rows)
+    seen: dict[tuple[str, int, int], float] = {}
+    repeats = []
+    for r in rows:
+        if r["group"] == "kills" and r["name"].endswith(".count") and r["rank"] is not None:
+            key = (r["name"][: -len(".count")], r["rank"], round(r["window_start"] * 1000 / KILLS_WINDOW_MS))
+            if key in seen:
+                repeats.append(key)
+            seen[key] = r["value"]
+    assert not repeats, f"windows emitted twice: {repeats[:5]}"
+    missing, wrong = [], []
+    first_windows = {}
+    for rank in range(2):
+        first_windows[rank] = min(int(w) for c in read_json(str(tmp_path / f"r{rank}.json"))["counts"].values()
+                                  for w in c)
+        for name, per_window in read_json(str(tmp_path / f"r{rank}.json"))["counts"].items():
+            for wid, n in per_window.items():
+                key = (name, rank, int(wid))
+                if key not in seen:
+                    missing.append(key)
+                elif seen[key] != n:
+                    wrong.append((key, seen[key], n))
+    assert not wrong, f"windows with another count than the rank added (moments {moments}): {wrong[:5]}"
+    lost = {f"{name} rank {rank}": _ranges([w for n, r, w in missing if (n, r) == (name, rank)])
+            for name, rank in sorted({(n, r) for n, r, _ in missing})}
+    assert len(missing) <= overwritten, (
+        f"{len(missing)} windows lost, {overwritten:g} counted (moments {moments}; first windows "
+        f"{first_windows}): {dict(list(lost.items())[:4])}")
+
+
+def test_windows_a_ring_overwrote_are_counted_before_any_watermark_and_across_any_outage(job):
+    """A rank writes 50 windows before any collector runs (more than the ring's 4 banks hold, and more than 8
+    rings), then 70 more while its collector does not look (one window between them stays empty): the windows
+    the ring lost are counted as overwritten, all of them, and the others are emitted (a new slot's watermark
+    starts before its first window; the count covers the whole gap)."""
+    import shmstat
+
+    wns = 50 * MS
+    base = (time.time_ns() // wns) * wns
+    now = [base]
+    shmstat.init(job, rank=0, local_rank=0, world_size=1, publish=False, banks=4)
+    stat = shmstat.Stat("ring", [A.COUNT], wns / 1e9, group="faults", clock=lambda: now[0])
+
+    def write_windows(first: int, n: int) -> None:
+        for w in range(first, first + n):
+            now[0] = base + w * wns + wns // 2
+            stat.add(1.0)
+
+    write_windows(0, 50)
+    rec = Recorder()
+    coll = Collector(CollectorConfig(job=job, handlers={"*": "null"}, grace_ms=1, status_interval_s=0,
+                                     clock=lambda: now[0] + 2 * wns), handler_objects={"faults": rec},
+                     out=io.StringIO())
+    step_and_wait(coll)
+    try:
+        coll.step()
+        emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
+        assert len(emitted) + coll.overwritten == 50, (sorted(emitted), coll.overwritten)
+        # from the first window its clock left open; it does not look meanwhile (an outage of 70 windows)
+        write_windows(51, 70)
+        coll.step()
+        emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
+        assert len(emitted) + coll.overwritten == 120, (len(emitted), coll.overwritten)
+    finally:
+        coll.close()
 
 
 # ----------------------------------------------------------------------------------- a subscriber stops reading

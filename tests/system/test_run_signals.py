@@ -13,7 +13,7 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, read_jsonl
+from _procs import REPO, default_signals, read_jsonl
 from _support import unique_job, wait_for
 
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
@@ -34,7 +34,7 @@ def start_run(job: str, tmp_path, nproc: int, *extra: str, mode: str = "save") -
     return subprocess.Popen(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(nproc),
          "--monitor-interval", "0.05", "--grace-ms", "10", *extra, SCRIPT],
-        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def pids_of(tmp_path, nproc: int) -> list[int]:
@@ -183,3 +183,57 @@ def test_a_signal_ignored_when_run_started_stays_ignored_as_under_nohup(tmp_path
         assert running(pids) == [] and left_behind(job) == []
     finally:
         cleanup(job, run, pids)
+
+
+def marked(mark: str) -> list[int]:
+    """The live (not zombie) processes of this user whose environment carries ``SHMSTAT_TEST_MARK=mark``."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.uids().real == os.getuid() and proc.environ().get("SHMSTAT_TEST_MARK") == mark \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "end", "failure"])
+def test_the_launcher_owns_every_process_of_the_job_daemons_included(tmp_path, how):
+    """A rank that starts ``setsid sleep 600 &`` and a double-forked helper in a session of its own: both reparent
+    away from the rank at once, yet neither outlives ``shmstat run``, whether it stops by SIGINT, by SIGTERM, at the
+    ranks' normal end or after a rank failed (the launcher is their subreaper, signals and reaps them)."""
+    job = unique_job("daemons")
+    mark = f"{job}-{how}"
+    signalled = how.startswith("SIG")
+    env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, SHMSTAT_TEST_MARK=mark,
+               MODE="daemons" if signalled else "daemons-exit", EXIT_CODE="3" if how == "failure" else "0")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",
+         "0.05", "--grace-ms", "10", "--stop-grace", "5", "--handler", "*=null", SCRIPT],
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
+    daemons: list[int] = []
+    try:
+        wait_for(lambda: all(os.path.exists(tmp_path / f"ready-{r}") for r in range(2)), 60, what="both ranks")
+        for r in range(2):
+            daemons += [int(p) for p in (tmp_path / f"daemons-{r}").read_text().split()]
+        assert len(daemons) == 4
+        if signalled:
+            assert len(marked(mark)) >= 6, "the ranks and their daemons run, marked"
+            run.send_signal(getattr(signal, how))
+        try:
+            code = run.wait(120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"shmstat run did not end; job processes: {marked(mark)}") from None
+        assert code == {"SIGINT": 130, "SIGTERM": 143, "end": 0, "failure": 3}[how]
+        assert marked(mark) == [], "a process of the job outlived shmstat run"
+        assert running(daemons) == []
+        _, err = run.communicate(timeout=10)  # nothing of the job holds its pipes any more
+        assert "Traceback" not in err, err
+        wait_for(lambda: not left_behind(job), 10, what="nothing of the job left")
+    finally:
+        if run.poll() is None:
+            run.kill()
+        for pid in marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.communicate(timeout=10)
+        Segment.unlink(job)
