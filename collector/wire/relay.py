@@ -272,6 +272,11 @@ class Relay:
             for frames in self.book.heartbeat():
                 self._send(frames, wire.HEARTBEAT_KIND)
 
+    @property
+    def next_beat(self) -> float:
+        """When :meth:`heartbeat_if_due` next has something to do (:func:`time.monotonic`)."""
+        return self._next_beat
+
     def final_heartbeat(self, job_ended: bool, wait_s: float = 1.0) -> None:
         """The last heartbeat, as the collector closes (``job_ended``: no rank alive, every window emitted); it
         comes after everything this relay sent, so a subscriber that reads it has had the job's last messages.
