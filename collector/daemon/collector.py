@@ -22,7 +22,7 @@ import zmq
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat import wire
-from shmstat.shm.layout import RankState
+from shmstat.shm.layout import MAX_GRACE_MS, RING_BUDGET_MS, RankState
 from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
 from shmstat.shm.segment import Segment, pid_alive
@@ -55,6 +55,10 @@ MAX_POLL_MS = 100
 RELAY_TURN_S = 0.003
 """While messages flow, a serving loop turns at most this often (:func:`gather_pause`): it adds at most this
 much to an event's way to subscribers."""
+STAT_LOOK_S = (RING_BUDGET_MS - MAX_GRACE_MS) / 2000
+"""Between rank looks, how often a serving loop reads the rank table for stats made since (25 ms): a new stat's
+windows must be read before its ring wraps, which the layout allows as soon as RING_BUDGET_MS - MAX_GRACE_MS
+after a window's end (shmstat/shm/layout.py)."""
 COMMIT_POLL_S = 0.02
 """While a pass waits for its handlers (:class:`PendingCommits`), the loop looks this often whether it was taken."""
 
@@ -96,6 +100,7 @@ class Collector:
         :data:`~collector.daemon.config.SERVING_RANK_LOOK_S`)."""
         self._next_rank_look = 0.0
         """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
+        self._next_stat_look = 0.0
         self.relayed_last_step = 0
         """Messages the last :meth:`step` relayed (then a serving loop lets more gather: :func:`gather_pause`)."""
         self.exporter = exporter
@@ -236,12 +241,14 @@ class Collector:
 
     def next_due(self) -> float:
         """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the
-        earliest of the next window's end (plus grace), the next rank look, usage figures, status line and
-        heartbeat, soon while passes wait for their commit, and at most :data:`MAX_POLL_MS` from now (what
-        other threads submit is taken then). Messages wake the loop sooner."""
+        earliest of the next window's end (plus grace), the next rank look, look for new stats
+        (:data:`STAT_LOOK_S`), usage figures, status line and heartbeat, soon while passes wait for their commit,
+        and at most :data:`MAX_POLL_MS` from now (what other threads submit is taken then). Messages wake the loop
+        sooner."""
         assert self.relay is not None
         mono = time.monotonic()
-        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_usage, self.relay.next_beat)
+        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_stat_look, self._next_usage,
+                  self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
         window = self.scanner.next_due_ns()
@@ -272,9 +279,13 @@ class Collector:
         looked = mono >= self._next_rank_look
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
             self._next_rank_look = mono + self.rank_look_s
+            self._next_stat_look = mono + STAT_LOOK_S
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
+        elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
+            self._next_stat_look = mono + STAT_LOOK_S
+            self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)

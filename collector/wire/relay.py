@@ -53,6 +53,7 @@ _MAX_BATCH = 2048
 _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
 
 
@@ -167,6 +168,8 @@ class Relay:
         self._drain_subscriptions()
         recv = self.xsub.recv_multipart
         items = 0
+        if not self.xsub.get(_EVENTS) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
+            limit = 0
         for _ in range(limit):
             if items >= max_items:
                 break
