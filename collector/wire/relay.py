@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import zmq
 
@@ -168,7 +169,7 @@ class Relay:
         self._drain_subscriptions()
         recv = self.xsub.recv_multipart
         items = 0
-        if not self.xsub.get(_EVENTS) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
+        if not cast(int, self.xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
             limit = 0
         for _ in range(limit):
             if items >= max_items:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import time
+from typing import cast
 
 import zmq
 
@@ -41,7 +42,7 @@ def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes]) -> bool:
     """Apply the (un)subscribe frames queued on ``xpub`` to ``prefixes``; True as soon as it holds more than
     :data:`MAX_PREFIXES` topics (the rest of the frames are left: the caller binds the socket anew)."""
     for _ in range(_MAX_SUBSCRIPTION_FRAMES):
-        if not xpub.get(_EVENTS) & _POLLIN:  # nothing queued (asking is far cheaper than a zmq.Again)
+        if not cast(int, xpub.get(_EVENTS)) & _POLLIN:  # nothing queued (asking is far cheaper than a zmq.Again)
             return False
         try:
             frame = xpub.recv(zmq.NOBLOCK)
