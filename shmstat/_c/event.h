@@ -277,7 +277,10 @@ outbox_log(Outbox *self, PyObject *event, long long limit)
 #endif
     size = outbox_event(self, e->name, ts_ns, e->data, nbytes, limit);
 #ifdef EVENT_ENCODED_CACHE
-    if (!same && size > 0 && (limit <= 0 || size <= limit) && PyDict_CheckExact(data) && self->scratch.len > 0) {
+    /* kept from the second time an event is logged on (nbytes: it was queued before): a fresh event logged once,
+     * the common case, pays nothing for it */
+    if (!same && nbytes > 0 && size > 0 && (limit <= 0 || size <= limit) && PyDict_CheckExact(data)
+        && self->scratch.len > 0) {
         Buf *c = &e->enc;
         c->len = 0;
         if (buf_reserve(c, self->scratch.len) == 0) {
