@@ -665,12 +665,12 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
                 except zmq.Again:
                     break
                 t_recv = time.time_ns()
-                msg = inspect(frames[0], frames[1])
-                if msg.kind == "heartbeat":
+                if frames[0].startswith(b"heartbeat/"):
                     if not ready:
                         ready = True
                         print("ready", flush=True)
                     continue
+                msg = inspect(frames[0], frames[1])
                 sender = (msg.rank, msg.pid, msg.incarnation)
                 if sender in next_seq and msg.seq != next_seq[sender]:
                     gaps += msg.seq - next_seq[sender]

@@ -160,7 +160,8 @@ class NodeCollector:
                                sys.stderr)
         self.status.tick(self)
         if self.outlet is not None:
-            self.outlet.update()  # subscriptions (and floods of them) are taken even with no job served
+            if not self.collectors:  # else every job's relay takes them (Relay.receive)
+                self.outlet.update()  # subscriptions (and floods of them) are taken even with no job served
             if now >= self._next_key_check:  # with CURVE: cut off whoever connected with a key removed since
                 self._next_key_check = now + self.config.heartbeat_interval_s
                 self.outlet.cut_off_revoked()

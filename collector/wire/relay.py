@@ -166,7 +166,7 @@ class Relay:
         decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
         yielded message decodes its ``items`` when the caller reads them."""
         c = self.counters
-        self._drain_subscriptions()
+        self._drain_subscriptions()  # once a turn: what subscribes meanwhile is taken by the next one
         recv = self.xsub.recv_multipart
         items = 0
         if not cast(int, self.xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
@@ -203,7 +203,6 @@ class Relay:
             self._track_seq(msg)
             self._send(frames, msg.kind)
             yield msg
-        self._drain_subscriptions()
 
     def _held(self, frames: list[bytes]) -> None:
         try:
