@@ -105,8 +105,15 @@ def test_a_turn_that_relayed_messages_is_followed_by_a_gathering_pause(job):
         init(job, rank=0)
         for i in range(3):
             log_event(Event("e", __import__("datetime").datetime.now(), {"i": i}))
-        wait_for(lambda: c.step(5) or c.relayed_last_step, 20, what="the rank's events relayed")
-        assert c.relay_counters.events == 3
+        relayed: list[int] = []
+
+        def stepped() -> bool:
+            c.step(5)
+            relayed.append(c.relayed_last_step)
+            return c.relay_counters.events >= 3
+
+        wait_for(stepped, 20, what="the rank's events relayed")
+        assert c.relay_counters.events == 3 and sum(relayed) == c.relay_counters.messages > 0
         c.step(0)
         assert c.relayed_last_step == 0  # nothing came since
         started = time.monotonic()
