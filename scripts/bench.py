@@ -61,9 +61,14 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+TIMER = [time.perf_counter]
+"""The clock of the per-call figures: wall time, or with ``--cpu`` this process's CPU time (every thread: the
+publisher's and libzmq's count, time the machine gave to other processes does not)."""
+
+
 def median_ns(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float:
     """Median over ``repeat`` timeit rounds of ``number`` calls, in ns per call."""
-    rounds = timeit.Timer(stmt, globals=env).repeat(repeat=repeat, number=number)
+    rounds = timeit.Timer(stmt, timer=TIMER[0], globals=env).repeat(repeat=repeat, number=number)
     return statistics.median(rounds) / number * 1e9
 
 
@@ -73,14 +78,15 @@ def median_ns_flushed(stmt: str, env: dict[str, Any], flush: Any, number: int, r
     The first figure counts the publisher thread's work (it runs under the same GIL); the second is what the
     caller's loop alone took while the thread was working next to it.
     """
-    timer = timeit.Timer(stmt, globals=env)
+    clock = TIMER[0]
+    timer = timeit.Timer(stmt, timer=clock, globals=env)
     flush()
     with_flush, caller = [], []
     for _ in range(repeat):
         inner = timer.timeit(number)
-        t1 = time.perf_counter()
+        t1 = clock()
         flush()
-        with_flush.append(inner + time.perf_counter() - t1)
+        with_flush.append(inner + clock() - t1)
         caller.append(inner)
     return statistics.median(with_flush) / number * 1e9, statistics.median(caller) / number * 1e9
 
@@ -356,6 +362,11 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
 
     env["ours_empty"] = ours_empty
     res["ours.prof.null"] = median_ns("ours_empty()", env, number // 4, repeat)
+    # the parts of log_event(Event(name, datetime.now(), data)): what building the Python objects costs
+    env["ts"] = dt.datetime.now()
+    res["py.datetime_now"] = median_ns("datetime.now()", env, number // 10, repeat)
+    res["ours.event_only"] = median_ns("shmstat.Event('bench', ts, data)", env, number // 10, repeat)
+    res["ours.event_build"] = median_ns("shmstat.Event('bench', datetime.now(), data)", env, number // 10, repeat)
     h = shmstat.register_event_handler(lambda e: None)
     res["ours.log_event.handler"] = median_ns("shmstat.log_event(ev)", env, number, repeat)
     res["ours.log_event.fresh_handler"] = median_ns("shmstat.log_event(shmstat.Event('bench', datetime.now(), data))",
@@ -393,7 +404,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     pub_n = min(number, 50_000)  # stays within the publisher's backlog bound
     res["ours.log_event.collector"], res["ours.log_event.collector_caller"] = median_ns_flushed(
         "shmstat.log_event(ev)", env, flush, pub_n, repeat)
-    res["ours.log_event.fresh_collector"], _ = median_ns_flushed(
+    res["ours.log_event.fresh_collector"], res["ours.log_event.fresh_collector_caller"] = median_ns_flushed(
         "shmstat.log_event(shmstat.Event('bench', datetime.now(), data))", env, flush, pub_n // 4, repeat)
     res["ours.put_metric.collector"], res["ours.put_metric.collector_caller"] = median_ns_flushed(
         "put_metric('bench.m', 1, 'bench')", env, flush, pub_n, repeat)
@@ -551,6 +562,138 @@ def worker_create_rank(job: str, args: argparse.Namespace) -> None:
     shmstat.shutdown()
 
 
+def worker_node_collector(job: str, args: argparse.Namespace) -> None:
+    """A node collector (the loop of ``shmstat collect`` with no ``--job``) serving only ``job`` (the machine may
+    hold other jobs' segments), publishing every job on ``--endpoint``, null handlers; stops at stdin's EOF."""
+    from collector import CollectorConfig
+    from collector.daemon.node import NodeCollector
+
+    config = CollectorConfig(job="", publish=args.endpoint, handlers={"*": "null"}, status_interval_s=0)
+    node = NodeCollector(config, jobs=[job], out=open(os.devnull, "w"))  # noqa: SIM115
+    threading.Thread(target=lambda: (sys.stdin.read(), node.stop_requested.set()), daemon=True).start()
+    print("ready", os.getpid(), flush=True)
+    node.run()
+
+
+def worker_node_rank(job: str, args: argparse.Namespace) -> None:
+    """A rank with ``--stats`` stats of 1 s windows, each getting 200 samples/s, that logs events at the rate last
+    read on stdin (``rate R``: R events/s, each carrying ``time.time_ns()`` and its index), on a fixed schedule;
+    ``report`` prints what it logged; EOF ends it."""
+    import shmstat
+    from shmstat.job import _state
+
+    shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=args.ranks)
+    aggs = [getattr(shmstat.Aggregation, a) for a in AGGS_NAMES]
+    adds = [shmstat.Stat(f"node.s{i}", aggs, 1.0, group="load").add for i in range(args.stats)]
+    state = {"rate": 0.0, "done": False, "report": False}
+
+    def read() -> None:
+        for line in sys.stdin:
+            cmd = line.split()
+            if cmd and cmd[0] == "rate":
+                state["rate"] = float(cmd[1])
+            elif cmd and cmd[0] == "report":
+                state["report"] = True
+        state["done"] = True
+
+    threading.Thread(target=read, daemon=True).start()
+    print("ready", flush=True)
+    event, now, log_event, time_ns = shmstat.Event, dt.datetime.now, shmstat.log_event, time.time_ns
+    logged, rate, since, base = 0, 0.0, time.monotonic(), 0
+    tick = 0.005  # 200 samples/s per stat
+    next_tick = time.monotonic()
+    v = 0.0
+    while not state["done"]:
+        next_tick += tick
+        v += 1.0
+        for add in adds:
+            add(v)
+        t = time.monotonic()
+        if state["rate"] != rate:
+            rate, since, base = state["rate"], t, logged
+        due = base + int(rate * (t - since))
+        while logged < due:
+            log_event(event("node", now(), {"t": time_ns(), "i": logged}))
+            logged += 1
+        if state["report"]:
+            state["report"] = False
+            pub = _state.STATE.publisher
+            dropped = pub.stats().dropped if pub is not None else 0
+            print("result", json.dumps({"logged": logged, "dropped": dropped}), flush=True)
+        rest = next_tick - time.monotonic()
+        if rest > 0:
+            time.sleep(rest)
+        else:
+            next_tick = time.monotonic()
+    shmstat.shutdown()
+
+
+def worker_node_subscriber(args: argparse.Namespace) -> None:
+    """A subscriber of the node endpoint ``--endpoint`` (the ranks' ``event/node`` and heartbeats): ``ready`` at the
+    first heartbeat; on ``mark`` prints the events received since the last mark, the sequence gaps seen and the
+    latency from ``log_event`` (receive time minus the time the rank put in the event) of every item of one message
+    in 8 (each message is checked and counted from its header; decoding every item would make this instrument, not
+    the collector, the bottleneck at 100,000 events/s)."""
+    import zmq
+
+    from collector.wire.intake import inspect
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.rcvhwm = 0  # the instrument must not lose what the collector sent
+    sock.subscribe(b"event/node")
+    sock.subscribe(b"heartbeat/")
+    sock.connect(args.endpoint)
+    marks: list[bool] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for line in sys.stdin:
+            if line.strip() == "mark":
+                marks.append(True)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready = False
+    got, total, messages = 0, 0, 0
+    lat: list[int] = []
+    next_seq: dict[tuple[int, int, int], int] = {}
+    gaps = 0
+    while not done.is_set():
+        if sock.poll(20):
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                t_recv = time.time_ns()
+                if frames[0].startswith(b"heartbeat/"):
+                    if not ready:
+                        ready = True
+                        print("ready", flush=True)
+                    continue
+                msg = inspect(frames[0], frames[1])
+                sender = (msg.rank, msg.pid, msg.incarnation)
+                if sender in next_seq and msg.seq != next_seq[sender]:
+                    gaps += msg.seq - next_seq[sender]
+                next_seq[sender] = msg.seq + msg.n_items
+                got += msg.n_items
+                messages += 1
+                if messages % 8 == 1:
+                    lat.extend(t_recv - data["t"] for _name, _ts, data in msg.items)
+        while marks:
+            marks.pop()
+            total += got
+            lat.sort()
+            print("result", json.dumps({"events": got, "total": total, "gaps": gaps,
+                                        "lat_median_ms": lat[len(lat) // 2] / 1e6 if lat else None,
+                                        "lat_p99_ms": lat[int(len(lat) * 0.99)] / 1e6 if lat else None}),
+                  flush=True)
+            got, lat = 0, []
+    sock.close(linger=0)
+    ctx.term()
+
+
 def run_worker(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
@@ -565,7 +708,11 @@ def run_worker(argv: list[str]) -> None:
     ap.add_argument("--consume", action="store_true")
     ap.add_argument("--columns", action="store_true")
     ap.add_argument("--percentiles", action="store_true")
+    ap.add_argument("--endpoint", default="")
+    ap.add_argument("--cpu", action="store_true")
     args = ap.parse_args(argv)
+    if args.cpu:
+        TIMER[0] = time.process_time
     kind = args.worker
     if kind == "collector":
         worker_collector(args.job, args)
@@ -583,6 +730,12 @@ def run_worker(argv: list[str]) -> None:
         worker_scrape(args)
     elif kind == "scrape-prom":
         worker_scrape_prom(args)
+    elif kind == "node-collector":
+        worker_node_collector(args.job, args)
+    elif kind == "node-rank":
+        worker_node_rank(args.job, args)
+    elif kind == "node-subscriber":
+        worker_node_subscriber(args)
     else:
         raise SystemExit(f"unknown worker {kind}")
 
@@ -596,7 +749,8 @@ def run_calls(quick: bool) -> dict[str, Any]:
     col = start_worker("collector", "--job", job)
     try:
         expect_line(col, "ready")
-        calls = start_worker("calls", "--job", job, "--number", str(number), "--repeat", str(repeat))
+        calls = start_worker("calls", "--job", job, "--number", str(number), "--repeat", str(repeat),
+                             *(["--cpu"] if TIMER[0] is time.process_time else []))
         res = json.loads(expect_line(calls, "result", 300))
         finish(calls)
     finally:
@@ -605,6 +759,7 @@ def run_calls(quick: bool) -> dict[str, Any]:
     tmp = tempfile.mkdtemp(prefix="bench-prom-")
     try:
         prom = start_worker("prometheus", "--number", str(number), "--repeat", str(repeat),
+                            *(["--cpu"] if TIMER[0] is time.process_time else []),
                             env=clean_env(PROMETHEUS_MULTIPROC_DIR=tmp))
         res.update(json.loads(expect_line(prom, "result", 300)))
         finish(prom)
@@ -693,6 +848,96 @@ def run_scrape(nranks: int, stats: int) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"ranks": nranks, "stats": stats, "ours": ours, "prom": prom}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` used so far."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup: float) -> dict[str, Any]:
+    """A node collector serving one job of ``nranks`` ranks x ``stats`` stats (1 s windows, 200 samples/s each),
+    with a subscriber on its node endpoint: per phase ``(events/s from all ranks, seconds)`` its CPU per wall
+    second, the events the subscriber received and their latency from ``log_event``; then sent vs received."""
+    job = new_job(f"node{nranks}")
+    tmp = tempfile.mkdtemp(prefix="bench-node-")
+    os.chmod(tmp, 0o700)
+    endpoint = f"ipc://{tmp}/node.ipc"
+    ranks: list[subprocess.Popen[str]] = []
+    col = sub = None
+    try:
+        for r in range(nranks):
+            ranks.append(start_worker("node-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
+                                      "--stats", str(stats)))
+        for p in ranks:
+            expect_line(p, "ready", 120)
+        col = start_worker("node-collector", "--job", job, "--endpoint", endpoint)
+        pid = int(expect_line(col, "ready", 60))
+        sub = start_worker("node-subscriber", "--endpoint", endpoint)
+        expect_line(sub, "ready", 60)
+        time.sleep(warmup)
+        rows = []
+        for rate, seconds in phases:
+            for p in ranks:
+                tell(p, f"rate {rate / nranks}")
+            time.sleep(warmup)
+            tell(sub, "mark")
+            expect_line(sub, "result")
+            c0, w0 = _cpu_s(pid), time.monotonic()
+            time.sleep(seconds)
+            c1, w1 = _cpu_s(pid), time.monotonic()
+            tell(sub, "mark")
+            got = json.loads(expect_line(sub, "result"))
+            rows.append({"rate": rate, "cpu_per_s": (c1 - c0) / (w1 - w0), "events_per_s": got["events"] / (w1 - w0),
+                         "lat_median_ms": got["lat_median_ms"], "lat_p99_ms": got["lat_p99_ms"]})
+        for p in ranks:
+            tell(p, "rate 0")
+        time.sleep(max(1.0, warmup))
+        logged = dropped = 0
+        for p in ranks:
+            tell(p, "report")
+            r = json.loads(expect_line(p, "result", 60))
+            logged += r["logged"]
+            dropped += r["dropped"]
+        tell(sub, "mark")
+        final = json.loads(expect_line(sub, "result"))
+    finally:
+        for p in [*ranks, *(x for x in (sub, col) if x is not None)]:
+            finish(p)
+        unlink_job(job)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"ranks": nranks, "stats": stats, "phases": rows, "logged": logged, "dropped": dropped,
+            "received": final["total"], "gaps": final["gaps"]}
+
+
+def node_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's table for :func:`run_node`."""
+    out = ["", "## Node collector cost (`shmstat collect` loop serving one job, null handlers, a subscriber on the "
+           "node endpoint)", "",
+           "Each rank has its stats get 200 samples/s (1 s windows) and logs `Event(name, datetime.now(), data)` "
+           "at the phase's rate; CPU is the collector process's (every thread, libzmq's included) per wall second; "
+           "latency is from `log_event` to the subscriber's receive.", "",
+           "| ranks x stats | events/s asked | events/s received | collector CPU s per s | CPU per relayed event "
+           "(over idle) | latency median | p99 |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        idle = next((p["cpu_per_s"] for p in run["phases"] if p["rate"] == 0), None)
+        for p in run["phases"]:
+            per = ("-" if p["rate"] == 0 or idle is None or not p["events_per_s"]
+                   else f"{(p['cpu_per_s'] - idle) / p['events_per_s'] * 1e6:,.1f} us")
+            lm = f"{p['lat_median_ms']:.2f} ms" if p["lat_median_ms"] is not None else "-"
+            lx = f"{p['lat_p99_ms']:.2f} ms" if p["lat_p99_ms"] is not None else "-"
+            out.append(f"| {run['ranks']} x {run['stats']} | {p['rate']:,.0f} | {p['events_per_s']:,.0f} | "
+                       f"{p['cpu_per_s']:.4f} | {per} | {lm} | {lx} |")
+    out.append("")
+    for run in runs:
+        lost = run["logged"] - run["dropped"] - run["received"]
+        out.append(f"- {run['ranks']} ranks: {run['logged']:,} events logged, {run['received']:,} received by the "
+                   f"subscriber, {run['dropped']:,} dropped (counted), {lost:,} lost, {run['gaps']:,} in sequence "
+                   "gaps")
+    return out
 
 
 IMPORTS = ("shmstat", "elastic.metrics", "collector", "torch.monitor", "torch.distributed.elastic.metrics",
@@ -816,7 +1061,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
     out = ["# shmstat benchmarks", ""]
     out += machine_lines()
     out.append(f"- mode: {'--quick' if quick else 'full'}; per-call figures: median of {calls['repeat']} timeit "
-               f"rounds of up to {calls['number']:,} calls")
+               f"rounds of up to {calls['number']:,} calls, "
+               f"{'process CPU time (--cpu)' if TIMER[0] is time.process_time else 'wall time'}")
     out.append("")
     missing = {name: calls.get(key) for name, key in (("torch.monitor", "torch"), ("torchelastic", "torchelastic"),
                                                        ("prometheus_client", "prometheus"))}
@@ -848,9 +1094,14 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         ("shmstat log_event(Event(..., datetime.now(), data)), one no-op handler", "ours.log_event.fresh_handler"),
         ("shmstat log_event(Event(..., datetime.now(), data)) to a running collector",
          "ours.log_event.fresh_collector"),
+        ("shmstat log_event(Event(..., datetime.now(), data)) to a running collector (caller side only)",
+         "ours.log_event.fresh_collector_caller"),
         ("torch.monitor log_event(Event(..., datetime.now(), data)), one no-op handler",
          "torch.log_event.fresh_handler"),
         ("torch.monitor building an Event with datetime.now()", "torch.event_build"),
+        ("datetime.now() alone", "py.datetime_now"),
+        ("shmstat building an Event with a datetime made before", "ours.event_only"),
+        ("shmstat building an Event with datetime.now()", "ours.event_build"),
         ("shmstat put_metric, not attached (null)", "ours.put_metric.null"),
         ("shmstat put_metric routed to the collector (incl. publisher thread)", "ours.put_metric.collector"),
         ("shmstat put_metric routed to the collector (caller side only)", "ours.put_metric.collector_caller"),
@@ -1043,10 +1294,14 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (under a minute)")
     ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
-    kinds = ("calls", "throughput", "collector", "create", "scrape", "imports")
+    kinds = ("calls", "throughput", "collector", "node", "create", "scrape", "imports")
     ap.add_argument("--only", choices=kinds, action="append",
                     help="run only these parts (repeatable; the default is everything)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="per-call figures in this process's CPU time, not wall time (for a loaded machine)")
     args = ap.parse_args(argv)
+    if args.cpu:
+        TIMER[0] = time.process_time
     parts = set(args.only or kinds)
     quick = args.quick
     started = time.monotonic()
@@ -1071,6 +1326,13 @@ def main(argv: list[str]) -> int:
             cost.append(run_collector_cost(8, stats, seconds, warmup, consume, pct, columnar))
             print(f"  collector {8 * stats} slots done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
                   flush=True)
+    nodes: list[dict[str, Any]] = []
+    if "node" in parts:
+        seconds, warmup = (3.0, 1.0) if quick else (10.0, 2.0)
+        nodes.append(run_node(4, 8, [(0, seconds), (2000, seconds)], warmup))
+        print(f"  node 4 ranks done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        nodes.append(run_node(8, 8, [(0, seconds), (100_000, seconds)], warmup))
+        print(f"  node 8 ranks done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     created = None
     if "create" in parts:
         created = run_create(8, 2000 if quick else 8000)
@@ -1084,6 +1346,8 @@ def main(argv: list[str]) -> int:
         imported = run_imports(3 if quick else 7)
         print(f"  imports done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     lines = report(calls, tput, cost, 20, quick)
+    if nodes:
+        lines.extend(node_lines(nodes))
     if imported is not None:
         lines.extend(import_lines(imported))
     if created is not None:

@@ -26,6 +26,7 @@ C (``Backend`` field)                      Python twin                          
 ``naive_local_ns``, ``remember_offset``    ``shmstat.publish._eventdata._naive_local_ns``       test_event_timestamps.py
 ``log_event``, ``set_log_state``,          ``shmstat.publish.events.log_event``                 test_event_paths.py
 ``sync_log_state``
+``put_metric``, ``set_metric_state``       ``elastic.metrics.api._py_put_metric``       test_elastic_metrics.py
 ``collector._intake.check``                ``shmstat.wire.decode``                      test_intake.py
   (asked through ``collector._backend``)
 =========================================  ===========================================  =========================
@@ -57,7 +58,7 @@ FASTPATH_API = ("SlotWriter", "add_u64")
 """What ``shmstat._fastpath`` must provide (the attached writer)."""
 
 PUBFAST_API = ("Outbox", "EventBase", "set_event_checks", "check_data", "naive_local_ns", "remember_offset",
-               "log_event", "set_log_state", "sync_log_state")
+               "log_event", "set_log_state", "sync_log_state", "put_metric", "set_metric_state")
 """What ``shmstat._pubfast`` must provide (the publish path and events)."""
 
 BackendName = Literal["c", "python"]
@@ -79,6 +80,8 @@ class Backend:
     log_event: Callable[[Any], None] | None = None
     set_log_state: Callable[..., None] | None = None
     sync_log_state: Callable[..., None] | None = None
+    put_metric: Callable[..., None] | None = None
+    set_metric_state: Callable[..., None] | None = None
 
     @property
     def is_c(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -21,7 +22,7 @@ import zmq
 
 from elastic.metrics import MetricData, MetricHandler
 from shmstat import wire
-from shmstat.shm.layout import RankState
+from shmstat.shm.layout import MAX_GRACE_MS, RING_BUDGET_MS, RankState
 from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
 from shmstat.shm.segment import Segment, pid_alive
@@ -58,6 +59,29 @@ def stop_signals() -> list[signal.Signals]:
 
 _log = logging.getLogger("shmstat.collector")
 
+MAX_POLL_MS = 100
+"""The longest a serving loop waits with nothing due (what other threads submit waits at most this long)."""
+RELAY_TURN_S = 0.003
+"""While messages flow, a serving loop turns at most this often (:func:`gather_pause`): it adds at most this
+much to an event's way to subscribers."""
+STAT_LOOK_S = (RING_BUDGET_MS - MAX_GRACE_MS) / 2000
+"""Between rank looks, how often a serving loop reads the rank table for stats made since (25 ms): a new stat's
+windows must be read before its ring wraps, which the layout allows as soon as RING_BUDGET_MS - MAX_GRACE_MS
+after a window's end (shmstat/shm/layout.py)."""
+COMMIT_POLL_S = 0.02
+"""While a pass waits for its handlers (:class:`PendingCommits`), the loop looks this often whether it was taken."""
+
+
+def gather_pause(turn_started: float) -> int:
+    """After a loop turn (begun at ``turn_started``, :func:`time.monotonic`) that relayed messages: sleep until
+    :data:`RELAY_TURN_S` after its start, so that what arrives meanwhile is taken in one turn, and return the
+    poll timeout for that turn (0). Messages flowing steadily cost one turn per :data:`RELAY_TURN_S`, not one
+    per message; a message after a quiet spell is taken at once."""
+    rest = turn_started + RELAY_TURN_S - time.monotonic()
+    if rest > 0:
+        time.sleep(rest)
+    return 0
+
 
 class Collector:
     """One job's collector on this node. Construct, then :meth:`run` (or :meth:`step` in tests), then
@@ -85,8 +109,12 @@ class Collector:
         self.last_ranks: list[RankInfo] = []
         """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
         self.rank_look_s = 0.0
-        """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving: 5 ms)."""
+        """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving:
+        :data:`~collector.daemon.config.SERVING_RANK_LOOK_S`)."""
         self._next_rank_look = 0.0  # monotonic time of the next look at the rank table
+        self._next_stat_look = 0.0
+        self.relayed_last_step = 0
+        """Messages the last :meth:`step` relayed (then a serving loop lets more gather: :func:`gather_pause`)."""
         self.exporter = exporter
         self._owns_exporter = False
         self.events = KeptEvents(config.job, events, owns=events is None)
@@ -210,7 +238,8 @@ class Collector:
         try:
             self.step(0)
             while not self.stop_requested.is_set():
-                self.step(self._poll_timeout_ms())
+                turn = time.monotonic()
+                self.step(self._poll_timeout_ms() if not self.relayed_last_step else gather_pause(turn))
         finally:
             self.shutdown()
 
@@ -231,14 +260,31 @@ class Collector:
             self.relay.subscribe_ranks()
 
     def _poll_timeout_ms(self) -> int:
+        """How long the loop may wait for messages before something else is due (:meth:`next_due`), in ms."""
         assert self.relay is not None
         if not self.relay.ranks_subscribed:  # watch for the first subscriber
             return 10
-        due = self.scanner.next_due_ns()
-        if due is None:
-            return 20
-        wait_ms = (due - self.clock()) / 1e6
-        return int(min(50.0, max(0.0, wait_ms)))
+        wait_s = self.next_due() - time.monotonic()
+        return max(0, min(MAX_POLL_MS, math.ceil(wait_s * 1000)))
+
+    def next_due(self) -> float:
+        """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the
+        earliest of the next window's end (plus grace), the next rank look, look for new stats
+        (:data:`STAT_LOOK_S`), usage figures, status line and heartbeat, soon while passes wait for their commit,
+        and at most :data:`MAX_POLL_MS` from now (what other threads submit is taken then). Messages wake the loop
+        sooner."""
+        assert self.relay is not None
+        mono = time.monotonic()
+        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_stat_look, self._next_usage,
+                  self.relay.next_beat)
+        if self.config.status_interval_s > 0:
+            due = min(due, self._next_status)
+        window = self.scanner.next_due_ns()
+        if window is not None:
+            due = min(due, mono + (window - self.clock()) / 1e9)
+        if len(self.commits):
+            due = min(due, mono + COMMIT_POLL_S)
+        return due
 
     def step(self, poll_timeout_ms: int = 0) -> None:
         """One round: wait up to ``poll_timeout_ms`` for messages, relay them, then scan and watch ranks."""
@@ -247,22 +293,29 @@ class Collector:
             self._release_hold()
         if poll_timeout_ms > 0:
             self.poller.poll(poll_timeout_ms)
+        relayed = 0
         for msg in self.relay.receive():
+            relayed += 1
             if msg.kind == "metric":
                 self._dispatch_put_metrics(msg)
             elif msg.kind == "event":
                 self.events.message(msg)
+        self.relayed_last_step = relayed
         self._drain_submitted()
         now = self.clock()
         mono = time.monotonic()
         looked = mono >= self._next_rank_look
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
             self._next_rank_look = mono + self.rank_look_s
+            self._next_stat_look = mono + STAT_LOOK_S
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
             if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
                 self.gpu.step(self.last_ranks)
+        elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
+            self._next_stat_look = mono + STAT_LOOK_S
+            self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)

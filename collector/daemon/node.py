@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import signal
 import sys
@@ -46,7 +47,7 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
-from .collector import Collector, CollectorConfig, build_dispatcher, stop_signals
+from .collector import MAX_POLL_MS, Collector, CollectorConfig, build_dispatcher, gather_pause, stop_signals
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
 from .gpu import GpuSampler, start_sampler
 from .node_lock import NodeLock
@@ -133,6 +134,8 @@ class NodeCollector:
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
         self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
         self._next_discovery = 0.0
+        self._polled: tuple[zmq.Socket, ...] = ()  # the sockets self._polling polls
+        self._polling = zmq.Poller()
         self.stop_requested = threading.Event()
 
     def run(self) -> int:
@@ -147,7 +150,9 @@ class NodeCollector:
         try:
             self.write_ready_file()
             while not self.stop_requested.is_set():
-                self.step(20)
+                turn = time.monotonic()
+                relayed = any(c.relayed_last_step for c in self.collectors.values())
+                self.step(gather_pause(turn) if relayed else self._poll_timeout_ms())
         finally:
             self.close()
             if self.ready_file is not None:
@@ -177,17 +182,14 @@ class NodeCollector:
                                sys.stderr)
         self.status.tick(self)
         if self.outlet is not None:
-            self.outlet.update()  # subscriptions (and floods of them) are taken even with no job served
+            if not self.collectors:  # else every job's relay takes them (Relay.receive)
+                self.outlet.update()  # subscriptions (and floods of them) are taken even with no job served
             if now >= self._next_key_check:  # with CURVE: cut off whoever connected with a key removed since
                 self._next_key_check = now + self.config.heartbeat_interval_s
                 self.outlet.cut_off_revoked()
         if poll_timeout_ms > 0:
-            poller = zmq.Poller()
-            for c in self.collectors.values():
-                if c.relay is not None:
-                    poller.register(c.relay.xsub, zmq.POLLIN)
             if self.collectors:
-                poller.poll(poll_timeout_ms)
+                self._poller().poll(poll_timeout_ms)
             else:
                 time.sleep(poll_timeout_ms / 1000)
         for job, c in list(self.collectors.items()):
@@ -204,6 +206,33 @@ class NodeCollector:
                 self.let_go.append(job)
                 print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
                       flush=True)
+
+    def _poller(self) -> zmq.Poller:
+        """A poller of every served job's ingest socket (made anew only when the jobs served change)."""
+        socks = tuple(c.relay.xsub for c in self.collectors.values() if c.relay is not None)
+        if socks != self._polled:
+            self._polled = socks
+            self._polling = zmq.Poller()
+            for sock in socks:
+                self._polling.register(sock, zmq.POLLIN)
+        return self._polling
+
+    def next_due(self) -> float:
+        """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the next
+        discovery, status line or key check, or what a served job has due (:meth:`Collector.next_due`)."""
+        due = self._next_discovery
+        if self.status.interval_s > 0:
+            due = min(due, self.status.next)
+        if self.curve is not None:
+            due = min(due, self._next_key_check)
+        for c in self.collectors.values():
+            if c.relay is not None:
+                due = min(due, c.next_due() if c.relay.ranks_subscribed else time.monotonic() + 0.01)
+        return due
+
+    def _poll_timeout_ms(self) -> int:
+        """How long :meth:`run` may wait for messages before something is due (:meth:`next_due`), in ms."""
+        return max(0, min(MAX_POLL_MS, math.ceil((self.next_due() - time.monotonic()) * 1000)))
 
     def discover(self) -> None:
         """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the

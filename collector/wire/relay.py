@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import zmq
 
@@ -53,6 +54,7 @@ _MAX_BATCH = 2048
 _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and the memory its messages hold
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
 
 
@@ -164,9 +166,11 @@ class Relay:
         decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
         yielded message decodes its ``items`` when the caller reads them."""
         c = self.counters
-        self._drain_subscriptions()
+        self._drain_subscriptions()  # once a turn: what subscribes meanwhile is taken by the next one
         recv = self.xsub.recv_multipart
         items = 0
+        if not cast(int, self.xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
+            limit = 0
         for _ in range(limit):
             if items >= max_items:
                 break
@@ -199,7 +203,6 @@ class Relay:
             self._track_seq(msg)
             self._send(frames, msg.kind)
             yield msg
-        self._drain_subscriptions()
 
     def _held(self, frames: list[bytes]) -> None:
         try:
@@ -271,6 +274,11 @@ class Relay:
         if self.wants(wire.HEARTBEAT_TOPIC):
             for frames in self.book.heartbeat():
                 self._send(frames, wire.HEARTBEAT_KIND)
+
+    @property
+    def next_beat(self) -> float:
+        """When :meth:`heartbeat_if_due` next has something to do (:func:`time.monotonic`)."""
+        return self._next_beat
 
     def final_heartbeat(self, job_ended: bool, wait_s: float = 1.0) -> None:
         """The last heartbeat, as the collector closes (``job_ended``: no rank alive, every window emitted); it

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import time
+from typing import cast
 
 import zmq
 
@@ -34,10 +35,15 @@ def configure_xpub(sock: zmq.Socket, sndhwm: int) -> None:
     sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is reported (zmq.Again): see Relay._send
 
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
+
+
 def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes]) -> bool:
     """Apply the (un)subscribe frames queued on ``xpub`` to ``prefixes``; True as soon as it holds more than
     :data:`MAX_PREFIXES` topics (the rest of the frames are left: the caller binds the socket anew)."""
     for _ in range(_MAX_SUBSCRIPTION_FRAMES):
+        if not cast(int, xpub.get(_EVENTS)) & _POLLIN:  # nothing queued (asking is far cheaper than a zmq.Again)
+            return False
         try:
             frame = xpub.recv(zmq.NOBLOCK)
         except zmq.Again:

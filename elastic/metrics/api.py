@@ -32,8 +32,10 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from shmstat._backend import backend
 from shmstat.job._state import STATE
 from shmstat.names import KNOWN, check_metric
+from shmstat.publish.events import log_event as _log_event
 
 from ._data import MetricData, StatMetricData
 from ._handlers import ConsoleMetricHandler, MetricHandler, NullMetricHandler
@@ -202,6 +204,15 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
                 pub.start()
             return
     handler.emit(MetricData(_time(), metric_group, metric_name, metric_value))
+
+
+_py_put_metric = put_metric
+_C = backend()
+if _C.put_metric is not None and _C.set_metric_state is not None and _log_event is _C.log_event:
+    # the same function, its common case in C (it reads the C log_event's copy of STATE; the rest comes back here)
+    _C.set_metric_state(_py_put_metric, _KNOWN_NAMES, _KNOWN_GROUPS, _handlers, REGISTRY, globals(), _GET_STREAM,
+                        "torchelastic")
+    put_metric = _C.put_metric  # tests/elastic/test_elastic_metrics.py runs both
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:

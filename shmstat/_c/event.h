@@ -98,9 +98,20 @@ remember_offset(PyObject *Py_UNUSED(module), PyObject *args)
  * Python checks registered with set_event_checks, which convert or raise exactly as the pure-Python Event does. */
 static PyObject *check_name_py, *check_timestamp_py, *check_data_py;
 
+/* An event logged again unchanged (the same name, timestamp and data objects, the data dict not mutated since) is
+ * queued from the bytes it was encoded to the last time. Whether a dict was mutated is its version tag (PEP 509),
+ * which Python 3.12 deprecates: there every event is encoded anew. */
+#if PY_VERSION_HEX < 0x030C0000
+#define EVENT_ENCODED_CACHE 1
+#endif
+
 typedef struct {
     PyObject_HEAD
     PyObject *name, *ts, *ts_ns, *data, *nbytes;
+    PyObject *enc_name, *enc_ts_ns, *enc_data;  /* what ``enc`` was encoded from (held: never another object at
+                                                   the same address) */
+    uint64_t enc_version;                       /* enc_data's version tag then */
+    Buf enc;                                    /* the encoded item, as outbox_event left it in the scratch buffer */
 } EventBaseObject;
 
 static PyObject *check_data(PyObject *module, PyObject *data);
@@ -189,6 +200,10 @@ EventBase_dealloc(EventBaseObject *self)
     Py_XDECREF(self->ts_ns);
     Py_XDECREF(self->data);
     Py_XDECREF(self->nbytes);
+    Py_XDECREF(self->enc_name);
+    Py_XDECREF(self->enc_ts_ns);
+    Py_XDECREF(self->enc_data);
+    PyMem_Free(self->enc.p);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -241,7 +256,46 @@ outbox_log(Outbox *self, PyObject *event, long long limit)
         if (made) Py_DECREF(ts_ns);
         return -2;
     }
-    long long size = outbox_event(self, e->name, ts_ns, e->data, nbytes, limit);
+    long long size = -1;
+#ifdef EVENT_ENCODED_CACHE
+    PyObject *data = e->data;
+    int same = e->enc.len > 0 && nbytes > 0 && !self->closed && e->enc_name == e->name && e->enc_ts_ns == ts_ns
+               && e->enc_data == data && PyDict_CheckExact(data)
+               && ((PyDictObject *)data)->ma_version_tag == e->enc_version;
+    if (same) {  /* logged again unchanged: the bytes of last time (outbox_event would write the same) */
+        Buf *b = &self->scratch;
+        b->len = 0;
+        if (buf_reserve(b, e->enc.len) < 0) return -2;
+        memcpy(b->p, e->enc.p, (size_t)e->enc.len);
+        b->len = e->enc.len;
+        size = nbytes;
+        if (limit <= 0 || size <= limit) {
+            if (add_item(self, K_EVENT, e->name, NULL, size) < 0) size = -2;
+        }
+    }
+    else
+#endif
+    size = outbox_event(self, e->name, ts_ns, e->data, nbytes, limit);
+#ifdef EVENT_ENCODED_CACHE
+    /* kept from the second time an event is logged on (nbytes: it was queued before): a fresh event logged once,
+     * the common case, pays nothing for it */
+    if (!same && nbytes > 0 && size > 0 && (limit <= 0 || size <= limit) && PyDict_CheckExact(data)
+        && self->scratch.len > 0) {
+        Buf *c = &e->enc;
+        c->len = 0;
+        if (buf_reserve(c, self->scratch.len) == 0) {
+            memcpy(c->p, self->scratch.p, (size_t)self->scratch.len);
+            c->len = self->scratch.len;
+            Py_XSETREF(e->enc_name, Py_NewRef(e->name));
+            Py_XSETREF(e->enc_ts_ns, Py_NewRef(ts_ns));
+            Py_XSETREF(e->enc_data, Py_NewRef(data));
+            e->enc_version = ((PyDictObject *)data)->ma_version_tag;
+        }
+        else {
+            PyErr_Clear();  /* no room for the copy: the next log encodes again */
+        }
+    }
+#endif
     if (made) {
         if (size != -2) Py_SETREF(e->ts_ns, ts_ns);
         else Py_DECREF(ts_ns);

@@ -202,9 +202,16 @@ class Segment:
     def ranks(self) -> list[RankInfo]:
         """Every rank entry that was ever used (state other than free)."""
         out = []
-        for i in range(self.geometry.max_ranks):
+        geometry, free = self.geometry, L.RankState.FREE
+        # every entry's state word at once: a free entry is not decoded (a collector reads the table many times a
+        # second, and most entries of a segment are free)
+        first = (geometry.rank_offset(0) + L.R_STATE) // 8
+        states = self.i64[first:first + geometry.max_ranks * (L.RANK_ENTRY_SIZE // 8):L.RANK_ENTRY_SIZE // 8]
+        for i, state in enumerate(states.tolist()):
+            if state == free:
+                continue
             info = self.rank(i)
-            if info.state != L.RankState.FREE:
+            if info.state != free:
                 out.append(info)
         return out
 

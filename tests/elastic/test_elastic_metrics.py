@@ -558,3 +558,82 @@ def test_same_output_and_names_as_torchelastic(
     metrics.ConsoleMetricHandler().emit(metrics.MetricData(*md))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == lines[1] == "[1574213883.4182858][my_app]: my_metric=3"
+
+
+_PUT_CASES = r"""
+import json, sys
+from elastic.metrics import api, NullMetricHandler, configure, MetricHandler
+from shmstat import wire
+from shmstat.job import _state
+from shmstat.publish.publisher import Publisher
+
+out = []
+api.put_metric("m", 1, "g")  # not attached (no job in the environment): dropped
+_state.STATE.publisher = pub = Publisher("ipc:///nonexistent/shmstat-put.ipc", rank=0)  # never collected: kept here
+
+class Big(int): pass
+class Num:
+    def __index__(self): return 7
+seen = []
+class Keep(MetricHandler):
+    def emit(self, m): seen.append([m.group_name, m.name, m.value])
+calls = [(("m", 1, "g"), {}), (("m", 2.5, "g"), {}), (("m", True, "g"), {}), (("m", 1 << 70, "g"), {}),
+         (("m", Big(3), "g"), {}), (("m", Num(), "g"), {}), (("m", "text", "g"), {}), (("n", 1), {}),
+         (("m", 4), {"metric_group": "g"}), ((), {"metric_name": "m", "metric_value": 5}),
+         (("bad\nname", 1, "g"), {}), (("m", 1, "bad/group"), {}), ((3, 1, "g"), {}), (("m",), {}),
+         (("m", 1, "g", 4), {})]
+for args, kwargs in calls:
+    try:
+        api.put_metric(*args, **kwargs)
+        out.append("ok")
+    except Exception as exc:
+        out.append([type(exc).__name__, str(exc)])
+configure(Keep(), "kept")
+api.put_metric("m", 6, "kept")
+configure(Keep())
+api.put_metric("m", 7, "g")
+configure(api._BUILTIN_DEFAULT)
+original = api.getStream
+api.getStream = lambda group: original("kept")
+api.put_metric("m", 8, "g")
+api.getStream = original
+api.put_metric("m", 9, "g")
+items = []
+while (frames := pub.outbox.head(wire.MAX_TOPIC)) is not None:
+    items += [[it[0], it[1], it[2]] for it in wire.decode(*frames).items]
+    pub.outbox.pop()
+print(json.dumps({"out": out, "seen": seen, "items": items, "builtin": type(api.put_metric).__name__}))
+"""
+
+
+def test_the_c_and_python_put_metric_agree():
+    """put_metric's common case runs in C on the C backend (everything else goes on to the Python function): the
+    same calls publish the same items, reach the same handlers and raise the same errors on both backends."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from _procs import REPO
+
+    from shmstat import _backend
+
+    if not _backend.c_available():
+        pytest.skip("the C extensions are not built")
+    got = {}
+    for pure in ("0", "1"):
+        env = {k: v for k, v in os.environ.items() if k not in JOB_VARS}
+        r = subprocess.run([sys.executable, "-c", _PUT_CASES], cwd=REPO, capture_output=True, text=True, timeout=60,
+                           env=dict(env, PYTHONPATH=REPO, **{_backend.VARIABLE: pure}))
+        assert r.returncode == 0, r.stderr
+        got[pure] = json.loads(r.stdout)
+    c, py = got["0"], got["1"]
+    assert (c["builtin"], py["builtin"]) == ("builtin_function_or_method", "function")
+    assert c["out"] == py["out"] and c["seen"] == py["seen"] and c["items"] == py["items"]
+    assert c["out"][:10] == ["ok"] * 10 and c["out"][10][0] == c["out"][11][0] == "ConfigError"
+    assert c["out"][12:] == ["ok", ["TypeError", c["out"][13][1]], ["TypeError", c["out"][14][1]]]
+    assert c["seen"] == [["kept", "m", 6], ["g", "m", 7], ["kept", "m", 8]]
+    # items of one topic travel together (batched per topic), in order
+    assert c["items"] == [["g", "m", 1], ["g", "m", 2.5], ["g", "m", True], ["g", "m", float(1 << 70)],
+                          ["g", "m", 3], ["g", "m", 7], ["g", "m", 4], ["g", "m", 9], ["torchelastic", "n", 1],
+                          ["torchelastic", "m", 5], ["g", "3", 1]]

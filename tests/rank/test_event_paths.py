@@ -165,3 +165,58 @@ def test_the_c_and_python_log_event_agree_on_handlers_errors_and_reentry():
     assert c[0] == [["ok", "outer"], ["ok", "inner"], ["re", "inner"], ["re", "outer"]]
     assert "stop propagated" in c and "log_event expects an Event, not int" in c
     assert c[-1] == [[["to first", {"a": 1}]], [["swap", {}], ["to second", {}]]]
+
+
+_RELOG = r"""
+import datetime, json
+import shmstat
+from shmstat import wire
+from shmstat.job import _state
+from shmstat.publish.publisher import Publisher
+
+pub = Publisher("ipc:///nonexistent/shmstat-relog.ipc", rank=0)
+_state.STATE.publisher = pub  # attached to a collector that never answers: what log_event queued stays here
+t0 = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.timezone.utc)
+ev = shmstat.Event("relog", t0, {"step": 0, "phase": "a"})
+shmstat.log_event(ev)
+shmstat.log_event(ev)  # unchanged
+for i in range(1, 3):
+    ev.data["step"] = i  # the event's own dict, changed in place
+    shmstat.log_event(ev)
+ev.data.update(phase="b", extra=1.5)
+shmstat.log_event(ev)
+del ev.data["extra"]
+shmstat.log_event(ev)
+ev.data = {"new": True}
+shmstat.log_event(ev)
+ev.name = "renamed"
+shmstat.log_event(ev)
+ev.timestamp = t0 + datetime.timedelta(seconds=1)
+shmstat.log_event(ev)
+shmstat.log_event(ev)
+items = []
+ob = pub.outbox
+while (frames := ob.head(wire.MAX_TOPIC)) is not None:
+    items += wire.decode(*frames).items
+    ob.pop()
+print(json.dumps(items))
+"""
+
+
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
+def test_an_event_logged_again_after_a_change_in_place_carries_the_change():
+    """The C path queues an event logged again unchanged from the bytes it encoded the first time: a change to its
+    data dict in place, or a new name, timestamp or dict, is what the next log carries, on both paths alike."""
+    outcomes = []
+    for pure in ("0", "1"):
+        r = subprocess.run([sys.executable, "-c", _RELOG], cwd=REPO, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, PYTHONPATH=REPO, **{_backend.VARIABLE: pure}))
+        assert r.returncode == 0, r.stderr
+        outcomes.append(json.loads(r.stdout))
+    ns = 1767323045678901000
+    assert outcomes[0] == outcomes[1] == [
+        ["relog", ns, {"step": 0, "phase": "a"}], ["relog", ns, {"step": 0, "phase": "a"}],
+        ["relog", ns, {"step": 1, "phase": "a"}], ["relog", ns, {"step": 2, "phase": "a"}],
+        ["relog", ns, {"step": 2, "phase": "b", "extra": 1.5}], ["relog", ns, {"step": 2, "phase": "b"}],
+        ["relog", ns, {"new": True}], ["renamed", ns, {"new": True}],
+        ["renamed", ns + 10**9, {"new": True}], ["renamed", ns + 10**9, {"new": True}]]
