@@ -34,6 +34,7 @@ from ..read.scanner import Scanner
 from ..wire.intake import Received
 from ..wire.outlet import Outlet
 from .commits import PendingCommits
+from .delivered_marks import DeliveredMarks
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .kept_events import KeptEvents
@@ -102,6 +103,7 @@ class Collector:
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
             if self.events.delivery is not None:
                 self.relay.on_gap = self.events.gap
+            self.marks = DeliveredMarks(self.segment, self.relay, self.events)
             if self.exporter is None and config.prometheus:
                 self.exporter = start_exporter(config, self.out)
                 self._owns_exporter = True
@@ -242,6 +244,7 @@ class Collector:
         if self.config.status_interval_s > 0 and mono >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
             self.print_status(self.last_ranks)
+        self.marks.step_if_due(mono)
         self.relay.heartbeat_if_due(mono)
         if looked:  # the collector's mark in the segment header, for ranks and other collectors
             self.segment.set_collector(os.getpid(), now)
@@ -263,6 +266,7 @@ class Collector:
             live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
             self.events.close()  # what the sinks held is taken (or counted) before the final counters
+            self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:

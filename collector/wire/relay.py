@@ -37,6 +37,7 @@ import zmq
 
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
+from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
 from .beats import SenderBook
 from .curve import CurveServer, HandshakeCounts
@@ -67,6 +68,9 @@ class RelayCounters:
     published: int = 0
     gaps: int = 0
     """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
+    resent: int = 0
+    """Items a rank sent again (it re-sends what no collector acknowledged) that were delivered already, or that
+    arrived before its re-sync marker (they come again behind it): dropped, not lost."""
     subscription_resets: int = 0
     """Times the publish socket was bound anew because subscribers asked for too many topics."""
     overflows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
@@ -127,9 +131,32 @@ class Relay:
         self.held: set[tuple[int, int, int]] = set()
         """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
         their publisher closed): everything they sent before it has arrived."""
+        self._awaiting_sync: set[tuple[int, int, int]] = set()
+        self.touched: set[tuple[int, int, int]] = set()
+        """Senders whose expected sequence number moved since the owner last cleared this set."""
         self.on_gap: Callable[[int, int, int, int, int], None] | None = None
         """Called with ``(rank, pid, incarnation, first missing seq, count)`` for every gap found (also counted in
         ``counters.gaps``), on the loop that called :meth:`receive`; the collector keeps gaps for its events sinks."""
+
+    def restore(self, delivered: dict[tuple[int, int, int], int]) -> None:
+        """Take the delivered watermarks a previous collector left (``(rank, pid, incarnation)`` -> the first seq
+        not delivered): such a sender's messages are dropped until its re-sync marker arrives (they come again
+        behind it), then a re-sent item below its watermark is dropped and a hole above it is a gap."""
+        for key, seq in delivered.items():
+            self._next_seq[key] = seq
+            self._awaiting_sync.add(key)
+
+    def expected(self, key: tuple[int, int, int]) -> int | None:
+        """The sequence number expected next from sender ``key`` (every item below it was received, or counted
+        as a gap); None for a sender not followed."""
+        return self._next_seq.get(key)
+
+    def acknowledge(self, marks: list[tuple[int, int, int, int]]) -> None:
+        """Tell the ranks what was delivered: ``(pid, rank, incarnation, delivered)`` per sender
+        (:mod:`shmstat.wire.delivered`); a rank forgets the messages it kept below its watermark."""
+        for frame in encode_delivered(marks):
+            with contextlib.suppress(zmq.ZMQError):
+                self.xsub.send(frame, zmq.NOBLOCK)
 
     @property
     def publish_endpoint(self) -> str:
@@ -189,6 +216,8 @@ class Relay:
             if msg.kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
                 c.rejected += 1
                 continue
+            if not self._admit(msg):
+                continue
             c.messages += 1
             n = msg.n_items
             if msg.kind == "event":
@@ -201,6 +230,33 @@ class Relay:
             yield msg
         self._drain_subscriptions()
 
+    def _admit(self, msg: Received) -> bool:
+        """Whether a valid message is new: not sent again by a rank that re-syncs (see :meth:`restore`)."""
+        key = (msg.rank, msg.pid, msg.incarnation)
+        if key in self._awaiting_sync:
+            self.counters.resent += msg.n_items
+            return False
+        expected = self._next_seq.get(key)
+        if expected is not None and msg.seq + msg.n_items <= expected and msg.seq < expected:
+            self.counters.resent += msg.n_items
+            return False
+        return True
+
+    def _sync(self, key: tuple[int, int, int], first: int) -> None:
+        """A rank's re-sync marker: what it sends from now on starts at ``first`` (re-sent, then new)."""
+        self._awaiting_sync.discard(key)
+        expected = self._next_seq.get(key)
+        if expected is None:
+            if len(self._next_seq) >= _MAX_TRACKED:
+                self._next_seq.clear()
+            self._next_seq[key] = first
+            self.touched.add(key)
+        elif first > expected:  # the rank no longer holds what the last collector had not delivered: a gap
+            self._gap(key, expected, first - expected)
+            self._next_seq[key] = first
+            self.book.held(key, first, first - expected)
+            self.touched.add(key)
+
     def _held(self, frames: list[bytes]) -> None:
         try:
             msg = wire.decode(frames[0], frames[1])
@@ -208,12 +264,16 @@ class Relay:
             self.counters.rejected += 1
             return
         key = (msg.rank, msg.pid, msg.incarnation)
+        if len(msg.items) == 1 and isinstance(msg.items[0], dict) and msg.items[0].get("state") == SYNC_STATE:
+            self._sync(key, msg.seq)
+            return
         self.held.add(key)
         expected = self._next_seq.get(key)
         if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
             self._gap(key, expected, msg.seq - expected)
             self._next_seq[key] = msg.seq
             self.book.held(key, msg.seq, msg.seq - expected)
+            self.touched.add(key)
         with contextlib.suppress(zmq.ZMQError):
             self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
 
@@ -227,6 +287,7 @@ class Relay:
         if expected is None and len(self._next_seq) >= _MAX_TRACKED:
             self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
         self._next_seq[key] = msg.seq + msg.n_items
+        self.touched.add(key)
         self.book.relayed(key, msg.kind, msg.n_items, msg.seq + msg.n_items, dropped)
 
     def _gap(self, key: tuple[int, int, int], first: int, count: int) -> None:

@@ -185,7 +185,8 @@ class Publisher:
                 self._ctx.term()
             raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
         self._sender = _Sender(sock, self._outbox, job=job, rank=rank, pid=pid, incarnation=incarnation,
-                               idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s)
+                               idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s,
+                               kept_bytes=self._backlog_bytes, endpoint=endpoint)
         _pubprocess.register(self)
 
     # ------------------------------------------------------------------------------------- caller side

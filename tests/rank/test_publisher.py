@@ -21,6 +21,7 @@ from shmstat import wire
 from shmstat.errors import ConfigError
 from shmstat.job import _state
 from shmstat.publish.publisher import Publisher, PublisherStats, after_fork_in_child
+from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -48,6 +49,8 @@ class Collector:
         self.sock.send(b"\x01")
         self.messages: list[wire.WireMessage] = []
         self.held: list[wire.WireMessage] = []  # hand-over markers (answers to an unsubscribe)
+        self.syncs: list[wire.WireMessage] = []  # re-sync markers (a publisher's answer to a subscription)
+        self.acks = True
 
     def pump(self, timeout_ms: int = 10) -> None:
         """Receive whatever is there (waiting up to ``timeout_ms`` for the first message)."""
@@ -58,11 +61,16 @@ class Collector:
                 except zmq.Again:
                     return
                 msg = wire.decode(topic, payload)
-                if topic == wire.HELD_TOPIC:  # answered as the real collector does
+                if topic == wire.HELD_TOPIC and msg.items == [{"state": SYNC_STATE}]:
+                    self.syncs.append(msg)  # a re-sync marker: re-sent messages follow
+                elif topic == wire.HELD_TOPIC:  # answered as the real collector does
                     self.held.append(msg)
                     self.sock.send(wire.ACK_PREFIX + str(msg.pid).encode())
                 else:
                     self.messages.append(msg)
+                    if self.acks:  # delivered at once: the publisher forgets it
+                        self.sock.send(encode_delivered([(msg.pid, msg.rank, msg.incarnation,
+                                                          msg.seq + len(msg.items))])[0])
 
     def receive_until(self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
         """Keep receiving until ``predicate()`` holds; fail at the deadline."""
