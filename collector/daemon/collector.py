@@ -330,6 +330,8 @@ class Collector:
             self.relay.close()
             self.relay = None
         if self.segment is not None:
+            if getattr(self, "marks", None) is not None:
+                self.marks.close()  # no sink's thread writes a mark into the segment from now on
             self.segment.close()
             self.segment = None
         if self._lock_fd is not None:

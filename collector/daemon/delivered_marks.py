@@ -14,6 +14,7 @@ followed as before: its loss across a collector crash is then counted from its f
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from shmstat.shm.segment import pid_alive
@@ -33,26 +34,40 @@ Key = tuple[int, int, int]
 
 
 class DeliveredMarks:
-    """The delivered marks of one job's senders (see the module docstring); the collector's loop calls it."""
+    """The delivered marks of one job's senders (see the module docstring). The collector's loop calls
+    :meth:`step`; a sink's thread calls :meth:`taken` after each batch, so a mark moves as soon as the sinks took
+    what it covers (a collector killed between the two re-delivers at most what that batch held)."""
 
     def __init__(self, segment: Segment, relay: Relay, events: KeptEvents) -> None:
-        self.segment = segment
+        self.segment: Segment | None = segment
         self.relay = relay
         self.events = events
+        self._lock = threading.Lock()  # the loop and the sinks' threads write marks
         self._index: dict[Key, int] = {}
         self._written: dict[Key, int] = {}
+        self._acked: dict[Key, int] = {}
         used: set[int] = set()
         restored: dict[Key, int] = {}
+        self._next = 0.0
         for index, pid, rank, incarnation, delivered in segment.delivered_marks():
             used.add(index)
             key = (rank, pid, incarnation)
             self._index[key] = index
-            self._written[key] = delivered
+            self._written[key] = self._acked[key] = delivered
             if pid_alive(pid):  # a sender that died re-sends nothing
                 restored[key] = delivered
         self._free = [i for i in range(segment.geometry.max_marks - 1, -1, -1) if i not in used]
         self._next = 0.0
         relay.restore(restored)
+        if events.delivery is not None:
+            events.delivery.listen(self.taken)
+
+    def close(self) -> None:
+        """Stop listening to the sinks and writing marks (the segment is about to be closed); idempotent."""
+        if self.events.delivery is not None:
+            self.events.delivery.unlisten(self.taken)
+        with self._lock:
+            self.segment = None
 
     def step_if_due(self, now: float) -> None:
         """:meth:`step` once per :data:`ACK_INTERVAL_S` (``now``: :func:`time.monotonic`)."""
@@ -60,43 +75,71 @@ class DeliveredMarks:
             self._next = now + ACK_INTERVAL_S
             self.step()
 
+    def taken(self) -> None:
+        """(A sink's thread.) Move the marks of the senders whose queued events every sink has now taken."""
+        delivery = self.events.delivery
+        if delivery is None:
+            return
+        with self._lock:
+            if self.segment is None:
+                return
+            done = delivery.completed()
+            for key, queue in list(self.events.pending.items()):
+                end = None
+                while queue and queue[0][0] <= done:
+                    end = queue.popleft()[2]
+                if queue:
+                    self._move(key, queue[0][1])
+                elif end is not None:
+                    self._move(key, end)
+
     def step(self) -> None:
-        """Move the watermarks to what the sinks took, write them into the segment, then acknowledge them."""
+        """Move the watermarks to what the sinks took and the relay received, write them into the segment, then
+        acknowledge them (the loop: it owns the socket)."""
         relay, pending = self.relay, self.events.pending
         delivery = self.events.delivery
-        done = delivery.completed() if delivery is not None else None
-        keys = relay.touched
-        relay.touched = set()
-        keys.update(pending)
         acks: list[tuple[int, int, int, int]] = []
-        for key in keys:
-            queue = pending.get(key)
-            while queue and (done is None or queue[0][0] <= done):
-                queue.popleft()
-            if queue:
-                delivered: int | None = queue[0][1]
-            else:
-                pending.pop(key, None)
-                delivered = relay.expected(key)
-            if delivered is None or self._written.get(key) == delivered:
-                continue
-            self._write(key, delivered)
-            acks.append((key[1], key[0], key[2], delivered))
+        with self._lock:
+            done = delivery.completed() if delivery is not None else None
+            keys = relay.touched
+            relay.touched = set()
+            keys.update(pending)
+            keys.update(k for k, w in self._written.items() if self._acked.get(k) != w)
+            for key in keys:
+                queue = pending.get(key)
+                while queue and (done is None or queue[0][0] <= done):
+                    queue.popleft()
+                if queue:
+                    self._move(key, queue[0][1])
+                else:
+                    pending.pop(key, None)
+                    expected = relay.expected(key)
+                    if expected is not None:
+                        self._move(key, expected)
+                delivered = self._written.get(key)
+                if delivered is not None and self._acked.get(key) != delivered:
+                    self._acked[key] = delivered
+                    acks.append((key[1], key[0], key[2], delivered))
         if acks:
             relay.acknowledge(acks)
 
-    def _write(self, key: Key, delivered: int) -> None:
+    def _move(self, key: Key, delivered: int) -> None:
+        """Write ``delivered`` as ``key``'s mark if it is further (the lock is held)."""
+        if delivered <= self._written.get(key, -1):
+            return
+        self._written[key] = delivered
+        segment = self.segment
+        if segment is None:
+            return
         index = self._index.get(key)
         if index is None:
             index = self._take_index()
             if index is None:  # acknowledged all the same (see the module docstring)
-                self._written[key] = delivered
                 return
             self._index[key] = index
-            self.segment.set_delivered_mark(index, key[1], key[0], key[2], delivered)
+            segment.set_delivered_mark(index, key[1], key[0], key[2], delivered)
         else:
-            self.segment.move_delivered_mark(index, delivered)
-        self._written[key] = delivered
+            segment.move_delivered_mark(index, delivered)
 
     def _take_index(self) -> int | None:
         """A free mark, or the mark of a sender whose process is gone; None if every mark is a live sender's."""
@@ -106,5 +149,6 @@ class DeliveredMarks:
             if not pid_alive(key[1]):
                 del self._index[key]
                 self._written.pop(key, None)
+                self._acked.pop(key, None)
                 return index
         return None

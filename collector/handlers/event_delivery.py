@@ -58,8 +58,9 @@ class _Entry(NamedTuple):
 class _Sink:
     """One sink's queue and thread."""
 
-    def __init__(self, handler: Any, limit_bytes: int) -> None:
+    def __init__(self, handler: Any, limit_bytes: int, on_done: Any = None) -> None:
         self.handler = handler
+        self.on_done = on_done  # called in this thread after a batch was taken (the delivery's listeners)
         self.limit = limit_bytes
         self.queue: collections.deque[Any] = collections.deque()
         self.bytes = 0
@@ -216,6 +217,8 @@ class _Sink:
             self.delivered += sum(self.in_hand.values()) - sum(lost.values())
             self.in_hand = {}
             self.done = max(self.done, self._upto)
+        if self.on_done is not None:
+            self.on_done()
 
     def _count_error(self, kind: type, exc: BaseException | None = None) -> None:
         self.errors += 1
@@ -256,6 +259,7 @@ class EventDelivery:
         self._sinks: list[_Sink] | None = None  # threads start with the first record
         self._closed = False
         self._ticket = 0
+        self._listeners: list[Any] = []
 
     @classmethod
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
@@ -273,7 +277,7 @@ class EventDelivery:
 
     def _all(self) -> list[_Sink]:
         if self._sinks is None:
-            self._sinks = [_Sink(h, self.queue_bytes) for h in self.handlers]
+            self._sinks = [_Sink(h, self.queue_bytes, self._taken) for h in self.handlers]
         return self._sinks
 
     def offer_message(self, job: str, msg: Received) -> int:
@@ -300,6 +304,22 @@ class EventDelivery:
         for sink in self._all():
             sink.put(entry)
         return self._ticket
+
+    def listen(self, fn: Any) -> None:
+        """Call ``fn()`` from a sink's thread each time that sink has taken a batch (the collector writes the
+        delivered marks at once: what a sink took and the mark that says so are apart only for microseconds)."""
+        self._listeners = [*self._listeners, fn]
+
+    def unlisten(self, fn: Any) -> None:
+        """Stop calling ``fn`` (see :meth:`listen`)."""
+        self._listeners = [f for f in self._listeners if f is not fn]
+
+    def _taken(self) -> None:
+        for fn in self._listeners:
+            try:
+                fn()
+            except Exception:  # a listener's failure must not stop a sink
+                _log.exception("a listener of the events sinks failed")
 
     def completed(self) -> int:
         """The highest ticket up to which every sink took what was offered (written it, or counted it as lost
