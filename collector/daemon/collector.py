@@ -34,9 +34,9 @@ from ..read.scanner import Scanner
 from ..wire.intake import Received
 from ..wire.outlet import Outlet
 from .commits import PendingCommits
-from .delivered_marks import DeliveredMarks
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
+from .delivered_marks import DeliveredMarks
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
 from .ownership import remove_if_done, take_instance_lock

@@ -46,16 +46,18 @@ class DeliveredMarks:
         self._index: dict[Key, int] = {}
         self._written: dict[Key, int] = {}
         self._acked: dict[Key, int] = {}
+        self._origin: dict[Key, int] = {}
         used: set[int] = set()
-        restored: dict[Key, int] = {}
+        restored: dict[Key, tuple[int, int]] = {}
         self._next = 0.0
-        for index, pid, rank, incarnation, delivered in segment.delivered_marks():
+        for index, pid, rank, incarnation, delivered, origin in segment.delivered_marks():
             used.add(index)
             key = (rank, pid, incarnation)
             self._index[key] = index
             self._written[key] = self._acked[key] = delivered
+            self._origin[key] = origin
             if pid_alive(pid):  # a sender that died re-sends nothing
-                restored[key] = delivered
+                restored[key] = (delivered, origin)
         self._free = [i for i in range(segment.geometry.max_marks - 1, -1, -1) if i not in used]
         self._next = 0.0
         relay.restore(restored)
@@ -125,6 +127,11 @@ class DeliveredMarks:
 
     def _move(self, key: Key, delivered: int) -> None:
         """Write ``delivered`` as ``key``'s mark if it is further (the lock is held)."""
+        origin = self.relay.origins.get(key, 0)
+        fresh = self._origin.get(key, origin) != origin
+        if fresh:  # a new process under a dead sender's name (its pid used again): its own mark, from scratch
+            self._written.pop(key, None)
+            self._acked.pop(key, None)
         if delivered <= self._written.get(key, -1):
             return
         self._written[key] = delivered
@@ -132,12 +139,14 @@ class DeliveredMarks:
         if segment is None:
             return
         index = self._index.get(key)
-        if index is None:
-            index = self._take_index()
-            if index is None:  # acknowledged all the same (see the module docstring)
-                return
-            self._index[key] = index
-            segment.set_delivered_mark(index, key[1], key[0], key[2], delivered)
+        if index is None or fresh or key not in self._origin:
+            if index is None:
+                index = self._take_index()
+                if index is None:  # acknowledged all the same (see the module docstring)
+                    return
+                self._index[key] = index
+            self._origin[key] = origin
+            segment.set_delivered_mark(index, key[1], key[0], key[2], delivered, origin)
         else:
             segment.move_delivered_mark(index, delivered)
 
@@ -150,5 +159,6 @@ class DeliveredMarks:
                 del self._index[key]
                 self._written.pop(key, None)
                 self._acked.pop(key, None)
+                self._origin.pop(key, None)
                 return index
         return None

@@ -132,18 +132,22 @@ class Relay:
         """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
         their publisher closed): everything they sent before it has arrived."""
         self._awaiting_sync: set[tuple[int, int, int]] = set()
+        self.origins: dict[tuple[int, int, int], int] = {}
+        """Each re-syncing sender's publisher id (from its re-sync marker, or restored)."""
         self.touched: set[tuple[int, int, int]] = set()
         """Senders whose expected sequence number moved since the owner last cleared this set."""
         self.on_gap: Callable[[int, int, int, int, int], None] | None = None
         """Called with ``(rank, pid, incarnation, first missing seq, count)`` for every gap found (also counted in
         ``counters.gaps``), on the loop that called :meth:`receive`; the collector keeps gaps for its events sinks."""
 
-    def restore(self, delivered: dict[tuple[int, int, int], int]) -> None:
-        """Take the delivered watermarks a previous collector left (``(rank, pid, incarnation)`` -> the first seq
-        not delivered): such a sender's messages are dropped until its re-sync marker arrives (they come again
-        behind it), then a re-sent item below its watermark is dropped and a hole above it is a gap."""
-        for key, seq in delivered.items():
+    def restore(self, delivered: dict[tuple[int, int, int], tuple[int, int]]) -> None:
+        """Take the delivered watermarks a previous collector left (``(rank, pid, incarnation)`` -> (the first
+        seq not delivered, the sender's publisher id)): such a sender's messages are dropped until its re-sync
+        marker arrives (they come again behind it), then a re-sent item below its watermark is dropped and a hole
+        above it is a gap."""
+        for key, (seq, origin) in delivered.items():
             self._next_seq[key] = seq
+            self.origins[key] = origin
             self._awaiting_sync.add(key)
 
     def expected(self, key: tuple[int, int, int]) -> int | None:
@@ -242,10 +246,16 @@ class Relay:
             return False
         return True
 
-    def _sync(self, key: tuple[int, int, int], first: int) -> None:
-        """A rank's re-sync marker: what it sends from now on starts at ``first`` (re-sent, then new)."""
+    def _sync(self, key: tuple[int, int, int], first: int, origin: int) -> None:
+        """A rank's re-sync marker: what it sends from now on starts at ``first`` (re-sent, then new); ``origin``
+        tells a new publisher from the one this key named before (a pid used again)."""
         self._awaiting_sync.discard(key)
         expected = self._next_seq.get(key)
+        if self.origins.get(key, origin) != origin:
+            expected = None  # another process under a dead sender's name: it starts afresh
+        if len(self.origins) >= _MAX_TRACKED and key not in self.origins:
+            self.origins.clear()
+        self.origins[key] = origin
         if expected is None:
             if len(self._next_seq) >= _MAX_TRACKED:
                 self._next_seq.clear()
@@ -264,8 +274,10 @@ class Relay:
             self.counters.rejected += 1
             return
         key = (msg.rank, msg.pid, msg.incarnation)
-        if len(msg.items) == 1 and isinstance(msg.items[0], dict) and msg.items[0].get("state") == SYNC_STATE:
-            self._sync(key, msg.seq)
+        item = msg.items[0] if len(msg.items) == 1 else None
+        if isinstance(item, dict) and item.get("state") == SYNC_STATE:
+            origin = item.get("origin")
+            self._sync(key, msg.seq, origin if type(origin) is int else 0)
             return
         self.held.add(key)
         expected = self._next_seq.get(key)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -109,6 +110,8 @@ class _Sender:
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
         self._unacked_warning_s = unacked_warning_s
         self._kept_limit = kept_bytes
+        self.origin = int.from_bytes(os.urandom(8), "little") >> 1
+        """This publisher's random id, in its re-sync markers (see :mod:`shmstat.wire.delivered`)."""
         self._endpoint = endpoint
         self._reset_state()
 
@@ -320,7 +323,8 @@ class _Sender:
         if self._kept:
             topic, payload = self._kept[0][1]
             first = wire.decode(bytes(topic), bytes(payload)).seq
-        marker = wire.encode("rank", self._rank, self._pid, self._incarnation, first, [{"state": SYNC_STATE}])
+        marker = wire.encode("rank", self._rank, self._pid, self._incarnation, first,
+                             [{"state": SYNC_STATE, "origin": self.origin}])
         try:
             sock.send_multipart([wire.HELD_TOPIC, marker], zmq.NOBLOCK)
         except zmq.Again:

@@ -14,7 +14,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
     DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
     BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
     HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
-    MARK_BASE                      4*R*32     delivered marks   (one per event sender the collector follows)
+    MARK_BASE                      4*R*40     delivered marks   (one per event sender the collector follows)
 
     header (256 bytes)
       0  magic            8s   b"SHMSTAT\\0"
@@ -107,7 +107,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
     neg_inf, never in a bucket (in one, near 2**1024, it would lower the whole window's scale); NaN is not counted
     here (the rank's nan_count).
 
-    delivered mark (32 bytes; ``4 * R`` of them: a job's senders are its ranks and their workers, each
+    delivered mark (40 bytes; ``4 * R`` of them: a job's senders are its ranks and their workers, each
     publishing under its own pid)
       0  pid              i64  the sender's pid; 0 for a free mark (written last when a mark is (re)used)
       8  rank             i64  the sender's rank
@@ -115,6 +115,8 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
      24  delivered        u64  the sender's items numbered below this were delivered (events: taken by every
                                events sink, or counted lost there; metrics: handed to the metric handlers):
                                the next collector drops a re-sent item below it and counts a gap above it
+     32  origin           u64  the sender's publisher's random id (its re-sync marker carries it): a new process
+                               that got a dead sender's pid, rank and incarnation is not taken for it
 
 Concurrency guarantees:
 
@@ -155,9 +157,9 @@ __all__ = [
     "LAYOUT_VERSION",
     "LONG_POLL_MS",
     "LONG_WINDOW_MS",
+    "MAGIC",
     "MARKS_PER_RANK",
     "MARK_SIZE",
-    "MAGIC",
     "MAX_GRACE_MS",
     "MAX_GROUP_BYTES",
     "MAX_NAME_BYTES",
@@ -179,7 +181,7 @@ DESC_SIZE = 208
 BANK_SIZE = 64
 HIST_SIZE = 2240
 HIST_BUCKETS = 272  # shmstat.histogram.MAX_BUCKETS
-MARK_SIZE = 32
+MARK_SIZE = 40
 MARKS_PER_RANK = 4
 HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
 FLAG_HIGHER_IS_BETTER = 1

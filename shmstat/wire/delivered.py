@@ -8,11 +8,12 @@ delivered (events taken by every events sink or counted lost there, other items 
 collector sends one such message per acknowledgement interval, at most :data:`MAX_RECORDS` records each.
 
 Downstream (a rank to the collector): when a collector subscribes (``b"\\x01"``), the publisher first sends a
-marker on :data:`shmstat.wire.HELD_TOPIC` with the item ``{"state": SYNC_STATE}`` whose sequence number is the
-first one it still holds (sent and not acknowledged, or not yet sent), then re-sends, in order, every message it
-sent that no collector acknowledged. The collector drops what it delivered already (its delivered watermark,
-kept in the segment's delivered marks, :mod:`shmstat.shm.layout`) and counts a gap for what the rank no longer
-holds.
+marker on :data:`shmstat.wire.HELD_TOPIC` with the item ``{"state": SYNC_STATE, "origin": ID}`` (``ID``: the
+publisher's random id, which tells a new process from a dead one that had the same pid, rank and incarnation)
+whose sequence number is the first one it still holds (sent and not acknowledged, or not yet sent), then
+re-sends, in order, every message it sent that no collector acknowledged. The collector drops what it delivered
+already (its delivered watermark, kept in the segment's delivered marks, :mod:`shmstat.shm.layout`) and counts a
+gap for what the rank no longer holds.
 """
 
 from __future__ import annotations

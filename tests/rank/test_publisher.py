@@ -61,7 +61,7 @@ class Collector:
                 except zmq.Again:
                     return
                 msg = wire.decode(topic, payload)
-                if topic == wire.HELD_TOPIC and msg.items == [{"state": SYNC_STATE}]:
+                if topic == wire.HELD_TOPIC and msg.items[0].get("state") == SYNC_STATE:
                     self.syncs.append(msg)  # a re-sync marker: re-sent messages follow
                 elif topic == wire.HELD_TOPIC:  # answered as the real collector does
                     self.held.append(msg)
