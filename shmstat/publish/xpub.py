@@ -26,6 +26,12 @@ it):
   from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
   frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
   (``b"\\x00"``) also makes the thread hold items.
+- Every message sent is kept until the collector's delivered acknowledgement covers it
+  (:mod:`shmstat.wire.delivered`: a user message upstream, batched); a subscribe-all frame (a collector that
+  starts, or the next one after a crash) makes the thread send a re-sync marker and re-send what is kept,
+  before anything new.
+- ``close()`` first asks whether anyone accepts connections on the ``ipc://`` socket file: if not, no
+  collector serves and nothing will be acknowledged, so it waits for nothing.
 """
 
 from __future__ import annotations
