@@ -448,8 +448,9 @@ class Relay:
         self.ranks_subscribed = False
 
     def senders(self) -> set[tuple[int, int, int]]:
-        """Every (rank, pid, incarnation) that sent this collector something."""
-        return set(self._next_seq)
+        """Every (rank, pid, incarnation) that sent this collector something (a sender whose mark was restored
+        counts once its re-sync marker arrived)."""
+        return set(self._next_seq) - self._awaiting_sync
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""

@@ -325,10 +325,10 @@ class _Sender:
     def _start_resync(self, sock: zmq.Socket[Any]) -> bool:
         """Send the re-sync marker (the first sequence number still held) and queue the kept messages for
         re-sending; False if zmq could not take the marker now."""
-        first = self._outbox.wire_seq()
-        if self._kept:
-            topic, payload = self._kept[0][1]
-            first = wire.decode(bytes(topic), bytes(payload)).seq
+        # the oldest kept message, else the outbox's head batch (sealed, maybe refused by zmq once already: its
+        # numbers are taken), else the next number on the wire
+        head = self._kept[0][1] if self._kept else self._outbox.head(wire.MAX_TOPIC)
+        first = self._outbox.wire_seq() if head is None else wire.decode(bytes(head[0]), bytes(head[1])).seq
         marker = wire.encode("rank", self._rank, self._pid, self._incarnation, first,
                              [{"state": SYNC_STATE, "origin": self.origin}])
         try:
