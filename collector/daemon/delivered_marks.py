@@ -47,6 +47,7 @@ class DeliveredMarks:
         self._written: dict[Key, int] = {}
         self._acked: dict[Key, int] = {}
         self._origin: dict[Key, int] = {}
+        self._thaw: dict[Key, int] = {}  # a sender's mark stays until the sinks completed this ticket
         used: set[int] = set()
         restored: dict[Key, tuple[int, int]] = {}
         self._next = 0.0
@@ -87,6 +88,8 @@ class DeliveredMarks:
                 return
             done = delivery.completed()
             for key, queue in list(self.events.pending.items()):
+                if self._frozen(key, done):
+                    continue
                 end = None
                 while queue and queue[0][0] <= done:
                     end = queue.popleft()[2]
@@ -103,11 +106,17 @@ class DeliveredMarks:
         acks: list[tuple[int, int, int, int]] = []
         with self._lock:
             done = delivery.completed() if delivery is not None else None
+            if relay.closed_windows and delivery is not None:
+                for key in relay.closed_windows:  # frozen until the sinks took the window's items
+                    self._thaw[key] = delivery.offered
+            relay.closed_windows = set()
             keys = relay.touched
             relay.touched = set()
             keys.update(pending)
             keys.update(k for k, w in self._written.items() if self._acked.get(k) != w)
             for key in keys:
+                if self._frozen(key, done):
+                    continue
                 queue = pending.get(key)
                 while queue and (done is None or queue[0][0] <= done):
                     queue.popleft()
@@ -124,6 +133,21 @@ class DeliveredMarks:
                     acks.append((key[1], key[0], key[2], delivered))
         if acks:
             relay.acknowledge(acks)
+
+    def _frozen(self, key: Key, done: int | None) -> bool:
+        """Whether ``key``'s mark must not move now: not a re-syncing sender (it re-sends nothing), or items
+        below its mark are still on their way (a window of re-sent items, see
+        :attr:`collector.wire.relay.Relay.windows`, open or not yet taken by the sinks)."""
+        relay = self.relay
+        if key not in relay.origins or key in relay.windows or key in relay.closed_windows:
+            return True
+        thaw = self._thaw.get(key)
+        if thaw is None:
+            return False
+        if done is None or done >= thaw:
+            del self._thaw[key]
+            return False
+        return True
 
     def _move(self, key: Key, delivered: int) -> None:
         """Write ``delivered`` as ``key``'s mark if it is further (the lock is held)."""

@@ -321,6 +321,11 @@ class EventDelivery:
             except Exception:  # a listener's failure must not stop a sink
                 _log.exception("a listener of the events sinks failed")
 
+    @property
+    def offered(self) -> int:
+        """The ticket of the last entry offered (see :meth:`completed`)."""
+        return self._ticket
+
     def completed(self) -> int:
         """The highest ticket up to which every sink took what was offered (written it, or counted it as lost
         with a gap record to come): what the collector may acknowledge to the ranks as delivered."""

@@ -133,7 +133,14 @@ class Relay:
         their publisher closed): everything they sent before it has arrived."""
         self._awaiting_sync: set[tuple[int, int, int]] = set()
         self.origins: dict[tuple[int, int, int], int] = {}
-        """Each re-syncing sender's publisher id (from its re-sync marker, or restored)."""
+        """Each re-syncing sender's publisher id (from its re-sync marker, or restored): the senders whose
+        re-sent items are dropped below what is expected, and whose delivered marks are kept."""
+        self._first_heard: dict[tuple[int, int, int], int] = {}  # senders heard before their marker: first seq
+        self.windows: dict[tuple[int, int, int], list[int]] = {}
+        """Per sender, ``[low, high)``: re-sent items to take although below what is expected (a sender heard
+        before its marker, whose re-sent items begin earlier than what was heard: see :meth:`_sync`)."""
+        self.closed_windows: set[tuple[int, int, int]] = set()
+        """Senders whose window closed since the owner last cleared this set."""
         self.touched: set[tuple[int, int, int]] = set()
         """Senders whose expected sequence number moved since the owner last cleared this set."""
         self.on_gap: Callable[[int, int, int, int, int], None] | None = None
@@ -240,8 +247,17 @@ class Relay:
         if key in self._awaiting_sync:
             self.counters.resent += msg.n_items
             return False
+        if key not in self.origins:  # a sender that never re-synced (none yet, or not a shmstat publisher)
+            return True
         expected = self._next_seq.get(key)
-        if expected is not None and msg.seq + msg.n_items <= expected and msg.seq < expected:
+        end = msg.seq + msg.n_items
+        if expected is not None and end <= expected and msg.seq < expected:
+            window = self.windows.get(key)
+            if window is not None and window[0] <= msg.seq and end <= window[1]:
+                if end == window[1]:
+                    del self.windows[key]
+                    self.closed_windows.add(key)
+                return True
             self.counters.resent += msg.n_items
             return False
         return True
@@ -251,6 +267,7 @@ class Relay:
         tells a new publisher from the one this key named before (a pid used again)."""
         self._awaiting_sync.discard(key)
         expected = self._next_seq.get(key)
+        heard = self._first_heard.pop(key, None)
         if self.origins.get(key, origin) != origin:
             expected = None  # another process under a dead sender's name: it starts afresh
         if len(self.origins) >= _MAX_TRACKED and key not in self.origins:
@@ -266,6 +283,10 @@ class Relay:
             self._next_seq[key] = first
             self.book.held(key, first, first - expected)
             self.touched.add(key)
+        elif heard is not None and first < heard:
+            # heard before its marker (messages a dead collector left in the rank's pipe, when no mark of it
+            # was kept): its re-sent items from ``first`` up to what was heard first are still to take
+            self.windows[key] = [first, heard]
 
     def _held(self, frames: list[bytes]) -> None:
         try:
@@ -296,9 +317,14 @@ class Relay:
         if expected is not None and msg.seq > expected:
             dropped = msg.seq - expected
             self._gap(key, expected, dropped)
-        if expected is None and len(self._next_seq) >= _MAX_TRACKED:
-            self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
-        self._next_seq[key] = msg.seq + msg.n_items
+        if expected is None:
+            if len(self._next_seq) >= _MAX_TRACKED:
+                self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
+                self._first_heard.clear()
+            if key not in self.origins:
+                self._first_heard[key] = msg.seq
+        end = msg.seq + msg.n_items
+        self._next_seq[key] = end if expected is None or key not in self.origins else max(expected, end)
         self.touched.add(key)
         self.book.relayed(key, msg.kind, msg.n_items, msg.seq + msg.n_items, dropped)
 

@@ -113,3 +113,20 @@ def test_an_acknowledgement_names_each_sender_once_and_is_found_by_its_key():
     assert delivered_in(frame, 10, 1, 0) == 9
     assert delivered_in(frame, 12, 0, 0) is None
     assert delivered_in(b"\x02shmstat/handover", 10, 0, 1) is None
+
+
+def test_a_sender_heard_before_its_marker_gets_its_earlier_items_once(relay):
+    """A dead collector kept no mark of a new sender; the rank's pipe still held its later messages, which reach
+    the next collector before the rank's marker: the re-sent earlier ones are taken, the later ones not twice."""
+    rank = _Rank(relay, 4244)
+    try:
+        rank.events(8, 2)  # heard before the marker: taken (nothing says it comes again)
+        assert _take(relay, 2) == [8, 9]
+        rank.sync(0, 5)  # the rank holds 0.. (nothing was acknowledged)
+        for first in range(0, 12, 2):
+            rank.events(first, 2)
+        assert _take(relay, 10) == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11]
+        assert relay.counters.gaps == 0 and relay.counters.resent == 2
+        assert (1, 4244, 0) in relay.closed_windows and relay.windows == {}
+    finally:
+        rank.close()
