@@ -42,6 +42,7 @@ MAX_BATCH_BYTES = 1024 * 1024
 MAX_BATCH_EVENTS = 8192
 MAX_SUMMARIES = 4096
 """Sender streams whose drops a sink sums separately; past it, drops are summed under job ``""``."""
+_RETRY_S = 1.0  # a sink that raised gets its gap records again after this long with nothing else to take
 _ENTRY_BYTES = 256  # what an entry costs beyond its payload (the entry, the Received or record object)
 
 _STOP, _BARRIER = object(), object()
@@ -73,6 +74,7 @@ class _Sink:
         self.offered = 0  # the ticket of the last entry put here
         self.done = 0  # every entry with a ticket up to this one was taken (or counted as lost)
         self._upto = 0  # what the batch in hand completes
+        self._failing = False  # the last batch raised
         self._summaries: dict[tuple[str, int | None, int, int], list[int]] = {}  # -> [from, to, count]
         self._warned_full = False
         self._warned: set[type] = set()
@@ -145,8 +147,10 @@ class _Sink:
     def _take(self) -> tuple[list[_Entry], list[GapRecord], Any]:
         """Wait for work; take up to a batch of entries, the drop summaries, or a control marker."""
         with self.cond:
-            while not self.queue and not self._summaries:
-                self.cond.wait()
+            # gap records alone are retried at most once a second while the sink fails (then with each batch)
+            while not self.queue and not (self._summaries and not self._failing):
+                if not self.cond.wait(_RETRY_S if self._summaries else None):
+                    self._failing = False
             entries: list[_Entry] = []
             in_hand: dict[str, int] = collections.defaultdict(int)
             taken = events = 0
@@ -212,6 +216,7 @@ class _Sink:
                 for gap in gaps:
                     self._add_summary((gap.job, gap.rank, gap.pid, gap.incarnation), gap.from_seq, gap.to_seq,
                                       gap.count)
+            self._failing = not ok
             for job, n in lost.items():
                 self.dropped[job] += n
             self.delivered += sum(self.in_hand.values()) - sum(lost.values())
