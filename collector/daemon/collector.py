@@ -226,6 +226,7 @@ class Collector:
                 self._dispatch_put_metrics(msg)
             elif msg.kind == "event":
                 self.events.message(msg)
+            self.marks.handed_on(msg)  # a SIGKILL from now on does not hand it on twice
         self._drain_submitted()
         now = self.clock()
         mono = time.monotonic()

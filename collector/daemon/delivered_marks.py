@@ -22,6 +22,7 @@ from shmstat.shm.segment import pid_alive
 if TYPE_CHECKING:
     from shmstat.shm.segment import Segment
 
+    from ..wire.intake import Received
     from ..wire.relay import Relay
     from .kept_events import KeptEvents
 
@@ -77,6 +78,20 @@ class DeliveredMarks:
         if now >= self._next:
             self._next = now + ACK_INTERVAL_S
             self.step()
+
+    def handed_on(self, msg: Received) -> None:
+        """(The loop.) ``msg`` was handed on at once (a put metric to the metric handlers; any message when no
+        events sink runs): its sender's mark moves past it now, unless events of the sender are still on their
+        way to the sinks (then :meth:`taken` moves it)."""
+        key = (msg.rank, msg.pid, msg.incarnation)
+        if self.events.pending.get(key):
+            return
+        delivery = self.events.delivery
+        with self._lock:
+            if not self._frozen(key, delivery.completed() if delivery is not None else None):
+                expected = self.relay.expected(key)
+                if expected is not None:
+                    self._move(key, expected)
 
     def taken(self) -> None:
         """(A sink's thread.) Move the marks of the senders whose queued events every sink has now taken."""

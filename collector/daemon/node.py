@@ -36,6 +36,7 @@ import zmq
 
 from shmstat.errors import CollectorError, ShmstatError
 from shmstat.shm.layout import RankState
+from shmstat.shm.runtime import hold_node_mark
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import scan_shm
 
@@ -72,6 +73,7 @@ class NodeCollector:
         self.jobs = list(jobs) if jobs else None
         self.out = out if out is not None else sys.stdout
         self.discover_interval_s = discover_interval_s
+        self._node_mark = hold_node_mark()  # ranks of a job not yet picked up wait for it (shmstat/shm/runtime.py)
         self.outlet: Outlet | None = None
         """The node's publish socket (``--publish``), which every job's relay also sends on, or None."""
         self._ctx = zmq.Context()
@@ -298,6 +300,10 @@ class NodeCollector:
             self.dispatcher.close()
         if self.exporter is not None:
             self.exporter.close()
+        if self._node_mark >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._node_mark)
+            self._node_mark = -1
 
 
     def endpoint_counters(self) -> dict[str, int]:

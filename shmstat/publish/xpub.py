@@ -48,7 +48,7 @@ from typing import Any, cast
 import zmq
 
 from .. import wire
-from ..shm.runtime import env_number
+from ..shm.runtime import env_number, node_collector_running
 from ..wire.delivered import DELIVERED_PREFIX, SYNC_STATE, delivered_in
 from .outbox import Outbox, counters_of
 
@@ -341,7 +341,8 @@ class _Sender:
 
     def collector_listening(self) -> bool:
         """Whether a collector may be serving this publisher's ``ipc://`` endpoint (a socket file someone
-        accepts connections on); True for other transports, which cannot be told without waiting."""
+        accepts connections on, or a node collector running that will pick the job up); True for other
+        transports, which cannot be told without waiting."""
         if not self._endpoint.startswith("ipc://"):
             return True
         path = self._endpoint[len("ipc://"):]
@@ -351,8 +352,8 @@ class _Sender:
             probe.connect(path)
         except TimeoutError:  # a full accept queue: someone listens
             return True
-        except OSError:  # no such file, or nobody accepts on it (a collector that died)
-            return False
+        except OSError:  # no such file, or nobody accepts on it (a collector that died): a node collector that
+            return node_collector_running()  # has not yet picked the job up would
         finally:
             probe.close()
         return True

@@ -7,6 +7,7 @@ most 64 characters.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat as _stat
@@ -18,8 +19,10 @@ from ..names import MAX_JOB_LEN, is_job_id
 __all__ = [
     "MAX_JOB_LEN",
     "env_number",
+    "hold_node_mark",
     "ingest_endpoint",
     "lock_path",
+    "node_collector_running",
     "publish_endpoint",
     "runtime_dir",
     "segment_name",
@@ -112,6 +115,32 @@ def ingest_endpoint(job: str) -> str:
 def publish_endpoint(job: str) -> str:
     """The collector's default ``ipc://`` endpoint for subscribers (owner-only: it lives in the 0700 runtime dir)."""
     return f"ipc://{_socket_path(job, '.publish')}"
+
+
+def hold_node_mark() -> int:
+    """(A node collector, while it runs.) Hold a shared ``flock`` on ``node.lock`` in the runtime directory, which
+    tells a rank that a collector will pick its job up even before it serves it; returns the descriptor to close
+    at the end (the kernel drops the lock of a process that dies)."""
+    fd = os.open(os.path.join(runtime_dir(), "node.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def node_collector_running() -> bool:
+    """Whether a node collector of this user runs on this node (see :func:`hold_node_mark`)."""
+    try:
+        fd = os.open(os.path.join(runtime_dir(), "node.lock"), os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, SegmentError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also lets go of the lock this took
+    return False
 
 
 def lock_path(job: str) -> str:
