@@ -240,9 +240,12 @@ class _Sender:
                 elif self._wake.wait(wait_s):
                     self._wake.clear()
         finally:
+            deadline = time.monotonic() + self._close_linger_ms / 1000
+            if self._kept and self._close_linger_ms > 0:
+                self._await_delivered(sock, deadline)
             if self._subscribed and not counters_of(self._outbox).held:
                 self._send_held(sock, self._outbox.end_seq())  # all sent: the collector need not wait for more from us
-                self._await_ack(sock, self._close_linger_ms)
+                self._await_ack(sock, int(max(0.0, deadline - time.monotonic()) * 1000))
             elif self._subscribed:
                 # closing with items left: they are dropped, and the marker carries the sequence number after
                 # them, so the collector counts them as a gap (sealed batches are numbered already)
@@ -370,6 +373,17 @@ class _Sender:
             "they wait in this process (up to the backlog bound, then dropped and counted) and stats keep "
             "accumulating in shared memory. Collect them with: shmstat collect  (every job on this node) or "
             "shmstat collect --job %s", job, self._rank, self._unacked_warning_s, job)
+
+    def _await_delivered(self, sock: zmq.Socket[Any], deadline: float) -> None:
+        """Before closing, until ``deadline``: keep answering the collector (a new one's subscription gets the
+        re-sync and what is kept) until it acknowledged everything kept, so nothing this process sent is lost
+        with it when the collector it sent to died."""
+        with contextlib.suppress(zmq.ZMQError):
+            while self._kept and (left := deadline - time.monotonic()) > 0:
+                if sock.poll(max(1, int(min(left, 0.01) * 1000)), zmq.POLLIN):
+                    self._read_subscriptions(sock)
+                if self._subscribed:
+                    self._send(sock)
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
