@@ -277,6 +277,30 @@ def workers_exit_first(n: int) -> dict[str, Any]:
     return {"codes": [p.exitcode, os.waitstatus_to_exitcode(status)], "still_there": still}
 
 
+def _event_worker(i: int) -> None:
+    shmstat.log_event(shmstat.Event("loader.batch", datetime.datetime.now(), {"i": i}))
+    put_metric("loader.batches", 1, "loader")
+
+
+def event_epochs(n_epochs: int, workers: int) -> dict[str, Any]:
+    """A rank whose DataLoader-like fork workers (new processes every epoch) each log an event and put a metric;
+    the seconds each epoch took, workers' exits included."""
+    import time
+
+    ctx = mp.get_context("fork")
+    shmstat.log_event(shmstat.Event("rank.start", datetime.datetime.now(), {}))
+    took = []
+    for _ in range(n_epochs):
+        t0 = time.monotonic()
+        procs = [ctx.Process(target=_event_worker, args=(w,)) for w in range(workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        took.append(time.monotonic() - t0)
+    return {"codes": sorted({p.exitcode for p in procs}), "took": took}
+
+
 def simple(n: int) -> dict[str, Any]:
     """One rank of a job: a Stat and ``n`` adds."""
     stat = shmstat.Stat("s", [A.COUNT], 60.0)

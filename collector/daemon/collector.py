@@ -38,6 +38,7 @@ from ..wire.outlet import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
+from .delivered_marks import DeliveredMarks
 from .gpu import GpuSampler, JobGpu, start_sampler
 from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
@@ -150,6 +151,7 @@ class Collector:
             self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
             if self.events.delivery is not None:
                 self.relay.on_gap = self.events.gap
+            self.marks = DeliveredMarks(self.segment, self.relay, self.events)
             if self.exporter is None and config.prometheus:
                 self.exporter = start_exporter(config, self.out)
                 self._owns_exporter = True
@@ -300,6 +302,7 @@ class Collector:
                 self._dispatch_put_metrics(msg)
             elif msg.kind == "event":
                 self.events.message(msg)
+            self.marks.handed_on(msg)  # a SIGKILL from now on does not hand it on twice
         self.relayed_last_step = relayed
         self._drain_submitted()
         now = self.clock()
@@ -325,6 +328,7 @@ class Collector:
         if self.config.status_interval_s > 0 and mono >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
             self.print_status(self.last_ranks)
+        self.marks.step_if_due(mono)
         self.relay.heartbeat_if_due(mono)
         if looked:  # the collector's mark in the segment header, for ranks and other collectors
             self.segment.set_collector(os.getpid(), now)
@@ -349,6 +353,7 @@ class Collector:
             live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
             self.events.close()  # what the sinks held is taken (or counted) before the final counters
+            self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:
@@ -415,6 +420,8 @@ class Collector:
             self.relay.close()
             self.relay = None
         if self.segment is not None:
+            if getattr(self, "marks", None) is not None:
+                self.marks.close()  # no sink's thread writes a mark into the segment from now on
             self.segment.close()
             self.segment = None
         if self._lock_fd is not None:

@@ -10,6 +10,7 @@ Not kept: put metrics (``metric/`` topics go to the metric handlers) and stat wi
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from typing import TYPE_CHECKING
@@ -34,11 +35,23 @@ class KeptEvents:
         self.owns = owns
         self.own_seq = 0
         """The number the collector's next own event of this job gets."""
+        self.pending: dict[tuple[int, int, int], collections.deque[tuple[int, int, int]]] = {}
+        """Per sender ``(rank, pid, incarnation)``: ``(ticket, first seq, seq after it)`` of what is queued for
+        the sinks and not known to be taken (see :meth:`EventDelivery.completed`), oldest first. The loop appends,
+        a sink's thread may take from the left (:class:`collections.deque` makes both safe)."""
 
     def message(self, msg: Received) -> None:
         """A rank's ``event/`` message, relayed."""
         if self.delivery is not None:
-            self.delivery.offer_message(self.job, msg)
+            ticket = self.delivery.offer_message(self.job, msg)
+            self._queued((msg.rank, msg.pid, msg.incarnation), ticket, msg.seq, msg.seq + msg.n_items)
+
+    def _queued(self, key: tuple[int, int, int], ticket: int, first: int, end: int) -> None:
+        if ticket:
+            queue = self.pending.get(key)
+            if queue is None:
+                queue = self.pending[key] = collections.deque()
+            queue.append((ticket, first, end))
 
     def own(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
         """An event the collector made (and published)."""
@@ -50,8 +63,9 @@ class KeptEvents:
     def gap(self, rank: int, pid: int, incarnation: int, first: int, count: int) -> None:
         """``count`` items of a rank's stream from seq ``first`` on never reached the collector."""
         if self.delivery is not None:
-            self.delivery.offer(self.job, GapRecord(self.job, rank, pid, incarnation, first, first + count - 1,
-                                                    count, "rank", time.time_ns()))
+            ticket = self.delivery.offer(self.job, GapRecord(self.job, rank, pid, incarnation, first,
+                                                             first + count - 1, count, "rank", time.time_ns()))
+            self._queued((rank, pid, incarnation), ticket, first, first + count)
 
     def counters(self) -> dict[str, int]:
         """``events_dropped`` (this job's events a sink lost) and ``event_handler_errors`` (calls of a sink that

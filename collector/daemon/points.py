@@ -80,6 +80,7 @@ def relay_counts(c: RelayCounters) -> dict[str, int]:
     return {
         "events_relayed": c.events, "metrics_relayed": c.metrics,
         "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+        "items_resent": c.resent,
         "subscriber_overflows": sum(c.overflows.values()),
         "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
         "key_revocations": c.handshakes.revocations,

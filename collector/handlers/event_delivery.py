@@ -42,6 +42,7 @@ MAX_BATCH_BYTES = 1024 * 1024
 MAX_BATCH_EVENTS = 8192
 MAX_SUMMARIES = 4096
 """Sender streams whose drops a sink sums separately; past it, drops are summed under job ``""``."""
+_RETRY_S = 1.0  # a sink that raised gets its gap records again after this long with nothing else to take
 _ENTRY_BYTES = 256  # what an entry costs beyond its payload (the entry, the Received or record object)
 
 _STOP, _BARRIER = object(), object()
@@ -52,13 +53,15 @@ class _Entry(NamedTuple):
     item: Any  # Received (a rank's event message), EventRecord or GapRecord
     nbytes: int
     events: int
+    ticket: int  # the delivery's number for this entry (every sink took it or counted it: see completed())
 
 
 class _Sink:
     """One sink's queue and thread."""
 
-    def __init__(self, handler: Any, limit_bytes: int) -> None:
+    def __init__(self, handler: Any, limit_bytes: int, on_done: Any = None) -> None:
         self.handler = handler
+        self.on_done = on_done  # called in this thread after a batch was taken (the delivery's listeners)
         self.limit = limit_bytes
         self.queue: collections.deque[Any] = collections.deque()
         self.bytes = 0
@@ -68,6 +71,10 @@ class _Sink:
         self.dropped: dict[str, int] = collections.defaultdict(int)
         self.in_hand: dict[str, int] = {}  # events of the batch being emitted, per job
         self.abandoned = False
+        self.offered = 0  # the ticket of the last entry put here
+        self.done = 0  # every entry with a ticket up to this one was taken (or counted as lost)
+        self._upto = 0  # what the batch in hand completes
+        self._failing = False  # the last batch raised
         self._summaries: dict[tuple[str, int | None, int, int], list[int]] = {}  # -> [from, to, count]
         self._warned_full = False
         self._warned: set[type] = set()
@@ -78,6 +85,7 @@ class _Sink:
     # -- the loop's side ---------------------------------------------------------------------------------
     def put(self, entry: _Entry) -> None:
         with self.cond:
+            self.offered = entry.ticket
             if self.abandoned:
                 self._drop(entry)
             elif self.bytes + entry.nbytes > self.limit and self.queue:
@@ -95,6 +103,11 @@ class _Sink:
     def _drop(self, entry: _Entry) -> None:
         """Count ``entry`` as dropped and add it to its stream's summary (the lock is held)."""
         self.dropped[entry.job] += entry.events
+        self._summarise(entry)
+
+    def _summarise(self, entry: _Entry) -> None:
+        """Add ``entry``, which this sink never took, to its stream's summary: a gap record in the next batch
+        (the lock is held)."""
         item = entry.item
         key: tuple[str, int | None, int, int]
         if isinstance(item, Received):
@@ -105,6 +118,9 @@ class _Sink:
                 item.to_seq, item.count
         else:
             key, first, last, count = (entry.job, item.rank, item.pid, item.incarnation), item.seq, item.seq, 1
+        self._add_summary(key, first, last, count)
+
+    def _add_summary(self, key: tuple[str, int | None, int, int], first: int, last: int, count: int) -> None:
         summary = self._summaries.get(key)
         if summary is None:
             if len(self._summaries) >= MAX_SUMMARIES:
@@ -131,8 +147,10 @@ class _Sink:
     def _take(self) -> tuple[list[_Entry], list[GapRecord], Any]:
         """Wait for work; take up to a batch of entries, the drop summaries, or a control marker."""
         with self.cond:
-            while not self.queue and not self._summaries:
-                self.cond.wait()
+            # gap records alone are retried at most once a second while the sink fails (then with each batch)
+            while not self.queue and not (self._summaries and not self._failing):
+                if not self.cond.wait(_RETRY_S if self._summaries else None):
+                    self._failing = False
             entries: list[_Entry] = []
             in_hand: dict[str, int] = collections.defaultdict(int)
             taken = events = 0
@@ -145,6 +163,8 @@ class _Sink:
                 in_hand[entry.job] += entry.events
             self.bytes -= taken
             self.in_hand = in_hand
+            if entries:  # with nothing queued behind them, every entry offered so far is taken or counted
+                self._upto = self.offered if not self.queue else entries[-1].ticket
             now = time.time_ns()
             gaps = [GapRecord(job, rank, pid, inc, first, last, count, "collector", now)
                     for (job, rank, pid, inc), (first, last, count) in self._summaries.items()]
@@ -188,11 +208,22 @@ class _Sink:
             if self.abandoned:  # close() counted this batch as dropped already
                 return
             if not ok:
+                # lost once: counted, and a gap record in the next batch the sink takes (the summaries this
+                # batch carried are kept for it too)
                 lost = self.in_hand
+                for entry in entries:
+                    self._summarise(entry)
+                for gap in gaps:
+                    self._add_summary((gap.job, gap.rank, gap.pid, gap.incarnation), gap.from_seq, gap.to_seq,
+                                      gap.count)
+            self._failing = not ok
             for job, n in lost.items():
                 self.dropped[job] += n
             self.delivered += sum(self.in_hand.values()) - sum(lost.values())
             self.in_hand = {}
+            self.done = max(self.done, self._upto)
+        if self.on_done is not None:
+            self.on_done()
 
     def _count_error(self, kind: type, exc: BaseException | None = None) -> None:
         self.errors += 1
@@ -232,6 +263,8 @@ class EventDelivery:
         self.close_budget_s = close_budget_s
         self._sinks: list[_Sink] | None = None  # threads start with the first record
         self._closed = False
+        self._ticket = 0
+        self._listeners: list[Any] = []
 
     @classmethod
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
@@ -249,25 +282,62 @@ class EventDelivery:
 
     def _all(self) -> list[_Sink]:
         if self._sinks is None:
-            self._sinks = [_Sink(h, self.queue_bytes) for h in self.handlers]
+            self._sinks = [_Sink(h, self.queue_bytes, self._taken) for h in self.handlers]
         return self._sinks
 
-    def offer_message(self, job: str, msg: Received) -> None:
-        """Queue the events of a rank's ``event/`` message for every sink (never blocks, never decodes)."""
-        if not self._closed:
-            entry = _Entry(job, msg, len(msg.payload) + len(msg.raw_topic) + _ENTRY_BYTES, msg.n_items)
-            for sink in self._all():
-                sink.put(entry)
+    def offer_message(self, job: str, msg: Received) -> int:
+        """Queue the events of a rank's ``event/`` message for every sink (never blocks, never decodes); returns
+        its ticket (see :meth:`completed`), 0 once closed."""
+        if self._closed:
+            return 0
+        self._ticket += 1
+        entry = _Entry(job, msg, len(msg.payload) + len(msg.raw_topic) + _ENTRY_BYTES, msg.n_items, self._ticket)
+        for sink in self._all():
+            sink.put(entry)
+        return self._ticket
 
-    def offer(self, job: str, record: EventRecord | GapRecord) -> None:
-        """Queue a record the collector made (one of its events, or a gap it found) for every sink."""
-        if not self._closed:
-            if isinstance(record, EventRecord):
-                entry = _Entry(job, record, item_bytes(record.name, record.data) + _ENTRY_BYTES, 1)
-            else:
-                entry = _Entry(job, record, _ENTRY_BYTES, 0)
-            for sink in self._all():
-                sink.put(entry)
+    def offer(self, job: str, record: EventRecord | GapRecord) -> int:
+        """Queue a record the collector made (one of its events, or a gap it found) for every sink; returns its
+        ticket (see :meth:`completed`), 0 once closed."""
+        if self._closed:
+            return 0
+        self._ticket += 1
+        if isinstance(record, EventRecord):
+            entry = _Entry(job, record, item_bytes(record.name, record.data) + _ENTRY_BYTES, 1, self._ticket)
+        else:
+            entry = _Entry(job, record, _ENTRY_BYTES, 0, self._ticket)
+        for sink in self._all():
+            sink.put(entry)
+        return self._ticket
+
+    def listen(self, fn: Any) -> None:
+        """Call ``fn()`` from a sink's thread each time that sink has taken a batch (the collector writes the
+        delivered marks at once: what a sink took and the mark that says so are apart only for microseconds)."""
+        self._listeners = [*self._listeners, fn]
+
+    def unlisten(self, fn: Any) -> None:
+        """Stop calling ``fn`` (see :meth:`listen`)."""
+        self._listeners = [f for f in self._listeners if f is not fn]
+
+    def _taken(self) -> None:
+        for fn in self._listeners:
+            try:
+                fn()
+            except Exception:  # a listener's failure must not stop a sink
+                _log.exception("a listener of the events sinks failed")
+
+    @property
+    def offered(self) -> int:
+        """The ticket of the last entry offered (see :meth:`completed`)."""
+        return self._ticket
+
+    def completed(self) -> int:
+        """The highest ticket up to which every sink took what was offered (written it, or counted it as lost
+        with a gap record to come): what the collector may acknowledge to the ranks as delivered."""
+        sinks = self._sinks
+        if not sinks:
+            return self._ticket
+        return min(s.done for s in sinks)
 
     @property
     def dropped(self) -> int:

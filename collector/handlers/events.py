@@ -14,6 +14,7 @@ OTLP/HTTP) and ``pkg.module:Class[,key=value...]`` (keyword arguments read as fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -129,34 +130,39 @@ def takes_events(obj: Any) -> bool:
 
 class JsonlEventHandler(EventHandler):
     """Appends one JSON object per record to ``path`` (:meth:`EventRecord.to_json`, :meth:`GapRecord.to_json`),
-    opened 0600 in append mode, flushed after every batch: a reader of the file sees whole lines."""
+    opened 0600 in append mode; a batch is written whole or not at all: a write that fails (a full disk) is undone
+    (the file cut back to its length before the batch) and raises, so each record of the batch is either in the
+    file or counted as lost, never both, and a reader sees whole lines only."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open the events output {path!r}: {exc.strerror}") from None
-        self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
 
     def __repr__(self) -> str:
         return f"JsonlEventHandler({self.path!r})"
 
     def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
-        """Write one line per record, then flush."""
-        if batch:
-            self._out.write("".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in batch))
-            self._out.flush()
-
-    def flush(self) -> None:
-        """Push buffered lines to the file."""
-        if not self._out.closed:
-            self._out.flush()
+        """Write one line per record, all or none (see the class docstring)."""
+        if not batch or self._fd < 0:
+            return
+        data = memoryview("".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in batch).encode("utf-8"))
+        start = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)  # no partial batch, no partial line
+            raise
 
     def close(self) -> None:
-        """Flush and close the file."""
-        if not self._out.closed:
-            self._out.close()
+        """Close the file (every batch was written as it came: nothing is buffered here)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class ConsoleEventHandler(EventHandler):

@@ -38,6 +38,7 @@ import zmq
 
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
+from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
 from .beats import SenderBook
 from .curve import CurveServer, HandshakeCounts
@@ -69,6 +70,9 @@ class RelayCounters:
     published: int = 0
     gaps: int = 0
     """Items missing according to per-rank sequence numbers (dropped by a rank or lost on the way)."""
+    resent: int = 0
+    """Items a rank sent again (it re-sends what no collector acknowledged) that were delivered already, or that
+    arrived before its re-sync marker (they come again behind it): dropped, not lost."""
     subscription_resets: int = 0
     """Times the publish socket was bound anew because subscribers asked for too many topics."""
     overflows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
@@ -129,9 +133,43 @@ class Relay:
         self.held: set[tuple[int, int, int]] = set()
         """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
         their publisher closed): everything they sent before it has arrived."""
+        self._awaiting_sync: set[tuple[int, int, int]] = set()
+        self.origins: dict[tuple[int, int, int], int] = {}
+        """Each re-syncing sender's publisher id (from its re-sync marker, or restored): the senders whose
+        re-sent items are dropped below what is expected, and whose delivered marks are kept."""
+        self._first_heard: dict[tuple[int, int, int], int] = {}  # senders heard before their marker: first seq
+        self.windows: dict[tuple[int, int, int], list[int]] = {}
+        """Per sender, ``[low, high)``: re-sent items to take although below what is expected (a sender heard
+        before its marker, whose re-sent items begin earlier than what was heard: see :meth:`_sync`)."""
+        self.closed_windows: set[tuple[int, int, int]] = set()
+        """Senders whose window closed since the owner last cleared this set."""
+        self.touched: set[tuple[int, int, int]] = set()
+        """Senders whose expected sequence number moved since the owner last cleared this set."""
         self.on_gap: Callable[[int, int, int, int, int], None] | None = None
         """Called with ``(rank, pid, incarnation, first missing seq, count)`` for every gap found (also counted in
         ``counters.gaps``), on the loop that called :meth:`receive`; the collector keeps gaps for its events sinks."""
+
+    def restore(self, delivered: dict[tuple[int, int, int], tuple[int, int]]) -> None:
+        """Take the delivered watermarks a previous collector left (``(rank, pid, incarnation)`` -> (the first
+        seq not delivered, the sender's publisher id)): such a sender's messages are dropped until its re-sync
+        marker arrives (they come again behind it), then a re-sent item below its watermark is dropped and a hole
+        above it is a gap."""
+        for key, (seq, origin) in delivered.items():
+            self._next_seq[key] = seq
+            self.origins[key] = origin
+            self._awaiting_sync.add(key)
+
+    def expected(self, key: tuple[int, int, int]) -> int | None:
+        """The sequence number expected next from sender ``key`` (every item below it was received, or counted
+        as a gap); None for a sender not followed."""
+        return self._next_seq.get(key)
+
+    def acknowledge(self, marks: list[tuple[int, int, int, int]]) -> None:
+        """Tell the ranks what was delivered: ``(pid, rank, incarnation, delivered)`` per sender
+        (:mod:`shmstat.wire.delivered`); a rank forgets the messages it kept below its watermark."""
+        for frame in encode_delivered(marks):
+            with contextlib.suppress(zmq.ZMQError):
+                self.xsub.send(frame, zmq.NOBLOCK)
 
     @property
     def publish_endpoint(self) -> str:
@@ -193,6 +231,8 @@ class Relay:
             if msg.kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
                 c.rejected += 1
                 continue
+            if not self._admit(msg):
+                continue
             c.messages += 1
             n = msg.n_items
             if msg.kind == "event":
@@ -204,6 +244,53 @@ class Relay:
             self._send(frames, msg.kind)
             yield msg
 
+    def _admit(self, msg: Received) -> bool:
+        """Whether a valid message is new: not sent again by a rank that re-syncs (see :meth:`restore`)."""
+        key = (msg.rank, msg.pid, msg.incarnation)
+        if key in self._awaiting_sync:
+            self.counters.resent += msg.n_items
+            return False
+        if key not in self.origins:  # a sender that never re-synced (none yet, or not a shmstat publisher)
+            return True
+        expected = self._next_seq.get(key)
+        end = msg.seq + msg.n_items
+        if expected is not None and end <= expected and msg.seq < expected:
+            window = self.windows.get(key)
+            if window is not None and window[0] <= msg.seq and end <= window[1]:
+                if end == window[1]:
+                    del self.windows[key]
+                    self.closed_windows.add(key)
+                return True
+            self.counters.resent += msg.n_items
+            return False
+        return True
+
+    def _sync(self, key: tuple[int, int, int], first: int, origin: int) -> None:
+        """A rank's re-sync marker: what it sends from now on starts at ``first`` (re-sent, then new); ``origin``
+        tells a new publisher from the one this key named before (a pid used again)."""
+        self._awaiting_sync.discard(key)
+        expected = self._next_seq.get(key)
+        heard = self._first_heard.pop(key, None)
+        if self.origins.get(key, origin) != origin:
+            expected = None  # another process under a dead sender's name: it starts afresh
+        if len(self.origins) >= _MAX_TRACKED and key not in self.origins:
+            self.origins.clear()
+        self.origins[key] = origin
+        if expected is None:
+            if len(self._next_seq) >= _MAX_TRACKED:
+                self._next_seq.clear()
+            self._next_seq[key] = first
+            self.touched.add(key)
+        elif first > expected:  # the rank no longer holds what the last collector had not delivered: a gap
+            self._gap(key, expected, first - expected)
+            self._next_seq[key] = first
+            self.book.held(key, first, first - expected)
+            self.touched.add(key)
+        elif heard is not None and first < heard:
+            # heard before its marker (messages a dead collector left in the rank's pipe, when no mark of it
+            # was kept): its re-sent items from ``first`` up to what was heard first are still to take
+            self.windows[key] = [first, heard]
+
     def _held(self, frames: list[bytes]) -> None:
         try:
             msg = wire.decode(frames[0], frames[1])
@@ -211,12 +298,18 @@ class Relay:
             self.counters.rejected += 1
             return
         key = (msg.rank, msg.pid, msg.incarnation)
+        item = msg.items[0] if len(msg.items) == 1 else None
+        if isinstance(item, dict) and item.get("state") == SYNC_STATE:
+            origin = item.get("origin")
+            self._sync(key, msg.seq, origin if type(origin) is int else 0)
+            return
         self.held.add(key)
         expected = self._next_seq.get(key)
         if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
             self._gap(key, expected, msg.seq - expected)
             self._next_seq[key] = msg.seq
             self.book.held(key, msg.seq, msg.seq - expected)
+            self.touched.add(key)
         with contextlib.suppress(zmq.ZMQError):
             self.xsub.send(wire.ACK_PREFIX + str(msg.pid).encode(), zmq.NOBLOCK)
 
@@ -227,9 +320,15 @@ class Relay:
         if expected is not None and msg.seq > expected:
             dropped = msg.seq - expected
             self._gap(key, expected, dropped)
-        if expected is None and len(self._next_seq) >= _MAX_TRACKED:
-            self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
-        self._next_seq[key] = msg.seq + msg.n_items
+        if expected is None:
+            if len(self._next_seq) >= _MAX_TRACKED:
+                self._next_seq.clear()  # bounded whatever the senders claim to be (gaps then restart from here)
+                self._first_heard.clear()
+            if key not in self.origins:
+                self._first_heard[key] = msg.seq
+        end = msg.seq + msg.n_items
+        self._next_seq[key] = end if expected is None or key not in self.origins else max(expected, end)
+        self.touched.add(key)
         self.book.relayed(key, msg.kind, msg.n_items, msg.seq + msg.n_items, dropped)
 
     def _gap(self, key: tuple[int, int, int], first: int, count: int) -> None:
@@ -383,8 +482,9 @@ class Relay:
         self.ranks_subscribed = False
 
     def senders(self) -> set[tuple[int, int, int]]:
-        """Every (rank, pid, incarnation) that sent this collector something."""
-        return set(self._next_seq)
+        """Every (rank, pid, incarnation) that sent this collector something (a sender whose mark was restored
+        counts once its re-sync marker arrived)."""
+        return set(self._next_seq) - self._awaiting_sync
 
     def close(self) -> None:
         """Unsubscribe (so ranks hold their items in their own counted backlog again), close the sockets."""

@@ -31,10 +31,12 @@ Guarantees:
   starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
   after them, so the collector counts them as a gap.
 - ``stats().queued == sent_items + dropped + backlog`` at any time.
-- Not guaranteed: items handed to zmq and still in flight when the collector dies (libzmq's encoder buffer
-  and the kernel socket buffers, typically up to a few hundred KiB) are lost *uncounted* here; the restarted
-  collector sees them as a sequence gap. Items in zmq's pipe when ``close()``'s linger expires with no
-  collector present are likewise lost uncounted.
+- A message handed to zmq is kept (up to ``backlog_bytes`` more, oldest given up first) until a collector
+  acknowledges that it was delivered; when a collector subscribes, everything not acknowledged is re-sent behind
+  a re-sync marker (:mod:`shmstat.wire.delivered`), so what a collector that died held (its queues, libzmq's
+  buffers, the kernel's) reaches the next one, which drops what was delivered already.
+- With no collector listening on the endpoint, ``close()`` does not wait: what is held is dropped and counted
+  at once. Not guaranteed: items in zmq's pipe when a collector dies as this publisher closes.
 
 Processes: sequence numbers are per publisher, so a receiver keys them by (rank, incarnation, pid). A
 publisher belongs to the process that created it: in a forked child, :func:`after_fork_in_child` (registered
@@ -185,7 +187,8 @@ class Publisher:
                 self._ctx.term()
             raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
         self._sender = _Sender(sock, self._outbox, job=job, rank=rank, pid=pid, incarnation=incarnation,
-                               idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s)
+                               idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s,
+                               kept_bytes=self._backlog_bytes, endpoint=endpoint)
         _pubprocess.register(self)
 
     # ------------------------------------------------------------------------------------- caller side

@@ -26,6 +26,12 @@ it):
   from then on holds items here until a subscribe-all frame arrives (``XPUB_VERBOSE``: the next collector's
   frame is reported even when the kept pipe still holds the old subscription). An explicit unsubscribe
   (``b"\\x00"``) also makes the thread hold items.
+- Every message sent is kept until the collector's delivered acknowledgement covers it
+  (:mod:`shmstat.wire.delivered`: a user message upstream, batched); a subscribe-all frame (a collector that
+  starts, or the next one after a crash) makes the thread send a re-sync marker and re-send what is kept,
+  before anything new.
+- ``close()`` first asks whether anyone accepts connections on the ``ipc://`` socket file: if not, no
+  collector serves and nothing will be acknowledged, so it waits for nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any, cast
@@ -40,7 +48,8 @@ from typing import Any, cast
 import zmq
 
 from .. import wire
-from ..shm.runtime import env_number
+from ..shm.runtime import env_number, node_collector_running
+from ..wire.delivered import DELIVERED_PREFIX, SYNC_STATE, delivered_in
 from .outbox import Outbox, counters_of
 
 __all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "connect_xpub", "unacked_warning_from_env"]
@@ -104,7 +113,8 @@ class _Sender:
     """
 
     def __init__(self, sock: zmq.Socket[Any], outbox: Outbox, *, job: str | None, rank: int, pid: int,
-                 incarnation: int, idle_sleep_s: float, unacked_warning_s: float) -> None:
+                 incarnation: int, idle_sleep_s: float, unacked_warning_s: float,
+                 kept_bytes: int = 64 * 1024 * 1024, endpoint: str = "") -> None:
         self.sock: zmq.Socket[Any] | None = sock  # used only by the thread once it runs
         self.thread: threading.Thread | None = None
         self._outbox = outbox  # or its C twin (the same methods)
@@ -119,6 +129,10 @@ class _Sender:
         self._idle_sleep_s = float(idle_sleep_s)
         self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
         self._unacked_warning_s = unacked_warning_s
+        self._kept_limit = kept_bytes
+        self.origin = int.from_bytes(os.urandom(8), "little") >> 1
+        """This publisher's random id, in its re-sync markers (see :mod:`shmstat.wire.delivered`)."""
+        self._endpoint = endpoint
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -130,6 +144,14 @@ class _Sender:
         self._handed_over = False  # a collector asked for the hand-over: hold items until the next subscribes
         self._warned_invalid = False
         self._flush_waiting: list[_FlushRequest] = []
+        # sent and not yet acknowledged as delivered: (the sequence number after it, its frames, its bytes)
+        self._kept: collections.deque[tuple[int, tuple[Any, Any], int]] = collections.deque()
+        self._kept_held = 0
+        self.kept_evicted = 0
+        """Messages sent and never acknowledged that were given up to stay within the bound (a collector that
+        has to re-sync with this publisher counts their items as a gap)."""
+        self._resync_due = False  # a collector subscribed: send the re-sync marker, then re-send what is kept
+        self._resend: collections.deque[tuple[Any, Any]] = collections.deque()
         # controls: set by the publisher's callers, read by the thread
         self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
         self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
@@ -173,8 +195,10 @@ class _Sender:
         """Flush for up to ``budget_s``, then stop the thread, which marks the end and closes the socket (or
         close the socket no thread ever used). False if the thread did not stop in time: its socket is left
         open."""
-        deadline = time.monotonic() + budget_s
         thread = self.thread
+        if thread is not None and budget_s > 0 and not self.collector_listening():
+            budget_s = 0.0  # no collector serves: nothing will take what is held, nor acknowledge it
+        deadline = time.monotonic() + budget_s
         if thread is not None:
             self.flush(budget_s)
             self._close_linger_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
@@ -230,9 +254,12 @@ class _Sender:
                 elif self._wake.wait(wait_s):
                     self._wake.clear()
         finally:
+            deadline = time.monotonic() + self._close_linger_ms / 1000
+            if self._kept and self._close_linger_ms > 0:
+                self._await_delivered(sock, deadline)
             if self._subscribed and not counters_of(self._outbox).held:
                 self._send_held(sock, self._outbox.end_seq())  # all sent: the collector need not wait for more from us
-                self._await_ack(sock, self._close_linger_ms)
+                self._await_ack(sock, int(max(0.0, deadline - time.monotonic()) * 1000))
             elif self._subscribed:
                 # closing with items left: they are dropped, and the marker carries the sequence number after
                 # them, so the collector counts them as a gap (sealed batches are numbered already)
@@ -278,6 +305,11 @@ class _Sender:
             if frame[:1] == b"\x01":
                 prefixes.add(frame[1:])
                 self._handed_over = False
+                if frame == b"\x01":  # a collector subscribed to everything: it may be a new one
+                    self._resync_due = True
+            elif frame.startswith(DELIVERED_PREFIX):
+                self._acknowledged(frame)
+                continue
             elif frame[:1] == b"\x00":
                 prefixes.discard(frame[1:])
             elif frame == wire.HANDOVER_REQUEST and not self._handed_over:
@@ -287,6 +319,61 @@ class _Sender:
             self._subscribed = b"" in prefixes and not self._handed_over  # the collector subscribes to all
             if self._subscribed:
                 self._ever_subscribed = True
+
+    def _acknowledged(self, frame: bytes) -> None:
+        """Forget the kept messages a delivered acknowledgement covers."""
+        delivered = delivered_in(frame, self._pid, self._rank, self._incarnation)
+        if delivered is None:
+            return
+        kept = self._kept
+        while kept and kept[0][0] <= delivered:
+            self._kept_held -= kept.popleft()[2]
+
+    def _keep(self, frames: tuple[Any, Any], end_seq: int) -> None:
+        """Keep a sent message until a collector acknowledges it (bounded: the oldest are given up)."""
+        size = len(frames[1])
+        kept = self._kept
+        kept.append((end_seq, frames, size))
+        self._kept_held += size
+        while self._kept_held > self._kept_limit and len(kept) > 1:
+            self._kept_held -= kept.popleft()[2]
+            self.kept_evicted += 1
+
+    def _start_resync(self, sock: zmq.Socket[Any]) -> bool:
+        """Send the re-sync marker (the first sequence number still held) and queue the kept messages for
+        re-sending; False if zmq could not take the marker now."""
+        # the oldest kept message, else the outbox's head batch (sealed, maybe refused by zmq once already: its
+        # numbers are taken), else the next number on the wire
+        head = self._kept[0][1] if self._kept else self._outbox.head(wire.MAX_TOPIC)
+        first = self._outbox.wire_seq() if head is None else wire.decode(bytes(head[0]), bytes(head[1])).seq
+        marker = wire.encode("rank", self._rank, self._pid, self._incarnation, first,
+                             [{"state": SYNC_STATE, "origin": self.origin}])
+        try:
+            sock.send_multipart([wire.HELD_TOPIC, marker], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self._resync_due = False
+        self._resend = collections.deque(entry[1] for entry in self._kept)
+        return True
+
+    def collector_listening(self) -> bool:
+        """Whether a collector may be serving this publisher's ``ipc://`` endpoint (a socket file someone
+        accepts connections on, or a node collector running that will pick the job up); True for other
+        transports, which cannot be told without waiting."""
+        if not self._endpoint.startswith("ipc://"):
+            return True
+        path = self._endpoint[len("ipc://"):]
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(0.05)
+            probe.connect(path)
+        except TimeoutError:  # a full accept queue: someone listens
+            return True
+        except OSError:  # no such file, or nobody accepts on it (a collector that died): a node collector that
+            return node_collector_running()  # has not yet picked the job up would
+        finally:
+            probe.close()
+        return True
 
     def _check_uncollected(self) -> None:
         """Warn once per job (every rank and worker of it) when no collector has taken this publisher's items in
@@ -308,6 +395,17 @@ class _Sender:
                 warn_once("uncollected", message, job=self._job)
         except Exception:  # the sender thread must survive anything; the warning is a courtesy
             _log.debug("shmstat: the uncollected warning failed", exc_info=True)
+
+    def _await_delivered(self, sock: zmq.Socket[Any], deadline: float) -> None:
+        """Before closing, until ``deadline``: keep answering the collector (a new one's subscription gets the
+        re-sync and what is kept) until it acknowledged everything kept, so nothing this process sent is lost
+        with it when the collector it sent to died."""
+        with contextlib.suppress(zmq.ZMQError):
+            while self._kept and (left := deadline - time.monotonic()) > 0:
+                if sock.poll(max(1, int(min(left, 0.01) * 1000)), zmq.POLLIN):
+                    self._read_subscriptions(sock)
+                if self._subscribed:
+                    self._send(sock)
 
     def _await_ack(self, sock: zmq.Socket[Any], budget_ms: int) -> None:
         """Wait up to ``budget_ms`` for the collector's acknowledgement of our marker: everything sent before it
@@ -335,6 +433,17 @@ class _Sender:
         head, pop, send = outbox.head, outbox.pop, sock.send_multipart
         max_topic = wire.MAX_TOPIC
         sent = False
+        if self._resync_due and not self._start_resync(sock):
+            return sent
+        resend = self._resend
+        while resend:
+            try:
+                send(resend[0], zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return sent
+            resend.popleft()
+            sent = True
+        keep, wire_seq = self._keep, outbox.wire_seq
         while True:
             frames = head(max_topic)
             if frames is None:
@@ -343,5 +452,6 @@ class _Sender:
                 send(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return sent
+            keep(frames, wire_seq())
             pop()
             sent = True

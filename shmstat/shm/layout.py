@@ -14,6 +14,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
     DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
     BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
     HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
+    MARK_BASE                      4*R*40     delivered marks   (one per event sender the collector follows)
 
     header (256 bytes)
       0  magic            8s   b"SHMSTAT\\0"
@@ -108,6 +109,17 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
     neg_inf, never in a bucket (in one, near 2**1024, it would lower the whole window's scale); NaN is not counted
     here (the rank's nan_count).
 
+    delivered mark (40 bytes; ``4 * R`` of them: a job's senders are its ranks and their workers, each
+    publishing under its own pid)
+      0  pid              i64  the sender's pid; 0 for a free mark (written last when a mark is (re)used)
+      8  rank             i64  the sender's rank
+     16  incarnation      u64  the sender's incarnation
+     24  delivered        u64  the sender's items numbered below this were delivered (events: taken by every
+                               events sink, or counted lost there; metrics: handed to the metric handlers):
+                               the next collector drops a re-sent item below it and counts a gap above it
+     32  origin           u64  the sender's publisher's random id (its re-sync marker carries it): a new process
+                               that got a dead sender's pid, rank and incarnation is not taken for it
+
 Concurrency guarantees:
 
 - Every bank has exactly one writer, the process registered for its rank entry; it never takes a lock.
@@ -119,7 +131,8 @@ Concurrency guarantees:
   equals the old one. This relies on stores and loads not being reordered with each other (x86-64 TSO).
 - Rank entries and descriptors are allocated under the job lock (``flock``, see ``shmstat.shm._joblock``); a
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
-- ``emitted_wid`` is written by the collector only, once the descriptor is published; everything else in a
+- ``emitted_wid`` (once the descriptor is published) and the delivered marks are written only by the collector
+  (the one holding the instance lock); a mark's ``delivered`` is one aligned 8-byte store; everything else in a
   rank's region only by that rank,
   except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
   ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
@@ -148,6 +161,8 @@ __all__ = [
     "LONG_POLL_MS",
     "LONG_WINDOW_MS",
     "MAGIC",
+    "MARKS_PER_RANK",
+    "MARK_SIZE",
     "MAX_GRACE_MS",
     "MAX_GROUP_BYTES",
     "MAX_NAME_BYTES",
@@ -161,7 +176,7 @@ __all__ = [
 ]
 
 MAGIC = b"SHMSTAT\x00"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 HEADER_SIZE = 256
 RANK_ENTRY_SIZE = 128
@@ -169,6 +184,8 @@ DESC_SIZE = 208
 BANK_SIZE = 64
 HIST_SIZE = 2240
 HIST_BUCKETS = 272  # shmstat.histogram.MAX_BUCKETS
+MARK_SIZE = 40
+MARKS_PER_RANK = 4
 HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
 FLAG_HIGHER_IS_BETTER = 1
 MAX_NAME_BYTES = _names.MAX_STAT_NAME_BYTES  # 80: the name rule's limits for a stat are these fields' sizes
@@ -279,9 +296,23 @@ class Geometry:
         return self.bank_base + self.max_ranks * self.max_stats * self.banks * BANK_SIZE
 
     @property
+    def mark_base(self) -> int:
+        """Byte offset of the delivered marks (after the histograms)."""
+        return self.hist_base + self.max_ranks * self.hist_slots * self.banks * HIST_SIZE
+
+    @property
+    def max_marks(self) -> int:
+        """Delivered marks in the segment (senders whose delivered watermark survives the collector)."""
+        return self.max_ranks * MARKS_PER_RANK
+
+    def mark_offset(self, index: int) -> int:
+        """Byte offset of delivered mark ``index``."""
+        return self.mark_base + index * MARK_SIZE
+
+    @property
     def total_size(self) -> int:
         """Size in bytes of the whole segment."""
-        return self.hist_base + self.max_ranks * self.hist_slots * self.banks * HIST_SIZE
+        return self.mark_base + self.max_marks * MARK_SIZE
 
     def hist_offset(self, local_rank: int, hist: int) -> int:
         """Byte offset of bank 0's histogram of histogram ``hist`` of a rank; bank ``b``'s follows at

@@ -7,6 +7,7 @@ most 64 characters.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import stat as _stat
@@ -20,6 +21,7 @@ __all__ = [
     "env_number",
     "ingest_endpoint",
     "lock_path",
+    "node_collector_running",
     "node_lock_path",
     "publish_endpoint",
     "runtime_dir",
@@ -113,6 +115,24 @@ def ingest_endpoint(job: str) -> str:
 def publish_endpoint(job: str) -> str:
     """The collector's default ``ipc://`` endpoint for subscribers (owner-only: it lives in the 0700 runtime dir)."""
     return f"ipc://{_socket_path(job, '.publish')}"
+
+
+def node_collector_running() -> bool:
+    """Whether a node collector of this user runs on this node: it holds the lock of :func:`node_lock_path` while
+    it runs, so a rank of a job it has not picked up yet knows one will."""
+    try:
+        fd = os.open(node_lock_path(), os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, SegmentError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also lets go of the lock this took
+    return False
 
 
 def lock_path(job: str) -> str:

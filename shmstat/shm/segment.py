@@ -238,6 +238,31 @@ class Segment:
         """Set a rank entry's state (collector: died; rank: exited)."""
         struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)
 
+    def delivered_marks(self) -> list[tuple[int, int, int, int, int, int]]:
+        """Every delivered mark in use (see :mod:`shmstat.shm.layout`): ``(index, pid, rank, incarnation,
+        delivered, origin)``."""
+        geo = self.geometry
+        out = []
+        for index in range(geo.max_marks):
+            pid, rank, incarnation, delivered, origin = struct.unpack_from("<qqQQQ", self.buf,
+                                                                           geo.mark_offset(index))
+            if pid > 0:
+                out.append((index, pid, rank, incarnation, delivered, origin))
+        return out
+
+    def set_delivered_mark(self, index: int, pid: int, rank: int, incarnation: int, delivered: int,
+                           origin: int) -> None:
+        """(Re)use mark ``index`` for sender (``rank``, ``pid``, ``incarnation``, ``origin``): its pid is written
+        last, so a collector killed mid-write leaves a free mark, never a torn one (collector only)."""
+        offset = self.geometry.mark_offset(index)
+        struct.pack_into("<q", self.buf, offset, 0)
+        struct.pack_into("<qQQQ", self.buf, offset + 8, rank, incarnation, delivered, origin)
+        struct.pack_into("<q", self.buf, offset, pid)
+
+    def move_delivered_mark(self, index: int, delivered: int) -> None:
+        """Advance mark ``index`` to ``delivered`` (one aligned 8-byte store; collector only)."""
+        struct.pack_into("<Q", self.buf, self.geometry.mark_offset(index) + 24, delivered)
+
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap the segment (the segment itself stays until unlinked)."""

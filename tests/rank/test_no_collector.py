@@ -153,6 +153,16 @@ def test_an_unusable_lock_file_mid_run_stops_nothing(job_id):
     assert "lock file" in err
 
 
+def test_workers_that_log_events_without_a_collector_exit_at_once(job_id):
+    """No collector serves the job: a worker that logged an event and put a metric exits without waiting out
+    the publisher's linger (2 s) for an acknowledgement no one will send; what it held is counted as dropped."""
+    got, _err = _run(job_id, "event_epochs", 3, 4)
+    assert got["codes"] == [0]
+    # each epoch starts 4 fork workers and joins them: one waiting out the linger makes it last >= 2 s, every
+    # time; the fastest epoch is compared, so a loaded machine does not make it flake
+    assert min(got["took"]) < 1.0, got["took"]
+
+
 def test_a_two_rank_job_without_a_collector_leaves_nothing(job_id):
     env = dict(os.environ, SHMSTAT_JOB=job_id, SHMSTAT_WORLD_SIZE="2",
                PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))

@@ -21,6 +21,7 @@ from shmstat import wire
 from shmstat.errors import ConfigError
 from shmstat.job import _state
 from shmstat.publish.publisher import Publisher, PublisherStats, after_fork_in_child
+from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -48,6 +49,8 @@ class Collector:
         self.sock.send(b"\x01")
         self.messages: list[wire.WireMessage] = []
         self.held: list[wire.WireMessage] = []  # hand-over markers (answers to an unsubscribe)
+        self.syncs: list[wire.WireMessage] = []  # re-sync markers (a publisher's answer to a subscription)
+        self.acks = True
 
     def pump(self, timeout_ms: int = 10) -> None:
         """Receive whatever is there (waiting up to ``timeout_ms`` for the first message)."""
@@ -58,11 +61,16 @@ class Collector:
                 except zmq.Again:
                     return
                 msg = wire.decode(topic, payload)
-                if topic == wire.HELD_TOPIC:  # answered as the real collector does
+                if topic == wire.HELD_TOPIC and msg.items[0].get("state") == SYNC_STATE:
+                    self.syncs.append(msg)  # a re-sync marker: re-sent messages follow
+                elif topic == wire.HELD_TOPIC:  # answered as the real collector does
                     self.held.append(msg)
                     self.sock.send(wire.ACK_PREFIX + str(msg.pid).encode())
                 else:
                     self.messages.append(msg)
+                    if self.acks:  # delivered at once: the publisher forgets it
+                        self.sock.send(encode_delivered([(msg.pid, msg.rank, msg.incarnation,
+                                                          msg.seq + len(msg.items))])[0])
 
     def receive_until(self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
         """Keep receiving until ``predicate()`` holds; fail at the deadline."""
@@ -642,3 +650,28 @@ def test_log_event_and_put_metric_use_only_the_publishers_public_fast_path(backe
         pub.outbox.pop()
     assert [item[2] for item in got["event"]] == [{"a": 1}, {"a": 2}]
     assert [item[:3] for item in got["metric"]] == [["g", "m", 2]]
+
+
+def test_what_no_collector_acknowledged_is_re_sent_behind_a_marker_within_the_bound(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    c = collector_factory()
+    c.acks = False  # a collector that received everything and died before its sinks took any of it
+    pub = Publisher(endpoint, rank=1, backlog_bytes=64 * 1024)
+    publishers.append(pub)
+    n = 1000
+    for i in range(n):  # ~100 KiB of messages sent one by one: more than the 64 KiB kept
+        pub.publish_event("e", i, {"pad": "p" * 80})
+        if i % 10 == 9:
+            assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == n)
+    assert [m.seq for m in c.syncs] == [0]  # the first subscription: nothing held yet
+    c.messages.clear()
+    c.sock.send(encode_delivered([(os.getpid(), 1, 0, 100)])[0])  # the first 100 were delivered after all
+    c.sock.send(b"\x01")  # the next collector subscribes
+    c.receive_until(lambda: len(c.syncs) == 2, what="the re-sync marker")
+    first = c.syncs[1].seq
+    assert 100 < first < n  # what the bound gave up (100..first) is the gap the next collector counts
+    c.receive_until(lambda: c.count() == n - first, what="the re-sent messages")
+    assert [s for s, _i, _m in c.items()] == list(range(first, n))  # in order, each once
+    assert pub._sender.kept_evicted > 0

@@ -1,0 +1,97 @@
+"""Events survive a collector crash: a rank keeps what it sent until the collector acknowledges that its sinks took
+it, and re-sends the rest to the next collector, which drops what the last one delivered (the delivered marks in
+the segment). Real collectors SIGKILLed at random moments while real ranks log events at a steady rate; the
+``--events jsonl`` file must hold every event exactly once, with no gap record."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+
+from _procs import read_jsonl, spawn, start_collector
+from _support import wait_for
+
+
+def _steady_rank(job: str, rank: int, world: int, period_s: float, stop_path: str, out: str) -> None:
+    """Log one event every ``period_s`` until ``stop_path`` exists, then shut down and report how many."""
+    import datetime
+
+    import shmstat
+
+    shmstat.init(job, rank=rank, local_rank=rank, world_size=world)
+    pub = shmstat.job._state.STATE.publisher
+    i = 0
+    next_at = time.monotonic()
+    while not os.path.exists(stop_path):
+        shmstat.log_event(shmstat.Event("durable.e", datetime.datetime.now(), {"rank": rank, "i": i}))
+        i += 1
+        next_at += period_s
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    shmstat.shutdown(flush_timeout_s=30)
+    stats = pub.stats()
+    with open(out + ".tmp", "w") as f:
+        json.dump({"logged": i, "dropped": stats.dropped}, f)
+    os.replace(out + ".tmp", out)
+
+
+def _by_rank(lines: list[dict], rank: int) -> list[int]:
+    return sorted(e["seq"] for e in lines if "gap" not in e and e["rank"] == rank)
+
+
+def _collector(job: str, out: str):
+    return start_collector(job, "--events", f"jsonl:{out}", "--handler", "*=null", "--status-interval", "0")
+
+
+def test_events_survive_repeated_collector_sigkills_exactly_once(job, tmp_path):
+    out = str(tmp_path / "events.jsonl")
+    stop = str(tmp_path / "stop")
+    ranks, kills = 2, 4
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    coll = _collector(job, out)
+    procs = [spawn(_steady_rank, job, r, ranks, 0.002, stop, str(tmp_path / f"r{r}.json")) for r in range(ranks)]
+    try:
+        for _ in range(kills):
+            wait_for(lambda: len(read_jsonl(out)) > 0, 60, 0.01, what="events in the file")
+            time.sleep(rng.uniform(0.05, 1.0))  # a random moment while events flow
+            coll.proc.send_signal(signal.SIGKILL)
+            coll.stop()
+            time.sleep(rng.uniform(0.0, 0.3))
+            coll = _collector(job, out)
+        time.sleep(rng.uniform(0.2, 0.6))
+        with open(stop, "w"):
+            pass
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        reports = []
+        for r in range(ranks):
+            with open(tmp_path / f"r{r}.json") as f:
+                reports.append(json.load(f))
+        total = sum(rep["logged"] for rep in reports)
+
+        def kept() -> int:
+            return len([e for e in read_jsonl(out) if "gap" not in e])
+
+        deadline = time.monotonic() + 60
+        while kept() < total and time.monotonic() < deadline:  # what is missing then is said below
+            time.sleep(0.05)
+    finally:
+        with open(stop, "w"):
+            pass
+        for p in procs:
+            p.join(30)
+        assert coll.stop(signal.SIGTERM) == 0
+    lines = read_jsonl(out)
+    gaps = [g for g in lines if "gap" in g]
+    assert gaps == [], f"seed {seed}: {gaps} {reports} {[len(_by_rank(lines, r)) for r in range(ranks)]}"
+    for r, rep in enumerate(reports):
+        assert rep["dropped"] == 0
+        seen = Counter(e["data"]["i"] for e in lines if "gap" not in e and e["rank"] == r)
+        missing = sorted(set(range(rep["logged"])) - set(seen))
+        assert missing == [], f"seed {seed}: rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
+        assert [i for i, n in seen.items() if n > 1] == [], f"seed {seed}: rank {r} has duplicates"
