@@ -2,7 +2,7 @@
 
 These are the records a pass's rows become when one is wanted as an object (:meth:`collector.read.columns.Columns.row`,
 ``to_rows``: ``stat/`` subscribers, the OTLP sink, ``shmstat top``). Merging is not done here: the one merge is
-:func:`collector.read.column_merge.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
+:func:`collector.read.columns.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
 are the extremes of the parts, VALUE is the value with the latest timestamp, the percentiles come from the parts'
 histograms merged exactly); the per-object fold it is checked against is in ``tests/_merge_ref.py``.
 """
