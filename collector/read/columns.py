@@ -38,7 +38,7 @@ from elastic.metrics import StatMetricData
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregation_key
 
 from .hist_batch import HistBatch
-from .rows import Summary, WindowRow, _ordered
+from .rows import Summary, WindowRow, ordered_aggregations
 
 __all__ = ["PERCENTILE_COLUMNS", "Columns", "Parts", "StatTable", "merge_parts"]
 
@@ -182,7 +182,7 @@ class Columns:
 
     def aggregations(self, i: int) -> tuple[Aggregation, ...]:
         """The aggregations row ``i``'s stat asked for, in torch.monitor's order (COUNT, SUM, MEAN, ..)."""
-        return _ordered(int(self.agg_mask[i]))
+        return ordered_aggregations(int(self.agg_mask[i]))
 
     def row(self, i: int) -> WindowRow:
         """Row ``i`` as a :class:`WindowRow`."""
@@ -241,7 +241,7 @@ def _plan(stat: str, mask: int) -> tuple[tuple[str, int], ...]:
     if len(_plan_cache) > 1 << 17:
         _plan_cache.clear()
     plan = _plan_cache[(stat, mask)] = tuple((f"{stat}.{aggregation_key(a)}", _COLUMN_OF[a])
-                                             for a in _ordered(mask))
+                                             for a in ordered_aggregations(mask))
     return plan
 
 
