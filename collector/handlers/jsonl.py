@@ -2,7 +2,7 @@
 once across collector restarts.
 
 What a jsonl file already holds when a collector opens it, so that the windows a restarted collector emits
-again are not written twice (:func:`resume_jsonl`, used by :class:`JsonlMetricHandler`):
+again are not written twice (:func:`resume_jsonl`, used by :class:`JsonlMetricHandler`).
 
 A collector commits a pass's watermark only once every handler took it (:mod:`collector.daemon.commits`), so a
 collector killed between the jsonl handler's write and that commit leaves rows in the file that the next

@@ -437,8 +437,8 @@ class SlotTable:
 
 
 # ---- What a pass produced ----
-# What one pass of :class:`Scanner` produced (:class:`ScanResult`), the watermarks it leaves
-# to write into the segment (:class:`DurableMarks`), and the count of distinct rows its counters are computed with.
+# What one pass of :class:`Scanner` produced (:class:`ScanResult`), the watermarks it leaves to write into the
+# segment (:class:`DurableMarks`), and the count of distinct rows its counters are computed with.
 
 
 @dataclass
@@ -508,9 +508,9 @@ class DurableMarks(NamedTuple):
 
 
 # ---- Reading banks ----
-# The seqlock reads of banks that the scanner's pass makes: many banks at once
-# (:func:`read_banks`), those found torn again one by one (:func:`retry_torn`), and one window's histogram with its
-# bank (:func:`read_hist`). They hold no scanner state: each reads the segment it is given.
+# The seqlock reads of banks that the scanner's pass makes: many banks at once (:func:`read_banks`), those found
+# torn again one by one (:func:`retry_torn`), and one window's histogram with its bank (:func:`read_hist`). They
+# hold no scanner state: each reads the segment it is given.
 
 
 _WORDS = L.BANK_WORDS
