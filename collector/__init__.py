@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers.api import AgentMetricData, Dispatcher, JsonlMetricHandler, build_handler
 from .handlers.compact import CompactWindowHandler
-from .handlers.events import EventHandler, EventRecord, GapRecord, build_event_handler
-from .handlers.protocol import ColumnsHandler, RowsAdapter
+from .handlers.dispatch import Dispatcher
+from .handlers.events import EventHandler, EventRecord, GapRecord
+from .handlers.jsonl import JsonlMetricHandler
+from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter
+from .handlers.specs import build_event_handler, build_handler
 from .read.columns import Columns
-from .read.merge import Summary, WindowRow
+from .read.rows import Summary, WindowRow
 
 __all__ = [
     "PLATFORM_GROUP",

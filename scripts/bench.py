@@ -486,7 +486,7 @@ def worker_scrape(args: argparse.Namespace) -> None:
 
     from collector.prometheus.exporter import PrometheusExporter
     from collector.read.columns import Columns
-    from collector.read.merge import Summary, WindowRow
+    from collector.read.rows import Summary, WindowRow
 
     ex = PrometheusExporter("127.0.0.1:0")
     url = ex.start()

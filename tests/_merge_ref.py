@@ -1,13 +1,13 @@
 """Merging summaries the slow way, for tests: :func:`merge` (two summaries) and :func:`merge_all`, the per-object
-fold over :class:`collector.read.merge.Summary` parts that the collector's one merge, the columnar
-:func:`collector.read.column_merge.merge_parts`, must equal, bit for bit when the parts come in the same order."""
+fold over :class:`collector.read.rows.Summary` parts that the collector's one merge, the columnar
+:func:`collector.read.columns.merge_parts`, must equal, bit for bit when the parts come in the same order."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
 
-from collector.read.merge import Summary
+from collector.read.rows import Summary
 from shmstat.histogram import Histogram, merge_histograms
 
 

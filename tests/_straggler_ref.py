@@ -1,6 +1,6 @@
 """Straggler scoring the slow way, for tests: the per-row reference :func:`update_rows` that
 :meth:`collector.daemon.straggler.StragglerDetector.update_columns` must equal, and :func:`columns_of`, which lays
-hand-made :class:`collector.read.merge.WindowRow` objects out as the :class:`collector.read.columns.Columns` of one
+hand-made :class:`collector.read.rows.WindowRow` objects out as the :class:`collector.read.columns.Columns` of one
 pass."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 from collector.read.columns import Columns
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 
 
 def update_rows(det: StragglerDetector, rows: Iterable[WindowRow]) -> StragglerUpdate:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import threading
 
-from collector.handlers.api import JsonlMetricHandler
-from collector.handlers.tensorboard import TensorboardMetricHandler
+from collector.handlers.jsonl import JsonlMetricHandler
+from collector.handlers.tensorboard_sink import TensorboardMetricHandler
 from elastic.metrics import MetricHandler, StatMetricData
 
 

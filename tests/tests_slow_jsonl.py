@@ -7,7 +7,7 @@ import io
 import os
 import time
 
-from collector.handlers.api import JsonlMetricHandler
+from collector.handlers.jsonl import JsonlMetricHandler
 
 
 class _Noting(io.RawIOBase):

@@ -36,7 +36,7 @@ from shmstat.names import check_name
 from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
-from ..handlers.api import AgentMetricData
+from ..handlers.protocol import AgentMetricData
 from .stopping import become_subreaper, reap_adopted, stop_group
 
 __all__ = ["Agent", "AgentResult", "run_job"]
@@ -70,7 +70,7 @@ class AgentResult:
 
 class _ToCollector(metrics.MetricHandler):
     """Hands the agent's own metrics to the collector running in this process, as the agent's metrics of the job
-    (:class:`collector.handlers.api.AgentMetricData`)."""
+    (:class:`collector.handlers.protocol.AgentMetricData`)."""
 
     def __init__(self, collector: Collector, job: str) -> None:
         self.collector = collector

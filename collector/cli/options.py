@@ -19,7 +19,7 @@ from shmstat.shm.layout import (
 from ..daemon.config import CollectorConfig
 from ..daemon.gpu import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..daemon.straggler import MAX_WINDOWS
-from ..handlers.api import parse_handler_args
+from ..handlers.specs import parse_handler_args
 from ..prometheus.tls import TLSFiles
 
 __all__ = ["TUNED", "Tuned", "add_collector_options", "collector_config", "config_default", "geometry_from"]

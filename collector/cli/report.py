@@ -1,7 +1,7 @@
 """``shmstat report``: a finished job's jsonl output (and its ``--events`` file) as one self-contained HTML file.
 
 Reading and drawing are two steps, so each can be tested on its own: :func:`load_report` reads the jsonl rows of
-the windows handler (:class:`collector.handlers.api.JsonlMetricHandler`'s format) and the events sink's lines
+the windows handler (:class:`collector.handlers.jsonl.JsonlMetricHandler`'s format) and the events sink's lines
 (:class:`collector.handlers.events.JsonlEventHandler`'s) into a :class:`JobReport`; :func:`render_html` draws it
 with plotly.js (the ``plotly`` package's own copy, from the optional extra ``shmstat[report]``), inlined in the
 page with every figure's data, so nothing is fetched when the page is opened (no network, no CDN).

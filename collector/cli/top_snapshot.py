@@ -2,7 +2,7 @@
 stat, merged across ranks, each rank's figure and straggler score in that window) into small frozen dataclasses
 (:class:`TopSnapshot` and what it holds), which :func:`collector.cli.top.render` draws.
 
-The windows are merged by the collector's own merge (:func:`collector.read.column_merge.merge_parts`, the one every
+The windows are merged by the collector's own merge (:func:`collector.read.columns.merge_parts`, the one every
 collector pass uses, so the figures are the collector's to the last bit; only ranks that declare one stat with
 different aggregations are one row here and several there): a stat's merged figure combines the windows of every
 rank, and a rank's extra writers (forked children, spawned workers: entries with ``writer_of != 0``) count in that
@@ -24,10 +24,10 @@ from shmstat.shm.reader import SegmentReader, WindowRead
 from shmstat.shm.segment import Segment, pid_alive
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, figure, score_ranks
-from ..read.column_merge import Parts, StatTable, merge_parts
+from ..read.columns import Parts, StatTable, merge_parts
 from ..read.gpu_figures import figure_of
 from ..read.hist_batch import HistBatch
-from ..read.merge import Summary, WindowRow
+from ..read.rows import Summary, WindowRow
 
 __all__ = ["JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "snapshot"]
 
@@ -217,7 +217,7 @@ def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, Windo
                     stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]],
                     ) -> list[tuple[WindowRow, dict[int, Summary]]]:
     """The newest window of every stat in ``found``, merged by the collector's merge
-    (:func:`collector.read.column_merge.merge_parts`): per stat its merged row and each rank's summary (by rank)."""
+    (:func:`collector.read.columns.merge_parts`): per stat its merged row and each rank's summary (by rank)."""
     if not found:
         return []
     keys = {key: k for k, key in enumerate(stat_of)}

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from shmstat.shm.segment import Segment
 
     from ..handlers.dispatch import PassTaken
-    from ..read.scan_result import DurableMarks
+    from ..read.scanner import DurableMarks
 
 __all__ = ["DEFAULT_COMMIT_WAIT_S", "MAX_PENDING", "PendingCommits"]
 

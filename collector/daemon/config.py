@@ -15,8 +15,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.shm.layout import Geometry
 
-from ..handlers.api import Dispatcher
-from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, ThreadedDispatcher
+from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, Dispatcher, ThreadedDispatcher
 from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from ..prometheus.tls import TLSFiles
 from .commits import DEFAULT_COMMIT_WAIT_S

@@ -4,9 +4,9 @@ Its watermark moves at once in the scanner's memory, and into the segment only o
 (:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one.
 
 The pass is read as :class:`collector.read.columns.Columns` (merged by the one merge,
-:func:`collector.read.column_merge.merge_parts`) and handed whole to the dispatcher
+:func:`collector.read.columns.merge_parts`) and handed whole to the dispatcher
 (:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: every handler takes it as columns), the
-Prometheus exporter and the straggler detector. :class:`collector.read.merge.WindowRow` objects are built only
+Prometheus exporter and the straggler detector. :class:`collector.read.rows.WindowRow` objects are built only
 for subscribers of a group's ``stat/`` topics, and only when there are some.
 """
 

@@ -28,7 +28,7 @@ from shmstat.aggregation import Aggregation
 from shmstat.errors import ConfigError
 
 from ..read.gpu_figures import GPU_GROUP, is_gpu_stat
-from ..read.merge import Summary, WindowSpan
+from ..read.rows import Summary, WindowSpan
 
 if TYPE_CHECKING:
     from ..read.columns import Columns

@@ -1,4 +1,5 @@
-"""Handlers off the scanning loop: each handler runs in a thread of its own, fed through a bounded queue.
+"""Which handler serves each group (:class:`Dispatcher`, the routing table), and handlers off the scanning loop
+(:class:`ThreadedDispatcher`): each handler runs in a thread of its own, fed through a bounded queue.
 
 Every handler here is a :class:`collector.handlers.protocol.ColumnsHandler` (anything else was wrapped when it
 was built): a pass reaches it as columns (``emit_columns``), a metric outside windows through ``emit``, and
@@ -21,20 +22,21 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from elastic.metrics import MetricData
+from elastic.metrics import MetricData, MetricHandler
 
-from .api import Dispatcher
-from .protocol import ColumnsHandler, RowsFailed
+from .compact import CompactWindowHandler
+from .protocol import ColumnsHandler, RowsFailed, as_columns_handler
+from .specs import build_handler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["DEFAULT_HANDLER_QUEUE", "PassTaken", "ThreadedDispatcher", "plan_pass"]
+__all__ = ["DEFAULT_HANDLER_QUEUE", "Dispatcher", "PassTaken", "ThreadedDispatcher", "plan_pass"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -42,6 +44,67 @@ DEFAULT_HANDLER_QUEUE = 100_000
 """Rows queued per handler at most before new ones are dropped (and counted)."""
 
 _FLUSH, _BARRIER, _STOP = object(), object(), object()
+
+
+class Dispatcher:
+    """Which handler serves each group (or the default): the routing table. Each handler is held as the collector
+    calls it, a :class:`~collector.handlers.protocol.ColumnsHandler` (a torchelastic handler given here is wrapped
+    once, :func:`~collector.handlers.protocol.as_columns_handler`; one object serving several groups is wrapped
+    once for all). Handlers are called only by :class:`ThreadedDispatcher`, each in a
+    thread of its own."""
+
+    def __init__(self, handlers: Mapping[str, MetricHandler], default: MetricHandler | None = None) -> None:
+        self._wrapped: dict[int, ColumnsHandler] = {}
+        self.handlers: dict[str, ColumnsHandler] = {}
+        self.default: ColumnsHandler = CompactWindowHandler()
+        given = dict(handlers)
+        star = given.pop("*", None)
+        chosen = default if default is not None else star
+        if chosen is not None:
+            self.bind("*", chosen)
+        for group, handler in given.items():
+            self.bind(group, handler)
+
+    @classmethod
+    def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
+        """Build every handler named in ``{group: spec}`` (``*`` = default)."""
+        built = {group: build_handler(spec) for group, spec in specs.items()}
+        default = built.pop("*", None)
+        return cls(built, default)
+
+    def bind(self, group: str, handler: MetricHandler) -> ColumnsHandler:
+        """Serve ``group`` (``*``: the default) with ``handler``; returns it as the collector calls it."""
+        wrapped = self._wrapped.get(id(handler))
+        if wrapped is None:
+            wrapped = self._wrapped[id(handler)] = as_columns_handler(handler)
+            self._wrapped[id(wrapped)] = wrapped
+        if group == "*":
+            self.default = wrapped
+        else:
+            self.handlers[group] = wrapped
+        return wrapped
+
+    def handler_for(self, group: str) -> ColumnsHandler:
+        """The handler that receives metrics of ``group``."""
+        return self.handlers.get(group, self.default)
+
+    def discards(self, group: str) -> bool:
+        """Whether ``group``'s handler throws everything away (a null handler: its ``discards``): the collector
+        then builds no metric for it."""
+        return self.handlers.get(group, self.default).discards
+
+    def discards_points(self, group: str) -> bool:
+        """Whether ``group``'s handler has no use for metrics that belong to no window (put by ranks, ``@prof``):
+        it :meth:`discards` everything, or says so with ``takes_points = False`` (the compact handler)."""
+        handler = self.handlers.get(group, self.default)
+        return handler.discards or not handler.takes_points
+
+    def all_handlers(self) -> list[ColumnsHandler]:
+        """Every distinct handler, default included."""
+        seen: dict[int, ColumnsHandler] = {id(self.default): self.default}
+        for h in self.handlers.values():
+            seen.setdefault(id(h), h)
+        return list(seen.values())
 
 
 class _Pass(NamedTuple):

@@ -30,7 +30,8 @@ from shmstat.errors import WireError
 from shmstat.publish.item_sizes import item_bytes
 
 from ..wire.intake import Received
-from .events import EventRecord, GapRecord, build_event_handler
+from .events import EventRecord, GapRecord
+from .specs import build_event_handler
 
 __all__ = ["DEFAULT_EVENTS_QUEUE_BYTES", "MAX_BATCH_BYTES", "MAX_BATCH_EVENTS", "MAX_SUMMARIES", "EventDelivery"]
 
@@ -268,7 +269,7 @@ class EventDelivery:
 
     @classmethod
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
-        """The sinks ``specs`` name (:func:`collector.handlers.events.build_event_handler`); a bad SPEC is a
+        """The sinks ``specs`` name (:func:`collector.handlers.specs.build_event_handler`); a bad SPEC is a
         :class:`~shmstat.errors.ConfigError` and the sinks built before it are closed."""
         built: list[Any] = []
         try:

@@ -1,4 +1,4 @@
-"""Events kept: the records an events sink receives, the built-in sinks and the ``--events SPEC`` that names one.
+"""Events kept: the records an events sink receives and the built-in sinks (``--events SPEC`` names one).
 
 A sink is any object with ``emit_events(batch)``: ``batch`` is a list of :class:`EventRecord` (one event) and
 :class:`GapRecord` (numbered items that never reached the sink), in the order the collector took them. The
@@ -9,7 +9,8 @@ documented base class (subclassing it is optional).
 SPECs (``shmstat collect --events SPEC``, repeatable): ``jsonl:PATH`` (:class:`JsonlEventHandler`), ``console``
 (:class:`ConsoleEventHandler`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`: OpenTelemetry logs over
 OTLP/HTTP) and ``pkg.module:Class[,key=value...]`` (keyword arguments read as for ``--handler``, see
-:func:`collector.handlers.api.parse_spec_kwargs`). A bad SPEC is a :class:`ConfigError` of one sentence.
+:func:`collector.handlers.specs.parse_spec_kwargs`). :func:`collector.handlers.specs.build_event_handler` builds
+the sink a SPEC names; a bad SPEC is a :class:`ConfigError` of one sentence.
 """
 
 from __future__ import annotations
@@ -26,10 +27,7 @@ from typing import IO, Any
 
 from shmstat.errors import ConfigError
 
-from .api import is_user_class_spec, load_user_class, parse_spec_kwargs
-
-__all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler",
-           "build_event_handler", "takes_events"]
+__all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler", "takes_events"]
 
 EventData = dict[str, str | int | float | bool]
 
@@ -203,33 +201,3 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     return value
-
-
-def build_event_handler(spec: str) -> Any:
-    """The events sink a SPEC names (see the module docstring); :class:`ConfigError` with one sentence for a bad
-    SPEC, before anything is started."""
-    kind, _, arg = spec.partition(":")
-    if spec == "console":
-        return ConsoleEventHandler()
-    if kind == "jsonl":
-        if not arg:
-            raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
-        return JsonlEventHandler(arg)
-    if kind == "otlp":
-        from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
-
-        return build_otlp_event_handler(arg)
-    class_name, comma, arguments = arg.partition(",")
-    if is_user_class_spec(kind, class_name):
-        kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
-
-        def refusal(cls: Any) -> str | None:
-            if isinstance(cls, type) and takes_events(cls):
-                return None
-            return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
-
-        return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
-    shown = repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
-    either = f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
-    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, "
-                      "otlp:ENDPOINT or pkg.module:Class")

@@ -35,38 +35,38 @@ into the exception).
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
+from .otlp_export import (
+    DEFAULT_TIMEOUT_S,
+    OtlpExportError,
+    catch_export_reasons,
+    check_endpoint,
+    collector_resource,
+    export_reasons,
+)
 from .protocol import ColumnsHandler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
-    from ..read.merge import WindowRow
+    from ..read.rows import WindowRow
 
 __all__ = ["DEFAULT_TIMEOUT_S", "OtlpExportError", "OtlpMetricHandler", "build_otlp_handler"]
 
 _log = logging.getLogger("shmstat.collector")
 
-DEFAULT_TIMEOUT_S = 3.0
-"""Seconds one export may take, retries of the exporter included."""
 _BACKOFF_S = (1.0, 30.0)
 """The wait after a failed export: first, and at most (doubling in between)."""
 _EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http.metric_exporter"
 _INSTALL = "pip install 'shmstat[otlp]'"
-
-
-class OtlpExportError(RuntimeError):
-    """An export did not reach the receiver (its points are dropped); raised by :meth:`OtlpMetricHandler.flush`."""
 
 
 @dataclass
@@ -76,38 +76,6 @@ class _Series:
     start_ns: int
     count: int = 0
     sum: float = 0.0
-
-
-class _ReasonCatcher(logging.Filter):
-    """Keeps the exporter's own records out of the log, remembering the last one per thread (the reason of a
-    failure, which the exporter does not return)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last: dict[int, str] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.last[threading.get_ident()] = record.getMessage()
-        return False
-
-
-_catcher = _ReasonCatcher()
-
-
-def catch_export_reasons(logger_name: str) -> None:
-    """Have :data:`_catcher` keep the reason an SDK exporter logs for a failed export (once per logger)."""
-    logger = logging.getLogger(logger_name)
-    if _catcher not in logger.filters:
-        logger.addFilter(_catcher)
-
-
-def collector_resource(resource_cls: Any, host: str | None) -> Any:
-    """The OpenTelemetry resource of this collector: ``host.name`` (``host`` or this machine's name), the
-    ``OTEL_*`` environment's attributes, and ``service.name`` "shmstat" unless the environment named one."""
-    resource = resource_cls.create({"host.name": host or socket.gethostname()})
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-        resource = resource.merge(resource_cls({"service.name": "shmstat"}))
-    return resource
 
 
 def _otel() -> Any:
@@ -135,16 +103,6 @@ def build_otlp_handler(endpoint: str) -> OtlpMetricHandler:
     OpenTelemetry is not installed."""
     check_endpoint(endpoint, "handler", "http://127.0.0.1:4318/v1/metrics")
     return OtlpMetricHandler(endpoint)
-
-
-def check_endpoint(endpoint: str, spec_kind: str, example: str) -> None:
-    """Refuse (:class:`ConfigError`, one sentence) an empty ``otlp:`` spec or an endpoint that is not an http(s)
-    URL with a host; ``spec_kind`` ("handler", "events") and ``example`` shape the message."""
-    if not endpoint:
-        raise ConfigError(f"{spec_kind} spec 'otlp:' needs an endpoint, e.g. otlp:{example}")
-    url = urlsplit(endpoint)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"otlp endpoint {endpoint!r} is not an http(s) URL, e.g. {example}")
 
 
 class OtlpMetricHandler(ColumnsHandler):
@@ -271,7 +229,7 @@ class OtlpMetricHandler(ColumnsHandler):
             raise OtlpExportError(f"OTLP export to {self.endpoint} failed recently; {points} points dropped "
                                   f"until the next attempt in {self._retry_at - now:.1f} s")
         reason = ""
-        _catcher.last.pop(threading.get_ident(), None)
+        export_reasons.last.pop(threading.get_ident(), None)
         try:
             ok = self._exporter.export(data) == self._otel.export.MetricExportResult.SUCCESS
         except Exception as exc:  # an exporter's bug must not end the handler's thread
@@ -283,7 +241,7 @@ class OtlpMetricHandler(ColumnsHandler):
             self._backoff = _BACKOFF_S[0]
             self._retry_at = 0.0
             return
-        reason = reason or _catcher.last.pop(threading.get_ident(), "") or "the receiver refused it"
+        reason = reason or export_reasons.last.pop(threading.get_ident(), "") or "the receiver refused it"
         self.failures += 1
         self.points_dropped += points
         wait = self._backoff

@@ -31,7 +31,14 @@ from typing import Any
 from shmstat.errors import ConfigError
 
 from .events import EventHandler, EventRecord, GapRecord
-from .otlp import DEFAULT_TIMEOUT_S, OtlpExportError, _catcher, catch_export_reasons, check_endpoint, collector_resource
+from .otlp_export import (
+    DEFAULT_TIMEOUT_S,
+    OtlpExportError,
+    catch_export_reasons,
+    check_endpoint,
+    collector_resource,
+    export_reasons,
+)
 
 __all__ = ["GAP_EVENT_NAME", "OtlpEventHandler", "build_otlp_event_handler"]
 
@@ -113,7 +120,7 @@ class OtlpEventHandler(EventHandler):
                                   f"until the next attempt in {self._retry_at - now:.1f} s")
         records = [self._record(r) for r in batch]
         reason = ""
-        _catcher.last.pop(threading.get_ident(), None)
+        export_reasons.last.pop(threading.get_ident(), None)
         try:
             ok = self._exporter.export(records) == self._otel.result.SUCCESS
         except Exception as exc:  # an exporter's bug must not end the sink's thread
@@ -124,7 +131,7 @@ class OtlpEventHandler(EventHandler):
             self.exports += 1
             self._backoff, self._retry_at = _BACKOFF_S[0], 0.0
             return
-        reason = reason or _catcher.last.pop(threading.get_ident(), "") or "the receiver refused it"
+        reason = reason or export_reasons.last.pop(threading.get_ident(), "") or "the receiver refused it"
         self.failures += 1
         wait = self._backoff
         self._retry_at = self._clock() + wait

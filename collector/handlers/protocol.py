@@ -5,7 +5,7 @@ and it calls only these, each from the handler's own thread:
 
 - ``emit_columns(columns)``: each collector pass of one job, the rows of the groups the handler serves, as one
   :class:`collector.read.columns.Columns` (arrays per figure, merged across ranks by the one merge,
-  :func:`collector.read.column_merge.merge_parts`);
+  :func:`collector.read.columns.merge_parts`);
 - ``emit(metric_data)``: each metric that belongs to no window (put by ranks, ``@prof``, the collector's own
   figures), torchelastic's signature;
 - ``flush()``: once per pass, after its rows: the pass counts as taken when it returns (a no-op unless overridden);
@@ -24,6 +24,8 @@ dispatcher's constructor call), never looked at again per call:
   scan loop;
 - a user's ``MetricHandler`` subclass that defines ``emit_columns`` without subclassing :class:`ColumnsHandler`
   becomes a :class:`ColumnsAdapter`, which calls its ``emit_columns`` and adds the ``flush``/``close`` it lacks.
+
+:class:`AgentMetricData` is the one record of metrics a handler may tell apart: the agent's own metrics.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from elastic.metrics import MetricData, MetricHandler, NullMetricHandler
+from elastic.metrics import MetricData, MetricHandler, NullMetricHandler, StatMetricData
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "as_columns_handler"]
+__all__ = ["AgentMetricData", "ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "as_columns_handler"]
 
 
 class ColumnsHandler(MetricHandler):
@@ -164,3 +166,16 @@ def _method(handler: object, name: str) -> Callable[..., object] | None:
         return None
     method: Callable[..., object] = getattr(handler, name)
     return method
+
+
+class AgentMetricData(StatMetricData):
+    """A metric the agent of ``shmstat run`` put (its ``@prof`` calls, ``workers.<role>.*``): a
+    :class:`StatMetricData` with ``rank`` None, no window, and the job the agent runs. Handlers that care tell it
+    apart with ``isinstance`` (``tensorboard:DIR`` writes it to the job's own ``agent`` run); to every other
+    handler it is a put metric with no rank."""
+
+    @classmethod
+    def of(cls, metric: MetricData, job: str) -> AgentMetricData:
+        """``metric`` (a torchelastic MetricData the agent made) as the agent's metric of ``job``."""
+        return cls(metric.timestamp, metric.group_name, metric.name, metric.value, rank=None,
+                   window_start=None, window_end=None, job=job)  # type: ignore[arg-type]

@@ -1,15 +1,14 @@
 """Reading a job's closed windows out of its segment and merging them across ranks.
 
-- :mod:`~collector.read.scanner`: one pass over every rank's slots (long windows looked at by
-  :mod:`~collector.read.long_windows`, banks read by :mod:`~collector.read.bank_reads`, histograms by
-  :mod:`~collector.read.hist_reader`) over the known slots as arrays (:mod:`~collector.read.slot_table`),
-  producing a :mod:`~collector.read.scan_result`;
-- :mod:`~collector.read.column_merge`: the one merge, a pass's windows merged across writers and ranks on arrays
-  (the collector's and ``shmstat top``'s);
-- :mod:`~collector.read.columns`: a pass as columns (what every handler receives), with its histograms as
-  arrays (:mod:`~collector.read.hist_batch`);
-- :mod:`~collector.read.merge`: a window's figures as a record (``Summary``, ``WindowRow``), for the rows that
-  are wanted as objects.
+- :mod:`~collector.read.scanner`: the scanner and its reads: one pass over every rank's slots (the known slots as
+  arrays, banks and histograms read with the seqlock on arrays, long windows looked at cheaply), producing a
+  ``ScanResult``;
+- :mod:`~collector.read.columns`: a pass as columns (what every handler receives), and the one merge that builds
+  them, a pass's windows merged across writers and ranks on arrays (the collector's and ``shmstat top``'s);
+- :mod:`~collector.read.hist_batch`: many windows' histograms as arrays;
+- :mod:`~collector.read.rows`: a window's figures as a record (``Summary``, ``WindowRow``, ``WindowSpan``), for the
+  rows that are wanted as objects;
+- :mod:`~collector.read.gpu_figures`: the GPU figures the collector writes as stats of group ``gpu``.
 
 The modules are imported by name; ``Columns``, ``WindowRow`` and ``Summary`` are re-exported by :mod:`collector`.
 """

@@ -14,7 +14,7 @@ order, which is the seqlock reader of :mod:`shmstat.shm.layout` applied to all b
 copies in order; the order *inside* one copy does not matter). A bank is consistent when both gathers and the copy
 agree on ``seq`` and ``wid`` and ``seq`` is even. The few candidate banks that are not (a rank was writing them at
 that instant) are read again one by one with :func:`shmstat.shm.layout_codec.read_bank`'s retry loop (these reads of
-banks are in :mod:`collector.read.bank_reads`); a slot whose bank stays torn goes through
+banks are :func:`read_banks` and :func:`retry_torn`, below); a slot whose bank stays torn goes through
 :meth:`shmstat.shm.reader.SegmentReader.read_slot`, which decides by the writer's liveness. Everything else (which
 windows are closed and new, how far a slot's watermark may move, windows lost to a ring that wrapped) is computed on
 the arrays with exactly ``read_slot``'s rules (``tests/collector/test_scanner_vectorised.py`` checks that), and only
@@ -25,31 +25,33 @@ slots takes ~8 ms.
 Slots of windows over an hour (:attr:`shmstat.shm.layout_records.StatDescriptor.is_long`) are looked at every
 ``LONG_POLL_MS``: their windows also close, per writer, by ``max_samples`` and by the writer's end
 (:mod:`shmstat.shm.layout`), so they are not left waiting for a wall-clock end days away. One gather over their banks
-finds those with such a window (:mod:`collector.read.long_windows`); only these are read one by one with ``read_slot``.
+finds those with such a window (:func:`long_slots_to_read`); only these are read one by one with ``read_slot``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
+from shmstat.aggregation import PERCENTILE_MASK
+from shmstat.histogram import MAX_SCALE, MIN_SCALE, Histogram
 from shmstat.shm import layout as L
+from shmstat.shm import layout_codec as codec
 from shmstat.shm.layout import RankState
-from shmstat.shm.layout_records import RankInfo
+from shmstat.shm.layout_records import RankInfo, StatDescriptor
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
-from .bank_reads import read_banks, read_hist, retry_torn
-from .column_merge import Parts, merge_parts
+from .columns import Columns, Parts, StatTable, merge_parts
 from .hist_batch import HistBatch
-from .hist_reader import read_histograms
-from .long_windows import long_slots_to_read
-from .scan_result import DurableMarks, ScanResult, distinct
-from .slot_table import MergeKey, Slot, SlotTable
+from .rows import WindowRow
 
-__all__ = ["DurableMarks", "MergeKey", "ScanResult", "Scanner"]  # all but Scanner: defined in slot_table, scan_result
+__all__ = ["DurableMarks", "MergeKey", "ScanResult", "Scanner", "Slot", "SlotTable", "distinct", "long_slots_to_read",
+           "read_banks", "read_hist", "read_histograms", "retry_torn"]
 
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
 _LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
@@ -286,7 +288,7 @@ class Scanner:
 
     def _histograms(self, t: SlotTable, slot_idx: np.ndarray, fdata: np.ndarray, fgrow: np.ndarray) -> HistBatch:
         """The histograms of found windows of stats that keep percentiles (one row each), read in one vectorised
-        pass (:func:`collector.read.hist_reader.read_histograms`); a row without one is to be read again."""
+        pass (:func:`read_histograms`); a row without one is to be read again."""
         geo = self.segment.geometry
         wid = fdata[:, L.B_WID]
         hist_off = geo.hist_base + ((t.lr[slot_idx] * geo.hist_slots + t.hist[slot_idx]) * geo.banks
@@ -358,3 +360,311 @@ class Scanner:
             t.sync_back()
         return DurableMarks(t.emitted_word[which], np.asarray(wids, np.int64))
 
+
+# ---- The slots the scanner knows ----
+# The scanner's table of known slots: each slot's descriptor and watermark, and all of them as NumPy arrays in a
+# fixed order (what the vectorised pass computes on), with the merge key that makes slots of several ranks one stat.
+
+
+class MergeKey(NamedTuple):
+    """What makes slots of several ranks one stat that merges across ranks (max_samples may differ)."""
+
+    group: str
+    name: str
+    window_ms: int
+    agg_mask: int
+
+
+@dataclass
+class Slot:
+    """One known slot of the segment: its descriptor and its watermark (the newest window emitted)."""
+
+    desc: StatDescriptor
+    after_wid: int
+    after_inc: int = -1
+    """Long windows: the incarnation that wrote window ``after_wid`` when it was emitted (-1: unknown)."""
+
+
+class SlotTable:
+    """The known slots as arrays, in a fixed order (rebuilt when slots are added)."""
+
+    def __init__(self, slots: list[Slot], geometry: L.Geometry) -> None:
+        self.slots = slots
+        n = len(slots)
+        banks = geometry.banks
+        lr = np.fromiter((s.desc.local_rank for s in slots), np.int64, n)
+        si = np.fromiter((s.desc.index for s in slots), np.int64, n)
+        self.lr = lr
+        self.row0 = (lr * geometry.max_stats + si) * banks  # first bank of each slot, counted from BANK_BASE
+        self.emitted_word = (geometry.desc_base + (lr * geometry.max_stats + si) * L.DESC_SIZE + L.D_EMITTED) // 8
+        self.wns = np.fromiter((s.desc.window_ns for s in slots), np.int64, n)
+        self.long = np.fromiter((s.desc.is_long for s in slots), bool, n)
+        """Slots of windows over an hour: read one by one, they also close by count and by their writer's end."""
+        self.max_samples = np.fromiter((s.desc.max_samples for s in slots), np.int64, n)
+        self.hist = np.fromiter((s.desc.hist for s in slots), np.int64, n)
+        """Each slot's histogram index in its rank's table (-1: the stat keeps no percentiles)."""
+        self.after = np.fromiter((s.after_wid for s in slots), np.int64, n)
+        self.after_inc = np.fromiter((s.after_inc for s in slots), np.int64, n)
+        keys: dict[MergeKey, int] = {}
+        self.keys = keys
+        """Merge key -> its id in :attr:`key_id`."""
+        groups: dict[str, int] = {}
+        merge_keys = [MergeKey(s.desc.group, s.desc.name, s.desc.window_ms, s.desc.agg_mask) for s in slots]
+        self.key_id = np.fromiter((keys.setdefault(k, len(keys)) for k in merge_keys), np.int64, n)
+        self.group_id = np.fromiter((groups.setdefault(s.desc.group, len(groups)) for s in slots), np.int64, n)
+        first_slot: dict[MergeKey, int] = {}  # the first slot of a stat: its descriptor's flags speak for the stat
+        for i, k in enumerate(merge_keys):
+            first_slot.setdefault(k, i)
+        order = np.empty(len(keys), np.int64)
+        order[[keys[k] for k in sorted(keys)]] = np.arange(len(keys))
+        self.stats = StatTable(
+            np.array([k.group for k in keys] + [None], object)[:-1],
+            np.array([k.name for k in keys] + [None], object)[:-1],
+            np.array([k.window_ms for k in keys], np.int64).reshape(-1),
+            np.array([k.agg_mask for k in keys], np.int64).reshape(-1),
+            np.array([slots[first_slot[k]].desc.higher_is_better for k in keys], bool).reshape(-1),
+            np.array([bool(k.agg_mask & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
+        )
+        """The stats, by key id (for :func:`collector.read.columns.merge_parts`)."""
+        self.groups = list(groups)
+        self.window_lengths = sorted(set(self.wns.tolist()))
+
+    def sync_back(self) -> None:
+        """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
+        for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
+            slot.after_wid, slot.after_inc = after, inc
+
+
+# ---- What a pass produced ----
+# What one pass of :class:`Scanner` produced (:class:`ScanResult`), the watermarks it leaves to write into the
+# segment (:class:`DurableMarks`), and the count of distinct rows its counters are computed with.
+
+
+@dataclass
+class ScanResult:
+    """What one pass produced: its rows as :class:`Columns` (window order, merged row first, then one per rank)
+    and counters; :attr:`rows` gives the same rows as :class:`WindowRow` objects (built on first use).
+
+    ``skipped_windows`` / ``skipped_rows``: merged windows / rows (merged and per rank) of groups the caller's
+    ``want`` declined; they were read, counted and are committed like the others, but never built.
+    """
+
+    columns: Columns = field(default_factory=lambda: Columns.empty(""))
+    windows_read: int = 0
+    overwritten: int = 0
+    torn: int = 0
+    skipped_windows: int = 0
+    skipped_rows: int = 0
+    _rows: list[WindowRow] | None = field(default=None, repr=False)
+
+    @property
+    def rows(self) -> list[WindowRow]:
+        """The rows as :class:`WindowRow` objects (built from :attr:`columns` once, on first use)."""
+        if self._rows is None:
+            self._rows = self.columns.to_rows()
+        return self._rows
+
+
+def distinct(*columns: np.ndarray) -> int:
+    """Number of distinct rows of equally long integer columns."""
+    if not len(columns[0]):
+        return 0
+    order = np.lexsort(columns[::-1])
+    change = np.zeros(len(order) - 1, bool)
+    for col in columns:
+        c = col[order]
+        change |= c[1:] != c[:-1]
+    return 1 + int(change.sum())
+
+
+class DurableMarks(NamedTuple):
+    """Watermarks of one pass still to be written into the segment: ``emitted_wid`` words and their values."""
+
+    words: np.ndarray
+    """Indices of the descriptors' ``emitted_wid`` words, counted in 8-byte words from the segment's start."""
+    wids: np.ndarray
+
+    def then(self, later: DurableMarks) -> DurableMarks:
+        """These watermarks followed by ``later``'s: one set, the later value of each word kept (watermarks only
+        move forward, so that is the larger one)."""
+        words, wids = np.concatenate([self.words, later.words]), np.concatenate([self.wids, later.wids])
+        order = np.lexsort((wids, words))
+        words, wids = words[order], wids[order]
+        last = np.ones(len(words), bool)
+        last[:-1] = words[1:] != words[:-1]
+        return DurableMarks(words[last], wids[last])
+
+    def write(self, segment: Segment) -> None:
+        """Write the watermarks into ``segment`` (a restarted collector resumes after them)."""
+        if not len(self.words):
+            return
+        buf = segment.buf
+        words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        try:
+            words[self.words] = self.wids
+        finally:
+            del words
+
+
+# ---- Reading banks ----
+# The seqlock reads of banks that the scanner's pass makes: many banks at once (:func:`read_banks`), those found
+# torn again one by one (:func:`retry_torn`), and one window's histogram with its bank (:func:`read_hist`). They
+# hold no scanner state: each reads the segment it is given.
+
+
+_WORDS = L.BANK_WORDS
+
+
+def read_banks(segment: Segment, grow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
+    copies out of the segment, in this order (the seqlock reader's order, for all banks at once)."""
+    geo = segment.geometry
+    view = np.frombuffer(segment.buf, np.int64, geo.max_ranks * geo.max_stats * geo.banks * _WORDS,
+                         geo.bank_base).reshape(-1, _WORDS)
+    try:
+        first = view[grow, :2]
+        data = view[grow]
+        second = view[grow, :2]
+    finally:
+        del view  # no array may keep the mapping exported (the segment must stay closable)
+    return first, data, second
+
+
+def retry_torn(segment: Segment, retry: np.ndarray, grow: np.ndarray, pos: np.ndarray, data: np.ndarray,
+               count: np.ndarray) -> list[int]:
+    """Read the banks ``retry`` (indices into the copies of :func:`read_banks`) again one by one, updating
+    ``data``/``count`` in place; returns the slot positions whose bank stayed torn."""
+    buf, base = segment.buf, segment.geometry.bank_base
+    stuck: set[int] = set()
+    for j in retry.tolist():
+        snap = codec.read_bank(buf, base + int(grow[j]) * L.BANK_SIZE)
+        if snap.torn or not 0 <= snap.count < 2**61:
+            stuck.add(int(pos[j]))
+            continue
+        row = data[j]
+        f = row.view(np.float64)
+        row[L.B_WID], row[L.B_TS] = snap.wid, snap.last_ts
+        f[L.B_SEQ], f[L.B_SUM], f[L.B_MIN], f[L.B_MAX], f[L.B_LAST] = (
+            2.0 * snap.count, snap.sum, snap.min, snap.max, snap.last)
+        count[j] = snap.count
+    return sorted(stuck)
+
+
+def read_hist(segment: Segment, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
+    """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the
+    bank no longer holds that window as it was read (overwritten since: reported without percentiles)."""
+    geo = segment.geometry
+    bank = wid % geo.banks
+    snap = codec.read_bank(segment.buf, geo.slot_offset(d.local_rank, d.index) + bank * L.BANK_SIZE,
+                           hist_offset=geo.hist_offset(d.local_rank, d.hist) + bank * L.HIST_SIZE)
+    if snap.torn or snap.wid != wid or snap.count != count:
+        return None
+    return snap.hist
+
+
+# ---- Long windows ----
+# Which slots of windows over an hour have something to read: the scanner's cheap look before its slow read. A
+# window longer than :data:`shmstat.shm.layout.LONG_WINDOW_MS` also closes, for each writer, when the writer filled
+# it (``max_samples``), moved to a later window, or ended (:mod:`shmstat.shm.layout`). The scanner looks every
+# ``LONG_POLL_MS``; reading every long slot one by one each time would cost ~80 µs per slot (a node with thousands
+# of them would spend its time there), so all their banks' ``(seq, wid)`` words are gathered at once and only the
+# slots with a window closed past their watermark go on to :meth:`shmstat.shm.reader.SegmentReader.read_slot`, which
+# decides by the same rules. A bank torn at that instant reads as not full: the slot is looked at again next poll.
+
+
+_MIN = np.iinfo(np.int64).min
+
+
+def long_slots_to_read(read_banks: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]], banks: int,
+                       row0: np.ndarray, max_samples: np.ndarray, after: np.ndarray, after_inc: np.ndarray,
+                       newest: np.ndarray, gone: np.ndarray, entry_inc: np.ndarray) -> np.ndarray:
+    """For long-window slots (first bank ``row0``, ``max_samples``, watermark ``after`` written by incarnation
+    ``after_inc``, newest window closed on the wall clock ``newest``, writer ``gone``, entry incarnation
+    ``entry_inc``): whether each has a closed window past its watermark, or its watermark window re-written by a
+    restarted rank (see :meth:`shmstat.shm.reader.SegmentReader.read_slot`).
+
+    ``read_banks(rows)`` is the scanner's seqlock gather: ``(seq, wid)`` words, the banks, ``(seq, wid)`` again.
+    """
+    m = len(row0)
+    if not m:
+        return np.zeros(0, bool)
+    first, data, second = read_banks((row0[:, None] + np.arange(banks)).ravel())
+    seq_bits = data[:, L.B_SEQ]
+    seq = seq_bits.view(np.float64)
+    with np.errstate(invalid="ignore"):
+        sane = (seq >= 0) & (seq < 2.0**62)
+    count = np.where(sane, seq, 0.0).astype(np.int64)
+    ok = sane & (first[:, 0] == second[:, 0]) & (first[:, 1] == second[:, 1]) & (first[:, 0] == seq_bits) & (
+        first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
+    wid = data[:, L.B_WID].reshape(m, banks)
+    rows = np.arange(m)
+    top_bank = wid.argmax(axis=1)
+    top = wid[rows, top_bank]
+    top_at = rows * banks + top_bank
+    full = ok[top_at] & ((count[top_at] >> 1) >= max_samples)
+    # a writer never goes back to an older window: all but its newest are closed, that one too when full or gone
+    closed = np.maximum(np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1), newest)
+    top_inc = data[:, L.B_INC][top_at] & np.int64(2**63 - 1)
+    reopened = (after_inc >= 0) & (top == after) & (top_inc != after_inc) & (top_inc == entry_inc) & (top_inc != 0)
+    return (closed > after) | (reopened & (closed >= after))
+
+
+# ---- Reading histograms ----
+# Reading the histograms of many windows at once (the scanner's pass over stats that keep percentiles). The banks of
+# the pass were already copied and checked (see the module's docstring); here the histograms of those banks
+# are gathered in one NumPy copy, then every bank's ``(seq, wid)`` is gathered again: a histogram is accepted only
+# when its bank still holds the same ``seq`` and ``wid`` as the copy the window was read from, which is the seqlock
+# reader of :mod:`shmstat.shm.layout` (bank, histogram, then ``seq``/``wid`` again) for all banks at once. The
+# result is a :class:`collector.read.hist_batch.HistBatch` (no Python object per window). Headers a writer cannot
+# produce and banks that changed meanwhile are left to the caller's one-by-one read
+# (:func:`shmstat.shm.layout_codec.read_bank` with the histogram), which decides as for any bank.
+
+
+_M = L.HIST_BUCKETS
+_BLOCK_WORDS = L.HIST_SIZE // 4
+_COUNTS_FROM = L.HIST_COUNTS // 4
+_HEAD_WORDS = L.HI_NEG_INF // 4 + 2  # the header's 8-byte fields, as 4-byte words
+assert L.HIST_COUNTS % 8 == 0 and L.HIST_SIZE % 8 == 0  # the counts are also read as 64-bit words
+
+
+def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray, bank_off: np.ndarray,
+                    seq_bits: np.ndarray, wid: np.ndarray) -> HistBatch:
+    """The histograms at byte offsets ``hist_off`` of the banks at ``bank_off`` whose checked copy had
+    ``seq_bits`` (the seq word's 64 bits) and ``wid``, one row each; a row without one (``present`` False) is
+    the caller's to read again."""
+    if not len(hist_off):
+        return HistBatch.empty(0)
+    nblocks = geometry.max_ranks * geometry.hist_slots * geometry.banks
+    blocks = np.frombuffer(buf, np.uint32, nblocks * _BLOCK_WORDS, geometry.hist_base)
+    words = np.frombuffer(buf, np.int64, len(buf) // 8)
+    try:  # whole blocks by row (one memcpy each), not element by element
+        raw = blocks.reshape(-1, _BLOCK_WORDS)[(hist_off - geometry.hist_base) // L.HIST_SIZE]
+        again = words[(bank_off // 8)[:, None] + np.arange(2)]
+    finally:
+        del words, blocks  # no array may keep the mapping exported (the segment must stay closable)
+    heads = raw[:, :_HEAD_WORDS].copy().view(np.int64)
+    counts = raw[:, _COUNTS_FROM:_COUNTS_FROM + 2 * _M]  # the positive ring, then the negative
+    scale, zero = heads[:, 0], heads[:, 1]
+    pos_lo, pos_hi, neg_lo, neg_hi = heads[:, 2], heads[:, 3], heads[:, 4], heads[:, 5]
+    pos_inf, neg_inf = heads[:, L.HI_POS_INF // 8], heads[:, L.HI_NEG_INF // 8]
+    with np.errstate(over="ignore"):  # a span past 2**63 wraps negative: refused like any span over M
+        pos_span, neg_span = pos_hi - pos_lo, neg_hi - neg_lo
+    sane = ((scale >= MIN_SCALE) & (scale <= MAX_SCALE) & (zero >= 0) & (pos_inf >= 0) & (neg_inf >= 0)
+            & ((pos_lo > pos_hi) | ((pos_span >= 0) & (pos_span < _M)))
+            & ((neg_lo > neg_hi) | ((neg_span >= 0) & (neg_span < _M))))
+    ok = sane & (again[:, 0] == seq_bits) & (again[:, 1] == wid)
+    # non-zero counts found two at a time (as 64-bit words), then split
+    found = np.flatnonzero(raw.view(np.uint64))  # the whole copy at once (headers too, dropped just below)
+    rows, pairs = np.divmod(found, _BLOCK_WORDS // 2)
+    mine = (pairs >= _COUNTS_FROM // 2) & ok[rows]
+    rows, pairs = rows[mine], pairs[mine] - _COUNTS_FROM // 2
+    rows, cols = np.repeat(rows, 2), (2 * pairs[:, None] + (0, 1)).ravel()
+    values = counts[rows, cols]
+    keep = values != 0
+    rows, cols, values = rows[keep], cols[keep], values[keep]
+    negative = cols >= _M
+    position = cols % _M
+    lo = np.where(negative, neg_lo[rows], pos_lo[rows])
+    index = lo + (position - lo) % _M  # the one index in [lo, lo + M) stored at that position of the ring
+    return HistBatch(ok, np.where(ok, scale, 0), np.where(ok, zero, 0), rows, negative, index,
+                     values.astype(np.int64), np.where(ok, pos_inf, 0), np.where(ok, neg_inf, 0))

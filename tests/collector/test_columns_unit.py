@@ -12,9 +12,9 @@ from _straggler_ref import update_rows
 from collector import Columns, ColumnsHandler, RowsAdapter
 from collector.daemon.straggler import StragglerDetector
 from collector.handlers.protocol import ColumnsAdapter, as_columns_handler
-from collector.read.column_merge import Parts, StatTable, merge_parts
+from collector.read.columns import Parts, StatTable, merge_parts
 from collector.read.hist_batch import HistBatch
-from collector.read.merge import Summary
+from collector.read.rows import Summary
 from elastic.metrics import MetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

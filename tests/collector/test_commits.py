@@ -1,5 +1,5 @@
 """When a pass's watermark reaches the segment (collector/daemon/commits.py), and the jsonl sink's resume
-(collector/handlers/jsonl_resume.py): in-process collectors with an injected clock, real segments and files."""
+(collector/handlers/jsonl.py): in-process collectors with an injected clock, real segments and files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests_user_handler import Recording
 
 from collector import Collector, CollectorConfig
 from collector.daemon.commits import MAX_PENDING
-from collector.handlers.api import JsonlMetricHandler
+from collector.handlers.jsonl import JsonlMetricHandler
 from elastic.metrics import MetricData, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init

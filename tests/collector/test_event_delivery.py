@@ -19,8 +19,8 @@ from collector.handlers.events import (
     EventRecord,
     GapRecord,
     JsonlEventHandler,
-    build_event_handler,
 )
+from collector.handlers.specs import build_event_handler
 from shmstat.errors import ConfigError
 
 

@@ -10,11 +10,12 @@ import random
 import pytest
 from _merge_ref import merge, merge_all
 
-from collector.handlers.api import Dispatcher, JsonlMetricHandler, build_handler, parse_handler_args
-from collector.handlers.dispatch import ThreadedDispatcher
+from collector.handlers.dispatch import Dispatcher, ThreadedDispatcher
+from collector.handlers.jsonl import JsonlMetricHandler
 from collector.handlers.protocol import ColumnsAdapter, RowsAdapter
+from collector.handlers.specs import build_handler, parse_handler_args
 from collector.read.columns import Columns
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask

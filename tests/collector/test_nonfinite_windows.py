@@ -21,7 +21,7 @@ from _procs import spawn, start_collector, wait_file
 from _support import wait_for
 
 from collector.read.columns import Columns
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 from collector.read.scanner import Scanner
 from shmstat.aggregation import to_mask
 from shmstat.histogram import error_bound

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from _procs import spawn, start_collector
 
-from collector.handlers.events import EventRecord, GapRecord, build_event_handler
+from collector.handlers.events import EventRecord, GapRecord
+from collector.handlers.specs import build_event_handler
 from shmstat.errors import ConfigError
 
 _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (

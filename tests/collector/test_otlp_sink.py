@@ -15,7 +15,7 @@ from _percentile_kit import percentile_rank
 from _procs import assert_rank_workers_reconcile, read_jsonl, spawn, start_collector
 from _support import wait_for
 
-from collector.handlers.api import build_handler
+from collector.handlers.specs import build_handler
 from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
@@ -173,7 +173,7 @@ def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
 
     from collector.handlers.otlp import OtlpExportError, OtlpMetricHandler
     from collector.read.columns import Columns
-    from collector.read.merge import Summary, WindowRow
+    from collector.read.rows import Summary, WindowRow
     from shmstat import Aggregation as A
     from shmstat.aggregation import to_mask
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.server import MetricsServer, RenderCache
 from collector.read.columns import Columns
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 
 
 class _Source:

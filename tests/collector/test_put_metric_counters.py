@@ -17,7 +17,7 @@ from _support import wait_for
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.put_metrics import SERIES_OVERHEAD_BYTES
 from collector.read.columns import Columns
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 from elastic import metrics
 from elastic.metrics import MetricData
 

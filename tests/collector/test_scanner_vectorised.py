@@ -16,7 +16,7 @@ import pytest
 from _merge_ref import merge_all
 from _support import unique_job
 
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 from collector.read.scanner import Scanner
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec

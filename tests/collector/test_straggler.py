@@ -21,7 +21,7 @@ from collector.daemon.straggler import (
     StragglerEvent,
     StragglerUpdate,
 )
-from collector.read.merge import Summary, WindowRow
+from collector.read.rows import Summary, WindowRow
 from shmstat import Aggregation as A
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram

@@ -16,7 +16,7 @@ import pytest
 from _procs import REPO, load_counts, rank_worker, spawn, start_collector
 from _support import wait_for
 
-from collector.handlers.api import build_handler
+from collector.handlers.specs import build_handler
 from elastic.metrics import MetricData, StatMetricData
 from shmstat.errors import ConfigError
 
@@ -178,7 +178,7 @@ def test_a_user_class_is_built_with_typed_spec_arguments(job, tmp_path):
 
 
 def test_spec_argument_values_and_plain_strings():
-    from collector.handlers.api import parse_spec_kwargs
+    from collector.handlers.specs import parse_spec_kwargs
 
     assert parse_spec_kwargs("s", 'a=1,b=-2.5e3,c=true,d=null,e="x,y=z",f=/tmp/p q,g=[1,2],h={"k": [3]},i=') == {
         "a": 1, "b": -2500.0, "c": True, "d": None, "e": "x,y=z", "f": "/tmp/p q", "g": [1, 2], "h": {"k": [3]},
@@ -220,7 +220,7 @@ def test_a_bad_spec_is_one_sentence_and_exit_2(job, spec, says):
 def test_window_step_is_exact_at_todays_unix_times():
     import time
 
-    from collector.handlers.tensorboard import _window_step
+    from collector.handlers.tensorboard_sink import _window_step
 
     now_ns = time.time_ns()
     origin_ns = now_ns - 123_456_789_012  # a job started two minutes ago, off any window boundary

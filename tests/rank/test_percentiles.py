@@ -203,7 +203,7 @@ def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_sampl
 
 
 def test_percentile_keys_in_the_stat_event_and_on_the_stat_stream():
-    from collector.read.merge import Summary, WindowRow
+    from collector.read.rows import Summary, WindowRow
 
     events = []
     handle = shmstat.register_event_handler(events.append)

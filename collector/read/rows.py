@@ -2,7 +2,7 @@
 
 These are the records a pass's rows become when one is wanted as an object (:meth:`collector.read.columns.Columns.row`,
 ``to_rows``: ``stat/`` subscribers, the OTLP sink, ``shmstat top``). Merging is not done here: the one merge is
-:func:`collector.read.column_merge.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
+:func:`collector.read.columns.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
 are the extremes of the parts, VALUE is the value with the latest timestamp, the percentiles come from the parts'
 histograms merged exactly); the per-object fold it is checked against is in ``tests/_merge_ref.py``.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
 from shmstat.histogram import Histogram
 
-__all__ = ["Summary", "WindowRow", "WindowSpan"]
+__all__ = ["Summary", "WindowRow", "WindowSpan", "ordered_aggregations"]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class WindowRow(WindowSpan):
             if len(_keys_cache) > 1 << 17:
                 _keys_cache.clear()
             keys = _keys_cache[(self.name, self.agg_mask)] = tuple(
-                (f"{self.name}.{aggregation_key(a)}", a) for a in _ordered(self.agg_mask)
+                (f"{self.name}.{aggregation_key(a)}", a) for a in ordered_aggregations(self.agg_mask)
             )
         s = self.summary
         n, total, lo, hi, last, hist = s.count, s.sum, s.min, s.max, s.last, s.hist
@@ -122,7 +122,9 @@ _ordered_cache: dict[int, tuple[Aggregation, ...]] = {}
 _keys_cache: dict[tuple[str, int], tuple[tuple[str, Aggregation], ...]] = {}  # (name, mask) -> data keys
 
 
-def _ordered(mask: int) -> tuple[Aggregation, ...]:
+def ordered_aggregations(mask: int) -> tuple[Aggregation, ...]:
+    """The aggregations of ``mask`` in the order rows and columns list them: count, sum, mean, max, min, value,
+    p50, p90, p99, p999."""
     got = _ordered_cache.get(mask)
     if got is None:
         present = set(from_mask(mask))

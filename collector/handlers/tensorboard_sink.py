@@ -24,7 +24,7 @@ framework-free summary writer; install it with ``pip install 'shmstat[tensorboar
 - whole passes come as columns (``emit_columns``), written as the same scalars in the same order;
 - rows of a job go to ``DIR/<job>/`` (the node collector serves several jobs), one writer and one event file
   per job (and its ``metrics/`` run for rows with no window);
-  the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.api.AgentMetricData`) go to
+  the metrics of the agent of ``shmstat run`` (:class:`collector.handlers.protocol.AgentMetricData`) go to
   a run of their own, ``DIR/<job>/agent/``; rows naming no job go to ``DIR`` itself. ``DIR`` and the
   directories under it are created mode 0700.
 
@@ -49,8 +49,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import rank_segment
 from shmstat.shm.runtime import validate_job
 
-from .api import AgentMetricData
-from .protocol import ColumnsHandler
+from .protocol import AgentMetricData, ColumnsHandler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns

@@ -1,12 +1,15 @@
-"""Per-group metric handlers in the collector, as torchelastic's ``configure(handler, group)``.
+"""The SPECs that name handlers and events sinks, and the objects they build, a user's own classes included.
 
-A SPEC names a handler: ``compact`` (:mod:`collector.handlers.compact`: one line per merged window), ``console``,
-``null``, ``jsonl:PATH``, ``tensorboard:DIR`` (see :mod:`collector.handlers.tensorboard`), ``otlp:ENDPOINT``
-(:mod:`collector.handlers.otlp`), or ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword
-arguments after commas: ``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)``
-(see :func:`parse_spec_kwargs` for how values are read). ``GROUP=SPEC`` binds it to a group; the group ``*`` is the
-default for groups nobody configured (``compact`` unless given: merged windows only, so a job's put metrics and
-``@prof`` calls are printed only for groups bound to ``console``).
+``--handler GROUP=SPEC`` (:func:`parse_handler_args`, :func:`build_handler`), as torchelastic's
+``configure(handler, group)``: a SPEC names a handler: ``compact`` (:mod:`collector.handlers.compact`: one line
+per merged window), ``console``, ``null``, ``jsonl:PATH`` (:mod:`collector.handlers.jsonl`), ``tensorboard:DIR``
+(see :mod:`collector.handlers.tensorboard_sink`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp`), or
+``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword arguments after commas:
+``pkg.module:Class,key=value,key2=value2`` builds ``Class(key=value, key2=value2)`` (see
+:func:`parse_spec_kwargs` for how values are read; :func:`load_user_class` imports and builds the class).
+``GROUP=SPEC`` binds it to a group; the group ``*`` is the default for groups nobody configured (``compact``
+unless given: merged windows only, so a job's put metrics and ``@prof`` calls are printed only for groups bound to
+``console``).
 
 Whatever a SPEC names, the collector calls it one way (:mod:`collector.handlers.protocol`): each pass as columns
 (``emit_columns(columns)``), each metric that belongs to no window (put by ranks, the collector's own figures)
@@ -14,6 +17,12 @@ through ``emit``. :func:`build_handler` decides once how: the built-in sinks sub
 :class:`~collector.handlers.protocol.ColumnsHandler`; ``console``, ``null`` and a user's class with only
 ``emit`` are wrapped in a :class:`~collector.handlers.protocol.RowsAdapter` (one ``MetricData`` per aggregation
 and row); a user's class that defines ``emit_columns`` gets the passes as columns.
+
+``--events SPEC`` (:func:`build_event_handler`): ``jsonl:PATH``, ``console`` (the sinks of
+:mod:`collector.handlers.events`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`) or
+``pkg.module:Class[,key=value...]`` (keyword arguments read as for ``--handler``).
+
+The OpenTelemetry and TensorBoard sinks are imported only when a SPEC names them.
 """
 
 from __future__ import annotations
@@ -22,125 +31,20 @@ import importlib
 import importlib.util
 import inspect
 import json
-import logging
-import math
-import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
+from elastic.metrics import ConsoleMetricHandler, MetricHandler, NullMetricHandler
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP, RULE_REFERENCE, group_problem
 
 from .compact import CompactWindowHandler
-from .jsonl_resume import DEFAULT_TAIL_BYTES, resume_jsonl
+from .events import ConsoleEventHandler, JsonlEventHandler, takes_events
+from .jsonl import JsonlMetricHandler
 from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
-if TYPE_CHECKING:
-    from ..read.columns import Columns
-
-__all__ = ["AgentMetricData", "Dispatcher", "JsonlMetricHandler", "build_handler", "is_user_class_spec",
-           "load_user_class", "parse_handler_args", "parse_spec_kwargs"]
-
-_log = logging.getLogger("shmstat.collector")
-
-
-class AgentMetricData(StatMetricData):
-    """A metric the agent of ``shmstat run`` put (its ``@prof`` calls, ``workers.<role>.*``): a
-    :class:`StatMetricData` with ``rank`` None, no window, and the job the agent runs. Handlers that care tell it
-    apart with ``isinstance`` (``tensorboard:DIR`` writes it to the job's own ``agent`` run); to every other
-    handler it is a put metric with no rank."""
-
-    @classmethod
-    def of(cls, metric: MetricData, job: str) -> AgentMetricData:
-        """``metric`` (a torchelastic MetricData the agent made) as the agent's metric of ``job``."""
-        return cls(metric.timestamp, metric.group_name, metric.name, metric.value, rank=None,
-                   window_start=None, window_end=None, job=job)  # type: ignore[arg-type]
-
-
-class JsonlMetricHandler(ColumnsHandler):
-    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job.
-
-    ``rank`` is null for rows merged across ranks and for metrics put by ranks; ``window_start`` and
-    ``window_end`` (unix seconds) are null for put metrics. Non-finite floats are written as the strings
-    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON. The file is opened 0600 in
-    append mode, and flushed after every collector pass.
-
-    Exactly once across collector crashes: on open, a last line cut by a kill is removed and the rows of the
-    windows in the file's last ``tail_bytes`` are not written again (:mod:`collector.handlers.jsonl_resume`).
-    """
-
-    def __init__(self, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
-        self.path = path
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"cannot open jsonl output {path!r}: {exc.strerror}") from None
-        resumed = resume_jsonl(fd, path, tail_bytes)
-        self._written = resumed.written
-        """Rows of windows the file's tail held when opened (skipped if emitted again)."""
-        self.skipped = 0
-        """Rows not written because the file already held them (windows emitted again by a restarted collector)."""
-        self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
-
-    def emit(self, metric_data: MetricData) -> None:
-        """Write one line for ``metric_data`` (a metric put by a rank, the collector's own figures, or a user's
-        row: whatever it carries of rank, window, job)."""
-        start = getattr(metric_data, "window_start", None)
-        if self._written and start is not None and (
-                getattr(metric_data, "job", None), metric_data.group_name, metric_data.name,
-                getattr(metric_data, "rank", None), float(start), _json_number(metric_data.value)) in self._written:
-            self.skipped += 1
-            return
-        self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
-                              getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
-                              getattr(metric_data, "window_end", None), getattr(metric_data, "torn", False),
-                              getattr(metric_data, "job", None), getattr(metric_data, "source_rank", None)) + "\n")
-
-    def emit_columns(self, columns: Columns) -> None:
-        """Write one line per figure of a pass, in the order of :meth:`collector.read.columns.Columns.flat`."""
-        job = columns.job
-        rows: Iterable[tuple[float, str, str, float, int | None, float, bool]] = columns.flat()
-        if self._written:  # a restarted collector may emit again windows the file holds: those rows are skipped
-            every, written = list(rows), self._written
-            rows = [row for row in every
-                    if (job, row[1], row[2], row[4], row[5], _json_number(row[3])) not in written]
-            self.skipped += len(every) - len(rows)
-        lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
-                 for end, group, name, value, rank, start, torn in rows]
-        if lines:
-            lines.append("")
-            self._out.write("\n".join(lines))
-
-    def flush(self) -> None:
-        """Push buffered lines to the file."""
-        self._out.flush()
-
-    def close(self) -> None:
-        """Flush and close the file."""
-        if not self._out.closed:
-            self._out.close()
-
-
-def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
-          end: float | None, torn: bool, job: str | None, source_rank: int | None) -> str:
-    """The one JSON line of a figure (the only place the jsonl format is written)."""
-    row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
-           "window_start": start, "window_end": end}
-    if torn:
-        row["torn"] = True
-    if job is not None:
-        row["job"] = job
-    if source_rank is not None:
-        row["source_rank"] = source_rank
-    return json.dumps(row, allow_nan=False)
-
-
-def _json_number(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    return value
-
+__all__ = ["build_event_handler", "build_handler", "is_user_class_spec", "load_user_class", "parse_handler_args",
+           "parse_spec_kwargs"]
 
 def build_handler(spec: str) -> ColumnsHandler:
     """The handler a SPEC names, as the collector calls it (:func:`collector.handlers.protocol.as_columns_handler`:
@@ -158,7 +62,7 @@ def build_handler(spec: str) -> ColumnsHandler:
             raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
         return JsonlMetricHandler(arg)
     if kind == "tensorboard":
-        from .tensorboard import TensorboardMetricHandler
+        from .tensorboard_sink import TensorboardMetricHandler
 
         return TensorboardMetricHandler(arg)
     if kind == "otlp":
@@ -335,62 +239,31 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
     return out
 
 
-class Dispatcher:
-    """Which handler serves each group (or the default): the routing table. Each handler is held as the collector
-    calls it, a :class:`~collector.handlers.protocol.ColumnsHandler` (a torchelastic handler given here is wrapped
-    once, :func:`~collector.handlers.protocol.as_columns_handler`; one object serving several groups is wrapped
-    once for all). Handlers are called only by :class:`collector.handlers.dispatch.ThreadedDispatcher`, each in a
-    thread of its own."""
+def build_event_handler(spec: str) -> Any:
+    """The events sink a SPEC names (``--events SPEC``, see the module docstring); :class:`ConfigError` with one
+    sentence for a bad SPEC, before anything is started."""
+    kind, _, arg = spec.partition(":")
+    if spec == "console":
+        return ConsoleEventHandler()
+    if kind == "jsonl":
+        if not arg:
+            raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
+        return JsonlEventHandler(arg)
+    if kind == "otlp":
+        from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
 
-    def __init__(self, handlers: Mapping[str, MetricHandler], default: MetricHandler | None = None) -> None:
-        self._wrapped: dict[int, ColumnsHandler] = {}
-        self.handlers: dict[str, ColumnsHandler] = {}
-        self.default: ColumnsHandler = CompactWindowHandler()
-        given = dict(handlers)
-        star = given.pop("*", None)
-        chosen = default if default is not None else star
-        if chosen is not None:
-            self.bind("*", chosen)
-        for group, handler in given.items():
-            self.bind(group, handler)
+        return build_otlp_event_handler(arg)
+    class_name, comma, arguments = arg.partition(",")
+    if is_user_class_spec(kind, class_name):
+        kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
 
-    @classmethod
-    def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
-        """Build every handler named in ``{group: spec}`` (``*`` = default)."""
-        built = {group: build_handler(spec) for group, spec in specs.items()}
-        default = built.pop("*", None)
-        return cls(built, default)
+        def refusal(cls: Any) -> str | None:
+            if isinstance(cls, type) and takes_events(cls):
+                return None
+            return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
 
-    def bind(self, group: str, handler: MetricHandler) -> ColumnsHandler:
-        """Serve ``group`` (``*``: the default) with ``handler``; returns it as the collector calls it."""
-        wrapped = self._wrapped.get(id(handler))
-        if wrapped is None:
-            wrapped = self._wrapped[id(handler)] = as_columns_handler(handler)
-            self._wrapped[id(wrapped)] = wrapped
-        if group == "*":
-            self.default = wrapped
-        else:
-            self.handlers[group] = wrapped
-        return wrapped
-
-    def handler_for(self, group: str) -> ColumnsHandler:
-        """The handler that receives metrics of ``group``."""
-        return self.handlers.get(group, self.default)
-
-    def discards(self, group: str) -> bool:
-        """Whether ``group``'s handler throws everything away (a null handler: its ``discards``): the collector
-        then builds no metric for it."""
-        return self.handlers.get(group, self.default).discards
-
-    def discards_points(self, group: str) -> bool:
-        """Whether ``group``'s handler has no use for metrics that belong to no window (put by ranks, ``@prof``):
-        it :meth:`discards` everything, or says so with ``takes_points = False`` (the compact handler)."""
-        handler = self.handlers.get(group, self.default)
-        return handler.discards or not handler.takes_points
-
-    def all_handlers(self) -> list[ColumnsHandler]:
-        """Every distinct handler, default included."""
-        seen: dict[int, ColumnsHandler] = {id(self.default): self.default}
-        for h in self.handlers.values():
-            seen.setdefault(id(h), h)
-        return list(seen.values())
+        return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
+    shown = repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
+    either = f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
+    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, "
+                      "otlp:ENDPOINT or pkg.module:Class")
