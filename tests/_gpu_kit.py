@@ -10,7 +10,7 @@ writes its pid to ``DIR/pid<RANK>`` (with ``child``: first starts a child proces
 to ``DIR/child<RANK>``), then adds ``VALUE`` to the stat ``step_ms`` (500 ms windows) every 10 ms until
 ``DIR/stop`` exists (ten times ``VALUE`` once ``DIR/slow<RANK>`` exists).
 
-:func:`recording` writes a copy of the stored H200 recording (``collector/gpu_h200_recording.json``, synthetic
+:func:`recording` writes a copy of the stored H200 recording (``tests/collector/gpu_h200_recording.json``, synthetic
 but shaped like a real one) with the pids of real processes on each device.
 """
 
