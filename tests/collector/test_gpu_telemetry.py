@@ -194,18 +194,21 @@ def test_a_node_collector_samples_every_job_and_lets_a_finished_one_go(tmp_path)
 
 
 def _collect_briefly(job: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a collector for ``job`` with ``args`` until it served, then SIGTERM it; its output."""
+    """Run a collector for ``job`` with ``args`` until it served, then SIGTERM it; its output, the line saying where
+    it serves left out of its stderr (its notes are on stderr)."""
     environ = {k: v for k, v in os.environ.items() if k != RECORDING_ENV}
     environ.update(env or {}, PYTHONPATH=REPO)
     proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--status-interval", "0",
                              *args], cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    assert proc.stdout is not None
-    while " publish " not in (line := proc.stdout.readline()):
-        assert line, "the collector stopped before serving"
+    assert proc.stderr is not None
+    notes = []
+    while " publish " not in (line := proc.stderr.readline()):
+        assert line, f"the collector stopped before serving: {notes}"
+        notes.append(line)
     proc.terminate()
     stdout, stderr = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, line + stdout, stderr)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "".join(notes) + stderr)
 
 
 def _nvml_finds_a_gpu() -> str:

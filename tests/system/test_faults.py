@@ -468,7 +468,8 @@ def _collector_env() -> dict[str, str]:
 
 
 def _start_up_line(proc: subprocess.Popen) -> bool:
-    """Read the collector's output up to its endpoints line; False if it ended first."""
+    """Read the collector's output (stdout and stderr, where its notes go) up to its endpoints line; False if it
+    ended first."""
     assert proc.stdout is not None
     while True:
         line = proc.stdout.readline()
@@ -516,7 +517,7 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
     rng = random.Random(os.environ.get("SHMSTAT_TEST_SEED", os.getpid()))
     env = _collector_env()
     # The segment exists before the ranks (with this geometry); its first collector dies before any pass.
-    first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     assert _start_up_line(first)
     ranks = [spawn(percentile_adder, job, r, KILLS_WINDOW_MS, KILLS_STATS, str(tmp_path / f"r{r}.json"), stop)
              for r in range(2)]
@@ -527,7 +528,7 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
     moments: list[str] = []
     try:
         for _ in range(12):
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
             moment = rng.choice(("start-up", "mid-pass", "mid-pass", "shutdown"))
             moments.append(moment)
             if moment == "start-up":
