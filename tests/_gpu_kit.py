@@ -88,7 +88,7 @@ def node(work: Path) -> int:
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--gpu", "on", "--gpu-interval", "0.5",
                              "--handler", f"gpu=jsonl:{rows}", "--handler", "*=null", "--grace-ms", "10",
                              "--status-interval", "0"], env=dict(env, SHMSTAT_GPU_RECORDING=str(work / "h200.json")),
-                            cwd=repo, stdout=subprocess.PIPE, text=True)
+                            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # notes on stderr
     lines: list[str] = []
 
     def read() -> None:
