@@ -50,6 +50,8 @@ sys.path.insert(0, REPO)
 import psutil  # noqa: E402
 
 WINDOW_MS = 100
+BANKS = 64  # the most a collector allows: the segment holds BANKS windows of each stat
+SEGMENT_S = BANKS * WINDOW_MS / 1000
 GRACE_MS = 50  # the most a collector allows (shmstat.shm.layout.MAX_GRACE_MS)
 ADDS_PER_EVENT = 32
 # tally file: int64 words
@@ -259,7 +261,7 @@ class CollectorRuns:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "collector", "collect", "--job", self.job, "--publish", self.publish,
                  "--handler", f"*=jsonl:{self.windows}", "--events", f"jsonl:{self.events}",
-                 "--grace-ms", str(GRACE_MS), "--banks", "64", "--max-ranks", "32",
+                 "--grace-ms", str(GRACE_MS), "--banks", str(BANKS), "--max-ranks", "32",
                  "--max-stats", "16", "--status-interval", "0", "--ready-file", ready],
                 cwd=REPO, stdout=log, stderr=log,
                 env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")),
@@ -352,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     next_report = t0 + 10
     respawn: dict[int, float] = {}
     interrupted = False
+    stalls: list[tuple[float, float]] = []  # (seconds into the run, how long) of each starvation of this process
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal interrupted
@@ -392,7 +395,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"MiB  rank kills {kills}  collector SIGKILLs {coll.sigkills} SIGTERMs {coll.sigterms}  "
                       f"collector peak RSS {coll.peak_rss / 2**20:.0f} MiB", flush=True)
                 next_report = now + 10
+            before = time.monotonic()
             time.sleep(0.05)
+            if time.monotonic() - before > 1.0:  # a 50 ms sleep that took over 1 s: the machine starved this process
+                stalls.append((before - t0, time.monotonic() - before))
+                print(f"soak: {before - t0:6.0f} s  this process was starved: a 50 ms sleep took "
+                      f"{time.monotonic() - before:.1f} s (the segment keeps {SEGMENT_S:g} s of windows)", flush=True)
         for rank in list(respawn):
             start_rank(rank)
         open(stop_path, "w").close()
@@ -417,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         if coll.proc is not None and coll.proc.poll() is None:
             coll.proc.kill()
         Segment.unlink(job)
+    if stalls:
+        print(f"soak: this process was starved {len(stalls)} times (a 50 ms sleep over 1 s), the longest "
+              f"{max(d for _, d in stalls):.1f} s at {max(stalls, key=lambda st: st[1])[0]:.0f} s; a collector starved "
+              f"longer than {SEGMENT_S:g} s loses the windows the ranks overwrite meanwhile")
     return report(incarnations, coll, slots, kills, code, time.monotonic() - t0)
 
 
