@@ -251,6 +251,11 @@ class CollectorRuns:
         return [os.path.join(self.workdir, f"windows-{n}.jsonl") for n in range(self.runs + 1)]
 
     @property
+    def own(self) -> str:
+        """The collectors' own figures (the ``shmstat`` group: usage and counters), one file for all runs."""
+        return os.path.join(self.workdir, "collector.jsonl")
+
+    @property
     def events(self) -> str:
         return os.path.join(self.workdir, "events.jsonl")
 
@@ -260,7 +265,8 @@ class CollectorRuns:
         with open(os.path.join(self.workdir, f"collector-{self.runs - 1}.log"), "wb") as log:  # its notes, counters
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "collector", "collect", "--job", self.job, "--publish", self.publish,
-                 "--handler", f"*=jsonl:{self.windows}", "--events", f"jsonl:{self.events}",
+                 "--handler", f"*=jsonl:{self.windows}", "--handler", f"shmstat=jsonl:{self.own}",
+                 "--events", f"jsonl:{self.events}",
                  "--grace-ms", str(GRACE_MS), "--banks", str(BANKS), "--max-ranks", "32",
                  "--max-stats", "16", "--status-interval", "0", "--ready-file", ready],
                 cwd=REPO, stdout=log, stderr=log,
@@ -467,6 +473,22 @@ def read_events(path: str) -> tuple[dict[tuple[int, int], Sender], int]:
     return senders, bad
 
 
+def collector_counter(path: str, name: str) -> int:
+    """A collector counter (``collector.<name>`` rows of the ``shmstat`` group) summed over the collector runs
+    that wrote ``path``: each run counts from 0, so a value below the last one starts a new run."""
+    total = last = 0
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if f'"collector.{name}"' not in line:
+                continue
+            value = int(json.loads(line)["value"])
+            total += value - last if value >= last else value
+            last = value
+    return total
+
+
 def report(incarnations: list[Incarnation], coll: CollectorRuns, slots: int, kills: int, collector_exit: int,
            seconds: float) -> int:
     # samples
@@ -537,6 +559,10 @@ def report(incarnations: list[Incarnation], coll: CollectorRuns, slots: int, kil
           f"dropped (counted by ranks) {dropped:,}  backlog messages evicted {evicted:,}  "
           f"died with a rank {died_with_rank:,}  lost {ev_lost}  "
           f"doubled {ev_doubled}  unparsable lines {bad_lines}")
+    print(f"  collector counters summed over its runs: windows_overwritten "
+          f"{collector_counter(coll.own, 'windows_overwritten')} (windows lost to a bank overwritten before a "
+          f"collector read it), seq_gaps {collector_counter(coll.own, 'seq_gaps')}, events_dropped "
+          f"{collector_counter(coll.own, 'events_dropped')}")
     print(f"  collector peak RSS {coll.peak_rss / 2**20:.0f} MiB over {coll.runs} runs")
     ok = (lost == 0 and ev_lost == 0 and extra <= 2 * kills and doubled_windows == 0 and ev_doubled == 0
           and collector_exit == 0 and not unfinished and bad_lines == 0)
