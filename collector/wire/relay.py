@@ -39,11 +39,11 @@ import zmq
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 
-from .sender_book import SenderBook
 from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
 from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
 from .outlet import Outlet
+from .sender_book import SenderBook
 from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
 from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
 from .subscriptions import bind_owner_only, remove_ipc_file
