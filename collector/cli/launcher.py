@@ -7,9 +7,9 @@ The agent plays torchelastic's local agent on one node: it sets the environment 
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
 ...), watches the worker group, restarts the whole group when a worker fails (up to ``--max-restarts``
 times; each restart is a new incarnation of every rank) and exits with the workers' status. Signals are handled
-as torchrun's agent does (:mod:`collector.cli.stopping`): the signal received (SIGINT, SIGTERM, SIGHUP, SIGQUIT) is
-forwarded to every worker's process group, then SIGTERM and SIGKILL follow after ``stop_grace_s`` each, and the
-launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. The launcher owns
+as torchrun's agent does (:mod:`collector.cli.worker_shutdown`): the signal received (SIGINT, SIGTERM, SIGHUP,
+SIGQUIT) is forwarded to every worker's process group, then SIGTERM and SIGKILL follow after ``stop_grace_s`` each,
+and the launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. The launcher owns
 every process of the job: it is their child subreaper, so a daemon a rank starts (``setsid cmd &``, a double-forked
 helper) is reparented to it, reaped when it ends, and stopped with the ranks on every way the run ends. It emits the
 agent's metrics in group ``torchelastic`` under torchelastic's names and the ``torchelastic.worker.status.<STATE>``
@@ -37,7 +37,7 @@ from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
 from ..handlers.protocol import AgentMetricData
-from .stopping import become_subreaper, reap_adopted, stop_group
+from .worker_shutdown import become_subreaper, reap_adopted, stop_group
 
 __all__ = ["Agent", "AgentResult", "run_job"]
 
@@ -104,7 +104,7 @@ class Agent:
         self.adopt_orphans = adopt_orphans
         """This process is the job's child subreaper and starts no other process: every process below it is one
         of the job's, and is stopped and reaped with the workers (``shmstat run``; see
-        :func:`collector.cli.stopping.become_subreaper`)."""
+        :func:`collector.cli.worker_shutdown.become_subreaper`)."""
         self.stop_signal: int | None = None
         """The first stopping signal received (set by :meth:`on_signal`)."""
         self.signals_received = 0

@@ -1,6 +1,6 @@
 """``shmstat subscribe``: tail collectors' streams as JSON lines on stdout, and say on stderr what was lost.
 
-Three ways to name what to follow (:mod:`collector.cli.sources`): ``ENDPOINT``s (followed until stopped), jobs
+Three ways to name what to follow (:mod:`collector.cli.served_jobs`): ``ENDPOINT``s (followed until stopped), jobs
 (``--job J``: followed until J ends, after its collector's last message, unless ``--follow``), or nothing: every
 job a collector serves on this node, picked up as it starts and let go as it ends, until stopped. Every collector
 sends heartbeats (:mod:`shmstat.wire.heartbeat`); they are compared with what arrived, and each loss is one line on
@@ -40,7 +40,7 @@ from ..wire.curve import (
     secure_client,
     watch_client,
 )
-from .sources import job_over, served_jobs, socket_identity
+from .served_jobs import job_over, served_jobs, socket_identity
 
 __all__ = ["gap_line", "item_to_json", "message_to_json", "subscribe"]
 

@@ -1,10 +1,9 @@
 """The collector processes: the loop serving one job, and the node collector serving every job of a node.
 
 - :mod:`~collector.daemon.collector`: ``Collector``, one loop that scans, relays, watches ranks and dispatches
-  (one pass in :mod:`~collector.daemon.passes`; put metrics and its own figures in :mod:`~collector.daemon.points`;
-  what goes to the events sinks in :mod:`~collector.daemon.kept_events`; what other threads submit in
-  :mod:`~collector.daemon.submitted`; its lock on the job's segment, and removing it, in
-  :mod:`~collector.daemon.ownership`), configured by :mod:`~collector.daemon.config`;
+  (with its passes, the put metrics and its own figures, what goes to the events sinks, what other threads
+  submit, and its lock on the job's segment), configured by :mod:`~collector.daemon.config`; the watermarks of
+  its passes are written once their handlers took them (:mod:`~collector.daemon.commits`);
 - :mod:`~collector.daemon.liveness`: which ranks joined, exited or died, and what each costs;
 - :mod:`~collector.daemon.straggler`: how each rank compares with the node, per window;
 - :mod:`~collector.daemon.node`: ``NodeCollector``, one process for every job of this user on this node, which

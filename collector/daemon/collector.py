@@ -4,11 +4,41 @@ Arbiter-style: signal handlers only set a flag; :meth:`Collector.step` does one 
 tests drive with an injected clock. Only one collector serves a job on a node, whoever's runtime directory it
 uses: it holds an exclusive ``flock`` on the job's segment file itself for its whole life (released by the
 kernel if it dies), and a second one exits naming the first's pid.
+
+One pass (:meth:`Collector._scan_pass`) takes the scanner's closed windows into every consumer. Its watermark
+moves at once in the scanner's memory, and into the segment only once every handler took the pass
+(:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one. The pass is
+read as :class:`collector.read.columns.Columns` (merged by the one merge,
+:func:`collector.read.columns.merge_parts`) and handed whole to the dispatcher
+(:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: every handler takes it as columns), the
+Prometheus exporter and the straggler detector. :class:`collector.read.rows.WindowRow` objects are built only
+for subscribers of a group's ``stat/`` topics, and only when there are some.
+
+Metrics the collector hands on that belong to no window: a rank's ``put_metric`` points, relayed to the
+handlers and the Prometheus exporter (:func:`dispatch_put_metrics`), and the collector's own figures in the
+platform group, every rank's CPU and RSS and the collector's counters (:func:`emit_usage`; those the segment
+holds: :func:`drop_counters`); nothing there keeps state. What other threads of the collector's process hand to
+its loop (the launcher's agent: its own metrics and the workers' status events) is queued without a lock (a
+deque's appends and pops are atomic) and taken by the loop each round (:meth:`Submitted.drain`).
+
+What one job's collector hands its events sinks (``--events``), as :class:`KeptEvents`.
+Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
+backlog a rank held before the collector started included (it arrives through the relay once the collector
+subscribes); the collector's own events (``rank/joined|exited|died`` as they are published on ``rank/``,
+``shmstat.straggler[.recovered]``, the launcher's ``torchelastic.worker.status.<STATE>``), numbered per job;
+and every gap the relay finds in a rank's stream (:class:`~collector.handlers.events.GapRecord`, ``at="rank"``).
+Not kept: put metrics (``metric/`` topics go to the metric handlers) and stat windows.
+
+The job's segment as its collector holds it: the exclusive lock that makes a collector the job's only one on
+this node (:func:`take_instance_lock`), and, once it is done, the removal of what the job left
+(:func:`remove_if_done`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
 import logging
 import math
 import os
@@ -16,20 +46,25 @@ import signal
 import sys
 import threading
 import time
-from typing import IO
+from collections import deque
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import zmq
 
-from elastic.metrics import MetricData, MetricHandler
+from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
+from shmstat.errors import CollectorError, WireError
 from shmstat.shm.layout import MAX_GRACE_MS, RING_BUDGET_MS, RankState
 from shmstat.shm.layout_records import RankInfo
-from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
+from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..handlers.compact import status_line
+from ..handlers.compact import StragglerLines, status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
+from ..handlers.events import EventRecord, GapRecord
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..read.scanner import Scanner
@@ -40,13 +75,12 @@ from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_eve
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .delivered_marks import DeliveredMarks
 from .gpu import GpuSampler, JobGpu, start_sampler
-from .kept_events import KeptEvents
 from .liveness import Lifecycle, Liveness
-from .ownership import remove_if_done, take_instance_lock
-from .passes import commit_pass, emit_scan
-from .points import dispatch_put_metrics, drop_counters, emit_usage, relay_counts
-from .straggler import StragglerDetector
-from .submitted import Submitted
+from .straggler import EVENT_TOPICS, STRAGGLER_EVENT, StragglerDetector
+
+if TYPE_CHECKING:
+    from ..read.columns import Columns
+    from ..wire.relay import Relay, RelayCounters
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
 
@@ -452,7 +486,7 @@ class Collector:
 
     # -- emission -------------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
-        counts = emit_scan(self, now, final=final)  # collector/daemon/passes.py
+        counts = self._scan_pass(now, final=final)
         self.windows_emitted += counts.windows
         self.rows_emitted += counts.rows
         self.overwritten += counts.overwritten
@@ -462,7 +496,56 @@ class Collector:
             # to the handlers before that watermark is committed, so a collector killed in between leaves both to
             # the next one, which counts them again, and never the watermark without the count.
             self._emit_usage(now, self.last_ranks)
-        commit_pass(self)
+        self._commit_pass()
+
+    def _scan_pass(self, now: int, *, final: bool) -> PassCounts:
+        """Scan the segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
+        the rows; returns what the pass counted (the collector's counters are left to the caller). The caller then
+        hands the pass to :meth:`_commit_pass`."""
+        relay, dispatcher, exporter, job = self.relay, self.dispatcher, self.exporter, self.config.job
+        assert relay is not None
+        relay.update_subscriptions()  # first: rows nobody receives are never built
+        lines = _straggler_lines(dispatcher)
+        # straggler output: scores to our group, events to subscribers, lines to the console handlers
+        scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS)) or any(
+            h is not None for h in lines.values())
+
+        def wanted(group: str) -> bool:
+            return (scored or exporter is not None or not dispatcher.discards(group)
+                    or relay.wants(wire.stat_topic(group, "")))
+
+        result = self.scanner.scan(now, final=final, want=wanted)
+        cols = result.columns
+        dispatcher.emit_columns(cols)
+        if len(cols) and relay.subscribed:
+            for group in cols.groups():
+                if relay.wants(wire.stat_topic(group, "")):
+                    _publish_rows(relay, cols.of_groups({group}))
+        if exporter is not None:
+            exporter.observe_columns(cols)
+        scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
+        # scores to our group, events on event/<name>
+        found = self.stragglers.update_columns(cols, scores=scores_wanted)
+        if found.scores and scores_wanted:
+            dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+        for ev in found.events:
+            data = ev.data
+            if self.gpu is not None and ev.name == STRAGGLER_EVENT:  # what the slow rank's GPU did meanwhile
+                end = int(data["window_start_ns"]) + int(data["window_ms"]) * 1_000_000
+                data = {**data, **self.gpu.describe(int(data["rank"]), int(data["since_ns"]), end)}
+            self.publish_event(ev.name, now, data)
+            group = str(data["group"])
+            say = lines[group] if group in lines else lines["*"]
+            if say is not None:
+                say.say_straggler(ev.name, job, data)
+        return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
+                          rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
+
+    def _commit_pass(self) -> None:
+        """Flush the handlers and hand the last pass's watermarks to ``self.commits``, which writes them into the
+        segment once every handler took what was dispatched so far (:mod:`collector.daemon.commits`): the pass's rows
+        and whatever was dispatched after them, such as the counters of the windows it found lost."""
+        self.commits.add(self.dispatcher.flush(), self.scanner.advance())
 
     def _dispatch_put_metrics(self, msg: Received) -> None:
         dispatch_put_metrics(self.config.job, msg, self.dispatcher, self.exporter, self.relay_counters)
@@ -505,3 +588,255 @@ class Collector:
         return {"gpu_samples": self.gpu_sampler.samples, "gpu_errors": self.gpu_sampler.errors,
                 "gpu_figures_written": self.gpu.samples_written if self.gpu is not None else 0}
 
+
+# -- one pass's counts and its stat topics ---------------------------------------------------------------------
+class PassCounts(NamedTuple):
+    """What one pass did, for the collector to add to its counters."""
+
+    windows: int
+    """Windows emitted (merged rows, plus the windows nobody wanted, skipped unread)."""
+    rows: int
+    """Rows emitted (every row of the pass, plus those skipped unread)."""
+    overwritten: int
+    """Windows lost to a bank overwritten before they were read."""
+    torn: int
+    """Windows flagged torn (a writer died in the middle of an ``add``)."""
+
+
+def _straggler_lines(dispatcher: ThreadedDispatcher) -> dict[str, StragglerLines | None]:
+    """Each configured group's handler if it prints straggler lines (else None), and ``*``: the default's."""
+    inner = dispatcher.inner
+    found: dict[str, StragglerLines | None] = {
+        g: h if isinstance(h, StragglerLines) else None for g, h in inner.handlers.items()}
+    found["*"] = inner.default if isinstance(inner.default, StragglerLines) else None
+    return found
+
+
+def _publish_rows(relay: Relay, cols: Columns) -> None:
+    """Publish the rows of one group on their ``stat/<group>/<name>`` topics, to the topics someone wants."""
+    by_topic: dict[str, list[dict]] = {}
+    wants = relay.wants
+    for row in cols.to_rows():
+        topic = wire.stat_topic(row.group, row.name)
+        items = by_topic.get(topic)
+        if items is None:
+            items = by_topic[topic] = [] if wants(topic) else _NOBODY
+        if items is not _NOBODY:
+            items.append(row.to_wire())
+    for topic, items in by_topic.items():
+        if items is not _NOBODY:
+            relay.publish(topic, "stat", items)
+
+
+_NOBODY: list[dict] = []  # marks a topic no subscriber listens to
+
+
+# -- metrics that belong to no window: put metrics, the collector's own figures ----------------------------
+def dispatch_put_metrics(job: str, msg: Received, dispatcher: ThreadedDispatcher,
+                         exporter: PrometheusExporter | None, relay_counters: RelayCounters) -> None:
+    """Hand the points of one ``metric/`` message to the exporter and to the handlers of their groups (left
+    undecoded when nobody would see one); a message decode refuses is counted in ``relay_counters.rejected``."""
+    discards = dispatcher.discards_points
+    if exporter is None and all(map(discards, candidate_groups(msg.raw_topic))):
+        return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
+    try:
+        items = msg.items
+    except WireError:  # the C check let through what decode refuses (a bug): count it, never stop
+        relay_counters.rejected += 1
+        _log.error("a metric message on %r passed the intake check but not wire.decode", msg.topic)
+        return
+    for group, name, value, ts in items:
+        p = point(float(ts), group, name, value, msg.rank, job)
+        if exporter is not None:
+            exporter.observe_metric(job, p, msg.rank)
+        if not discards(group):
+            dispatcher.emit_points(group, [p])
+
+
+def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, counters: Callable[[], dict[str, int]],
+               dispatcher: ThreadedDispatcher, relay: Relay) -> None:
+    """Emit, in the platform group, every active rank's CPU and RSS, the collector's own and ``counters()``
+    (with each group's handler drops), to the handlers and on the ``stat/`` topic of ``usage``."""
+    ts = now / 1e9
+    rows: list[MetricData] = []
+    for u in liveness.usage(ranks):
+        rows.append(point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank, job))
+        rows.append(point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank, job))
+    cpu_s, rss = Liveness.self_usage()
+    figures = {**counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
+    figures.update({f"handler_dropped.{g}": n for g, n in dispatcher.dropped_by_group.items()})
+    for name, value in figures.items():
+        rows.append(point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, job))
+    items = []
+    dispatcher.emit_points(PLATFORM_GROUP, rows)
+    for md in rows:
+        items.append({"group": md.group_name, "name": md.name, "value": md.value,
+                      "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
+    relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+
+
+def relay_counts(c: RelayCounters) -> dict[str, int]:
+    """The relay's counters by the names the collector reports them (status line, platform group, /metrics)."""
+    return {
+        "events_relayed": c.events, "metrics_relayed": c.metrics,
+        "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
+        "items_resent": c.resent,
+        "subscriber_overflows": sum(c.overflows.values()),
+        "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
+        "key_revocations": c.handshakes.revocations,
+        **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
+    }
+
+
+def drop_counters(segment: Segment | None) -> dict[str, int]:
+    """What the job's processes could not write (read from the segment: header and rank entries); zeros once
+    the segment is released."""
+    if segment is None:
+        return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+    try:
+        h = segment.header()
+        ranks = segment.ranks()
+    except (ValueError, TypeError):  # released at shutdown
+        return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
+    return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
+            "no_room_workers": sum(r.writers_refused for r in ranks),
+            "no_room_stats": sum(r.stats_refused for r in ranks)}
+
+
+def candidate_groups(topic: bytes) -> list[str]:
+    """The group a valid ``metric/<group>/<name>`` message on ``topic`` carries, as a list (empty for a topic no
+    valid message has): a group holds no ``/`` (:mod:`shmstat.names`, checked by the wire), a name may."""
+    group, sep, _ = bytes(topic)[len(b"metric/"):].decode("utf-8").partition("/")
+    return [group] if sep else []
+
+
+def point(ts: float, group: str, name: str, value: float, rank: int | None, job: str) -> StatMetricData:
+    """A metric that belongs to no window (a rank's put_metric, a usage sample), with its rank and job."""
+    return StatMetricData(ts, group, name, value, rank=rank, window_start=None, window_end=None,  # type: ignore[arg-type]
+                          job=job)
+
+
+# -- what other threads of the collector's process submit -----------------------------------------------------
+_EventItem = tuple[str, int, dict[str, str | int | float | bool]]  # (name, ts_ns, data)
+
+
+class Submitted:
+    """Metrics and events made in this process, in the order submitted; any thread may add, one loop takes."""
+
+    def __init__(self) -> None:
+        self._items: deque[MetricData | _EventItem] = deque()
+
+    def metric(self, metric: MetricData) -> None:
+        """Queue a metric (thread-safe)."""
+        self._items.append(metric)
+
+    def event(self, name: str, data: dict[str, str | int | float | bool]) -> None:
+        """Queue an event stamped now (thread-safe); ``data`` is copied."""
+        self._items.append((name, time.time_ns(), dict(data)))
+
+    def drain(self, job: str, dispatcher: ThreadedDispatcher, exporter: PrometheusExporter | None, relay: Relay,
+              publish_event: Callable[[str, int, dict[str, str | int | float | bool]], None]) -> None:
+        """On the loop's thread: dispatch every queued metric to its group's handlers, export it with no rank
+        label and publish it; hand every queued event to ``publish_event``."""
+        while self._items:
+            item = self._items.popleft()
+            if isinstance(item, MetricData):
+                if not dispatcher.discards_points(item.group_name):
+                    dispatcher.emit_points(item.group_name, [item])
+                if exporter is not None:
+                    exporter.observe_metric(job, item, None)
+                topic = wire.metric_topic(item.group_name, item.name)
+                relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
+            elif isinstance(item, tuple):
+                publish_event(*item)
+
+
+# -- what goes to the events sinks (--events) ----------------------------------------------------------------
+class KeptEvents:
+    """One job's events on their way to the sinks of ``delivery`` (None: no sink, every call is a no-op). The
+    collector's loop calls it; nothing here waits for a sink. ``owns``: :meth:`close` closes the sinks (a node
+    collector's jobs share its delivery, which it closes itself)."""
+
+    def __init__(self, job: str, delivery: EventDelivery | None, *, owns: bool) -> None:
+        self.job = job
+        self.delivery = delivery
+        self.owns = owns
+        self.own_seq = 0
+        """The number the collector's next own event of this job gets."""
+        self.pending: dict[tuple[int, int, int], collections.deque[tuple[int, int, int]]] = {}
+        """Per sender ``(rank, pid, incarnation)``: ``(ticket, first seq, seq after it)`` of what is queued for
+        the sinks and not known to be taken (see :meth:`EventDelivery.completed`), oldest first. The loop appends,
+        a sink's thread may take from the left (:class:`collections.deque` makes both safe)."""
+
+    def message(self, msg: Received) -> None:
+        """A rank's ``event/`` message, relayed."""
+        if self.delivery is not None:
+            ticket = self.delivery.offer_message(self.job, msg)
+            self._queued((msg.rank, msg.pid, msg.incarnation), ticket, msg.seq, msg.seq + msg.n_items)
+
+    def _queued(self, key: tuple[int, int, int], ticket: int, first: int, end: int) -> None:
+        if ticket:
+            queue = self.pending.get(key)
+            if queue is None:
+                queue = self.pending[key] = collections.deque()
+            queue.append((ticket, first, end))
+
+    def own(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
+        """An event the collector made (and published)."""
+        if self.delivery is not None:
+            self.delivery.offer(self.job, EventRecord(name, self.job, None, ts_ns, dict(data), self.own_seq,
+                                                      os.getpid()))
+            self.own_seq += 1
+
+    def gap(self, rank: int, pid: int, incarnation: int, first: int, count: int) -> None:
+        """``count`` items of a rank's stream from seq ``first`` on never reached the collector."""
+        if self.delivery is not None:
+            ticket = self.delivery.offer(self.job, GapRecord(self.job, rank, pid, incarnation, first,
+                                                             first + count - 1, count, "rank", time.time_ns()))
+            self._queued((rank, pid, incarnation), ticket, first, first + count)
+
+    def counters(self) -> dict[str, int]:
+        """``events_dropped`` (this job's events a sink lost) and ``event_handler_errors`` (calls of a sink that
+        raised, over every job the sinks serve)."""
+        d = self.delivery
+        return {"events_dropped": d.dropped_for(self.job) if d is not None else 0,
+                "event_handler_errors": d.errors if d is not None else 0}
+
+    def close(self) -> None:
+        """Close the sinks if they are this job's own (idempotent)."""
+        if self.owns and self.delivery is not None:
+            self.delivery.close()
+
+
+# -- the job's segment as its collector holds it: its lock, and its removal once done ---------------------------
+def take_instance_lock(segment: Segment) -> int:
+    """An exclusive ``flock`` on the segment file itself, held for the collector's life (the returned fd; the
+    kernel releases it if the collector dies): the check that one collector serves the job does not depend on
+    anyone's runtime directory. Raises :class:`CollectorError` naming the holder's pid if another holds it."""
+    path = "/dev/shm" + segment_name(segment.job)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        pid = segment.header().collector_pid
+        holder: int | str = pid if pid > 0 else "?"
+        raise CollectorError(
+            f"a collector for job {segment.job!r} is already running on this node (pid {holder}); stop it first"
+        ) from None
+    return fd
+
+
+def remove_if_done(job: str, emitted_everything: bool, not_emitted: str) -> str:
+    """Remove ``job``'s segment and lock file if every window was emitted (``emitted_everything``) and no
+    process of the job's rank table lives; "" then, otherwise one line saying what was kept (``not_emitted``
+    when windows were), why, and how to look and clean."""
+    how = f"(inspect: shmstat top --job {job}; remove: shmstat clean {job})"
+    if not emitted_everything:
+        return f"job {job}'s segment kept: {not_emitted or 'not every window was emitted'} {how}"
+    if not os.path.exists("/dev/shm" + segment_name(job)):
+        Segment.unlink(job)  # the lock file alone (its last rank may have removed the segment)
+        return ""
+    if Segment.unlink_if_unused(job):
+        return ""
+    return f"job {job}'s segment kept: a process of the job started or is still running {how}"

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from ..wire.intake import Received
     from ..wire.relay import Relay
-    from .kept_events import KeptEvents
+    from .collector import KeptEvents
 
 __all__ = ["ACK_INTERVAL_S", "DeliveredMarks"]
 

@@ -5,7 +5,7 @@
 - :mod:`~collector.wire.outlet`: one publish socket, its topics and its bounds: a job's, and a node collector's
   one endpoint for every job it serves (each message with a frame naming its job);
 - :mod:`~collector.wire.intake`: the check of a rank's message on the way in (C twin: ``collector._intake``);
-- :mod:`~collector.wire.beats`: what the relay has from every sender, and the heartbeats that say it;
+- :mod:`~collector.wire.sender_book`: what the relay has from every sender, and the heartbeats that say it;
 - :mod:`~collector.wire.curve`: CURVE on a TCP publish endpoint, its keys, the ZAP handler that lets in only the
   holders of a client key, and the client side of ``shmstat subscribe --curve``.
 

@@ -13,7 +13,7 @@ subscriber loses its own messages past it: the XPUB runs with ``XPUB_NODROP``, s
 subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr:`RelayCounters.overflows` and
 is then handed to the other subscribers (lossy send); libzmq then offers that subscriber nothing until it has
 read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
-(:mod:`collector.wire.beats`, :mod:`shmstat.wire.heartbeat`). A subscription topic is
+(:mod:`collector.wire.sender_book`, :mod:`shmstat.wire.heartbeat`). A subscription topic is
 at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
 :mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
 again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
@@ -40,11 +40,11 @@ from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
-from .beats import SenderBook
 from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
 from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
 from .outlet import Outlet
+from .sender_book import SenderBook
 from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
 from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
 from .subscriptions import bind_owner_only, remove_ipc_file

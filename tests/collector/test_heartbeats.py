@@ -16,8 +16,8 @@ import pytest
 import zmq
 from _support import wait_for
 
-from collector.wire.beats import SenderBook
 from collector.wire.relay import MAX_MESSAGE_BYTES, Relay
+from collector.wire.sender_book import SenderBook
 from shmstat import wire
 from shmstat.wire.heartbeat import ITEMS_PER_MESSAGE, MAX_LISTED, SENDER_STREAM, GapTracker, followed_kinds
 

@@ -293,7 +293,7 @@ def test_shmstat_subscribe_on_a_node_endpoint_keeps_gaps_and_ends_per_job(capsys
     """Both jobs' collector-made streams share the node collector's pid and, here, a sender key: keyed by job,
     job A's loss is told as A's (mixed with B's items it would vanish), and job A's end does not end following
     the endpoint."""
-    from collector.wire.beats import SenderBook
+    from collector.wire.sender_book import SenderBook
 
     node = _RawNode(count=7)
     books = {job: SenderBook(pid=4000) for job in JOBS}  # one node collector: one pid for both jobs' beats

@@ -528,7 +528,8 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
     moments: list[str] = []
     try:
         for _ in range(12):
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                    cwd=REPO)
             moment = rng.choice(("start-up", "mid-pass", "mid-pass", "shutdown"))
             moments.append(moment)
             if moment == "start-up":
