@@ -21,7 +21,7 @@ holds: :func:`drop_counters`); nothing there keeps state. What other threads of 
 its loop (the launcher's agent: its own metrics and the workers' status events) is queued without a lock (a
 deque's appends and pops are atomic) and taken by the loop each round (:meth:`Submitted.drain`).
 
-What one job's collector hands its events sinks (``--events``), as :class:`KeptEvents`.
+What one job's collector hands its events sinks (``--events``), as :class:`collector.daemon.delivered_marks.KeptEvents`.
 Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
 backlog a rank held before the collector started included (it arrives through the relay once the collector
 subscribes); the collector's own events (``rank/joined|exited|died`` as they are published on ``rank/``,
@@ -36,7 +36,6 @@ this node (:func:`take_instance_lock`), and, once it is done, the removal of wha
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import logging
@@ -64,7 +63,6 @@ from shmstat.shm.segment import Segment, pid_alive
 from ..handlers.compact import StragglerLines, status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
-from ..handlers.events import EventRecord, GapRecord
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..read.scanner import Scanner
@@ -73,7 +71,7 @@ from ..wire.outlet import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
-from .delivered_marks import DeliveredMarks
+from .delivered_marks import DeliveredMarks, KeptEvents
 from .gpu import GpuSampler, JobGpu, start_sampler
 from .liveness import Lifecycle, Liveness
 from .straggler import EVENT_TOPICS, STRAGGLER_EVENT, StragglerDetector
@@ -749,63 +747,6 @@ class Submitted:
                 relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
             elif isinstance(item, tuple):
                 publish_event(*item)
-
-
-# -- what goes to the events sinks (--events) ----------------------------------------------------------------
-class KeptEvents:
-    """One job's events on their way to the sinks of ``delivery`` (None: no sink, every call is a no-op). The
-    collector's loop calls it; nothing here waits for a sink. ``owns``: :meth:`close` closes the sinks (a node
-    collector's jobs share its delivery, which it closes itself)."""
-
-    def __init__(self, job: str, delivery: EventDelivery | None, *, owns: bool) -> None:
-        self.job = job
-        self.delivery = delivery
-        self.owns = owns
-        self.own_seq = 0
-        """The number the collector's next own event of this job gets."""
-        self.pending: dict[tuple[int, int, int], collections.deque[tuple[int, int, int]]] = {}
-        """Per sender ``(rank, pid, incarnation)``: ``(ticket, first seq, seq after it)`` of what is queued for
-        the sinks and not known to be taken (see :meth:`EventDelivery.completed`), oldest first. The loop appends,
-        a sink's thread may take from the left (:class:`collections.deque` makes both safe)."""
-
-    def message(self, msg: Received) -> None:
-        """A rank's ``event/`` message, relayed."""
-        if self.delivery is not None:
-            ticket = self.delivery.offer_message(self.job, msg)
-            self._queued((msg.rank, msg.pid, msg.incarnation), ticket, msg.seq, msg.seq + msg.n_items)
-
-    def _queued(self, key: tuple[int, int, int], ticket: int, first: int, end: int) -> None:
-        if ticket:
-            queue = self.pending.get(key)
-            if queue is None:
-                queue = self.pending[key] = collections.deque()
-            queue.append((ticket, first, end))
-
-    def own(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
-        """An event the collector made (and published)."""
-        if self.delivery is not None:
-            self.delivery.offer(self.job, EventRecord(name, self.job, None, ts_ns, dict(data), self.own_seq,
-                                                      os.getpid()))
-            self.own_seq += 1
-
-    def gap(self, rank: int, pid: int, incarnation: int, first: int, count: int) -> None:
-        """``count`` items of a rank's stream from seq ``first`` on never reached the collector."""
-        if self.delivery is not None:
-            ticket = self.delivery.offer(self.job, GapRecord(self.job, rank, pid, incarnation, first,
-                                                             first + count - 1, count, "rank", time.time_ns()))
-            self._queued((rank, pid, incarnation), ticket, first, first + count)
-
-    def counters(self) -> dict[str, int]:
-        """``events_dropped`` (this job's events a sink lost) and ``event_handler_errors`` (calls of a sink that
-        raised, over every job the sinks serve)."""
-        d = self.delivery
-        return {"events_dropped": d.dropped_for(self.job) if d is not None else 0,
-                "event_handler_errors": d.errors if d is not None else 0}
-
-    def close(self) -> None:
-        """Close the sinks if they are this job's own (idempotent)."""
-        if self.owns and self.delivery is not None:
-            self.delivery.close()
 
 
 # -- the job's segment as its collector holds it: its lock, and its removal once done ---------------------------

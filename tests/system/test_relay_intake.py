@@ -74,6 +74,8 @@ def test_events_and_metrics_of_a_real_rank(monkeypatch, backend) -> None:
             return c.events >= N_EVENTS and c.metrics >= 2 * N_METRICS and republished[0] >= N_EVENTS
 
         wait_for(taken, 60, what="every event and metric of the rank")
+        # served as a running collector serves it: the rank waits at exit for the acknowledgement of what it sent
+        wait_for(lambda: col.step(5) or not proc.is_alive(), 30, what="the rank to exit")
         proc.join(30)
         assert proc.exitcode == 0
         assert (c.events, c.metrics, c.gaps, c.rejected, republished[0]) == (N_EVENTS, 2 * N_METRICS, 0, 0, N_EVENTS)
