@@ -223,7 +223,7 @@ def test_prof_checks_its_names_when_decorating_so_the_call_never_raises_for_them
         return 1
 
     f.__qualname__ = "C." + "q" * 248  # a method's key is its qualname: <key>.success would be 258 bytes
-    with pytest.raises(ConfigError, match="is 258 bytes in UTF-8"):
+    with pytest.raises(ConfigError, match="is 258 bytes of UTF-8"):
         metrics.prof(f)
     f.__qualname__ = "C." + "q" * 241  # exactly 255 with .duration.ms
     assert metrics.prof(f)() == 1
