@@ -6,7 +6,8 @@
 group and a grandchild in a session of its own, both ignoring them too; only SIGKILL ends them.
 ``MODE=daemons``: first starts two helpers that leave the rank's session and parents, as daemons do (``setsid sleep
 600 &`` from a shell, and a double-forked Python process in a session of its own), then behaves as ``save``;
-``MODE=daemons-exit`` starts them too, then exits with status ``EXIT_CODE`` at once. The helpers carry the rank's
+``MODE=daemons-exit`` starts them too, then exits with status ``EXIT_CODE`` once every rank of the node
+wrote its ``ready`` file. The helpers carry the rank's
 environment (the test marks it) and write their pids to ``daemons-<rank>``.
 Every process writes its pid to ``pids-<rank>`` (one per line) and the rank writes ``ready-<rank>`` once it runs.
 """
@@ -68,6 +69,12 @@ if mode.startswith("daemons"):
     start_daemons()
     if mode == "daemons-exit":
         note("ready", "")
+        # every rank's helpers exist before any rank ends (a failed rank stops the others at once)
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                os.path.exists(os.path.join(out, f"ready-{r}")) for r in range(ranks)):
+            time.sleep(0.01)
         sys.exit(int(os.environ.get("EXIT_CODE", "0")))
 
 stat = shmstat.Stat("work", [Aggregation.COUNT, Aggregation.SUM], 0.1, group="sig")
