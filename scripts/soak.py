@@ -237,6 +237,7 @@ class CollectorRuns:
     sigkills: int = 0
     sigterms: int = 0
     peak_rss: int = 0
+    outages: list[tuple[str, float, float]] = field(default_factory=list)  # (signal, s to exit, s until ready again)
 
     per_run_windows: bool = False  # a windows file per collector run (diagnosis) instead of one for all runs
 
@@ -388,11 +389,14 @@ def main(argv: list[str] | None = None) -> int:
             if now >= next_restart:
                 kill = args.collector_kill == "kill" or (args.collector_kill == "mixed" and rng.random() < 0.5)
                 sig = signal.SIGKILL if kill else signal.SIGTERM
+                stopping = time.monotonic()
                 code = coll.stop(sig)
+                stopped = time.monotonic()
                 if code != (-signal.SIGKILL if kill else 0):
                     raise SystemExit(f"soak: the collector exited {code} on {sig.name}")
                 time.sleep(rng.uniform(0.1, 1.0))  # the outage
                 coll.start()
+                coll.outages.append((sig.name, stopped - stopping, time.monotonic() - stopping))
                 next_restart = now + rng.expovariate(1 / args.restart_every)
             if now >= next_report:
                 adds = sum(read_tally(p, slots)[0][T_ADDS] for i in incarnations
@@ -564,6 +568,11 @@ def report(incarnations: list[Incarnation], coll: CollectorRuns, slots: int, kil
           f"collector read it), seq_gaps {collector_counter(coll.own, 'seq_gaps')}, events_dropped "
           f"{collector_counter(coll.own, 'events_dropped')}")
     print(f"  collector peak RSS {coll.peak_rss / 2**20:.0f} MiB over {coll.runs} runs")
+    if coll.outages:
+        worst = max(coll.outages, key=lambda o: o[2])
+        print(f"  collector restarts: longest outage {worst[2]:.1f} s (a {worst[0]}: {worst[1]:.1f} s to exit); "
+              f"the ring holds {BANKS * WINDOW_MS / 1000:.1f} s; each: "
+              + ", ".join(f"{sig[3:]} {down:.1f}/{total:.1f}" for sig, down, total in coll.outages))
     ok = (lost == 0 and ev_lost == 0 and extra <= 2 * kills and doubled_windows == 0 and ev_doubled == 0
           and collector_exit == 0 and not unfinished and bad_lines == 0)
     print("soak: OK, nothing lost, nothing doubled" if ok else "soak: FAILED")

@@ -305,6 +305,10 @@ class Relay:
             return
         self.held.add(key)
         expected = self._next_seq.get(key)
+        if key in self._awaiting_sync:
+            # a sender whose re-sync marker has not come yet still keeps every item from its mark on (it re-sends
+            # them to the next collector): what it holds is no loss, and its mark must not move past it
+            expected = None
         if expected is not None and msg.seq > expected:  # items the rank dropped at the end: a gap
             self._gap(key, expected, msg.seq - expected)
             self._next_seq[key] = msg.seq

@@ -95,3 +95,50 @@ def test_events_survive_repeated_collector_sigkills_exactly_once(job, tmp_path):
         missing = sorted(set(range(rep["logged"])) - set(seen))
         assert missing == [], f"seed {seed}: rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
         assert [i for i, n in seen.items() if n > 1] == [], f"seed {seed}: rank {r} has duplicates"
+
+
+def test_a_successor_stopped_before_the_ranks_resync_loses_and_gaps_nothing(job, tmp_path):
+    """A collector SIGKILLed, then its successor SIGTERMed at once, before the ranks re-sent what they keep: the
+    hand-over must not take the ranks' held sequence numbers for a loss (the ranks still keep those events and
+    re-send them to the next collector), nor acknowledge them (the ranks would forget them)."""
+    out = str(tmp_path / "events.jsonl")
+    stop = str(tmp_path / "stop")
+    ranks, rounds = 2, 4
+    coll = _collector(job, out)
+    procs = [spawn(_steady_rank, job, r, ranks, 0.0002, stop, str(tmp_path / f"r{r}.json")) for r in range(ranks)]
+    try:
+        for _ in range(rounds):
+            wait_for(lambda: len(read_jsonl(out)) > 0, 60, 0.01, what="events in the file")
+            time.sleep(0.3)
+            coll.proc.send_signal(signal.SIGKILL)
+            coll.stop()
+            time.sleep(1.0)  # the ranks keep sending into the void meanwhile: their pipes fill up
+            coll = _collector(job, out)
+            assert coll.stop(signal.SIGTERM) == 0  # at once: the ranks may not have re-synced yet
+            coll = _collector(job, out)
+        with open(stop, "w"):
+            pass
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        reports = []
+        for r in range(ranks):
+            with open(tmp_path / f"r{r}.json") as f:
+                reports.append(json.load(f))
+        total = sum(rep["logged"] for rep in reports)
+        deadline = time.monotonic() + 60
+        while len([e for e in read_jsonl(out) if "gap" not in e]) < total and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        with open(stop, "w"):
+            pass
+        for p in procs:
+            p.join(30)
+        assert coll.stop(signal.SIGTERM) == 0
+    lines = read_jsonl(out)
+    assert [g for g in lines if "gap" in g] == []
+    for r, rep in enumerate(reports):
+        seen = Counter(e["data"]["i"] for e in lines if "gap" not in e and e["rank"] == r)
+        missing = sorted(set(range(rep["logged"])) - set(seen))
+        assert missing == [], f"rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
+        assert [i for i, n in seen.items() if n > 1] == [], f"rank {r} has duplicates"
