@@ -514,6 +514,8 @@ class Collector:
 
         result = self.scanner.scan(now, final=final, want=wanted)
         cols = result.columns
+        if len(cols) and self.segment is not None:  # before any handler sees it: a successor knows (see scanner)
+            self.segment.set_dispatched(result.dispatch_until_ns)
         dispatcher.emit_columns(cols)
         if len(cols) and relay.subscribed:
             for group in cols.groups():

@@ -74,6 +74,8 @@ class Scanner:
         self._dirty = True
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._pending_inc: dict[int, int] = {}  # long-window slot -> incarnation of its emitted newest window
+        self.resume_ns = segment.dispatched_ns()
+        """What the previous collector may have dispatched (see :meth:`_not_again`): windows ended by then."""
 
     def refresh(self) -> list[RankInfo]:
         """Pick up new ranks and newly published descriptors; returns the current rank entries."""
@@ -126,6 +128,8 @@ class Scanner:
         table = self._current_table()
         if table.slots:
             self._scan_table(table, now_ns, final, want, result)
+            result.dispatch_until_ns = (now_ns - self.grace_ns if not final else
+                                        max((now_ns // w + 2) * w for w in table.window_lengths))
         for wns in table.window_lengths:
             due = ((now_ns - self.grace_ns) // wns + 1) * wns + self.grace_ns
             if wns > _LONG_NS:  # closed by count or by the writer's end too: looked at every LONG_POLL_MS
@@ -226,6 +230,8 @@ class Scanner:
         found = Parts.concat(collected) if collected else None
         if held:
             found, pend_w = self._hold_back(t, held, found, skipped, pend_i, pend_w, result)
+        if found is not None and self.resume_ns:
+            found = self._not_again(t, found, now_ns, result)
         self._pending = (pend_i, pend_w)
         if skipped:
             ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
@@ -268,6 +274,22 @@ class Scanner:
             skipped[n] = (ks[keep], ws[keep], rs[keep])
         limit = first[t.key_id[pend_i]] - 1
         return found, np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
+
+    def _not_again(self, t: SlotTable, found: Parts, now_ns: int, result: ScanResult) -> Parts:
+        """Leave out the windows the previous collector may have emitted already (ended by the time it last
+        dispatched, after its committed watermark: it died before it committed them) once they are old enough for
+        the ring to have overwritten them in a writer still adding (bank ``w % K`` reused by window ``w + K``).
+        Emitted again they would be only the part of the window the ring still holds (an exited worker's slot, say):
+        a second, smaller row of a window the handlers have whole. They are counted as overwritten instead. Younger
+        ones are emitted again whole, the same rows (the jsonl handler skips them: :mod:`collector.handlers.jsonl`)."""
+        wns = t.wns[found.slot]
+        old_enough = found.wid <= now_ns // wns - self.segment.geometry.banks + 1
+        risky = ((found.wid + 1) * wns <= self.resume_ns) & old_enough
+        if not risky.any():
+            return found
+        result.overwritten += int(risky.sum())
+        result.windows_read -= int(risky.sum())
+        return found.take(~risky)
 
     def _collect(self, t: SlotTable, slot_idx: np.ndarray, fdata: np.ndarray, fcount: np.ndarray, fgrow: np.ndarray,
                  rank_of: np.ndarray) -> Parts:
@@ -450,6 +472,8 @@ class ScanResult:
     """
 
     columns: Columns = field(default_factory=lambda: Columns.empty(""))
+    dispatch_until_ns: int = 0
+    """Windows ended by this wall-clock ns may be in this pass (see :meth:`Segment.set_dispatched`)."""
     windows_read: int = 0
     overwritten: int = 0
     torn: int = 0

@@ -234,6 +234,16 @@ class Segment:
         """Record the serving collector's pid and heartbeat in the header."""
         struct.pack_into("<qq", self.buf, L.H_COLLECTOR_PID, pid, beat_ns)
 
+    def dispatched_ns(self) -> int:
+        """Wall-clock ns by which every window that ended may have reached a collector's handlers (0: none yet)."""
+        return int(struct.unpack_from("<q", self.buf, L.H_DISPATCHED)[0])
+
+    def set_dispatched(self, ns: int) -> None:
+        """Record, before a pass is dispatched, that windows ended by ``ns`` may reach the handlers (only moves
+        forward)."""
+        if ns > self.dispatched_ns():
+            struct.pack_into("<q", self.buf, L.H_DISPATCHED, ns)
+
     def set_rank_state(self, local_rank: int, state: int) -> None:
         """Set a rank entry's state (collector: died; rank: exited)."""
         struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)

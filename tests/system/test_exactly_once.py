@@ -161,3 +161,59 @@ def test_collector_sigkilled_at_any_moment_of_a_pass_leaves_every_window_exactly
     for rank, rep in enumerate(reports):
         got = {r["window_start"]: r["value"] for r in rows if r["name"] == "s00.count" and r["rank"] == rank}
         assert got == {float(k): n for k, n in rep["windows"].items()}, f"rank {rank}: windows differ"
+
+
+def rank_with_an_early_worker(job: str, stop_path: str, worker_done: str) -> None:
+    """Rank 0: a forked worker adds 1.0 to ``w`` for ~0.4 s and exits; the rank adds to ``w`` until ``stop_path``."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1, publish=False)
+    stat = shmstat.Stat("w", [A.COUNT], 0.05, group="g")
+    stat.add(1.0)
+    pid = os.fork()
+    if pid == 0:
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            stat.add(1.0)
+            time.sleep(0.001)
+        shmstat.shutdown()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with open(worker_done, "w"):
+        pass
+    while not os.path.exists(stop_path):
+        stat.add(1.0)
+        time.sleep(0.001)
+    shmstat.shutdown()
+
+
+def test_a_restart_after_the_ring_wrapped_never_writes_a_window_twice(job, tmp_path):
+    """A handler stuck in its first call holds the watermark back (it is committed only once every handler took a
+    pass), the collector is SIGKILLed once the ring (4 banks of 50 ms) wrapped past the windows of an exited
+    worker, and started again: the rank's windows are overwritten, the worker's still held. The windows the first
+    collector wrote are not written again as smaller rows (the worker's part only); the loss is counted."""
+    out = str(tmp_path / "w.jsonl")
+    stop, worker_done = str(tmp_path / "stop"), str(tmp_path / "worker_done")
+    common = ("--banks", "4", "--grace-ms", "20", "--status-interval", "0")
+    coll = start_collector(job, "--handler", f"g=jsonl:{out}", "--handler", "shmstat=tests_user_handler:Stuck",
+                           "--commit-wait", "3600", *common)
+    proc = spawn(rank_with_an_early_worker, job, stop, worker_done)
+    try:
+        wait_for(lambda: os.path.exists(worker_done), 60, 0.01, what="the worker's end")
+        time.sleep(0.6)  # the ring (0.2 s) wraps past the worker's windows; every pass waits on the stuck handler
+        wait_for(lambda: len(read_jsonl(out)) > 10, 30, 0.01, what="rows in the file")
+        coll.proc.send_signal(signal.SIGKILL)
+        coll.stop()
+        own = str(tmp_path / "own.jsonl")
+        coll = start_collector(job, "--handler", f"g=jsonl:{out}", "--handler", f"shmstat=jsonl:{own}", *common)
+        time.sleep(0.5)
+    finally:
+        with open(stop, "w"):
+            pass
+        proc.join(30)
+        assert coll.stop(signal.SIGTERM) == 0
+    rows = [r for r in read_jsonl(out) if r["name"] == "w.count"]
+    seen = Counter((r["rank"], r["window_start"]) for r in rows)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert max(r["value"] for r in read_jsonl(own) if r["name"] == "collector.windows_overwritten") > 0
