@@ -146,6 +146,7 @@ class Collector:
         :data:`~collector.daemon.config.SERVING_RANK_LOOK_S`)."""
         self._next_rank_look = 0.0  # monotonic time of the next look at the rank table
         self._next_stat_look = 0.0
+        self._entries_epoch = -1  # the segment's entries epoch when the rank table was last read
         self.relayed_last_step = 0
         """Messages the last :meth:`step` relayed (then a serving loop lets more gather: :func:`gather_pause`)."""
         self.exporter = exporter
@@ -303,14 +304,13 @@ class Collector:
 
     def next_due(self) -> float:
         """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the
-        earliest of the next window's end (plus grace), the next rank look, look for new stats
-        (:data:`STAT_LOOK_S`), usage figures, status line and heartbeat, soon while passes wait for their commit,
-        and at most :data:`MAX_POLL_MS` from now (what other threads submit is taken then). Messages wake the loop
-        sooner."""
+        earliest of the next window's end (plus grace), the next rank look, usage figures, status line and
+        heartbeat, soon while passes wait for their commit, and at most :data:`MAX_POLL_MS` from now (what other
+        threads submit is taken then). Messages wake the loop sooner, and so does a new stat
+        (:func:`wait_quietly` looks for one every :data:`STAT_LOOK_S`)."""
         assert self.relay is not None
         mono = time.monotonic()
-        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_stat_look, self._next_usage,
-                  self.relay.next_beat)
+        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
         window = self.scanner.next_due_ns()
@@ -326,7 +326,7 @@ class Collector:
         if not self.relay.ranks_subscribed:
             self._release_hold()
         if poll_timeout_ms > 0:
-            self.poller.poll(poll_timeout_ms)
+            wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
         for msg in self.relay.receive():
             relayed += 1
@@ -343,6 +343,7 @@ class Collector:
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
             self._next_rank_look = mono + self.rank_look_s
             self._next_stat_look = mono + STAT_LOOK_S
+            self._entries_epoch = self.segment.entries_epoch()  # (read before the table: a later bump is seen)
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
@@ -350,7 +351,10 @@ class Collector:
                 self.gpu.step(self.last_ranks)
         elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
             self._next_stat_look = mono + STAT_LOOK_S
-            self.scanner.refresh()
+            epoch = self.segment.entries_epoch()  # one word: the table is read only when an entry or stat came
+            if epoch != self._entries_epoch:
+                self._entries_epoch = epoch
+                self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)
@@ -442,6 +446,8 @@ class Collector:
         return taken
 
     def _release(self) -> None:
+        if getattr(self, "liveness", None) is not None:
+            self.liveness.close()
         if self._owns_sampler and self.gpu_sampler is not None:
             self.gpu_sampler.close()
             self._owns_sampler = False
@@ -587,6 +593,27 @@ class Collector:
             return {}
         return {"gpu_samples": self.gpu_sampler.samples, "gpu_errors": self.gpu_sampler.errors,
                 "gpu_figures_written": self.gpu.samples_written if self.gpu is not None else 0}
+
+
+def wait_quietly(poller: zmq.Poller, timeout_ms: int, collectors: tuple[Collector, ...]) -> None:
+    """Wait up to ``timeout_ms`` for a message on ``poller``. The looks for new stats (every :data:`STAT_LOOK_S`)
+    that fall due meanwhile are made here, one word of each segment (its entries epoch); the wait ends early only
+    if one moved (the step then reads the rank table), so a quiet collector turns only when something is due."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        now = time.monotonic()
+        until = min([deadline, *(c._next_stat_look for c in collectors)])
+        wait_ms = math.ceil((until - now) * 1000)
+        if wait_ms > 0 and poller.poll(wait_ms):
+            return
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        for c in collectors:
+            if now >= c._next_stat_look:
+                if c.segment is None or c.segment.entries_epoch() != c._entries_epoch:
+                    return  # (left due: the step looks)
+                c._next_stat_look = now + STAT_LOOK_S
 
 
 # -- one pass's counts and its stat topics ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 from dataclasses import dataclass
 
 import psutil
@@ -46,6 +47,11 @@ class Liveness:
         self.segment = segment
         self._seen: dict[int, tuple[int, str]] = {}  # local_rank -> (incarnation, last reported state)
         self._procs: dict[tuple[int, int], psutil.Process] = {}
+        # a pidfd per live rank process: it reads as ready once the process ended (zombie or gone), so a look at
+        # every rank is one poll() instead of reading /proc twice per rank
+        self._pidfds: dict[tuple[int, int], int] = {}
+        self._ended = select.poll()
+        self._ended_fds: set[int] = set()  # the pidfds that read as ended at the last poll
 
     def poll(self, ranks: list[RankInfo]) -> list[Lifecycle]:
         """Compare the rank table with the last poll; dead pids of active entries are marked ``died``."""
@@ -53,6 +59,9 @@ class Liveness:
         live_keys = {(info.pid, info.start_ns) for info in ranks}
         for key in [k for k in self._procs if k not in live_keys]:  # bounded by the table, whatever churns
             del self._procs[key]
+        for key in [k for k in self._pidfds if k not in live_keys]:
+            self._forget_pidfd(key)
+        self._ended_fds = {fd for fd, _ in self._ended.poll(0)} if self._pidfds else set()
         for info in ranks:
             inc, reported = self._seen.get(info.local_rank, (-1, ""))
             if info.incarnation != inc:
@@ -94,6 +103,31 @@ class Liveness:
         return proc
 
     def _alive(self, info: RankInfo) -> bool:
+        key = (info.pid, info.start_ns)
+        fd = self._pidfds.get(key)
+        if fd is not None:
+            return fd not in self._ended_fds
+        if not self._alive_by_proc(info):
+            return False
+        try:  # alive now: from here on its pidfd says when it ends (the process is the one psutil checked)
+            fd = os.pidfd_open(info.pid)
+        except (AttributeError, OSError):  # no pidfd here (old kernel, other platform): /proc every time
+            return True
+        self._pidfds[key] = fd
+        self._ended.register(fd, select.POLLIN)
+        return True
+
+    def _forget_pidfd(self, key: tuple[int, int]) -> None:
+        fd = self._pidfds.pop(key)
+        self._ended.unregister(fd)
+        os.close(fd)
+
+    def close(self) -> None:
+        """Close the pidfds held (idempotent)."""
+        for key in list(self._pidfds):
+            self._forget_pidfd(key)
+
+    def _alive_by_proc(self, info: RankInfo) -> bool:
         proc = self._process(info)
         if proc is None:
             return False

@@ -47,7 +47,15 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
-from .collector import MAX_POLL_MS, Collector, CollectorConfig, build_dispatcher, gather_pause, stop_signals
+from .collector import (
+    MAX_POLL_MS,
+    Collector,
+    CollectorConfig,
+    build_dispatcher,
+    gather_pause,
+    stop_signals,
+    wait_quietly,
+)
 from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
 from .gpu import GpuSampler, start_sampler
 from .node_lock import NodeLock
@@ -189,7 +197,7 @@ class NodeCollector:
                 self.outlet.cut_off_revoked()
         if poll_timeout_ms > 0:
             if self.collectors:
-                self._poller().poll(poll_timeout_ms)
+                wait_quietly(self._poller(), poll_timeout_ms, tuple(self.collectors.values()))
             else:
                 time.sleep(poll_timeout_ms / 1000)
         for job, c in list(self.collectors.items()):

@@ -202,6 +202,7 @@ class RankAttachment:
         _ENTRY.pack_into(segment.buf, off + L.R_PID, pid, incarnation, rank, i, world_size, now, now)
         struct.pack_into("<Q", segment.buf, off + L.R_WRITER_OF, writer_of + 1)
         struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
+        segment.bump_entries_epoch()
         att = cls(segment, i, rank, world_size, pid, incarnation, writer_of)
         for d in segment.descriptors(i):  # an earlier incarnation's stats: reused under the same key
             att.index.setdefault(SlotKey(d.name, d.group, d.window_ms, d.max_samples, d.agg_mask), d.index)
@@ -268,6 +269,7 @@ class RankAttachment:
                 emitted_wid=before,
             )
             struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
+            seg.bump_entries_epoch()
             self.index[key] = nstats
         return nstats
 

@@ -244,6 +244,14 @@ class Segment:
         if ns > self.dispatched_ns():
             struct.pack_into("<q", self.buf, L.H_DISPATCHED, ns)
 
+    def entries_epoch(self) -> int:
+        """A number that changes whenever a rank or writer entry is taken or a stat descriptor published."""
+        return int(self.i64[L.H_ENTRIES_EPOCH // 8])
+
+    def bump_entries_epoch(self) -> None:
+        """Say that an entry was taken or a descriptor published (the job lock is held)."""
+        self.i64[L.H_ENTRIES_EPOCH // 8] += 1
+
     def set_rank_state(self, local_rank: int, state: int) -> None:
         """Set a rank entry's state (collector: died; rank: exited)."""
         struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)

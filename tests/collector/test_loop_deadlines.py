@@ -16,6 +16,7 @@ from collector.daemon.collector import (
     RELAY_TURN_S,
     STAT_LOOK_S,
     gather_pause,
+    wait_quietly,
 )
 from collector.daemon.config import SERVING_RANK_LOOK_S
 from collector.daemon.node import NodeCollector
@@ -45,9 +46,13 @@ def test_an_idle_serving_collector_sleeps_until_its_next_deadline(job):
         s.add(1.0)
         c.step(0)  # a rank look: the stat is known, its window due at the end of this second plus grace
         mono = time.monotonic()
-        # nothing is due for a while: the loop sleeps until the next look for new stats, the earliest deadline
-        assert c.next_due() <= mono + STAT_LOOK_S + _EPS_S
-        assert 0 <= c._poll_timeout_ms() <= STAT_LOOK_S * 1000 + 1
+        # nothing is due for a while: the loop sleeps until the next rank look (the looks for new stats are made
+        # inside the wait, one word each: wait_quietly)
+        assert c.next_due() <= mono + SERVING_RANK_LOOK_S + _EPS_S
+        assert STAT_LOOK_S * 1000 < c._poll_timeout_ms() <= SERVING_RANK_LOOK_S * 1000 + 1
+        started = time.monotonic()
+        wait_quietly(c.poller, 100, (c,))  # no message, no new stat: it waits it all, looking for stats within
+        assert time.monotonic() >= started + 0.1 and c._next_stat_look > started + STAT_LOOK_S
         # a window ending sooner than that is what the loop wakes for (the window clock is injected)
         clock.advance_ms(1000 - 5)
         assert c.next_due() <= time.monotonic() + 0.005 + _EPS_S
@@ -63,8 +68,9 @@ def test_an_idle_serving_collector_sleeps_until_its_next_deadline(job):
 
 
 def test_a_stat_made_between_rank_looks_is_found_within_the_stat_look(job):
-    """A stat of the shortest window the layout allows, made just after a rank look: the loop's next deadline is
-    the look for new stats, not the next rank look, so its windows are read before its ring wraps."""
+    """A stat of the shortest window the layout allows, made just after a rank look: the wait ends at the look for
+    new stats (the segment's entries epoch moved), not at the next rank look, so its windows are read before its
+    ring wraps."""
     clock = FakeClock()
     c = Collector(CollectorConfig(job=job, status_interval_s=0.0, hold_ms=0, clock=clock))
     try:
@@ -75,11 +81,11 @@ def test_a_stat_made_between_rank_looks_is_found_within_the_stat_look(job):
         window_ms = min_window_ms(DEFAULT_BANKS)
         stat = Stat("fast", [A.COUNT], window_ms / 1000, clock=clock, group="g")
         stat.add(1.0)
-        due = c.next_due()
-        assert due <= looked + STAT_LOOK_S + _EPS_S < looked + SERVING_RANK_LOOK_S
-        time.sleep(max(0.0, due - time.monotonic()))
-        c.step(0)
-        assert c.scanner._slots.get(0), "the new stat was not found by the step at the loop's deadline"
+        assert looked + STAT_LOOK_S < c.next_due()  # no turn for the look: the wait makes it
+        rank_look = c._next_rank_look
+        c.step(c._poll_timeout_ms())
+        assert c.scanner._slots.get(0), "the new stat was not found by the step after the wait"
+        assert c._next_rank_look == rank_look, "found by a rank look, not by the look for new stats"
     finally:
         c.close()
 
