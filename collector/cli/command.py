@@ -194,7 +194,8 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     """Refuse arguments no parser took, with the usage of the subcommand they were given to, and a pointer for
     torchrun's multi-node flags."""
     sub = _subparser(parser, getattr(args, "command", None))
-    torchrun = [e.partition("=")[0] for e in extras if e.partition("=")[0] in _TORCHRUN_ONLY]
+    flags = [extra.partition("=")[0] for extra in extras]
+    torchrun = [flag for flag in flags if flag in _TORCHRUN_ONLY]
     if sub is not None and args.command == "run" and torchrun:
         sub.error(f"{torchrun[0]} is torchrun's rendezvous (shmstat run makes its own, on one node); for more use "
                   f"torchrun with a node collector ({see_docs('guides/torchrun.md')})")
@@ -258,7 +259,7 @@ def _collect(args: argparse.Namespace) -> int:
 
     from ..daemon.node import NodeCollector
 
-    jobs = [validate_job(j) for j in args.job] or None
+    jobs = [validate_job(job) for job in args.job] or None
     # --publish: one endpoint for every job served (each message names its job); each job keeps its own too
     return NodeCollector(collector_config(args, ""), jobs=jobs).run()
 
@@ -274,7 +275,7 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     from .subscribe import subscribe
 
-    return subscribe(args.endpoints, jobs=[validate_job(j) for j in args.job], follow=args.follow,
+    return subscribe(args.endpoints, jobs=[validate_job(job) for job in args.job], follow=args.follow,
                      topics=args.topic, count=args.count, timeout_s=args.timeout, records=args.json,
                      curve=args.curve, curve_client=args.curve_client)
 

@@ -215,7 +215,7 @@ class _LocalCore:
         full = False  # the open window reached max_samples (and was logged then)
         core = self
         lock = threading.Lock()
-        keeps_hist = any(a in PERCENTILES for a in stat._aggs)
+        keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
         hist = Histogram() if keeps_hist else None
 
         def close_window() -> WindowSummary:
@@ -313,7 +313,7 @@ class _CLocalCore:
     def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
         """The C-backed core, or None when the C path is not available or does not apply."""
         c_writer = backend().SlotWriter
-        if c_writer is None or stat._max_samples != _UNLIMITED or any(a in PERCENTILES for a in stat._aggs):
+        if c_writer is None or stat._max_samples != _UNLIMITED or any(agg in PERCENTILES for agg in stat._aggs):
             return None
         return cls(stat, clock, c_writer)
 
