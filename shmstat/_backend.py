@@ -14,22 +14,22 @@ The API every backend provides: a :class:`Backend` field per C name below. On th
 field is ``None`` and the caller runs the Python twin named here (a missing extension leaves its fields ``None``
 too); the right column is the test that holds the two to the same behaviour.
 
-=========================================  ===========================================  =========================
-C (``Backend`` field)                      Python twin                                  differential test
-=========================================  ===========================================  =========================
-``SlotWriter`` (at each writer's birth)    ``shmstat.writer._pywriter.python_writer``;          test_fastpath.py,
-                                           in process ``shmstat.writer.stat._LocalCore``       test_percentiles.py
-``add_u64`` (at each add)                  ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
-``Outbox`` (at each publisher's birth)     ``shmstat.publish.outbox.Outbox``                    test_outbox.py
-``EventBase``, ``set_event_checks``        ``shmstat.publish.events._PyEventStorage``           test_event_paths.py
-``check_data``                             ``shmstat.publish._eventdata._check_data``           test_outbox.py
-``naive_local_ns``, ``remember_offset``    ``shmstat.publish._eventdata._naive_local_ns``       test_event_timestamps.py
-``log_event``, ``set_log_state``,          ``shmstat.publish.events.log_event``                 test_event_paths.py
+========================================  ===============================================  ========================
+C (``Backend`` field)                     Python twin                                      differential test
+========================================  ===============================================  ========================
+``SlotWriter`` (at each writer's birth)   ``shmstat.writer._pywriter.python_writer``;      test_fastpath.py,
+                                          in process ``shmstat.writer.stat._LocalCore``    test_percentiles.py
+``add_u64`` (at each add)                 ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
+``Outbox`` (at each publisher's birth)    ``shmstat.publish.outbox.Outbox``                test_outbox.py
+``EventBase``, ``set_event_checks``       ``shmstat.publish.events._PyEventStorage``       test_event_paths.py
+``check_data``                            ``shmstat.publish._eventdata._check_data``       test_outbox.py
+``naive_local_ns``, ``remember_offset``   ``shmstat.publish._eventdata._naive_local_ns``   test_event_timestamps.py
+``log_event``, ``set_log_state``,         ``shmstat.publish.events.log_event``             test_event_paths.py
 ``sync_log_state``
-``put_metric``, ``set_metric_state``       ``elastic.metrics.api._py_put_metric``       test_elastic_metrics.py
-``collector._intake.check``                ``shmstat.wire.decode``                      test_intake.py
+``put_metric``, ``set_metric_state``      ``elastic.metrics.emitting._py_put_metric``      test_elastic_metrics.py
+``collector._intake.check``               ``shmstat.wire.decode``                          test_intake.py
   (asked through ``collector._backend``)
-=========================================  ===========================================  =========================
+========================================  ===============================================  ========================
 
 The rows marked "at each ..." ask :func:`backend` when they build (or run); the others were bound at import.
 Tests switch what is chosen later with :func:`use` (the ``backend`` fixture of tests/conftest.py does, and sets

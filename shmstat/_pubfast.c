@@ -14,8 +14,8 @@
  *   naive-timestamp conversion (tests/rank/test_event_paths.py and test_event_timestamps.py hold them to the Python
  *   twins).
  * - log_event.h: ``log_event`` (twin of ``shmstat.publish.events._py_log_event``); it runs the event handlers.
- * - put_metric.h: ``put_metric``, the common case of ``elastic.metrics.api.put_metric`` (everything else it hands to
- *   that Python function).
+ * - put_metric.h: ``put_metric``, the common case of ``elastic.metrics.emitting.put_metric`` (everything else it
+ *   hands to that Python function).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -22,107 +22,154 @@ COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "ls", "cl
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what shmstat does on stderr (INFO level)")
-    p.add_argument("--version", action="version", version=f"shmstat {_version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    """The parser of the ``shmstat`` console script: its own options, then one subcommand per name of
+    :data:`COMMANDS`, in that order (docs/hooks.py walks it for the CLI reference)."""
+    parser = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what shmstat does on stderr (INFO level)")
+    parser.add_argument("--version", action="version", version=f"shmstat {_version()}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=about, description=about)
-        c.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                       help=_VERBOSE.get(name, "log what this command does on stderr (INFO level)"))
-        c.set_defaults(run=run)
-        return c
+        return _subcommand(subparsers, name, run, about)
 
-    c = command("collect", _collect, "run this node's collector: every job of yours on it, or the --job ones")
-    c.add_argument("--job", action="append", default=[],
-                   help="collect only this job (repeatable); without --job, every job of this user on this node")
-    add_collector_options(c)
-
-    r = command("run", _run, "start a collector and N ranks of a script or module, like torchrun")
-    r.add_argument("--job", default=None, help="job id (default: a fresh one)")
-    r.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
-                   help="ranks on this node (default 1, as torchrun)")
-    r.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
-                   help="restart the whole group this many times after a rank fails (default 0, as torchrun)")
-    r.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1,
-                   help="seconds between checks of the ranks (default 0.1)")
-    r.add_argument("--role", default="default",
-                   help="the worker role, in the agent's metric names workers.ROLE.* (default 'default', as torchrun)")
-    r.add_argument("--standalone", action="store_true",
-                   help="accepted for torchrun's sake: shmstat run is always one standalone node")
-    r.add_argument("--nnodes", type=_one_node, default="1", metavar="1",
-                   help="accepted for torchrun's sake as 1 or 1:1; for more nodes use torchrun with a node collector "
-                        f"({see_docs('guides/torchrun.md')})")
-    r.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
-                   help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this long "
-                        "each (default 10)")
-    r.add_argument("-m", "--module", action="store_true",
-                   help="run SCRIPT as a module, each rank as 'python -m MODULE ARGS' (torchrun's -m)")
-    add_collector_options(r)
-    r.add_argument("script", metavar="SCRIPT", help="the script each rank runs (with -m: the module)")
-    r.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
-
-    s = command("subscribe", _subscribe, "print the messages of collectors as JSON lines, and what was lost")
-    s.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
-                   help="collector publish endpoints (default: every job a collector serves on this node)")
-    s.add_argument("--job", action="append", default=[],
-                   help="subscribe to this job's collector on this node, until the job ends (repeatable)")
-    s.add_argument("--follow", action="store_true", help="with --job: keep following after the job ends")
-    s.add_argument("--topic", action="append", default=[], metavar="PREFIX", help="only topics with this prefix")
-    s.add_argument("--count", type=int, default=None, help="exit after N messages")
-    s.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
-    s.add_argument("--json", action="store_true",
-                   help='also print heartbeats, and {"record": "gap"} and {"record": "end"} lines, on stdout')
-    s.add_argument("--curve", default=None, metavar="DIR",
-                   help="connect to tcp:// ENDPOINTs of collectors started with --curve, with DIR/client.key_secret "
-                        "and the collector's DIR/server.key")
-    s.add_argument("--curve-client", default=None, metavar="NAME",
-                   help="with --curve: use DIR/NAME.key_secret (a key made with shmstat keys DIR --client NAME)")
-
-    t = command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers")
-    t.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
-    t.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
-    t.add_argument("--sort", default="name", metavar="KEY",
-                   help="name, or count, mean, p99, spread (descending); default name")
-    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
-    t.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
-    t.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
-    t.add_argument("--history", type=int, default=20, metavar="N",
-                   help="windows kept per stat for the sparklines and straggler marks under the table (default 20)")
-
-    o = command("report", _report, "one self-contained HTML page of a finished job, from its jsonl output")
-    o.add_argument("jsonl", metavar="JSONL", help="the job's windows, as the jsonl:PATH handler wrote them")
-    o.add_argument("--events", default=None, metavar="FILE",
-                   help="the job's events, as --events jsonl:FILE wrote them (a timeline, restarts and gaps)")
-    o.add_argument("-o", "--output", default=None, metavar="HTML",
-                   help="where the page goes (default: JSONL with the suffix .html)")
-    o.add_argument("--job", default=None, help="the job to show, when JSONL holds several (a node collector's)")
-    o.add_argument("--threshold", type=float, default=None, metavar="SCORE",
-                   help="mark a rank's window as a straggler's under this score (default 0.75, the collector's)")
-
-    g = command("grafana", _grafana, "print a Grafana dashboard (JSON) of the collectors' Prometheus series")
-    g.add_argument("--title", default="shmstat", help="the dashboard's title (default shmstat)")
-    g.add_argument("--uid", default="shmstat-jobs", help="the dashboard's uid (default shmstat-jobs)")
-
+    _collect_arguments(command("collect", _collect,
+                               "run this node's collector: every job of yours on it, or the --job ones"))
+    _run_arguments(command("run", _run, "start a collector and N ranks of a script or module, like torchrun"))
+    _subscribe_arguments(command("subscribe", _subscribe,
+                                 "print the messages of collectors as JSON lines, and what was lost"))
+    _top_arguments(command("top", _top, "live view of a job's stats: merged windows, spread across ranks, stragglers"))
+    _report_arguments(command("report", _report,
+                              "one self-contained HTML page of a finished job, from its jsonl output"))
+    _grafana_arguments(command("grafana", _grafana,
+                               "print a Grafana dashboard (JSON) of the collectors' Prometheus series"))
     command("ls", _ls, "list the shmstat segments of this node: RANKS and WRITERS (ranks' worker processes) as "
                        "alive/registered, the collector, SIZE, samples DROPPED")
-    k = command("clean", _clean, "remove segments of jobs with no live process")
-    k.add_argument("job", nargs="?", default=None, metavar="JOB",
-                   help="clean only this job (default: every job of yours with no live process)")
+    _clean_arguments(command("clean", _clean, "remove segments of jobs with no live process"))
+    _demo_arguments(command("demo", _demo, "a demo job: a collector and a few ranks, printing aggregated windows"))
+    _keys_arguments(command("keys", _keys,
+                            "write CURVE keys: a collector's TCP streams only for subscribers holding one"))
+    return parser
 
-    d = command("demo", _demo, "a demo job: a collector and a few ranks, printing aggregated windows")
-    d.add_argument("--ranks", type=int, default=3, help="ranks to start, rank 1 slowed on purpose (default 3)")
-    d.add_argument("--seconds", type=float, default=3.0, help="how long the ranks run (default 3)")
-    d.add_argument("--window-ms", type=int, default=500, help="the stats' window in milliseconds (default 500)")
 
-    y = command("keys", _keys, "write CURVE keys: a collector's TCP streams only for subscribers holding one")
-    y.add_argument("dir", metavar="DIR", help="where the keys go (created owner-only if missing)")
-    y.add_argument("--client", default=None, metavar="NAME",
-                   help="add a subscriber's pair NAME.key and NAME.key_secret to DIR's key set")
-    y.add_argument("--force", action="store_true",
-                   help="replace files of the same names (whoever holds the old keys is locked out)")
-    return p
+def _subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+                run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
+    """Add the subcommand ``name``, run by ``run``, with its own ``-v/--verbose`` (:data:`_VERBOSE` says what it
+    logs); returns its parser."""
+    command = subparsers.add_parser(name, help=about, description=about)
+    command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help=_VERBOSE.get(name, "log what this command does on stderr (INFO level)"))
+    command.set_defaults(run=run)
+    return command
+
+
+def _collect_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat collect``'s arguments: the jobs, then the collector's options."""
+    command.add_argument("--job", action="append", default=[],
+                         help="collect only this job (repeatable); without --job, every job of this user on this node")
+    add_collector_options(command)
+
+
+def _run_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat run``'s arguments: torchrun's that apply to one node, the collector's options, the script."""
+    command.add_argument("--job", default=None, help="job id (default: a fresh one)")
+    command.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
+                         help="ranks on this node (default 1, as torchrun)")
+    command.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                         help="restart the whole group this many times after a rank fails (default 0, as torchrun)")
+    command.add_argument("--monitor-interval", "--monitor_interval", type=float, default=0.1,
+                         help="seconds between checks of the ranks (default 0.1)")
+    command.add_argument("--role", default="default",
+                         help="the worker role, in the agent's metric names workers.ROLE.* (default 'default', as "
+                              "torchrun)")
+    command.add_argument("--standalone", action="store_true",
+                         help="accepted for torchrun's sake: shmstat run is always one standalone node")
+    command.add_argument("--nnodes", type=_one_node, default="1", metavar="1",
+                         help="accepted for torchrun's sake as 1 or 1:1; for more nodes use torchrun with a node "
+                              f"collector ({see_docs('guides/torchrun.md')})")
+    command.add_argument("--stop-grace", type=float, default=10.0, metavar="SECONDS",
+                         help="on SIGINT/SIGTERM the workers get the same signal, then SIGTERM and SIGKILL after this "
+                              "long each (default 10)")
+    command.add_argument("-m", "--module", action="store_true",
+                         help="run SCRIPT as a module, each rank as 'python -m MODULE ARGS' (torchrun's -m)")
+    add_collector_options(command)
+    command.add_argument("script", metavar="SCRIPT", help="the script each rank runs (with -m: the module)")
+    command.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+
+
+def _subscribe_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat subscribe``'s arguments: what to subscribe to, what to print, when to stop, the CURVE keys."""
+    command.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
+                         help="collector publish endpoints (default: every job a collector serves on this node)")
+    command.add_argument("--job", action="append", default=[],
+                         help="subscribe to this job's collector on this node, until the job ends (repeatable)")
+    command.add_argument("--follow", action="store_true", help="with --job: keep following after the job ends")
+    command.add_argument("--topic", action="append", default=[], metavar="PREFIX",
+                         help="only topics with this prefix")
+    command.add_argument("--count", type=int, default=None, help="exit after N messages")
+    command.add_argument("--timeout", type=float, default=None, help="exit after this many seconds")
+    command.add_argument("--json", action="store_true",
+                         help='also print heartbeats, and {"record": "gap"} and {"record": "end"} lines, on stdout')
+    command.add_argument("--curve", default=None, metavar="DIR",
+                         help="connect to tcp:// ENDPOINTs of collectors started with --curve, with "
+                              "DIR/client.key_secret and the collector's DIR/server.key")
+    command.add_argument("--curve-client", default=None, metavar="NAME",
+                         help="with --curve: use DIR/NAME.key_secret (a key made with shmstat keys DIR --client NAME)")
+
+
+def _top_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat top``'s arguments: what to show, how to sort it, how often."""
+    command.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
+    command.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
+    command.add_argument("--sort", default="name", metavar="KEY",
+                         help="name, or count, mean, p99, spread (descending); default name")
+    command.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    command.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
+    command.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
+    command.add_argument("--history", type=int, default=20, metavar="N",
+                         help="windows kept per stat for the sparklines and straggler marks under the table "
+                              "(default 20)")
+
+
+def _report_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat report``'s arguments: the job's files, where the page goes, the straggler threshold."""
+    command.add_argument("jsonl", metavar="JSONL", help="the job's windows, as the jsonl:PATH handler wrote them")
+    command.add_argument("--events", default=None, metavar="FILE",
+                         help="the job's events, as --events jsonl:FILE wrote them (a timeline, restarts and gaps)")
+    command.add_argument("-o", "--output", default=None, metavar="HTML",
+                         help="where the page goes (default: JSONL with the suffix .html)")
+    command.add_argument("--job", default=None,
+                         help="the job to show, when JSONL holds several (a node collector's)")
+    command.add_argument("--threshold", type=float, default=None, metavar="SCORE",
+                         help="mark a rank's window as a straggler's under this score (default 0.75, the collector's)")
+
+
+def _grafana_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat grafana``'s arguments: the dashboard's title and uid."""
+    command.add_argument("--title", default="shmstat", help="the dashboard's title (default shmstat)")
+    command.add_argument("--uid", default="shmstat-jobs", help="the dashboard's uid (default shmstat-jobs)")
+
+
+def _clean_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat clean``'s argument: the job."""
+    command.add_argument("job", nargs="?", default=None, metavar="JOB",
+                         help="clean only this job (default: every job of yours with no live process)")
+
+
+def _demo_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat demo``'s arguments: ranks, duration, window."""
+    command.add_argument("--ranks", type=int, default=3, help="ranks to start, rank 1 slowed on purpose (default 3)")
+    command.add_argument("--seconds", type=float, default=3.0, help="how long the ranks run (default 3)")
+    command.add_argument("--window-ms", type=int, default=500,
+                         help="the stats' window in milliseconds (default 500)")
+
+
+def _keys_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat keys``' arguments: where the keys go, a subscriber's pair, replacing."""
+    command.add_argument("dir", metavar="DIR", help="where the keys go (created owner-only if missing)")
+    command.add_argument("--client", default=None, metavar="NAME",
+                         help="add a subscriber's pair NAME.key and NAME.key_secret to DIR's key set")
+    command.add_argument("--force", action="store_true",
+                         help="replace files of the same names (whoever holds the old keys is locked out)")
 
 
 _VERBOSE = {
@@ -147,7 +194,8 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     """Refuse arguments no parser took, with the usage of the subcommand they were given to, and a pointer for
     torchrun's multi-node flags."""
     sub = _subparser(parser, getattr(args, "command", None))
-    torchrun = [e.partition("=")[0] for e in extras if e.partition("=")[0] in _TORCHRUN_ONLY]
+    flags = [extra.partition("=")[0] for extra in extras]
+    torchrun = [flag for flag in flags if flag in _TORCHRUN_ONLY]
     if sub is not None and args.command == "run" and torchrun:
         sub.error(f"{torchrun[0]} is torchrun's rendezvous (shmstat run makes its own, on one node); for more use "
                   f"torchrun with a node collector ({see_docs('guides/torchrun.md')})")
@@ -211,7 +259,7 @@ def _collect(args: argparse.Namespace) -> int:
 
     from ..daemon.node import NodeCollector
 
-    jobs = [validate_job(j) for j in args.job] or None
+    jobs = [validate_job(job) for job in args.job] or None
     # --publish: one endpoint for every job served (each message names its job); each job keeps its own too
     return NodeCollector(collector_config(args, ""), jobs=jobs).run()
 
@@ -227,7 +275,7 @@ def _subscribe(args: argparse.Namespace) -> int:
 
     from .subscribe import subscribe
 
-    return subscribe(args.endpoints, jobs=[validate_job(j) for j in args.job], follow=args.follow,
+    return subscribe(args.endpoints, jobs=[validate_job(job) for job in args.job], follow=args.follow,
                      topics=args.topic, count=args.count, timeout_s=args.timeout, records=args.json,
                      curve=args.curve, curve_client=args.curve_client)
 

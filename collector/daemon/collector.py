@@ -130,6 +130,21 @@ class Collector:
         node_outlet: Outlet | None = None, gpu_sampler: GpuSampler | None = None,
     ) -> None:
         validate_job(config.job)
+        self._init_state(config, out, exporter, events, gpu_sampler)
+        try:  # each step makes what _release (or the events' close) undoes
+            self._open_outputs(config, handler_objects, dispatcher, events, gpu_sampler)
+            segment = self._open_segment(config)
+            relay = self._open_relay(config, segment, node_outlet)
+            self._start_exports(config, segment)
+        except BaseException:
+            self._abandon_start(config)
+            raise
+        self._init_counters(config)
+        self._serve_the_job(config, segment, relay)
+
+    def _init_state(self, config: CollectorConfig, out: IO[str] | None, exporter: PrometheusExporter | None,
+                    events: EventDelivery | None, gpu_sampler: GpuSampler | None) -> None:
+        """The first step of :meth:`__init__`: the attributes, with nothing opened yet (what is given is kept)."""
         self.config = config
         self.clock = config.clock
         self.out = out if out is not None else sys.stderr
@@ -138,7 +153,7 @@ class Collector:
         self.stop_requested = threading.Event()
         self._lock_fd: int | None = None
         self.segment: Segment | None = None
-        self.relay = None
+        self.relay: Relay | None = None
         self.last_ranks: list[RankInfo] = []
         """The rank entries the last :meth:`step` read (a node collector decides with them whether the job is over)."""
         self.rank_look_s = 0.0
@@ -157,49 +172,70 @@ class Collector:
         self._owns_sampler = False
         self.gpu: JobGpu | None = None
         """This job's GPU figures (None: GPU telemetry off)."""
-        try:
-            if events is None:
-                self.events.delivery = build_event_delivery(config)
-            if gpu_sampler is None:
-                self.gpu_sampler = start_sampler(config, self.out)
-                self._owns_sampler = self.gpu_sampler is not None
-            self._owns_dispatcher = dispatcher is None
-            self.dispatcher = dispatcher or build_dispatcher(config, handler_objects,
-                                                             quiet=(GPU_GROUP,) if self.gpu_sampler else ())
-            self.segment = Segment.open(config.job, geometry=config.geometry)
-            self._lock_fd = take_instance_lock(self.segment)
-            self.scanner = Scanner(self.segment, config.grace_ms * 1_000_000)
-            self.commits = PendingCommits(config.commit_wait_s)
-            self.liveness = Liveness(self.segment)
-            self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
-                                                windows=config.straggler_windows)
-            from ..wire.outlet import queue_messages
-            from ..wire.relay import Relay
 
-            self.relay = Relay(config.ingest or ingest_endpoint(config.job),
-                               config.publish or publish_endpoint(config.job),
-                               sndhwm=queue_messages(config.publish_buffer_bytes),
-                               heartbeat_interval_s=config.heartbeat_interval_s, node=node_outlet,
-                               job=config.job, curve=config.curve)
-            self.relay_counters = self.relay.counters  # outlives the sockets, for the final report
-            if self.events.delivery is not None:
-                self.relay.on_gap = self.events.gap
-            self.marks = DeliveredMarks(self.segment, self.relay, self.events)
-            if self.exporter is None and config.prometheus:
-                self.exporter = start_exporter(config, self.out)
-                self._owns_exporter = True
-            if self.gpu_sampler is not None:
-                self.gpu = JobGpu(self.segment, self.gpu_sampler, self.publish_event, clock=self.clock)
-                if self.exporter is not None:
-                    self.exporter.set_gpus(self.gpu_sampler.uuids)
-        except BaseException:
-            created = self.segment is not None and self.segment.created
-            self._release()
-            self.events.close()
-            if created:  # a failed start (a port in use, ...) leaves nothing of what it made: no rank came yet
-                with contextlib.suppress(Exception):
-                    Segment.unlink_if_unused(config.job)
-            raise
+    def _open_outputs(self, config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None,
+                      dispatcher: ThreadedDispatcher | None, events: EventDelivery | None,
+                      gpu_sampler: GpuSampler | None) -> None:
+        """A step of :meth:`__init__`: the events sinks, the GPU sampler and the dispatcher, unless given."""
+        if events is None:
+            self.events.delivery = build_event_delivery(config)
+        if gpu_sampler is None:
+            self.gpu_sampler = start_sampler(config, self.out)
+            self._owns_sampler = self.gpu_sampler is not None
+        self._owns_dispatcher = dispatcher is None
+        self.dispatcher = dispatcher or build_dispatcher(config, handler_objects,
+                                                         quiet=(GPU_GROUP,) if self.gpu_sampler else ())
+
+    def _open_segment(self, config: CollectorConfig) -> Segment:
+        """A step of :meth:`__init__`: the job's segment, held as its one collector (:func:`take_instance_lock`),
+        and what reads it."""
+        self.segment = segment = Segment.open(config.job, geometry=config.geometry)
+        self._lock_fd = take_instance_lock(segment)
+        self.scanner = Scanner(segment, config.grace_ms * 1_000_000)
+        self.commits = PendingCommits(config.commit_wait_s)
+        self.liveness = Liveness(segment)
+        self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
+                                            windows=config.straggler_windows)
+        return segment
+
+    def _open_relay(self, config: CollectorConfig, segment: Segment, node_outlet: Outlet | None) -> Relay:
+        """A step of :meth:`__init__`: the relay of the ranks' messages, and the marks of what its sinks took."""
+        from ..wire.outlet import queue_messages
+        from ..wire.relay import Relay
+
+        self.relay = relay = Relay(config.ingest or ingest_endpoint(config.job),
+                                   config.publish or publish_endpoint(config.job),
+                                   sndhwm=queue_messages(config.publish_buffer_bytes),
+                                   heartbeat_interval_s=config.heartbeat_interval_s, node=node_outlet,
+                                   job=config.job, curve=config.curve)
+        self.relay_counters = relay.counters  # outlives the sockets, for the final report
+        if self.events.delivery is not None:
+            relay.on_gap = self.events.gap
+        self.marks = DeliveredMarks(segment, relay, self.events)
+        return relay
+
+    def _start_exports(self, config: CollectorConfig, segment: Segment) -> None:
+        """A step of :meth:`__init__`: the Prometheus exporter (unless given) and this job's GPU figures, as
+        ``config`` asks."""
+        if self.exporter is None and config.prometheus:
+            self.exporter = start_exporter(config, self.out)
+            self._owns_exporter = True
+        if self.gpu_sampler is not None:
+            self.gpu = JobGpu(segment, self.gpu_sampler, self.publish_event, clock=self.clock)
+            if self.exporter is not None:
+                self.exporter.set_gpus(self.gpu_sampler.uuids)
+
+    def _abandon_start(self, config: CollectorConfig) -> None:
+        """:meth:`__init__` failed: release what it opened."""
+        created = self.segment is not None and self.segment.created
+        self._release()
+        self.events.close()
+        if created:  # a failed start (a port in use, ...) leaves nothing of what it made: no rank came yet
+            with contextlib.suppress(Exception):
+                Segment.unlink_if_unused(config.job)
+
+    def _init_counters(self, config: CollectorConfig) -> None:
+        """A step of :meth:`__init__`: the counters and the times of the loop's periodic work."""
         self.windows_emitted = 0
         self.rows_emitted = 0
         self.overwritten = 0
@@ -212,9 +248,13 @@ class Collector:
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
         self._submitted = Submitted()  # from other threads (the launcher's agent)
-        self.segment.set_collector(os.getpid(), self.clock())
+
+    def _serve_the_job(self, config: CollectorConfig, segment: Segment, relay: Relay) -> None:
+        """The last step of :meth:`__init__`: the segment names this collector, the relay is polled, the ranks'
+        events are held for subscribers (``config.hold_ms``), the exporter serves the job's counters."""
+        segment.set_collector(os.getpid(), self.clock())
         self.poller = zmq.Poller()
-        self.poller.register(self.relay.xsub, zmq.POLLIN)
+        self.poller.register(relay.xsub, zmq.POLLIN)
         self._hold_until = time.monotonic() + config.hold_ms / 1000
         self._release_hold()
         if self.exporter is not None:

@@ -41,7 +41,8 @@ from typing import Any
 from shmstat.names import check_event_name
 
 from ..metrics._registry import publisher
-from .api import Event, EventMetadataValue, EventSource, NodeState, RdzvEvent
+from . import api as api  # torchelastic's events.api, an attribute of the package as there
+from .event_types import Event, EventMetadataValue, EventSource, NodeState, RdzvEvent
 from .handlers import get_logging_handler
 
 __all__ = [

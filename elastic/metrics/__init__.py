@@ -11,12 +11,13 @@ MetricData rows the collector makes from shared-memory stat windows (per rank or
 
 The package exports exactly what ``torch.distributed.elastic.metrics`` exports, plus :class:`StatMetricData`
 and :class:`CollectorMetricHandler`; ``MetricStream`` (what :func:`getStream` returns) lives in
-:mod:`elastic.metrics.api`, as in torchelastic.
+:mod:`elastic.metrics.emitting`, which is also ``elastic.metrics.api``, as in torchelastic.
 """
 
 from __future__ import annotations
 
-from .api import (
+from . import api as api  # torchelastic's metrics.api, an attribute of the package as there
+from .emitting import (
     CollectorMetricHandler,
     ConsoleMetricHandler,
     MetricData,

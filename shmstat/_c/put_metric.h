@@ -1,4 +1,4 @@
-/* put_metric in C: elastic.metrics.api.put_metric's common case. Part of shmstat/_pubfast.c, which includes it after
+/* put_metric in C: elastic.metrics.emitting.put_metric's common case. Part of shmstat/_pubfast.c, which includes it after
  * log_event.h (one compilation unit; it reads the same copy of shmstat.job._state.STATE). */
 #ifndef SHMSTAT_PUT_METRIC_H
 #define SHMSTAT_PUT_METRIC_H
@@ -12,12 +12,12 @@
  * (set_metric_state), which holds every rule. So both behave alike by construction: this only skips the Python
  * frame of the common case. */
 
-static PyObject *pm_python;        /* elastic.metrics.api._py_put_metric */
+static PyObject *pm_python;        /* elastic.metrics.emitting._py_put_metric */
 static PyObject *pm_names;         /* shmstat.names.KNOWN[0]: names found valid */
 static PyObject *pm_groups;        /* shmstat.names.KNOWN[1]: groups found valid */
 static PyObject *pm_handlers;      /* elastic.metrics REGISTRY.handlers: group -> handler configured here */
 static PyObject *pm_registry;      /* REGISTRY (its ``default``: a handler configured for every group, or None) */
-static PyObject *pm_globals;       /* elastic.metrics.api's namespace (where getStream may be replaced) */
+static PyObject *pm_globals;       /* elastic.metrics.emitting's namespace, alias elastic.metrics.api (where getStream may be replaced) */
 static PyObject *pm_get_stream;    /* the module's own getStream */
 static PyObject *pm_default_group; /* "torchelastic" */
 static PyObject *s_default, *s_getStream;

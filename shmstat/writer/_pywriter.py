@@ -55,175 +55,217 @@ def coerce_value(v: Any) -> float:
     raise TypeError(f"must be real number, not {type(v).__name__}")
 
 
-def _resumable(f: Any, q: Any, b: int, wid: int, wns: int) -> float:
-    """2 * the samples an earlier writer of the slot left in window ``wid``'s bank (word ``b``), which a new
-    writer continues (the C ``resumable()``: not for windows over an hour, a torn bank keeps its complete ones)."""
-    if wns > L.LONG_WINDOW_MS * 1_000_000 or q[b + L.B_WID] != wid:
+def _resumable(f64: Any, i64: Any, bank: int, window_id: int, window_ns: int) -> float:
+    """2 * the samples an earlier writer of the slot left in window ``window_id``'s bank (word ``bank``), which a
+    new writer continues (the C ``resumable()``: not for windows over an hour, a torn bank keeps its complete
+    ones)."""
+    if window_ns > L.LONG_WINDOW_MS * 1_000_000 or i64[bank + L.B_WID] != window_id:
         return 0.0
-    seq = float(f[b])
+    seq = float(f64[bank])
     if not 2.0 <= seq < 2.0**62:
         return 0.0
     return 2.0 * (seq // 2.0)
 
 
+Report = tuple[int, float, float, float, float, int]
+"""What a closed window reports to :meth:`Binding.on_roll`: (count, total, minimum, maximum, last value, time)."""
+
+# the bank's words after seq (shmstat/shm/layout.py), as plain names; add writes the ones it writes on every call
+# as literal offsets instead (a name costs it about 1%), which must be these:
+_WID, _SUM, _MIN, _MAX, _LAST, _TS, _INC = L.B_WID, L.B_SUM, L.B_MIN, L.B_MAX, L.B_LAST, L.B_TS, L.B_INC
+assert (_SUM, _MIN, _MAX, _LAST, _TS) == (2, 3, 4, 5, 6), "the bank layout moved: update add's offsets"
+
+
 def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) -> tuple[Any, Any, Any]:
     """The pure-Python ``add``/``count`` of a binding, and its ``repoint`` (used after a fork); ``generation``
-    is the writer module's fork generation (bumped in the child of every fork: ``add`` then re-binds)."""
-    clock, wns, want_last = binding.clock, binding.window_ns, binding.want_last
-    max2 = 2.0 * binding.key.max_samples
-    nbanks = att.segment.geometry.banks
-    f, q, u = att.segment.f64, att.segment.i64, att.segment.u32
-    slot0, nan_word, disc_word, beat_word = binding._slot_words(att)
-    hist0 = binding.hist0
-    hist = -1  # byte offset of the open window's histogram
-    inc = att.incarnation
-    seq = sm = mn = mx = lastv = 0.0
-    wend = 0
+    is the writer module's fork generation (bumped in the child of every fork: ``add`` then re-binds).
+
+    The open window's figures live in this closure (``seq``, ``total``, ``minimum``, ``maximum``,
+    ``last_value``) and are mirrored into its bank word by word; ``seq`` is the bank's seqlock word, 2 * the
+    samples, odd while a write is in progress (see :mod:`shmstat.shm.layout`). The functions mirror the C
+    writer's: ``add`` is ``add_locked()``, ``roll`` (with ``mark_bank``, ``start_window`` and ``resume``) its
+    ``roll()``. Closures over cell variables, not an object's attributes: they are the fastest state Python
+    reads and writes, and ``add`` is the hot path.
+    """
+    clock, window_ns, want_last = binding.clock, binding.window_ns, binding.want_last
+    full_seq = 2.0 * binding.key.max_samples  # seq of a full window
+    banks = att.segment.geometry.banks
+    segment = att.segment
+    f64, i64, u32 = segment.f64, segment.i64, segment.u32  # the segment as 8-byte floats, ints; 4-byte counts
+    slot0, nan_word, discarded_word, beat_word = binding._slot_words(att)
+    hist_base = binding.hist0  # byte offset of the slot's first histogram (-1: no percentiles)
+    hist_at = -1  # byte offset of the open window's histogram
+    incarnation = att.incarnation
+    seq = total = minimum = maximum = last_value = 0.0
+    window_end = 0  # end of the open window, ns (0: none yet)
     full_reported = False  # the open window filled up and was reported then (as the C writer's)
-    base = slot0
+    bank = slot0  # first word of the open window's bank
     lock = threading.Lock()
-    gen = [generation[0]]
-    seg = att.segment
+    bound_generation = [generation[0]]
     drop_at = att.drop_offset if binding.index < 0 else -1  # drop mode: the counter's byte offset
 
-    def roll(v: float, t: int) -> tuple[int, float, float, float, float, int] | None:
-        # Slow path, once per window: start the window of ``t``. The new bank is marked before the clock is read
-        # again (the C roll() says why); if the window ended meanwhile, its bank stays empty and the sample goes
-        # to the window of the later reading. Returns what the caller reports once the bank is consistent.
-        nonlocal seq, sm, mn, mx, lastv, wend, base, hist, full_reported
-        if v != v:
-            q[nan_word] += 1
-            return None
-        report = ((int(seq) >> 1, sm, mn, mx, lastv, t) if seq and not full_reported
-                  else ((0, 0.0, 0.0, 0.0, 0.0, t) if wend else None))
-        full_reported = False
-        first = not wend  # this binding's first window: the bank may hold an earlier writer's samples
+    def closing_report(now: int) -> Report | None:
+        # what the window being left reports: its figures unless they were reported when it filled, zeros for an
+        # empty one, nothing before this binding's first window
+        if seq and not full_reported:
+            return (int(seq) >> 1, total, minimum, maximum, last_value, now)
+        return (0, 0.0, 0.0, 0.0, 0.0, now) if window_end else None
+
+    def mark_bank(now: int, first: bool) -> tuple[int, int, float, int]:
+        # The bank of the window of ``now`` is marked (odd seq) before the clock is read again (the C roll() says
+        # why); if the window ended meanwhile, its bank stays empty (or as an earlier writer left it) and the same
+        # is done for the window of the later reading. Returns (bank, window end, kept, now): ``kept`` is 2 * the
+        # samples an earlier writer left there (only looked for in this binding's ``first`` window).
+        nonlocal hist_at
         while True:
-            wid = t // wns
-            end = (wid + 1) * wns
-            b = slot0 + (wid % nbanks) * L.BANK_WORDS
-            if hist0 >= 0:
-                hist = hist0 + (wid % nbanks) * L.HIST_SIZE
-            kept = _resumable(f, q, b, wid, wns) if first else 0.0
-            f[b] = kept + 1.0
-            q[b + L.B_WID] = wid
-            q[b + L.B_INC] = inc
-            t2 = clock()
-            if t2 < end:
-                break
+            window_id = now // window_ns
+            end = (window_id + 1) * window_ns
+            marked = slot0 + (window_id % banks) * L.BANK_WORDS
+            if hist_base >= 0:
+                hist_at = hist_base + (window_id % banks) * L.HIST_SIZE
+            kept = _resumable(f64, i64, marked, window_id, window_ns) if first else 0.0
+            f64[marked] = kept + 1.0
+            i64[marked + _WID] = window_id
+            i64[marked + _INC] = incarnation
+            later = clock()
+            if later < end:
+                return marked, end, kept, now
             if kept:  # the window ended meanwhile: the earlier writer's samples stay as they were
-                f[b] = kept
-                t = t2
+                f64[marked] = kept
+                now = later
                 continue
-            f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = 0.0
-            q[b + L.B_TS] = 0
-            f[b] = 0.0
-            t = t2
-        wend, base = end, b
-        if kept:  # continue the earlier writer's window (the C resume())
-            seq, sm, mn, mx, lastv = kept, f[b + L.B_SUM], f[b + L.B_MIN], f[b + L.B_MAX], f[b + L.B_LAST]
-            if kept >= max2:
-                f[b] = kept
-                full_reported = True
-                q[disc_word] += 1
-                return report
-            sm += v
-            f[b + L.B_SUM] = sm
-            if v < mn:
-                mn = f[b + L.B_MIN] = v
-            if v > mx:
-                mx = f[b + L.B_MAX] = v
-            if want_last:
-                lastv = f[b + L.B_LAST] = v
-                q[b + L.B_TS] = t
-            if hist >= 0:
-                hist_add(q, u, hist, v)
-            seq = kept + 2.0
-            f[b] = seq
-            q[beat_word] = t
-            if seq >= max2:
-                full_reported = True
-                return (int(seq) >> 1, sm, mn, mx, lastv, t)
-            return report
-        if hist >= 0:
-            hist_reset(q, u, hist)
-            hist_add(q, u, hist, v)
-        f[b + L.B_SUM] = f[b + L.B_MIN] = f[b + L.B_MAX] = f[b + L.B_LAST] = v
-        q[b + L.B_TS] = t
-        sm = mn = mx = lastv = v
-        seq = 2.0
-        f[b] = 2.0
-        q[beat_word] = t
-        if seq >= max2:  # max_samples 1: full at once (the previous window was reported when it filled)
+            f64[marked + _SUM] = f64[marked + _MIN] = f64[marked + _MAX] = f64[marked + _LAST] = 0.0
+            i64[marked + _TS] = 0
+            f64[marked] = 0.0
+            now = later
+
+    def resume(v: float, now: int, kept: float, report: Report | None) -> Report | None:
+        # the first sample into a window an earlier writer left ``kept`` in (the C resume()): the window's figures
+        # come from the bank, then ``v`` is added as add does
+        nonlocal seq, total, minimum, maximum, last_value, full_reported
+        seq, total, minimum, maximum, last_value = (kept, f64[bank + _SUM], f64[bank + _MIN], f64[bank + _MAX],
+                                                     f64[bank + _LAST])
+        if kept >= full_seq:
+            f64[bank] = kept
             full_reported = True
-            return (1, v, v, v, v, t)
+            i64[discarded_word] += 1
+            return report
+        total += v
+        f64[bank + _SUM] = total
+        if v < minimum:
+            minimum = f64[bank + _MIN] = v
+        if v > maximum:
+            maximum = f64[bank + _MAX] = v
+        if want_last:
+            last_value = f64[bank + _LAST] = v
+            i64[bank + _TS] = now
+        if hist_at >= 0:
+            hist_add(i64, u32, hist_at, v)
+        seq = kept + 2.0
+        f64[bank] = seq
+        i64[beat_word] = now
+        if seq >= full_seq:
+            full_reported = True
+            return (int(seq) >> 1, total, minimum, maximum, last_value, now)
         return report
+
+    def start_window(v: float, now: int, report: Report | None) -> Report | None:
+        # ``v`` as the first sample of the open window's bank (marked by mark_bank)
+        nonlocal seq, total, minimum, maximum, last_value, full_reported
+        if hist_at >= 0:
+            hist_reset(i64, u32, hist_at)
+            hist_add(i64, u32, hist_at, v)
+        f64[bank + _SUM] = f64[bank + _MIN] = f64[bank + _MAX] = f64[bank + _LAST] = v
+        i64[bank + _TS] = now
+        total = minimum = maximum = last_value = v
+        seq = 2.0
+        f64[bank] = 2.0
+        i64[beat_word] = now
+        if seq >= full_seq:  # max_samples 1: full at once (the previous window was reported when it filled)
+            full_reported = True
+            return (1, v, v, v, v, now)
+        return report
+
+    def roll(v: float, now: int) -> Report | None:
+        # Slow path, once per window: start the window of ``now`` with ``v``. Returns what the caller reports
+        # (to on_roll) once the bank is consistent: the window left, or a window that is full at once.
+        nonlocal window_end, bank, full_reported
+        if v != v:
+            i64[nan_word] += 1
+            return None
+        report = closing_report(now)
+        full_reported = False
+        first = not window_end  # this binding's first window: the bank may hold an earlier writer's samples
+        bank, window_end, kept, now = mark_bank(now, first)
+        if kept:
+            return resume(v, now, kept, report)
+        return start_window(v, now, report)
 
     def add(v: float) -> None:
         # The open window's bank is marked (odd seq) before the clock is read, so that a collector closing the
         # window after that reading sees the write in progress and waits for it (see _fastpath.c).
-        nonlocal seq, sm, mn, mx, lastv, full_reported
-        if gen[0] != generation[0]:
+        nonlocal seq, total, minimum, maximum, last_value, full_reported
+        if bound_generation[0] != generation[0]:
             binding.rebind()
         if type(v) is not float:
             v = coerce_value(v)
         if drop_at >= 0:
-            add_counter(seg, drop_at)
+            add_counter(segment, drop_at)
             return
         with lock:
-            b = base
-            if wend:
-                f[b] = seq + 1.0
-            t = clock()
-            if t < wend and v == v and seq < max2:
-                sm += v
-                f[b + 2] = sm
-                if v < mn:
-                    mn = v
-                    f[b + 3] = v
-                elif v > mx:
-                    mx = v
-                    f[b + 4] = v
+            open_bank = bank
+            if window_end:
+                f64[open_bank] = seq + 1.0
+            now = clock()
+            if now < window_end and v == v and seq < full_seq:
+                total += v
+                f64[open_bank + 2] = total  # the bank's words: 2 sum, 3 min, 4 max, 5 last, 6 last_ts
+                if v < minimum:
+                    minimum = v
+                    f64[open_bank + 3] = v
+                elif v > maximum:
+                    maximum = v
+                    f64[open_bank + 4] = v
                 if want_last:
-                    lastv = v
-                    f[b + 5] = v
-                    q[b + 6] = t
-                if hist >= 0:
-                    hist_add(q, u, hist, v)
+                    last_value = v
+                    f64[open_bank + 5] = v
+                    i64[open_bank + 6] = now
+                if hist_at >= 0:
+                    hist_add(i64, u32, hist_at, v)
                 seq += 2.0
-                f[b] = seq
-                if seq < max2:
+                f64[open_bank] = seq
+                if seq < full_seq:
                     return
                 full_reported = True  # torch.monitor logs a full window at once
-                report: tuple[int, float, float, float, float, int] | None = (int(seq) >> 1, sm, mn, mx, lastv, t)
+                report: Report | None = (int(seq) >> 1, total, minimum, maximum, last_value, now)
             else:
-                if wend:
-                    f[b] = seq
-                if t >= wend:
-                    report = roll(v, t)
-                else:
-                    q[nan_word if v != v else disc_word] += 1
+                if window_end:
+                    f64[open_bank] = seq
+                if now >= window_end:
+                    report = roll(v, now)
+                else:  # a NaN, or a sample into a full window
+                    i64[nan_word if v != v else discarded_word] += 1
                     return
         if report is not None:
             binding.on_roll(*report)
 
     def count() -> int:
-        return int(seq) >> 1 if clock() < wend and not full_reported else 0
+        return int(seq) >> 1 if clock() < window_end and not full_reported else 0
 
-    def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_disc: int, new_beat: int) -> None:
-        nonlocal f, q, u, slot0, nan_word, disc_word, beat_word, inc, seq, sm, mn, mx, lastv, wend, base, lock
-        nonlocal hist0, hist, seg, drop_at, full_reported
+    def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_discarded: int, new_beat: int) -> None:
+        nonlocal f64, i64, u32, segment, slot0, nan_word, discarded_word, beat_word, incarnation, drop_at
+        nonlocal seq, total, minimum, maximum, last_value, window_end, bank, lock, hist_base, hist_at, full_reported
         full_reported = False
-        f, q, u = new_att.segment.f64, new_att.segment.i64, new_att.segment.u32
-        seg = new_att.segment
+        segment = new_att.segment
+        f64, i64, u32 = segment.f64, segment.i64, segment.u32
         drop_at = new_att.drop_offset if binding.index < 0 else -1
-        hist0, hist = binding.hist0, -1
-        slot0, nan_word, disc_word, beat_word = new_slot0, new_nan, new_disc, new_beat
-        inc = new_att.incarnation
-        seq = sm = mn = mx = lastv = 0.0
-        wend = 0
-        base = slot0
+        hist_base, hist_at = binding.hist0, -1
+        slot0, nan_word, discarded_word, beat_word = new_slot0, new_nan, new_discarded, new_beat
+        incarnation = new_att.incarnation
+        seq = total = minimum = maximum = last_value = 0.0
+        window_end = 0
+        bank = slot0
         lock = threading.Lock()
-        gen[0] = generation[0]
+        bound_generation[0] = generation[0]
 
     return add, count, repoint

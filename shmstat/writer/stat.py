@@ -73,6 +73,16 @@ def _window_ns(window_size: Any) -> int:
     return ms * 1_000_000
 
 
+def _checked_max_samples(max_samples: Any) -> int:
+    """``max_samples`` if it is an int of at least 1: :class:`TypeError` for another type, :class:`ConfigError`
+    under 1."""
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int):
+        raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
+    if max_samples < 1:
+        raise ConfigError(f"max_samples is {max_samples}; it must be at least 1")
+    return max_samples
+
+
 class Stat:
     """Summary statistics of values added over fixed windows (``torch.monitor.Stat`` compatible).
 
@@ -107,26 +117,24 @@ class Stat:
         higher_is_better: bool = False,
         clock: Clock = time.time_ns,
     ) -> None:
-        name = check_name(name, "Stat name", MAX_STAT_NAME_BYTES)  # the name rule (shmstat.names)
-        group = check_group(group, "Stat group")
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int):
-            raise TypeError(f"max_samples must be an int, not {type(max_samples).__name__}")
-        if max_samples < 1:
-            raise ConfigError(f"max_samples is {max_samples}; it must be at least 1")
-        self._name = name
+        self._name = check_name(name, "Stat name", MAX_STAT_NAME_BYTES)  # the name rule (shmstat.names)
+        self._group = check_group(group, "Stat group")
+        self._max_samples = _checked_max_samples(max_samples)
         self._aggs = from_mask(to_mask(aggregations))
         self._window_ns = _window_ns(window_size)
-        self._max_samples = max_samples
-        self._group = group
         self._flags = L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0
+        self._core: _LocalCore | _CLocalCore | _SharedCore | _ClosedCore = self._open_core(clock)
+        self.add: Callable[[float], None] = self._core.add
+
+    def _open_core(self, clock: Clock) -> _LocalCore | _CLocalCore | _SharedCore:
+        """The core this Stat writes through: the job's shared memory when the process is (or now becomes)
+        attached, else in-process windows (by the C writer where it applies)."""
         from ..job.attach import ensure_init  # late: attach imports the publisher
 
         attachment = ensure_init()
         if attachment is not None:
-            self._core: _LocalCore | _CLocalCore | _SharedCore | _ClosedCore = _SharedCore(self, attachment, clock)
-        else:
-            self._core = _CLocalCore.make(self, clock) or _LocalCore(self, clock)
-        self.add: Callable[[float], None] = self._core.add
+            return _SharedCore(self, attachment, clock)
+        return _CLocalCore.make(self, clock) or _LocalCore(self, clock)
 
     @property
     def name(self) -> str:
@@ -200,90 +208,96 @@ class _LocalCore:
         self.last = WindowSummary()
         self.nan_count = 0
         stat_ref = weakref.ref(stat)
-        wns, max_samples = stat._window_ns, stat._max_samples
-        n = 0
-        total = lo = hi = last = 0.0
-        wend = 0
-        full = False
+        window_ns, max_samples = stat._window_ns, stat._max_samples
+        samples = 0  # in the open window
+        total = minimum = maximum = last_value = 0.0
+        window_end = 0  # end of the open window, ns (0: none yet)
+        full = False  # the open window reached max_samples (and was logged then)
         core = self
         lock = threading.Lock()
-        keeps_hist = any(a in PERCENTILES for a in stat._aggs)
+        keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
         hist = Histogram() if keeps_hist else None
 
         def close_window() -> WindowSummary:
-            nonlocal n, hist
-            core.last = WindowSummary(n, total, lo, hi, last, hist)
-            n = 0
+            nonlocal samples, hist
+            core.last = WindowSummary(samples, total, minimum, maximum, last_value, hist)
+            samples = 0
             hist = Histogram() if keeps_hist else None
             return core.last
 
-        def roll_or_skip(v: float, t: int) -> list[tuple[WindowSummary, int]]:
-            # the slow cases, under the lock: a new window, a full window, a NaN
-            nonlocal n, total, lo, hi, last, wend, full
+        def start_window(now: int) -> list[tuple[WindowSummary, int]]:
+            # the window of ``now`` opens: the one left is closed (to be logged if it held samples)
+            nonlocal window_end, full
             logged = []
-            if t >= wend:
-                wend = (t // wns + 1) * wns
-                if n:
-                    logged.append((close_window(), t))
-                elif wend:
-                    core.last = WindowSummary()
-                full = False
+            window_end = (now // window_ns + 1) * window_ns
+            if samples:
+                logged.append((close_window(), now))
+            elif window_end:
+                core.last = WindowSummary()
+            full = False
+            return logged
+
+        def slow_add(v: float, now: int) -> list[tuple[WindowSummary, int]]:
+            # the slow cases of add, under the lock: a new window, the window's first sample, a full window, a NaN;
+            # returns the windows to log
+            nonlocal samples, total, minimum, maximum, last_value, full
+            logged = start_window(now) if now >= window_end else []
             if full:
                 return logged
             if v != v:
                 core.nan_count += 1
                 return logged
-            if n:
+            if samples:
                 total += v
-                if v < lo:
-                    lo = v
-                if v > hi:
-                    hi = v
+                if v < minimum:
+                    minimum = v
+                if v > maximum:
+                    maximum = v
             else:
-                total = lo = hi = v
-            last = v
-            n += 1
+                total = minimum = maximum = v
+            last_value = v
+            samples += 1
             if hist is not None:
                 hist.add(v)
-            if n >= max_samples:
+            if samples >= max_samples:
                 full = True  # torch.monitor logs the window the moment it is full
-                logged.append((close_window(), t))
+                logged.append((close_window(), now))
             return logged
 
-        def _log(summary: WindowSummary, t: int) -> None:
-            s = stat_ref()
-            if s is not None:
-                s._log_window(summary, t)
+        def log_window(summary: WindowSummary, at: int) -> None:
+            stat = stat_ref()
+            if stat is not None:
+                stat._log_window(summary, at)
 
         def add(v: float) -> None:
-            nonlocal n, total, lo, hi, last, full
+            nonlocal samples, total, minimum, maximum, last_value
             if type(v) is not float:
                 v = coerce_value(v)
             with lock:
-                t = clock()
-                if t < wend and n and not full and v == v and n + 1 < max_samples:
+                now = clock()
+                if now < window_end and samples and not full and v == v and samples + 1 < max_samples:
                     total += v
-                    if v < lo:
-                        lo = v
-                    elif v > hi:
-                        hi = v
-                    last = v
-                    n += 1
+                    if v < minimum:
+                        minimum = v
+                    elif v > maximum:
+                        maximum = v
+                    last_value = v
+                    samples += 1
                     if hist is not None:
                         hist.add(v)
                     return
-                logged = roll_or_skip(v, t)
+                logged = slow_add(v, now)
             for summary, at in logged:  # local handlers run outside the lock (they may add to this Stat)
-                _log(summary, at)
+                log_window(summary, at)
 
         def count() -> int:
-            return n
+            return samples
 
         def close() -> None:
             with lock:
-                logged = (close_window(), clock()) if n else None
+                logged = (close_window(), clock()) if samples else None
             if logged is not None:
-                _log(*logged)
+                log_window(*logged)
 
         self.add, self.count, self.close = add, count, close
 
@@ -299,7 +313,7 @@ class _CLocalCore:
     def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
         """The C-backed core, or None when the C path is not available or does not apply."""
         c_writer = backend().SlotWriter
-        if c_writer is None or stat._max_samples != _UNLIMITED or any(a in PERCENTILES for a in stat._aggs):
+        if c_writer is None or stat._max_samples != _UNLIMITED or any(agg in PERCENTILES for agg in stat._aggs):
             return None
         return cls(stat, clock, c_writer)
 
@@ -315,11 +329,11 @@ class _CLocalCore:
         )
         self.add = self._writer.add
 
-    def _on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
-        self.last = WindowSummary(n, total, lo, hi, lastv) if n else WindowSummary()
+    def _on_roll(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int) -> None:
+        self.last = WindowSummary(count, total, minimum, maximum, last_value) if count else WindowSummary()
         stat = self._stat_ref()
-        if n and stat is not None:
-            stat._log_window(self.last, t)
+        if count and stat is not None:
+            stat._log_window(self.last, at)
 
     @property
     def nan_count(self) -> int:
@@ -332,9 +346,9 @@ class _CLocalCore:
 
     def close(self) -> None:
         """Log what the open window holds."""
-        seq, total, lo, hi, lastv = self._writer.state()
+        seq, total, minimum, maximum, last_value = self._writer.state()
         if seq:
-            self._on_roll(int(seq) >> 1, total, lo, hi, lastv, self._clock())
+            self._on_roll(int(seq) >> 1, total, minimum, maximum, last_value, self._clock())
 
 
 def _banks_for(window_ms: int) -> int:

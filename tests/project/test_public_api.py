@@ -53,3 +53,15 @@ def test_every_name_of_the_reference_module_exists_in_ours_with_the_same_paramet
             continue
         assert list(sa.parameters) == list(sb.parameters), n
         assert [p.default for p in sa.parameters.values()] == [p.default for p in sb.parameters.values()], n
+
+
+def test_torchelastics_module_paths_are_the_modules_themselves() -> None:
+    """``elastic.metrics.api`` and ``elastic.events.api`` (torchelastic's paths) are the renamed modules, not copies:
+    a name replaced there is the one the code looks up, and each package has its ``api`` attribute."""
+    import elastic.events.api
+    import elastic.events.event_types
+    import elastic.metrics.api
+    import elastic.metrics.emitting
+
+    assert elastic.metrics.api is elastic.metrics.emitting is elastic.metrics.__dict__["api"]
+    assert elastic.events.api is elastic.events.event_types is elastic.events.__dict__["api"]
