@@ -14,8 +14,8 @@ import sys
 
 import pytest
 import zmq
-from _procs import REPO
-from _support import wait_for
+from kit.procs import REPO
+from kit.support import wait_for
 
 from collector.cli import command as cli
 from collector.cli.options import TUNED, add_collector_options, collector_config, config_default
@@ -127,7 +127,7 @@ def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job
 def test_a_node_collector_writes_its_endpoints_to_its_ready_file_and_binds_one_owner_only_endpoint(tmp_path):
     """``collect --publish ENDPOINT`` with several ``--job`` (a node collector of those jobs only): the ready file
     names the node's endpoint, which is owner-only, and both go on a clean exit."""
-    from _support import unique_job
+    from kit.support import unique_job
 
     jobs = [unique_job("nr"), unique_job("nr")]
     ready, sock = tmp_path / "ready.json", tmp_path / "node.pub"
@@ -151,7 +151,7 @@ def test_a_node_collector_writes_its_endpoints_to_its_ready_file_and_binds_one_o
 
 
 def test_a_node_endpoint_that_cannot_be_bound_is_one_sentence(tmp_path):
-    from _support import unique_job
+    from kit.support import unique_job
 
     done = subprocess.run([sys.executable, "-m", "collector", "collect", "--job", unique_job("nb"), "--job",
                            unique_job("nb"), "--publish", f"ipc://{tmp_path}/no/such/dir/sock", "--ready-file",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 
 def _shmstat(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -12,10 +12,10 @@ import pickle
 import msgpack
 import pytest
 import zmq
-from _support import FakeClock, step_and_wait, unique_job, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests_user_handler import Recording
+from kit.handlers.user import Recording
+from kit.support import FakeClock, step_and_wait, unique_job, wait_for
 
 from collector import Collector, CollectorConfig
 from collector.wire.relay import MAX_MESSAGE_BYTES

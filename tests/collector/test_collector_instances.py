@@ -10,8 +10,8 @@ import sys
 
 import psutil
 import zmq
-from _procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.procs import REPO, assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 WINDOW_MS = 50
 
@@ -94,7 +94,7 @@ def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(
     """A per-job collector serves A; a node collector for A and B leaves A alone (said once) and serves B; a
     per-job collector for B is then refused naming the node collector; once A's collector stops, the node
     collector takes A over. Every window of both jobs is emitted exactly once across the two outputs."""
-    from _support import unique_job
+    from kit.support import unique_job
 
     from shmstat.shm.segment import Segment
 

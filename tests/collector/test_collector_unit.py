@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from _procs import REPO
-from _support import MS, FakeClock, step_and_wait
-from tests_user_handler import Recording
+from kit.handlers.user import Recording
+from kit.procs import REPO
+from kit.support import MS, FakeClock, step_and_wait
 
 from collector import PLATFORM_GROUP, Collector, CollectorConfig
 from collector.cli.admin import segment_info

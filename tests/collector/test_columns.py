@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from _procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector, wait_file
+from kit.procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector, wait_file
 
 WINDOW_MS = 100
 K = 3000
@@ -44,7 +44,7 @@ def _passes(path: str) -> list[dict]:
 
 def test_columns_reconcile_with_the_ranks_and_with_per_row_handlers(job, tmp_path):
     cols_path, rows_path = str(tmp_path / "cols.jsonl"), str(tmp_path / "rows.jsonl")
-    coll = start_collector(job, "--handler", f"cols=tests_columns_handler:Recorder,path={cols_path}",
+    coll = start_collector(job, "--handler", f"cols=kit.handlers.columns:Recorder,path={cols_path}",
                            "--handler", f"rows=jsonl:{rows_path}", "--handler", "*=null", "--grace-ms", "10")
     try:
         procs = [spawn(_twin_rank, job, r, 2, str(tmp_path / f"done{r}")) for r in range(2)]
@@ -84,7 +84,7 @@ def test_jsonl_and_tensorboard_write_the_same_through_columns_as_row_by_row(job,
     from test_tensorboard_sink import _read_scalars
 
     paths = {k: str(tmp_path / k) for k in ("cols_jsonl", "rows_jsonl", "cols_tb", "rows_tb")}
-    spec = "tests_columns_handler:Both," + ",".join(f"{k}={v}" for k, v in paths.items())
+    spec = "kit.handlers.columns:Both," + ",".join(f"{k}={v}" for k, v in paths.items())
     coll = start_collector(job, "--handler", f"*={spec}", "--handler", "shmstat=null", "--grace-ms", "10")
     try:
         procs = [spawn(_twin_rank, job, r, 3, str(tmp_path / f"done{r}")) for r in range(3)]
@@ -118,7 +118,7 @@ def _spawn_train_and_noisy(job: str, tmp_path) -> None:
 def test_a_stuck_columnar_handler_delays_only_its_group_and_its_drops_are_counted(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"train=jsonl:{out}",
-                           "--handler", "noisy=tests_columns_handler:StuckColumns",
+                           "--handler", "noisy=kit.handlers.columns:StuckColumns",
                            "--handler", f"shmstat=jsonl:{out}", "--grace-ms", "10", "--handler-queue", "1000",
                            "--banks", "16")
     try:
@@ -138,7 +138,7 @@ def test_a_stuck_columnar_handler_delays_only_its_group_and_its_drops_are_counte
 def test_a_raising_columnar_handler_is_counted_and_the_others_still_run(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
     coll = start_collector(job, "--handler", f"train=jsonl:{out}",
-                           "--handler", "noisy=tests_columns_handler:RaisingColumns",
+                           "--handler", "noisy=kit.handlers.columns:RaisingColumns",
                            "--handler", f"shmstat=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
     try:
         _spawn_train_and_noisy(job, tmp_path)

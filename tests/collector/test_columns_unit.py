@@ -6,8 +6,8 @@ import pickle
 import random
 
 import numpy as np
-from _merge_ref import merge_all
-from _straggler_ref import update_rows
+from kit.merge_reference import merge_all
+from kit.straggler_reference import update_rows
 
 from collector import Columns, ColumnsHandler, RowsAdapter
 from collector.daemon.straggler import StragglerDetector

@@ -7,8 +7,8 @@ import json
 import os
 import threading
 
-from _support import MS, FakeClock, wait_for
-from tests_user_handler import Recording
+from kit.handlers.user import Recording
+from kit.support import MS, FakeClock, wait_for
 
 from collector import Collector, CollectorConfig
 from collector.daemon.commits import MAX_PENDING

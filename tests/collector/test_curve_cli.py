@@ -12,7 +12,7 @@ import sys
 import pytest
 import zmq
 import zmq.auth
-from _procs import REPO
+from kit.procs import REPO
 
 from collector.cli.keys import make_keys
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.cli.keys import make_keys
 from collector.wire.curve import ClientKeys, client_keys, load_client, read_pair, secure_client

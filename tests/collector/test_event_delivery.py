@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.handlers.event_delivery import EventDelivery
 from collector.handlers.events import (
@@ -155,7 +155,7 @@ def test_the_console_sink_prints_one_line_per_record(capsys):
 
 
 def test_a_users_sink_takes_keyword_arguments():
-    sink = build_event_handler("tests_events_sinks:Counting,every=3")
+    sink = build_event_handler("kit.handlers.event_sinks:Counting,every=3")
     assert sink.every == 3
 
 
@@ -170,11 +170,11 @@ def test_a_users_sink_takes_keyword_arguments():
     ("no_such_module_xyz:Sink", "unknown events sink kind 'no_such_module_xyz' in 'no_such_module_xyz:Sink' (no "
                                 "module"),
     ("tests_no_such_pkg.mod:Sink", "cannot import module 'tests_no_such_pkg.mod' for an events sink"),
-    ("tests_events_sinks:Missing", "has no class 'Missing'"),
-    ("tests_events_sinks:NotASink", "has no emit_events(batch) method"),
-    ("tests_events_sinks:Counting,bogus=1", "does not take these arguments"),
-    ("tests_events_sinks:Exploding", "failed: RuntimeError: no sink today second line"),
-    ("tests_events_sinks:Counting,every", "is not key=value"),
+    ("kit.handlers.event_sinks:Missing", "has no class 'Missing'"),
+    ("kit.handlers.event_sinks:NotASink", "has no emit_events(batch) method"),
+    ("kit.handlers.event_sinks:Counting,bogus=1", "does not take these arguments"),
+    ("kit.handlers.event_sinks:Exploding", "failed: RuntimeError: no sink today second line"),
+    ("kit.handlers.event_sinks:Counting,every", "is not key=value"),
 ])
 def test_a_bad_spec_is_one_sentence(spec, says):
     with pytest.raises(ConfigError) as err:

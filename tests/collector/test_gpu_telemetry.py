@@ -13,14 +13,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from _gpu_kit import recording
-from _procs import REPO, read_jsonl, start_collector
-from _support import wait_for
+from kit.gpu import recording
+from kit.procs import REPO, read_jsonl, start_collector
+from kit.support import wait_for
 
 from collector.daemon.nvml import RECORDING_ENV
 from shmstat.shm.segment import Segment
 
-KIT = str(Path(__file__).resolve().parents[1] / "_gpu_kit.py")
+KIT = str(Path(__file__).resolve().parents[1] / "kit" / "gpu.py")
 
 
 def _rank(job: str, rank: int, out: Path, value: float, *, child: bool = False, **env: str | None) -> subprocess.Popen:
@@ -172,13 +172,13 @@ def test_gpu_figures_reach_tensorboard_per_rank_and_merged(job, tmp_path, monkey
 
 
 def test_a_node_collector_samples_every_job_and_lets_a_finished_one_go(tmp_path):
-    from _support import run_with_private_dev_shm
+    from kit.support import run_with_private_dev_shm
 
     work = tmp_path / "work"
     work.mkdir(mode=0o700)
     env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO)
     env.pop(RECORDING_ENV, None)
-    script = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/_gpu_kit.py node "$WORK"'
+    script = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/kit/gpu.py node "$WORK"'
     done = run_with_private_dev_shm(script, env, REPO, 300)
     assert done.returncode == 0, done.stderr
     result = json.loads((work / "result.json").read_text())
@@ -297,7 +297,7 @@ def test_a_real_gpu_reaches_jsonl_for_a_real_rank(real_gpu, job, tmp_path):
 
 
 def test_top_shows_a_gpu_column_per_rank_and_scores_no_gpu_figure(job, tmp_path):
-    from _support import FakeClock
+    from kit.support import FakeClock
     from rich.console import Console
 
     from collector.cli.top import render, snapshot

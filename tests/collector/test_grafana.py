@@ -15,9 +15,9 @@ import sys
 import urllib.parse
 import urllib.request
 
-from _procs import REPO
-from _prom_kit import file_sd_job, needs_prometheus, query, scraping, start_prometheus
-from _support import unique_job, wait_for
+from kit.procs import REPO
+from kit.prometheus import file_sd_job, needs_prometheus, query, scraping, start_prometheus
+from kit.support import unique_job, wait_for
 
 from collector.cli.grafana import PANELS, dashboard
 from shmstat.shm.segment import Segment

@@ -7,20 +7,20 @@ from __future__ import annotations
 import signal
 import time
 
-from _procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
+from kit.procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
 
 WINDOW_MS = 50
 
 
 def test_a_stuck_handler_delays_only_its_group_and_sigterm_still_exits(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
-    coll = start_collector(job, "--handler", f"train=jsonl:{out}", "--handler", "*=tests_user_handler:Stuck",
+    coll = start_collector(job, "--handler", f"train=jsonl:{out}", "--handler", "*=kit.handlers.user:Stuck",
                            "--handler", f"shmstat=jsonl:{out}", "--grace-ms", "10", "--handler-queue", "1000",
                            "--banks", "16")  # a ring of 16 windows: the test shares 2 cores with 4 busy processes
     try:
         procs = [spawn(rank_worker, job, r, 2, 1.0, WINDOW_MS, str(tmp_path / f"r{r}.json"), None, 0)
                  for r in range(2)]
-        from _procs import wait_file
+        from kit.procs import wait_file
 
         # a second stat in a group whose handler is stuck: it floods that handler's queue
         noisy = spawn(_noisy_rank, job, 2)

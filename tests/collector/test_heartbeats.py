@@ -14,7 +14,7 @@ from itertools import pairwise
 import msgpack
 import pytest
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.wire.relay import MAX_MESSAGE_BYTES, Relay
 from collector.wire.sender_book import SenderBook

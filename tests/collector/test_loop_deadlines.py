@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from _support import FakeClock, wait_for
+from kit.support import FakeClock, wait_for
 
 from collector import Collector, CollectorConfig
 from collector.daemon.collector import (

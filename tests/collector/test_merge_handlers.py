@@ -8,7 +8,7 @@ import math
 import random
 
 import pytest
-from _merge_ref import merge, merge_all
+from kit.merge_reference import merge, merge_all
 
 from collector.handlers.dispatch import Dispatcher, ThreadedDispatcher
 from collector.handlers.jsonl import JsonlMetricHandler
@@ -58,7 +58,7 @@ def test_window_row_values_follow_the_requested_aggregations():
 
 
 def test_handler_specs():
-    console, null, user = (build_handler(s) for s in ("console", "null", "tests_user_handler:Recording"))
+    console, null, user = (build_handler(s) for s in ("console", "null", "kit.handlers.user:Recording"))
     assert isinstance(console, RowsAdapter) and isinstance(console.handler, ConsoleMetricHandler)
     assert isinstance(null, RowsAdapter) and isinstance(null.handler, NullMetricHandler) and null.discards
     assert isinstance(user, RowsAdapter) and type(user.handler).__name__ == "Recording" and not user.discards
@@ -75,9 +75,9 @@ def test_handler_specs():
 
 
 @pytest.mark.parametrize("spec, says", [
-    ("tests_args_handler:NoEmit", "tests_args_handler:NoEmit does not define emit: a handler defines "
+    ("kit.handlers.args:NoEmit", "kit.handlers.args:NoEmit does not define emit: a handler defines "
                                   "emit(metric_data), and emit_columns(columns) to take passes as columns"),
-    ("tests_args_handler:NoColumns", "tests_args_handler:NoColumns does not define emit_columns: a handler "
+    ("kit.handlers.args:NoColumns", "kit.handlers.args:NoColumns does not define emit_columns: a handler "
                                      "defines emit(metric_data), and emit_columns(columns) to take passes as columns"),
 ])
 def test_a_handler_class_missing_the_protocol_is_refused_when_built_in_one_sentence(spec, says):
@@ -87,7 +87,7 @@ def test_a_handler_class_missing_the_protocol_is_refused_when_built_in_one_sente
 
 
 def test_a_user_class_with_emit_columns_gets_passes_as_columns_and_its_own_flush_and_close(tmp_path):
-    built = build_handler(f"tests_columns_handler:Recorder,path={tmp_path / 'rec.jsonl'}")
+    built = build_handler(f"kit.handlers.columns:Recorder,path={tmp_path / 'rec.jsonl'}")
     assert isinstance(built, ColumnsAdapter) and type(built.handler).__name__ == "Recorder"
     built.emit_columns(Columns.from_rows("j", [WindowRow("g", "lat", 5, 100, to_mask([A.COUNT]), None,
                                                          Summary(2, 3.0, 1.0, 2.0, 2.0, 7), ranks=2)]))

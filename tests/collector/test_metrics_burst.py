@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from _procs import REPO
+from kit.procs import REPO
 
 from collector.prometheus.server import LISTEN_BACKLOG
 

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 from shmstat.errors import CapacityError
 from shmstat.job.rank import RankAttachment

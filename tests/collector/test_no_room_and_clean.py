@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import posix_ipc
-from _procs import REPO, start_collector
+from kit.procs import REPO, start_collector
 
 from shmstat.errors import SegmentError
 from shmstat.shm.runtime import lock_path, runtime_dir

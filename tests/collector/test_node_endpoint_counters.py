@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.request
 
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.cli.keys import make_keys
 from collector.daemon.config import CollectorConfig

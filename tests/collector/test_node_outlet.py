@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.wire.outlet import Outlet
 from collector.wire.relay import Relay

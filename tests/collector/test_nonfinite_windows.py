@@ -14,11 +14,11 @@ import urllib.request
 from collections import defaultdict
 
 import pytest
-from _percentile_kit import exact_quantile as _exact
-from _percentile_kit import fixed_window_rank, issue_window, nonfinite_rank
-from _percentile_kit import hist_of as _hist
-from _procs import spawn, start_collector, wait_file
-from _support import wait_for
+from kit.percentiles import exact_quantile as _exact
+from kit.percentiles import fixed_window_rank, issue_window, nonfinite_rank
+from kit.percentiles import hist_of as _hist
+from kit.procs import spawn, start_collector, wait_file
+from kit.support import wait_for
 
 from collector.read.columns import Columns
 from collector.read.rows import Summary, WindowRow
@@ -82,7 +82,7 @@ def test_the_merged_window_read_from_the_segment_keeps_its_scale(job, backend, t
 
 @pytest.mark.skipif(not _HAVE_OTEL, reason="opentelemetry not installed (pip install -e '.[test]')")
 def test_the_issue_window_through_a_collector_reaches_every_sink_valid(job, tmp_path):
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
     from prometheus_client.parser import text_string_to_metric_families
 
     ranks, window_ms = 2, 1000
@@ -162,7 +162,7 @@ def test_the_issue_window_through_a_collector_reaches_every_sink_valid(job, tmp_
 
 def test_the_otlp_point_of_a_window_of_infinities_only_is_empty_but_valid():
     pytest.importorskip("opentelemetry.sdk")
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
 
     from collector.handlers.otlp import OtlpMetricHandler
     from shmstat import Aggregation as A

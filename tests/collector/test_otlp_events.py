@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from _procs import spawn, start_collector
+from kit.procs import spawn, start_collector
 
 from collector.handlers.events import EventRecord, GapRecord
 from collector.handlers.specs import build_event_handler
@@ -55,7 +55,7 @@ def _otlp_rank(job: str, rank: int, n: int) -> None:
 
 @needs_otel
 def test_events_of_real_ranks_reach_a_real_receiver_as_log_records_exactly_once(job):
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
 
     n = 60
     with receiver() as rx:
@@ -93,7 +93,7 @@ def test_events_of_real_ranks_reach_a_real_receiver_as_log_records_exactly_once(
 
 @needs_otel
 def test_a_failing_receiver_raises_backs_off_then_exports_again():
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
 
     from collector.handlers.otlp import OtlpExportError
     from collector.handlers.otlp_logs import GAP_EVENT_NAME, OtlpEventHandler

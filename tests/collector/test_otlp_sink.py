@@ -11,9 +11,9 @@ import time
 from collections import Counter, defaultdict
 
 import pytest
-from _percentile_kit import percentile_rank
-from _procs import assert_rank_workers_reconcile, read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.percentiles import percentile_rank
+from kit.procs import assert_rank_workers_reconcile, read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 from collector.handlers.specs import build_handler
 from elastic.metrics import MetricData
@@ -55,7 +55,7 @@ def test_a_bad_endpoint_is_a_config_error(spec):
 
 @needs_otel
 def test_windows_of_real_ranks_reconcile_exactly_at_the_receiver(job, tmp_path):
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
 
     ranks, n = 3, 12000
     with receiver() as rx:
@@ -138,7 +138,7 @@ def test_windows_of_real_ranks_reconcile_exactly_at_the_receiver(job, tmp_path):
 @needs_otel
 @pytest.mark.parametrize("mode", ["down", "error-500"])
 def test_a_failing_receiver_neither_crashes_nor_stalls_the_collector(job, tmp_path, mode):
-    from _otlp_kit import receiver, two_group_rank
+    from kit.otlp import receiver, two_group_rank
 
     other, own = str(tmp_path / "other.jsonl"), str(tmp_path / "own.jsonl")
     with receiver() as rx:
@@ -169,7 +169,7 @@ def test_a_failing_receiver_neither_crashes_nor_stalls_the_collector(job, tmp_pa
 
 @needs_otel
 def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
-    from _otlp_kit import receiver
+    from kit.otlp import receiver
 
     from collector.handlers.otlp import OtlpExportError, OtlpMetricHandler
     from collector.read.columns import Columns

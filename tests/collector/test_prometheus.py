@@ -16,10 +16,10 @@ import urllib.request
 
 import numpy as np
 import pytest
-from _percentile_kit import percentile_rank
-from _procs import REPO, spawn, start_collector
-from _prom_kit import file_sd_job, needs_prometheus, query, scraping, start_prometheus, value
-from _support import unique_job, wait_for
+from kit.percentiles import percentile_rank
+from kit.procs import REPO, spawn, start_collector
+from kit.prometheus import file_sd_job, needs_prometheus, query, scraping, start_prometheus, value
+from kit.support import unique_job, wait_for
 
 from collector.prometheus.exporter import BUCKET_BOUNDS
 from shmstat.shm.segment import Segment

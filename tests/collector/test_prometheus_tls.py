@@ -1,5 +1,5 @@
 """``/metrics`` over TLS (``--prometheus-tls CERT,KEY[,CLIENT_CA]``), tested as Prometheus and attackers would:
-certificates made at test time with ``openssl`` (:mod:`_tls_kit`); a real Prometheus (Debian's 2.42) scraping with
+certificates made at test time with ``openssl`` (:mod:`kit.tls`); a real Prometheus (Debian's 2.42) scraping with
 ``tls_config`` and a client certificate counts every sample exactly, through a static target with ``scheme:
 https`` and through the ``file_sd`` file, whose ``__scheme__: https`` is all that tells it to use TLS; plain HTTP,
 no client certificate and a certificate of another CA are refused; clients that connect and never finish a
@@ -19,11 +19,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from _percentile_kit import percentile_rank
-from _procs import REPO, spawn, start_collector
-from _prom_kit import needs_prometheus, query, scraping, start_prometheus, value
-from _support import unique_job, wait_for
-from _tls_kit import Pki, make_pki, needs_openssl
+from kit.percentiles import percentile_rank
+from kit.procs import REPO, spawn, start_collector
+from kit.prometheus import needs_prometheus, query, scraping, start_prometheus, value
+from kit.support import unique_job, wait_for
+from kit.tls import Pki, make_pki, needs_openssl
 from prometheus_client import CollectorRegistry, Counter
 
 from collector.prometheus.server import MetricsServer, RenderCache

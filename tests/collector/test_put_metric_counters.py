@@ -11,8 +11,8 @@ import time
 import urllib.request
 
 import numpy as np
-from _procs import spawn, start_collector
-from _support import wait_for
+from kit.procs import spawn, start_collector
+from kit.support import wait_for
 
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.put_metrics import SERIES_OVERHEAD_BYTES
@@ -164,8 +164,8 @@ def test_the_agents_prof_calls_and_metrics_are_counted_without_a_rank_label(tmp_
     import sys
     import threading
 
-    from _procs import REPO
-    from _support import unique_job
+    from kit.procs import REPO
+    from kit.support import unique_job
 
     from collector import Collector, CollectorConfig
     from collector.cli.launcher import Agent

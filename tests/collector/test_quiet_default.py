@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, load_counts, rank_worker, spawn
-from _support import unique_job, wait_for
+from kit.procs import REPO, load_counts, rank_worker, spawn
+from kit.support import unique_job, wait_for
 
 from shmstat.shm.runtime import lock_path, segment_name
 from shmstat.shm.segment import Segment

@@ -13,9 +13,9 @@ import sys
 from collections import defaultdict
 
 import pytest
-from _browser_kit import Browser, needs_chromium
-from _procs import REPO, read_jsonl
-from _support import unique_job
+from kit.browser import Browser, needs_chromium
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
 
 from collector.cli.report import load_report, render_html
 from shmstat.shm.segment import Segment

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from collector.wire.relay import Relay
 from shmstat import wire

@@ -13,8 +13,8 @@ import random
 import struct
 
 import pytest
-from _merge_ref import merge_all
-from _support import unique_job
+from kit.merge_reference import merge_all
+from kit.support import unique_job
 
 from collector.read.rows import Summary, WindowRow
 from collector.read.scanner import Scanner

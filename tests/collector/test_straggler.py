@@ -8,10 +8,10 @@ import os
 import time
 
 import pytest
-from _faultkit import Subscriber
-from _procs import read_jsonl, spawn, start_collector
-from _straggler_ref import columns_of
-from _support import wait_for
+from kit.faults import Subscriber
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.straggler_reference import columns_of
+from kit.support import wait_for
 
 from collector.daemon.straggler import (
     EVENT_TOPICS,

@@ -8,9 +8,9 @@ import fcntl
 import os
 import signal
 
-from _procs import spawn
-from _support import wait_for
-from _sweep_kit import rank_main
+from kit.procs import spawn
+from kit.support import wait_for
+from kit.sweep import rank_main
 
 from collector.daemon.sweep import remove_if_dead
 from shmstat.shm import layout as L

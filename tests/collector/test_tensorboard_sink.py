@@ -13,8 +13,8 @@ import sys
 from collections import defaultdict
 
 import pytest
-from _procs import REPO, load_counts, rank_worker, spawn, start_collector
-from _support import wait_for
+from kit.procs import REPO, load_counts, rank_worker, spawn, start_collector
+from kit.support import wait_for
 
 from collector.handlers.specs import build_handler
 from elastic.metrics import MetricData, StatMetricData
@@ -158,7 +158,7 @@ def test_without_tensorboard_the_spec_says_what_to_install(tmp_path, monkeypatch
 
 def test_a_user_class_is_built_with_typed_spec_arguments(job, tmp_path):
     out = tmp_path / "configured.jsonl"
-    spec = (f"tests_args_handler:Configured,path={out},every=2,scale=0.5,enabled=false,"
+    spec = (f"kit.handlers.args:Configured,path={out},every=2,scale=0.5,enabled=false,"
             'label="a,b=c",tags=[1,"x"],note=null')
     coll = start_collector(job, "--handler", f"train={spec}", "--grace-ms", "10")
     p = spawn(rank_worker, job, 0, 1, 0.2, WINDOW_MS, str(tmp_path / "r0.json"))
@@ -196,16 +196,16 @@ def _collect_with(job: str, spec: str) -> subprocess.CompletedProcess[str]:
     ("nope", "unknown handler kind 'nope'"),
     ("no_such_module_xyz:Thing", "unknown handler kind 'no_such_module_xyz' in 'no_such_module_xyz:Thing' (no module"),
     ("no_such_pkg_xyz.mod:Thing", "cannot import module 'no_such_pkg_xyz.mod'"),
-    ("tests_args_handler:Missing", "has no class 'Missing'"),
-    ("tests_args_handler:NotAHandler", "is not a MetricHandler subclass"),
-    ("tests_args_handler:Configured,path=/tmp/x,colour=1", "unexpected keyword argument 'colour'"),
-    ("tests_args_handler:Configured", "missing a required argument: 'path'"),
-    ("tests_args_handler:Configured,path=/tmp/x,path=/tmp/y", "gives 'path' twice"),
-    ("tests_args_handler:Configured,1x=2", "is not key=value"),
-    ("tests_args_handler:Configured,path=/tmp/x,", "is not key=value"),
-    ("tests_args_handler:Configured,path=a=b", "write it as a JSON string"),
-    ('tests_args_handler:Configured,path="/tmp/x', "unclosed string"),
-    ("tests_args_handler:Refuses,limit=3", "ValueError: limit 3 is too low raise it"),
+    ("kit.handlers.args:Missing", "has no class 'Missing'"),
+    ("kit.handlers.args:NotAHandler", "is not a MetricHandler subclass"),
+    ("kit.handlers.args:Configured,path=/tmp/x,colour=1", "unexpected keyword argument 'colour'"),
+    ("kit.handlers.args:Configured", "missing a required argument: 'path'"),
+    ("kit.handlers.args:Configured,path=/tmp/x,path=/tmp/y", "gives 'path' twice"),
+    ("kit.handlers.args:Configured,1x=2", "is not key=value"),
+    ("kit.handlers.args:Configured,path=/tmp/x,", "is not key=value"),
+    ("kit.handlers.args:Configured,path=a=b", "write it as a JSON string"),
+    ('kit.handlers.args:Configured,path="/tmp/x', "unclosed string"),
+    ("kit.handlers.args:Refuses,limit=3", "ValueError: limit 3 is too low raise it"),
     ("tensorboard:", "needs a directory"),
     ("tensorboard:/proc/no/such/dir", "cannot create the tensorboard directory"),
 ])

@@ -15,9 +15,9 @@ import time
 import uuid
 
 import pytest
-from _merge_ref import merge_all
-from _procs import REPO
-from _support import MS, FakeClock, wait_for
+from kit.merge_reference import merge_all
+from kit.procs import REPO
+from kit.support import MS, FakeClock, wait_for
 from rich.console import Console
 
 from collector.cli.top import abbreviate, render, snapshot, window_label
@@ -142,7 +142,7 @@ def test_merged_count_is_the_samples_added_and_every_figure_the_collectors(job, 
     stat. In the newest closed window top's merged count is exactly the samples added across ranks and each rank's
     count those of its own slot and its workers; every figure, merged and per rank, is bit for bit what a collector
     pass (the Scanner) emits for that window; and the merged figures are the per-object fold of the rank figures
-    (tests/_merge_ref.py; sums equal up to the order they are added in)."""
+    (tests/kit/merge_reference.py; sums equal up to the order they are added in)."""
     rng = random.Random(seed)
     clock = FakeClock()
     seg = Segment.open(job)

@@ -13,8 +13,8 @@ import time
 import uuid
 
 import pytest
-from _procs import REPO
-from _support import MS, FakeClock, wait_for
+from kit.procs import REPO
+from kit.support import MS, FakeClock, wait_for
 from test_top import WINDOW_MS, _stat_as, _text
 
 from collector.cli.top import render, snapshot

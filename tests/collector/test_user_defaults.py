@@ -19,8 +19,8 @@ import textwrap
 import uuid
 
 import pytest
-from _procs import REPO, rank_worker, read_jsonl, spawn
-from _support import unique_job, wait_for
+from kit.procs import REPO, rank_worker, read_jsonl, spawn
+from kit.support import unique_job, wait_for
 
 from collector.cli import command as cli
 from collector.daemon.node_lock import NodeLock

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, read_jsonl, start_collector
-from _support import unique_job
+from kit.procs import REPO, read_jsonl, start_collector
+from kit.support import unique_job
 
 from shmstat.shm.segment import Segment
 

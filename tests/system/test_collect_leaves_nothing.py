@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, assert_rank_workers_reconcile, default_signals, rank_worker, read_jsonl, spawn
-from _support import unique_job, wait_for
+from kit.procs import REPO, assert_rank_workers_reconcile, default_signals, rank_worker, read_jsonl, spawn
+from kit.support import unique_job, wait_for
 
 from shmstat.shm import layout as L
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name

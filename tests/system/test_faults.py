@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from _faultkit import (
+from kit.faults import (
     RssSampler,
     Subscriber,
     counts_from,
@@ -31,8 +31,8 @@ from _faultkit import (
     rows_by_rank_window,
     sigkill_victim,
 )
-from _procs import REPO, read_jsonl, spawn, start_collector
-from _support import step_and_wait, wait_for
+from kit.procs import REPO, read_jsonl, spawn, start_collector
+from kit.support import step_and_wait, wait_for
 
 from collector.daemon.collector import Collector, CollectorConfig
 from elastic.metrics import MetricHandler

@@ -8,8 +8,8 @@ import sys
 import time
 from collections import Counter
 
-from _procs import REPO, read_jsonl
-from _support import unique_job
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
 
 from shmstat.shm.segment import Segment
 
@@ -90,7 +90,7 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
 
     import msgpack
     import zmq
-    from _support import wait_for
+    from kit.support import wait_for
 
     from collector import Collector, CollectorConfig
     from collector.cli.launcher import Agent

@@ -10,7 +10,7 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, start_collector
+from kit.procs import REPO, start_collector
 
 from collector import Collector, CollectorConfig
 from shmstat.shm.runtime import publish_endpoint, runtime_dir

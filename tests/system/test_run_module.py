@@ -10,8 +10,8 @@ import subprocess
 import sys
 import uuid
 
-from _procs import REPO, read_jsonl
-from _support import unique_job
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
 from test_launcher import _left_behind
 
 from shmstat.shm.segment import Segment

@@ -13,8 +13,8 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, default_signals, read_jsonl
-from _support import unique_job, wait_for
+from kit.procs import REPO, default_signals, read_jsonl
+from kit.support import unique_job, wait_for
 
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
 from shmstat.shm.segment import Segment

@@ -144,7 +144,7 @@ def torchrun_main() -> None:
     shmstat.shutdown()
 
 
-if __name__ == "__main__":  # a script rank: python _plugin_ranks.py SAMPLES | torchrun
+if __name__ == "__main__":  # a script rank: python tests/kit/plugin_ranks.py SAMPLES | torchrun
     if sys.argv[1:] == ["torchrun"]:
         torchrun_main()
     else:

@@ -1,5 +1,5 @@
 """The jsonl handler made slow and observable, so a test can SIGKILL its collector at chosen moments of a pass
-(loaded by the collector as ``tests_slow_jsonl:SlowJsonl,path=...,progress=...``)."""
+(loaded by the collector as ``kit.handlers.slow_jsonl:SlowJsonl,path=...,progress=...``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rank programs for tests/rank/test_no_collector.py: run as ``python -m _degrade_kit SCENARIO ARGS...`` in a process
+"""Rank programs for tests/rank/test_no_collector.py: run as ``python -m kit.degrade SCENARIO ARGS...`` in a process
 configured by the environment (SHMSTAT_JOB, ...), with no collector. Each prints one JSON line of what it saw
 and exits normally (so its exit path, atexit included, is the real one)."""
 

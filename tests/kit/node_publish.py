@@ -1,5 +1,5 @@
 """A node collector publishing every job on one TCP endpoint, in a private /dev/shm (a mount namespace):
-``python tests/_node_publish_kit.py WORKDIR`` starts ``shmstat collect --publish tcp://127.0.0.1:0 --ready-file``
+``python tests/kit/node_publish.py WORKDIR`` starts ``shmstat collect --publish tcp://127.0.0.1:0 --ready-file``
 with no ``--job``, reads the bound port from the ready file, starts ``shmstat subscribe ENDPOINT --json`` twice
 (every topic; ``--topic event/``) and ``shmstat subscribe --job A --json`` on job A's own endpoint, then the ranks
 of two jobs nobody named (torchrun-like run ids). Each rank waits until every subscriber has had a heartbeat of its
@@ -19,10 +19,12 @@ import tempfile
 import time
 import uuid
 
-from _subscribe_kit import _beaten, _read, _wait  # the same waits and reads as the per-job subscribe kit
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # run as a script (its directory first on the path): the kit importable
+
+from kit.subscribe import _beaten, _read, _wait  # noqa: E402  (the same waits and reads as the per-job subscribe kit)
+
+REPO = os.path.dirname(os.path.dirname(HERE))
 EVENTS = 200
 SAMPLES = 500
 

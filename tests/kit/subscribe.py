@@ -1,4 +1,4 @@
-"""Node-wide ``shmstat subscribe`` in a private /dev/shm (a mount namespace): ``python tests/_subscribe_kit.py
+"""Node-wide ``shmstat subscribe`` in a private /dev/shm (a mount namespace): ``python tests/kit/subscribe.py
 WORKDIR`` first runs ``shmstat subscribe --timeout 1`` with no collector on the node, then starts ``shmstat
 subscribe --json`` with no endpoint and no ``--job``, a node collector, and the ranks of two jobs nobody named;
 each rank attaches, waits until the subscriber has had a heartbeat of its job, adds its samples and logs an
@@ -18,7 +18,7 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 SAMPLES = 500
 
 

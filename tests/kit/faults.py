@@ -142,7 +142,7 @@ class Subscriber:
 
     def wait_flowing(self, timeout_s: float = 15.0) -> None:
         """Wait until the subscription took effect (the collector publishes its usage every second)."""
-        from _support import wait_for
+        from kit.support import wait_for
 
         wait_for(lambda: self.messages > 0, timeout_s, what=f"first message from {self.endpoint}")
 

@@ -13,9 +13,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from _support import wait_for
+from kit.support import wait_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass

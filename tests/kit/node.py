@@ -1,5 +1,5 @@
 """A node collector run in a private /dev/shm (a mount namespace), so that it sees only this test's jobs:
-``python tests/_node_kit.py WORKDIR [torchrun]`` starts ``shmstat collect`` with no ``--job``, then the ranks
+``python tests/kit/node.py WORKDIR [torchrun]`` starts ``shmstat collect`` with no ``--job``, then the ranks
 of two jobs nobody named (one configured like torchrun, with a random run id) or, with ``torchrun``, a real
 ``torchrun --standalone --nproc-per-node 2`` job; waits until the collector has let the jobs go, stops it and
 writes ``WORKDIR/result.json`` (its output lines and the ranks' tallies)."""
@@ -17,7 +17,7 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 WINDOW_MS = 50
 
 
@@ -59,7 +59,7 @@ def _rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
 
 def _start_torchrun(workdir: str, env: dict[str, str]) -> tuple[dict[str, int], list]:
     """A real ``torchrun --standalone`` job (its run id is torchrun's own random one), started as a user would."""
-    script = os.path.join(HERE, "scripts", "torchrun_train.py")
+    script = os.path.join(REPO, "tests", "scripts", "torchrun_train.py")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              script], env=dict(env, OUT_DIR=workdir), cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

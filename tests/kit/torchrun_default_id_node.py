@@ -1,6 +1,6 @@
 """Two real torchrun jobs at once without ``--rdzv-id`` (static rendezvous: ``--master-addr``/``--master-port``, so
 both get ``TORCHELASTIC_RUN_ID=none``), two ranks each, the first restarted once (``--max-restarts 1``), with one
-node collector, in a private /dev/shm (a mount namespace): ``python tests/_torchrun_default_id_kit.py WORKDIR``
+node collector, in a private /dev/shm (a mount namespace): ``python tests/kit/torchrun_default_id_node.py WORKDIR``
 writes ``WORKDIR/result.json`` (the collector's lines, the ranks' tallies, the torchrun exit codes)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 def _free_port() -> int:
@@ -43,7 +43,7 @@ def main(workdir: str) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    script = os.path.join(HERE, "scripts", "torchrun_default_id.py")
+    script = os.path.join(REPO, "tests", "scripts", "torchrun_default_id.py")
     jobs = {}
     for tag, fail in (("first", "1"), ("second", "0")):
         port = _free_port()

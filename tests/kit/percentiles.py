@@ -74,8 +74,7 @@ def histogram_bytes(job: str, pure: bool, values: list[float]) -> bytes:
     import subprocess
     import sys
 
-    from _procs import REPO
-
+    from kit.procs import REPO
     from shmstat import _backend
     from shmstat.shm.segment import Segment
 

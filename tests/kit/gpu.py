@@ -1,16 +1,16 @@
 """Real ranks and a recorded GPU device for the GPU telemetry tests (tests/collector/test_gpu_telemetry.py).
 
-``python tests/_gpu_kit.py node WORKDIR``: in a private /dev/shm (the test's mount namespace), a node collector
+``python tests/kit/gpu.py node WORKDIR``: in a private /dev/shm (the test's mount namespace), a node collector
 (``shmstat collect``, no ``--job``) sampling the recording with one real rank on GPU 0: the kit waits for the
 rank's GPU rows, stops the rank, waits until the collector says the job is done and its segment removed, stops the
 collector and writes ``WORKDIR/result.json`` (its output, the rows, what is left in /dev/shm).
 
-``python tests/_gpu_kit.py JOB RANK WORLD DIR VALUE [child]``: a rank that registers as ``RANK`` (local rank too),
+``python tests/kit/gpu.py JOB RANK WORLD DIR VALUE [child]``: a rank that registers as ``RANK`` (local rank too),
 writes its pid to ``DIR/pid<RANK>`` (with ``child``: first starts a child process and writes the child's pid
 to ``DIR/child<RANK>``), then adds ``VALUE`` to the stat ``step_ms`` (500 ms windows) every 10 ms until
 ``DIR/stop`` exists (ten times ``VALUE`` once ``DIR/slow<RANK>`` exists).
 
-:func:`recording` writes a copy of the stored H200 recording (``tests/collector/gpu_h200_recording.json``, synthetic
+:func:`recording` writes a copy of the stored H200 recording (``tests/kit/gpu_h200_recording.json``, synthetic
 but shaped like a real one) with the pids of real processes on each device.
 """
 
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-STORED = Path(__file__).resolve().parent / "collector" / "gpu_h200_recording.json"
+STORED = Path(__file__).resolve().parent / "gpu_h200_recording.json"
 MIB = 1 << 20
 
 
@@ -73,7 +73,7 @@ def node(work: Path) -> int:
     import tempfile
     import uuid
 
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     runtime = tempfile.mkdtemp(prefix="gpu-", dir="/tmp")  # Unix socket paths must stay short
     env = dict(os.environ, PYTHONPATH=repo, XDG_RUNTIME_DIR=runtime)
     job = f"gpu-{uuid.uuid4().hex[:8]}"
@@ -128,7 +128,7 @@ def node(work: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     if sys.argv[1] == "node":
         sys.exit(node(Path(sys.argv[2])))
     sys.exit(main(sys.argv[1:]))

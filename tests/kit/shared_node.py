@@ -1,5 +1,5 @@
 """A shared node in a private /dev/shm (a mount namespace): root and a second local user (uid 65534) each leave
-entries named like shmstat's, and every command runs as each of them: ``python tests/_shared_node_kit.py WORK``.
+entries named like shmstat's, and every command runs as each of them: ``python tests/kit/shared_node.py WORK``.
 
 Run as root. The second user's processes are forked from this one and drop privileges (setresuid), so no
 interpreter needs to be executable by that user; every module a command uses is imported before forking (the
@@ -20,7 +20,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import collector.cli.admin  # noqa: E402  (every command's modules, imported before a child drops privileges)
 import collector.cli.command  # noqa: E402

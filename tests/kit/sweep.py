@@ -1,5 +1,5 @@
 """A node collector and a job whose ranks are SIGKILLed, in a private /dev/shm (a mount namespace), so the node
-collector sees only this job: ``python tests/_sweep_kit.py WORKDIR MODE``.
+collector sees only this job: ``python tests/kit/sweep.py WORKDIR MODE``.
 
 ``MODE`` ``later``: two ranks add their samples, are SIGKILLed (and reaped), THEN ``shmstat collect`` (no
 ``--job``) starts. ``MODE`` ``running``: the node collector runs first, picks the job up, then the ranks are
@@ -20,7 +20,7 @@ import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 SAMPLES = {0: 1234, 1: 777}  # per rank: K samples of value rank + 1
 
 

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from _procs import REPO
+from kit.procs import REPO
 
 _README = Path(REPO) / "docs" / "guides" / "many-nodes.md"
 _SHMSTAT = "import sys; from collector.cli.command import main; sys.exit(main())"  # the `shmstat` command
