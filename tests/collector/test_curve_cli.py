@@ -107,7 +107,7 @@ _COLLECT = ("collect", "--job", "{job}", "--publish", "tcp://127.0.0.1:0", "--cu
     (("collect", "--job", "{job}", "--curve", "{keys}"), None, "--curve secures a TCP publish endpoint"),
     (("collect", "--job", "{job}", "--publish", "ipc://{keys}/p.sock", "--curve", "{keys}"), None,
      "--curve secures a TCP publish endpoint"),
-    (("run", "--job", "{job}", "--nproc-per-node", "1", "--curve", "{keys}", "tests/scripts/elastic_job.py"), None,
+    (("run", "--job", "{job}", "--nproc-per-node", "1", "--curve", "{keys}", "tests/kit/programs/elastic_job.py"), None,
      "--curve secures a TCP publish endpoint"),
     (("collect", "--job", "{job}", "--publish", "tcp://127.0.0.1:0", "--curve", "{keys}/nope"), None,
      "no such directory"),

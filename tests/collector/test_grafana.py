@@ -1,5 +1,5 @@
 """``shmstat grafana``: the dashboard it prints, every panel's PromQL run against a real Prometheus (Debian's 2.42)
-scraping the real collector of a running job (``shmstat run`` of tests/scripts/report_job.py: three ranks, the
+scraping the real collector of a running job (``shmstat run`` of tests/kit/programs/report_job.py: three ranks, the
 last a straggler, and a stat of group ``gpu`` standing in for the collector's GPU figures, which are stats of that
 group): each query returns data, the straggler score picks out the slow rank, and the template variables'
 queries find the job."""
@@ -22,7 +22,7 @@ from kit.support import unique_job, wait_for
 from collector.cli.grafana import PANELS, dashboard
 from shmstat.shm.segment import Segment
 
-SCRIPT = os.path.join(REPO, "tests", "scripts", "report_job.py")
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "report_job.py")
 RANKS = 3
 
 

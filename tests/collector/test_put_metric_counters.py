@@ -178,8 +178,8 @@ def test_the_agents_prof_calls_and_metrics_are_counted_without_a_rank_label(tmp_
     thread.start()
     try:
         env = dict(os.environ, OUT_DIR=str(tmp_path), PYTHONPATH=REPO, STEPS="5", FAIL_RANK="-1")
-        agent = Agent(collector, job, [sys.executable, os.path.join(REPO, "tests", "scripts", "elastic_job.py")], 2,
-                      monitor_interval_s=0.05, env=env)
+        program = os.path.join(REPO, "tests", "kit", "programs", "elastic_job.py")
+        agent = Agent(collector, job, [sys.executable, program], 2, monitor_interval_s=0.05, env=env)
         assert agent.run().exit_code == 0
         assert collector.exporter is not None
         url = collector.exporter.url

@@ -17,7 +17,7 @@ from kit.support import unique_job, wait_for
 from shmstat.shm.runtime import lock_path, segment_name
 from shmstat.shm.segment import Segment
 
-SCRIPT = os.path.join(REPO, "tests", "scripts", "chatty_rank.py")
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "chatty_rank.py")
 STEPS = 3000
 WINDOW = re.compile(r"^\[\d\d:\d\d:\d\d(\.\d{3})?\] chatty/step_ms  count=(\d+) mean=\S+ p99=\S+ \((\d+) ranks?\)$")
 STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: job (\S+), (\d+) ranks? alive, (\d+) windows emitted, "

@@ -1,5 +1,5 @@
-"""``shmstat report``: the page of a real job (``shmstat run`` of tests/scripts/report_job.py: three ranks, the last
-a straggler, rank 0 crashing once and restarted, a stat of group ``gpu``), opened in a real headless chromium:
+"""``shmstat report``: the page of a real job (``shmstat run`` of tests/kit/programs/report_job.py: three ranks, the
+last a straggler, rank 0 crashing once and restarted, a stat of group ``gpu``), opened in a real headless chromium:
 it draws without console errors or network requests, and every number it shows (summary, each chart's data,
 straggler marks, events) equals what the jsonl and events files hold. Plus the reader's answers to bad input."""
 
@@ -20,7 +20,7 @@ from kit.support import unique_job
 from collector.cli.report import load_report, render_html
 from shmstat.shm.segment import Segment
 
-SCRIPT = os.path.join(REPO, "tests", "scripts", "report_job.py")
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "report_job.py")
 RANKS = 3
 THRESHOLD = 0.75
 
@@ -29,7 +29,7 @@ needs_plotly = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
 
 
 def run_report_job(tmp_path, *, seconds: float = 2.0, crash: bool = True) -> tuple[str, str, str]:
-    """Run tests/scripts/report_job.py under ``shmstat run`` with its windows (the ``shmstat`` group's scores and
+    """Run tests/kit/programs/report_job.py under ``shmstat run`` with its windows (the ``shmstat`` group's scores and
     counters included) in a jsonl file and its events in another; returns (job, windows path, events path)."""
     job = unique_job("rep")
     windows, events = str(tmp_path / "windows.jsonl"), str(tmp_path / "events.jsonl")

@@ -243,7 +243,7 @@ def test_the_agents_metrics_have_a_run_of_their_own_and_nothing_lands_at_the_roo
     done = subprocess.run(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",
          "0.05", "--handler", f"*=tensorboard:{logdir}", "--handler", "shmstat=null", "--grace-ms", "10",
-         os.path.join(REPO, "tests", "scripts", "elastic_job.py")],
+         os.path.join(REPO, "tests", "kit", "programs", "elastic_job.py")],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(logdir)) == [job]  # no stray event file at the root of DIR

@@ -59,7 +59,7 @@ def _rank(run_id: str, rank: int, world: int, n: int, out: str) -> None:
 
 def _start_torchrun(workdir: str, env: dict[str, str]) -> tuple[dict[str, int], list]:
     """A real ``torchrun --standalone`` job (its run id is torchrun's own random one), started as a user would."""
-    script = os.path.join(REPO, "tests", "scripts", "torchrun_train.py")
+    script = os.path.join(HERE, "programs", "torchrun_train.py")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                              script], env=dict(env, OUT_DIR=workdir), cwd=workdir, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

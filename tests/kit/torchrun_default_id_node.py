@@ -43,7 +43,7 @@ def main(workdir: str) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    script = os.path.join(REPO, "tests", "scripts", "torchrun_default_id.py")
+    script = os.path.join(HERE, "programs", "torchrun_default_id.py")
     jobs = {}
     for tag, fail in (("first", "1"), ("second", "0")):
         port = _free_port()

@@ -40,5 +40,5 @@ def test_the_tests_line_names_every_directory_of_tests() -> None:
     (line,) = [chunk for chunk in re.split(r"\n(?=- )", _section()) if chunk.startswith("- `tests/`")]
     named = set(re.findall(r"`([a-z_]+)/`", line)) - {"tests"}
     dirs = {d.name for d in (_ROOT / "tests").iterdir()
-            if d.is_dir() and d.name != "scripts" and not d.name.startswith((".", "_"))}
+            if d.is_dir() and not d.name.startswith((".", "_"))}
     assert named == dirs

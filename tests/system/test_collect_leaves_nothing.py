@@ -173,7 +173,7 @@ def _start_piped(argv: list[str], tmp_path) -> subprocess.Popen:
     return proc
 
 
-_SIGNAL_RANK = os.path.join(REPO, "tests", "scripts", "signal_rank.py")
+_SIGNAL_RANK = os.path.join(REPO, "tests", "kit", "programs", "signal_rank.py")
 
 
 @pytest.mark.parametrize("command", ["collect --job", "collect", "run"])

@@ -230,7 +230,7 @@ def test_a_stuck_events_sink_stalls_nothing_and_every_event_it_lost_is_counted(j
 def test_shmstat_run_keeps_the_ranks_and_the_agents_events(tmp_path):
     job = unique_job("runev")
     out = str(tmp_path / "events.jsonl")
-    script = os.path.join(REPO, "tests", "scripts", "events_job.py")
+    script = os.path.join(REPO, "tests", "kit", "programs", "events_job.py")
     try:
         done = subprocess.run(
             [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",

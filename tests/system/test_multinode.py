@@ -46,7 +46,7 @@ EVENT_EVERY = 10  # the training script's
 RANKS_PER_HOST = 2
 METRICS_PORT = 9464  # the recipe's; every host is a network of its own: fixed ports collide with nothing
 PROMETHEUS_LISTEN = f"{OPS_ADDRESS}:9090"
-_TRAIN = os.path.join(REPO, "tests", "scripts", "multinode_train.py")
+_TRAIN = os.path.join(REPO, "tests", "kit", "programs", "multinode_train.py")
 _SHMSTAT = "import sys; from collector.cli.command import main; sys.exit(main())"  # the `shmstat` command
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
