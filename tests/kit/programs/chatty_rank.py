@@ -1,5 +1,5 @@
 """A rank that calls ``put_metric`` and an ``@prof`` function on every step and adds one sample per step to a Stat
-(tests/collector/test_quiet_default.py): STEPS calls of each; ``steps-<rank>`` holds STEPS once the rank is done."""
+(tests/collector/cli/test_quiet_default.py): STEPS calls of each; ``steps-<rank>`` holds STEPS once the rank is done."""
 
 import os
 

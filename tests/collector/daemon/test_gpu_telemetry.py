@@ -20,7 +20,7 @@ from kit.support import wait_for
 from collector.daemon.nvml import RECORDING_ENV
 from shmstat.shm.segment import Segment
 
-KIT = str(Path(__file__).resolve().parents[1] / "kit" / "gpu.py")
+KIT = str(Path(__file__).resolve().parents[2] / "kit" / "gpu.py")
 
 
 def _rank(job: str, rank: int, out: Path, value: float, *, child: bool = False, **env: str | None) -> subprocess.Popen:

@@ -1,5 +1,6 @@
 """``shmstat clean`` removes what dead jobs left (lock files, semaphores of older versions, socket files in the
-runtime directory) and refuses a live job, which ``shmstat ls`` lists (no room: ``tests/collector/test_no_room.py``)."""
+runtime directory) and refuses a live job, which ``shmstat ls`` lists (no room:
+``tests/collector/daemon/test_no_room.py``)."""
 
 from __future__ import annotations
 
