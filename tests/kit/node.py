@@ -12,11 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # run as a script (its directory first on the path): the kit importable
+
+from kit.procs import start_collector  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(HERE))
 WINDOW_MS = 50
 
@@ -78,21 +81,9 @@ def main(workdir: str, mode: str = "") -> None:
     env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=runtime)
     os.environ["XDG_RUNTIME_DIR"] = runtime
     out = os.path.join(workdir, "m.jsonl")
-    coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
-                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # its notes are on stderr
-    lines: list[str] = []
-    assert coll.stdout is not None
-    first = coll.stdout.readline()
-    lines.append(first)
-
-    def read() -> None:
-        assert coll.stdout is not None
-        for line in coll.stdout:
-            lines.append(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    coll = start_collector(None, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--status-interval", "0",
+                           env=env)
+    lines = coll.lines  # its notes (on stderr), as it writes them
     if mode == "torchrun":
         jobs, exitcodes = _start_torchrun(workdir, env)
     else:
@@ -111,9 +102,7 @@ def main(workdir: str, mode: str = "") -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and sum(1 for line in lines if "segment removed" in line) < len(jobs):
         time.sleep(0.05)
-    coll.send_signal(signal.SIGTERM)
-    code = coll.wait(30)
-    reader.join(5)
+    code = coll.stop(signal.SIGTERM, 30)
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump({"jobs": jobs, "lines": lines, "code": code, "exitcodes": exitcodes,
                    "left": sorted(os.listdir("/dev/shm"))}, f)

@@ -132,7 +132,7 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
     topics = _Topics(coll.publish)
     prom = _Prometheus(tmp_path, sd_file) if os.path.exists(PROMETHEUS) else None
     try:
-        url = coll.lines_seen("Prometheus endpoint").split()[-1]
+        url = coll.prometheus
         wait_for(lambda: topics.drain(), 15, what="the collector's stream flowing")
         outs = [str(tmp_path / f"r{r}.json") for r in range(WORLD)]
         procs = [spawn(names_rank, job, r, WORLD, outs[r]) for r in range(WORLD)]

@@ -12,7 +12,7 @@ import sys
 import pytest
 import zmq
 import zmq.auth
-from kit.procs import REPO
+from kit.procs import REPO, start_collector
 
 from collector.cli.keys import make_keys
 
@@ -141,22 +141,14 @@ def test_a_bad_curve_option_is_one_sentence_and_exit_2(job, tmp_path, args, dama
 def test_with_curve_a_non_loopback_publish_needs_no_allow_remote_and_says_what_is_protected(job, tmp_path):
     keys = tmp_path / "keys"
     make_keys(str(keys))
-    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
-                             "tcp://0.0.0.0:0", "--curve", str(keys), "--handler", "*=null", "--status-interval", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=REPO))
-    said: list[str] = []
+    coll = start_collector(job, "--publish", "tcp://0.0.0.0:0", "--curve", str(keys), "--handler", "*=null",
+                           "--status-interval", "0")
     try:
-        assert proc.stderr is not None  # its notes: what CURVE protects, then where it serves
-        while not said or not said[-1].startswith("shmstat collector:"):
-            said.append(proc.stderr.readline())
-            assert said[-1], said
-        assert " publish tcp://0.0.0.0:" in said[-1], said
+        assert coll.publish.startswith("tcp://0.0.0.0:"), coll.publish
     finally:
-        proc.terminate()
-        _, rest = proc.communicate(timeout=30)
-    err = "".join(said) + rest
-    assert proc.returncode == 0, err
+        code = coll.stop()
+    err = "\n".join(coll.lines)  # its notes: what CURVE protects, then where it serves
+    assert code == 0, err
     assert "secured with CURVE" in err and "only subscribers whose public key is a *.key file" in err
     assert "--allow-remote-publish" not in err
     refused = _shmstat("collect", "--job", job, "--publish", "tcp://0.0.0.0:0", "--handler", "*=null")

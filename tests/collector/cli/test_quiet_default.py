@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from kit.procs import REPO, load_counts, rank_worker, spawn
-from kit.support import unique_job, wait_for
+from kit.procs import REPO, load_counts, rank_worker, spawn, start_collector
+from kit.support import unique_job
 
 from shmstat.shm.runtime import lock_path, segment_name
 from shmstat.shm.segment import Segment
@@ -79,40 +79,32 @@ NODE_STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: (\d+) jobs?, (\d+) ranks
 
 def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_for_all(tmp_path):
     jobs = [unique_job("na"), unique_job("nb")]
-    with open(tmp_path / "err", "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "collector", "collect", "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10",
-             "--status-interval", "0.2"], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=REPO))
+    coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10", "--status-interval", "0.2")
     try:
-        notes = tmp_path / "err"  # its start line, then each job picked up (shown as its short id): on stderr
-        wait_for(lambda: notes.read_text().count(" picked up") == 2 or proc.poll() is not None, 60,
-                 what="both jobs picked up")
-        shown = {job: re.search(rf"job {job} picked up \(shown as (\S+)\)", notes.read_text()).group(1)
+        # its start line, then each job picked up (shown as its short id): on stderr
+        shown = {job: re.search(r"\(shown as (\S+)\)", coll.lines_seen(f"job {job} picked up", 60)).group(1)
                  for job in jobs}
         assert all(len(short) < len(job) for job, short in shown.items()), shown
         ranks = [spawn(rank_worker, job, 0, 1, 0.6, 100, str(tmp_path / f"r{i}.json")) for i, job in enumerate(jobs)]
         for p in ranks:
             p.join(60)
             assert p.exitcode == 0
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0
+        code, out = coll.finish(signal.SIGTERM, 30)
+        assert code == 0
         line = re.compile(r"^\[\d\d:\d\d:\d\d(\.\d{3})?\] (\S+) train/steps  count=(\d+) sum=\S+ max=\S+ \(1 rank\)$")
         windows = [m for m in map(line.match, out.splitlines()) if m]
         assert len(windows) == len(out.splitlines()), out  # stdout: the windows and nothing else
         for i, job in enumerate(jobs):
             printed = sum(int(m.group(3)) for m in windows if m.group(2) == shown[job])
             assert printed == sum(load_counts(str(tmp_path / f"r{i}.json")).values())  # exact, per job
-        statuses = [m for m in map(NODE_STATUS.match, (tmp_path / "err").read_text().splitlines()) if m]
+        statuses = [m for m in map(NODE_STATUS.match, coll.lines) if m]
         assert len(statuses) >= 2 and statuses[-1].group(1) == "2"  # periodic, then the final one over both jobs
         assert int(statuses[-1].group(3)) == len(windows) and statuses[-1].group(5) == "0"
         for job in jobs:  # both jobs done, every window emitted: nothing left
             assert not os.path.exists("/dev/shm" + segment_name(job)) and not os.path.exists(lock_path(job))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        if coll.proc.poll() is None:
+            coll.stop(signal.SIGKILL)
         for job in jobs:
             Segment.unlink(job)
 

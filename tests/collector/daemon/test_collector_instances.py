@@ -105,33 +105,25 @@ def test_a_job_is_served_by_whichever_collector_came_first_node_wide_or_per_job(
     out1, out2 = str(tmp_path / "per_job.jsonl"), str(tmp_path / "node.jsonl")
     env = dict(os.environ, PYTHONPATH=REPO)
     per_job = start_collector(job_a, "--handler", f"*=jsonl:{out1}", "--grace-ms", "10")
-    node = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job_a, "--job", job_b,
-                             "--handler", f"*=jsonl:{out2}", "--grace-ms", "10", "--status-interval", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    lines: list[str] = []
+    node = start_collector(None, "--job", job_a, "--job", job_b, "--handler", f"*=jsonl:{out2}", "--grace-ms", "10",
+                           "--status-interval", "0")
     try:
-        assert node.stderr is not None  # its notes are on stderr, its data on stdout
-        lines.append(node.stderr.readline())
         ranks = [spawn(rank_worker, job_a, 0, 1, 0.6, WINDOW_MS, str(dir_a / "r0.json")),
                  spawn(rank_worker, job_b, 0, 1, 0.6, WINDOW_MS, str(dir_b / "r0.json"))]
         for p in ranks:
             p.join(60)
             assert p.exitcode == 0
         third = subprocess.run(_collect_cmd(job_b), capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
-        assert third.returncode == 2 and f"pid {node.pid}" in third.stderr, third.stderr
+        assert third.returncode == 2 and f"pid {node.proc.pid}" in third.stderr, third.stderr
         assert per_job.stop() == 0  # A's first collector goes: the node collector takes A over (within 5 s)
-        while not any(f"job {job_a} picked up" in line for line in lines):
-            line = node.stderr.readline()
-            assert line, "the node collector exited before taking job A over"
-            lines.append(line)
+        node.lines_seen(f"job {job_a} picked up", 30)
     finally:
         per_job.stop()
-        node.send_signal(signal.SIGTERM)
-        _, rest = node.communicate(timeout=30)
-        err = "".join(lines) + rest
+        code = node.stop(signal.SIGTERM, 30)
+        err = "\n".join(node.lines)
         Segment.unlink(job_a)
         Segment.unlink(job_b)
-    assert node.returncode == 0, err
+    assert code == 0, err
     assert err.count(f"leaving job {job_a} alone") == 1, err
     assert not any(f"job {job_b}" in line and "alone" in line for line in err.splitlines())
     rows = read_jsonl(out1) + read_jsonl(out2)

@@ -70,7 +70,7 @@ def test_gpu_figures_of_real_ranks_reach_jsonl_events_and_metrics_attributed_per
                                "--handler", "*=null", "--events", f"jsonl:{events_path}", "--prometheus",
                                "127.0.0.1:0", "--grace-ms", "10", "--status-interval", "0")
         assert "GPU telemetry: 2 GPUs (NVIDIA H200; driver 580.159.04)" in coll.lines_seen("GPU telemetry")
-        url = coll.lines_seen("Prometheus endpoint").split()[-1]
+        url = coll.prometheus
 
         def attributed() -> dict | None:
             got = {e["data"]["rank"]: e["data"] for e in read_jsonl(str(events_path)) if e["name"] == "shmstat.gpu"}
@@ -197,18 +197,10 @@ def _collect_briefly(job: str, *args: str, env: dict[str, str] | None = None) ->
     """Run a collector for ``job`` with ``args`` until it served, then SIGTERM it; its output, the line saying where
     it serves left out of its stderr (its notes are on stderr)."""
     environ = {k: v for k, v in os.environ.items() if k != RECORDING_ENV}
-    environ.update(env or {}, PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--status-interval", "0",
-                             *args], cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stderr is not None
-    notes = []
-    while " publish " not in (line := proc.stderr.readline()):
-        assert line, f"the collector stopped before serving: {notes}"
-        notes.append(line)
-    proc.terminate()
-    stdout, stderr = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "".join(notes) + stderr)
+    environ.update(env or {})
+    coll = start_collector(job, "--status-interval", "0", *args, env=environ)
+    code, stdout = coll.finish(timeout=60)
+    return subprocess.CompletedProcess(coll.proc.args, code, stdout, "".join(f"{line}\n" for line in coll.notes))
 
 
 def _nvml_finds_a_gpu() -> str:

@@ -26,7 +26,9 @@ from shmstat.shm.segment import Segment
 
 
 def _metrics_url(coll) -> str:
-    return coll.lines_seen("Prometheus endpoint").split()[-1]
+    """The collector's ``/metrics`` URL, from its ready file."""
+    assert coll.prometheus is not None, "the collector was started without --prometheus"
+    return coll.prometheus
 
 
 def _start(job: str, node: str, sd: str):

@@ -69,7 +69,7 @@ def test_prof_success_and_failure_counts_add_up_exactly_across_ranks(job):
         for p in procs:
             p.join(60)
             assert p.exitcode == 0
-        url = coll.lines_seen("Prometheus endpoint").split()[-1]
+        url = coll.prometheus
 
         def complete():
             fams = _families(url)

@@ -97,7 +97,7 @@ def test_the_issue_window_through_a_collector_reaches_every_sink_valid(job, tmp_
             for p in procs:
                 p.join(60)
                 assert p.exitcode == 0
-            url = coll.lines_seen("Prometheus endpoint").split()[-1]
+            url = coll.prometheus
 
             def counted():
                 with urllib.request.urlopen(url, timeout=5) as r:
