@@ -19,7 +19,7 @@ import textwrap
 import uuid
 
 import pytest
-from kit.procs import REPO, rank_worker, read_jsonl, spawn
+from kit.procs import REPO, rank_worker, read_jsonl, spawn, start_collector
 from kit.support import unique_job, wait_for
 
 from collector.cli import command as cli
@@ -142,28 +142,23 @@ def test_the_collectors_own_group_reaches_a_sink_only_when_named(tmp_path):
 def test_a_node_collector_prints_data_on_stdout_notes_on_stderr_and_short_job_ids(tmp_path):
     common = f"defaults-{uuid.uuid4().hex[:8]}-"  # two jobs sharing their first 17 characters
     jobs = [common + "a" + uuid.uuid4().hex[:20], common + "b" + uuid.uuid4().hex[:20]]
-    err = tmp_path / "err"
-    with open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", jobs[0], "--job", jobs[1],
-                                 "--grace-ms", "10", "--status-interval", "0", "--prometheus", "127.0.0.1:0"],
-                                stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO, env=ENV)
+    coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10", "--status-interval", "0",
+                           "--prometheus", "127.0.0.1:0", env=ENV)
     try:
-        wait_for(lambda: err.read_text().count(" picked up") == 2 or proc.poll() is not None, 60,
-                 what="both jobs picked up")
+        for job in jobs:
+            coll.lines_seen(f"job {job} picked up", 60)
         ranks = [spawn(rank_worker, job, 0, 1, 0.5, 100, str(tmp_path / f"r{i}.json")) for i, job in enumerate(jobs)]
         for p in ranks:
             p.join(60)
             assert p.exitcode == 0
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        code, out = coll.finish(signal.SIGTERM, 60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        if coll.proc.poll() is None:
+            coll.stop(signal.SIGKILL)
         for job in jobs:
             Segment.unlink(job)
-    assert proc.returncode == 0
-    notes = err.read_text()
+    assert code == 0
+    notes = "\n".join(coll.lines)
     assert "Prometheus endpoint" in notes and "shmstat collector: node pid" in notes
     assert "shmstat collector" not in out and "Prometheus" not in out  # stdout: data only
     shown = {job: job[: len(common) + 1] for job in jobs}
