@@ -4,7 +4,7 @@ Two figures, each the median of repeated rounds:
 
 - *sampling*: :meth:`collector.daemon.gpu.GpuSampler.sample` over every GPU, divided by the GPUs: the
   collector's own work around the NVML calls (turning them into figures), against a recorded device
-  (``tests/collector/gpu_h200_recording.json``, the H200's shape, repeated to ``--gpus`` devices) so it runs
+  (``tests/kit/gpu_h200_recording.json``, the H200's shape, repeated to ``--gpus`` devices) so it runs
   anywhere; with ``--nvml`` against the real GPUs (then it includes NVML's own cost, which the issue measured on
   an H200: 1-6 µs per device call, 56 µs for the process list, 1.9 ms for per-process utilisation);
 - *writing*: :meth:`collector.daemon.gpu.JobGpu.step` taking one new snapshot: attributing every GPU to ``--ranks``
@@ -34,7 +34,7 @@ from collector.daemon.nvml import NvmlDevices, RecordedDevices  # noqa: E402
 from shmstat.job.rank import RankAttachment  # noqa: E402
 from shmstat.shm.segment import Segment  # noqa: E402
 
-STORED = os.path.join(REPO, "tests", "collector", "gpu_h200_recording.json")
+STORED = os.path.join(REPO, "tests", "kit", "gpu_h200_recording.json")
 
 
 def _recording(path: str, gpus: int, pids: list[int]) -> None:

@@ -5,7 +5,7 @@ Usage (as root: it builds a simulated cluster of network, mount and UTS namespac
     python scripts/multinode_bench.py                  # 2 hosts x 2 ranks, 1,000 events/s per rank, 2 rounds of 10 s
     python scripts/multinode_bench.py --seconds 1 --rate 100 --rounds 1   # a smoke run
 
-It imports the test kit ``tests/cluster.py`` (the simulated hosts: each its own network, ``/dev/shm``, runtime
+It imports the test kit ``tests/kit/cluster.py`` (the simulated hosts: each its own network, ``/dev/shm``, runtime
 directory and hostname, joined by a bridge to an ops namespace at 10.77.0.254) by putting the repository's
 ``tests/`` directory on ``sys.path``. Where namespaces, veth pairs or bridges cannot be made it exits with status 2
 and one line saying why.
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.subscriber_worker:
         subscriber_worker(json.loads(args.subscriber_worker))
         return 0
-    import cluster
+    from kit import cluster
 
     reason = cluster.unavailable_reason()
     if reason:

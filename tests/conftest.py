@@ -11,7 +11,7 @@ from elastic.metrics import _registry as _elastic_registry
 from shmstat.job import _state
 
 if TYPE_CHECKING:
-    from cluster import Cluster
+    from kit.cluster import Cluster
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,7 @@ def _remove_leftover_segments() -> Iterator[None]:
 @pytest.fixture
 def job() -> Iterator[str]:
     """A job id no other test uses; afterwards this process is detached and the job's segment removed."""
-    from _support import unique_job
+    from kit.support import unique_job
 
     from shmstat.job.attach import shutdown
     from shmstat.shm.segment import Segment
@@ -72,9 +72,9 @@ def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.fixture
 def sim_cluster(tmp_path) -> Iterator[Cluster]:
-    """Two simulated hosts and the ops side (tests/cluster.py), removed after the test; skips where namespaces
+    """Two simulated hosts and the ops side (tests/kit/cluster.py), removed after the test; skips where namespaces
     cannot be made. A failing test shows the output tail of every process started in them."""
-    from cluster import simulated_cluster
+    from kit.cluster import simulated_cluster
 
     with simulated_cluster(tmp_path / "cluster", hosts=2) as cluster:
         yield cluster

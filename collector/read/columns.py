@@ -262,7 +262,7 @@ _DTYPES: dict[str, Any] = {"group": object, "stat": object, "rank": np.int64, "r
 # one row; all parts of a window give its merged row. No Python object is made per row. The collector's passes (so
 # every handler, the Prometheus exporter and the straggler detector, which all take a pass as columns) and ``shmstat
 # top`` (:mod:`collector.cli.top_snapshot`) merge windows with it; the per-object fold it is checked against is in
-# ``tests/_merge_ref.py``.
+# ``tests/kit/merge_reference.py``.
 
 
 _I64_MIN = np.iinfo(np.int64).min

@@ -6,7 +6,7 @@ A batch holds ``n`` rows, each a window's :class:`shmstat.histogram.Histogram` o
 as one entry of four equal-length arrays (``row``, ``negative``, ``index``, ``count``), sorted by row. Merging
 rows and reading quantiles follow :func:`shmstat.histogram.merge_histograms` and :meth:`Histogram.quantiles`
 exactly (same scale, same buckets, same floats: the bucket estimate is :func:`shmstat.histogram.bucket_estimate`'s
-on arrays); the differential test is ``tests/collector/test_hist_batch.py``. :meth:`HistBatch.histograms` builds
+on arrays); the differential test is ``tests/collector/read/test_hist_batch.py``. :meth:`HistBatch.histograms` builds
 the objects for whoever wants them.
 """
 

@@ -4,7 +4,7 @@ These are the records a pass's rows become when one is wanted as an object (:met
 ``to_rows``: ``stat/`` subscribers, the OTLP sink, ``shmstat top``). Merging is not done here: the one merge is
 :func:`collector.read.columns.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
 are the extremes of the parts, VALUE is the value with the latest timestamp, the percentiles come from the parts'
-histograms merged exactly); the per-object fold it is checked against is in ``tests/_merge_ref.py``.
+histograms merged exactly); the per-object fold it is checked against is in ``tests/kit/merge_reference.py``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ that instant) are read again one by one with :func:`shmstat.shm.layout_codec.rea
 banks are :func:`read_banks` and :func:`retry_torn`, below); a slot whose bank stays torn goes through
 :meth:`shmstat.shm.reader.SegmentReader.read_slot`, which decides by the writer's liveness. Everything else (which
 windows are closed and new, how far a slot's watermark may move, windows lost to a ring that wrapped) is computed on
-the arrays with exactly ``read_slot``'s rules (``tests/collector/test_scanner_vectorised.py`` checks that), and only
-the windows of groups someone consumes become Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the
+the arrays with exactly ``read_slot``'s rules (``tests/collector/read/test_scanner_vectorised.py`` checks that), and
+only the windows of groups someone consumes become Python objects: :meth:`Scanner.scan` takes ``want(group)``, and the
 windows of other groups (a null handler, no subscriber) are counted and committed but never built. A pass over 64k
 slots takes ~8 ms.
 

@@ -614,7 +614,7 @@ def test_the_c_and_python_put_metric_agree():
     import subprocess
     import sys
 
-    from _procs import REPO
+    from kit.procs import REPO
 
     from shmstat import _backend
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, read_jsonl, start_collector
-from _support import unique_job
+from kit.procs import REPO, read_jsonl, start_collector
+from kit.support import unique_job
 
 from shmstat.shm.segment import Segment
 
@@ -24,8 +24,8 @@ def test_torchelastic_agent_metrics_and_worker_stats_flow_through_our_collector(
         for var in ("SHMSTAT_JOB", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK"):
             env.pop(var, None)
         r = subprocess.run(
-            [sys.executable, os.path.join(REPO, "tests", "scripts", "torch_agent.py"), job,
-             os.path.join(REPO, "tests", "scripts", "torch_worker.py"), str(tmp_path)],
+            [sys.executable, os.path.join(REPO, "tests", "kit", "programs", "torch_agent.py"), job,
+             os.path.join(REPO, "tests", "kit", "programs", "torch_worker.py"), str(tmp_path)],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=180,
         )
         assert r.returncode == 0, r.stderr[-3000:]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 from shmstat import _backend
 from shmstat.publish.outbox import Outbox, new_outbox

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 from shmstat import _clayout
 from shmstat.shm import layout

@@ -28,10 +28,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import _prom_kit as prom
 import pytest
-from _procs import REPO, read_jsonl
-from _support import unique_job, wait_for
+from kit import prometheus as prom
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job, wait_for
 
 from collector.cli.command import COMMANDS, _parser
 

@@ -1,5 +1,5 @@
 """README's "Many nodes" recipe holds together where its system test (tests/system/test_multinode.py, which runs it
-on a simulated cluster) cannot run: every step is where that test looks for it (tests/_recipe_kit.py), the
+on a simulated cluster) cannot run: every step is where that test looks for it (tests/kit/recipe.py), the
 ``shmstat`` commands parse with shmstat's own parser, and the container runs exactly the unit's collector."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-import _recipe_kit as recipe
 import pytest
+from kit import recipe as recipe
 
 from collector.cli.command import _parser
 

@@ -1,5 +1,6 @@
 """The code map (docs/reference/code-map.md) lists exactly the packages and subpackages that exist, bottom layer
-first, and exactly the directories of tests/."""
+first, and exactly the directories of tests/; tests/collector/ mirrors collector/'s subpackages, and every helper
+tests share is in tests/kit/, none loose at the root of tests/."""
 
 from __future__ import annotations
 
@@ -40,5 +41,17 @@ def test_the_tests_line_names_every_directory_of_tests() -> None:
     (line,) = [chunk for chunk in re.split(r"\n(?=- )", _section()) if chunk.startswith("- `tests/`")]
     named = set(re.findall(r"`([a-z_]+)/`", line)) - {"tests"}
     dirs = {d.name for d in (_ROOT / "tests").iterdir()
-            if d.is_dir() and d.name != "scripts" and not d.name.startswith((".", "_"))}
+            if d.is_dir() and not d.name.startswith((".", "_"))}
     assert named == dirs
+
+
+def test_tests_of_the_collector_sit_in_the_directory_of_the_subpackage_they_test() -> None:
+    tests = _ROOT / "tests" / "collector"
+    subpackages = {init.parent.name for init in (_ROOT / "collector").glob("*/__init__.py")}
+    assert {d.name for d in tests.iterdir() if d.is_dir() and not d.name.startswith((".", "_"))} == subpackages
+    assert sorted(p.name for p in tests.glob("*.py")) == [], "a test of collector/ outside its subpackage's directory"
+
+
+def test_helpers_live_in_the_kit_not_at_the_root_of_tests() -> None:
+    assert sorted(p.name for p in (_ROOT / "tests").glob("*.py")) == ["conftest.py"]
+    assert not list((_ROOT / "tests" / "kit").rglob("test_*.py")), "a test file in the kit"

@@ -10,7 +10,7 @@ import random
 import struct
 
 import pytest
-from _procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
+from kit.procs import assert_rank_workers_reconcile, rank_worker, read_jsonl, spawn, start_collector
 
 import shmstat
 from shmstat import Aggregation as A

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 from shmstat import _backend
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 _CHECK = r"""
 import datetime, random

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from _support import MS, FakeClock, unique_job
+from kit.support import MS, FakeClock, unique_job
 
 from shmstat import _backend
 from shmstat.aggregation import Aggregation as A

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import os
 
 import pytest
-from _support import unique_job
+from kit.support import unique_job
 
 import collector
 import elastic

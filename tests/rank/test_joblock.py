@@ -16,7 +16,7 @@ import threading
 
 import posix_ipc
 import pytest
-from _procs import REPO
+from kit.procs import REPO
 
 from shmstat.errors import ConfigError
 from shmstat.job.rank import RankAttachment
@@ -229,7 +229,7 @@ def test_ls_does_not_wait_for_a_stalled_lock_holder(job):
 
 
 def test_clean_removes_orphaned_lock_files_and_semaphores_but_not_held_ones(job):
-    from _support import unique_job
+    from kit.support import unique_job
 
     orphan, busy = job, unique_job()
     Segment.open(orphan).close()

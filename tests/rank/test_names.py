@@ -12,9 +12,9 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kit.procs import REPO
 
 from elastic import events as elastic_events
 from elastic import metrics

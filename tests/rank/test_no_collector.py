@@ -16,8 +16,8 @@ import sys
 import time
 
 import pytest
-from _procs import REPO, start_collector
-from _support import unique_job
+from kit.procs import REPO, start_collector
+from kit.support import unique_job
 
 from shmstat.shm.segment import Segment
 
@@ -26,11 +26,11 @@ _TAKEOVER = "no collector emitted the windows of the workers that exited"
 
 def _run(job: str, scenario: str, *args: int, env: dict[str, str] | None = None,
          timeout: float = 600) -> tuple[dict, str]:
-    """Run one scenario of tests/_degrade_kit.py as a rank of ``job``; (its JSON result, its stderr)."""
+    """Run one scenario of tests/kit/degrade.py as a rank of ``job``; (its JSON result, its stderr)."""
     full = dict(os.environ, SHMSTAT_JOB=job, SHMSTAT_RANK="0", SHMSTAT_UNCOLLECTED_WARNING_S="3600",
                 PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     full.update(env or {})
-    r = subprocess.run([sys.executable, "-m", "_degrade_kit", scenario, *map(str, args)], env=full, cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "kit.degrade", scenario, *map(str, args)], env=full, cwd=REPO,
                        capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
@@ -166,7 +166,7 @@ def test_workers_that_log_events_without_a_collector_exit_at_once(job_id):
 def test_a_two_rank_job_without_a_collector_leaves_nothing(job_id):
     env = dict(os.environ, SHMSTAT_JOB=job_id, SHMSTAT_WORLD_SIZE="2",
                PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
-    procs = [subprocess.Popen([sys.executable, "-m", "_degrade_kit", "simple", "1000"],
+    procs = [subprocess.Popen([sys.executable, "-m", "kit.degrade", "simple", "1000"],
                               env=dict(env, SHMSTAT_RANK=str(r)), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     for p in procs:
@@ -193,7 +193,7 @@ def test_workers_exiting_before_their_rank_leave_its_segment(job_id):
 
 
 def test_ls_and_the_collector_show_what_was_dropped(job, tmp_path):
-    from _procs import read_jsonl
+    from kit.procs import read_jsonl
 
     import shmstat
     from shmstat import Aggregation as A

@@ -12,12 +12,12 @@ import sys
 import msgpack
 import numpy as np
 import pytest
-from _percentile_kit import exact_quantile as _exact
-from _percentile_kit import hist_of as _hist
-from _percentile_kit import histogram_bytes, issue_window
-from _support import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kit.percentiles import exact_quantile as _exact
+from kit.percentiles import hist_of as _hist
+from kit.percentiles import histogram_bytes, issue_window
+from kit.support import FakeClock
 
 import shmstat
 from shmstat import Aggregation as A

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 import pytest
-from _percentile_kit import busy_writer, histogram_bytes, percentile_rank_main, rank_samples
-from _procs import spawn, wait_file
-from _support import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kit.percentiles import busy_writer, histogram_bytes, percentile_rank_main, rank_samples
+from kit.procs import spawn, wait_file
+from kit.support import FakeClock
 
 import shmstat
 from shmstat import Aggregation as A

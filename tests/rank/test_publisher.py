@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import zmq
-from _support import wait_for
+from kit.support import wait_for
 
 from shmstat import wire
 from shmstat.errors import ConfigError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 
-from _support import MS, FakeClock
+from kit.support import MS, FakeClock
 
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init, shutdown

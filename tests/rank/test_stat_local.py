@@ -7,7 +7,7 @@ import gc
 import math
 
 import pytest
-from _support import FakeClock
+from kit.support import FakeClock
 
 from shmstat.aggregation import Aggregation as A
 from shmstat.errors import ConfigError

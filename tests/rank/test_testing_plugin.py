@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _plugin_ranks import (
+from kit.plugin_ranks import (
     LoadsOnlyHere,
     counting_rank,
     failing_rank,
@@ -27,8 +27,8 @@ from _plugin_ranks import (
     orphaning_rank,
     raise_or_block_rank,
 )
-from _procs import REPO
-from _support import wait_for
+from kit.procs import REPO
+from kit.support import wait_for
 
 import shmstat
 import shmstat.testing._ranks
@@ -36,7 +36,7 @@ from shmstat.errors import ConfigError, ShmstatError
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.testing import RanksFailed, ShmstatJob
 
-RANKS_MODULE = os.path.join(REPO, "tests", "_plugin_ranks.py")
+RANKS_MODULE = os.path.join(REPO, "tests", "kit", "plugin_ranks.py")
 
 
 def test_function_ranks_reconcile_exactly_with_metrics_and_events(shmstat_job):
@@ -330,7 +330,7 @@ def test_jobs_are_unique_and_close_removes_everything():
 _INNER = textwrap.dedent('''
     import os, sys, time
     sys.path.insert(0, {tests!r})
-    from _plugin_ranks import forever_rank
+    from kit.plugin_ranks import forever_rank
 
     def test_runs_until_stopped(shmstat_job):
         out = {out!r}

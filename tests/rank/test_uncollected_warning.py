@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from _procs import REPO, start_collector
-from _support import unique_job
+from kit.procs import REPO, start_collector
+from kit.support import unique_job
 
 from shmstat.errors import ConfigError
 from shmstat.shm.segment import Segment

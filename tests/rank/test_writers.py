@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from _writers_kit import (
+from kit.writers import (
     as_rank,
     creators_racing_on_one_stat,
     fork_with_bound_add,

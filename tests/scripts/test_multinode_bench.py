@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from cluster import require_namespaces
+from kit.cluster import require_namespaces
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "multinode_bench.py")

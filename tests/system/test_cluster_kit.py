@@ -1,4 +1,4 @@
-"""The simulated cluster kit (tests/cluster.py) itself: its hosts are separate machines as far as shmstat can tell
+"""The simulated cluster kit (tests/kit/cluster.py) itself: its hosts are separate machines as far as shmstat can tell
 (hostname, /dev/shm, runtime directory), reach each other and the ops side over TCP across the bridge, leave
 the machine's own network alone, and are gone, with every process started in them, after the test."""
 
@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from _support import wait_for
-from cluster import INTERFACE, OPS_ADDRESS, simulated_cluster
+from kit.cluster import INTERFACE, OPS_ADDRESS, simulated_cluster
+from kit.support import wait_for
 
 # a one-connection-at-a-time server that answers every connection with the host's name
 _SERVER = """
@@ -87,7 +87,7 @@ def test_a_failing_test_leaves_nothing_not_even_a_process_that_left_its_group(tm
 
 
 def test_without_root_or_tools_the_reason_is_said(monkeypatch):
-    import cluster
+    from kit import cluster
 
     monkeypatch.setattr(os, "getuid", lambda: 1000)
     assert "needs root" in cluster._why_not()

@@ -11,8 +11,17 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, assert_rank_workers_reconcile, default_signals, rank_worker, read_jsonl, spawn
-from _support import unique_job, wait_for
+from kit.procs import (
+    REPO,
+    CollectorProc,
+    assert_rank_workers_reconcile,
+    default_signals,
+    rank_worker,
+    read_jsonl,
+    spawn,
+    start_collector,
+)
+from kit.support import unique_job, wait_for
 
 from shmstat.shm import layout as L
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
@@ -26,39 +35,23 @@ def left_behind(job: str) -> list[str]:
     return [p for p in paths if os.path.exists(p)]
 
 
-def start(job: str, tmp_path, *args: str) -> subprocess.Popen:
-    """``shmstat collect --job job`` with stderr in ``tmp_path/err``, once it printed its endpoints."""
-    with open(tmp_path / "err", "w") as err:  # the child keeps writing it
-        proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--grace-ms", "10",
-                                 *args], stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=REPO), preexec_fn=default_signals)
-    wait_for(lambda: " publish " in (tmp_path / "err").read_text() or proc.poll() is not None, 60,
-             what="its endpoints on stderr")
-    assert proc.poll() is None, (tmp_path / "err").read_text()
-    return proc
-
-
-def stop(proc: subprocess.Popen, sig: int) -> int:
-    proc.send_signal(sig)
-    try:
-        return proc.wait(30)
-    finally:
-        assert proc.stdout is not None
-        proc.stdout.close()
+def start(job: str, *args: str) -> CollectorProc:
+    """``shmstat collect --job job`` once it serves."""
+    return start_collector(job, "--grace-ms", "10", *args, timeout_s=60)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_job_nobody_ever_ran_leaves_nothing(tmp_path, sig):
     job = unique_job("typo")
-    proc = start(job, tmp_path, "--handler", "*=null")
+    coll = start(job, "--handler", "*=null")
     try:
         assert os.path.exists("/dev/shm" + segment_name(job))  # the collector made it, waiting for ranks
-        assert stop(proc, sig) == 0
+        assert coll.stop(sig, 30) == 0
         assert left_behind(job) == []
-        assert "kept" not in (tmp_path / "err").read_text()
+        assert "kept" not in "\n".join(coll.lines)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if coll.proc.poll() is None:
+            coll.proc.kill()
         Segment.unlink(job)
 
 
@@ -66,36 +59,36 @@ def test_a_job_nobody_ever_ran_leaves_nothing(tmp_path, sig):
 def test_a_finished_job_is_emitted_whole_then_removed(tmp_path, sig):
     job = unique_job("done")
     out = str(tmp_path / "m.jsonl")
-    proc = start(job, tmp_path, "--handler", f"*=jsonl:{out}")
+    coll = start(job, "--handler", f"*=jsonl:{out}")
     try:
         ranks = [spawn(rank_worker, job, r, 2, 0.5, 100, str(tmp_path / f"r{r}.json")) for r in range(2)]
         for p in ranks:
             p.join(60)
             assert p.exitcode == 0
-        assert stop(proc, sig) == 0
+        assert coll.stop(sig, 30) == 0
         assert_rank_workers_reconcile(read_jsonl(out), tmp_path, 2)
         assert left_behind(job) == []
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if coll.proc.poll() is None:
+            coll.proc.kill()
         Segment.unlink(job)
 
 
 def test_a_job_still_running_keeps_its_segment_and_the_collector_says_why(tmp_path):
     job = unique_job("live")
-    proc = start(job, tmp_path, "--handler", "*=null")
+    coll = start(job, "--handler", "*=null")
     ready = str(tmp_path / "ready")
     rank = spawn(rank_worker, job, 0, 1, 60.0, 100, str(tmp_path / "r0.json"), None, 0, ready)
     try:
         wait_for(lambda: os.path.exists(ready), 60, what="the rank adding")
-        assert stop(proc, signal.SIGTERM) == 0
+        assert coll.stop(signal.SIGTERM, 30) == 0
         assert os.path.exists("/dev/shm" + segment_name(job))  # its open windows wait for the next collector
-        said = [line for line in (tmp_path / "err").read_text().splitlines() if "kept" in line]
+        said = [line for line in coll.lines if "kept" in line]
         assert said == [f"shmstat collector: job {job}'s segment kept: the open windows of rank 0, still running "
                         f"(inspect: shmstat top --job {job}; remove: shmstat clean {job})"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if coll.proc.poll() is None:
+            coll.proc.kill()
         rank.kill()
         rank.join(10)
         Segment.unlink(job)
@@ -163,17 +156,18 @@ def test_a_node_collector_that_cannot_start_leaves_nothing(tmp_path, taken_port)
 
 def _start_piped(argv: list[str], tmp_path) -> subprocess.Popen:
     """``argv`` with stdout and stderr into one pipe, as ``... 2>&1 | tee log``, in a process group of its own (as
-    a shell's job); returns once it printed its first line."""
+    a shell's job); returns once it serves (its ready file exists)."""
     env = dict(os.environ, PYTHONPATH=REPO, OUT_DIR=str(tmp_path), MODE="save")
-    proc = subprocess.Popen([sys.executable, "-m", "collector", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=REPO, env=env, process_group=0,
+    ready = tmp_path / "collector.json"
+    proc = subprocess.Popen([sys.executable, "-m", "collector", argv[0], "--ready-file", str(ready), *argv[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, env=env, process_group=0,
                             preexec_fn=default_signals)
-    assert proc.stdout is not None
-    assert proc.stdout.readline()
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, what="its ready file")
+    assert proc.poll() is None, f"it ended before serving (exit status {proc.returncode})"
     return proc
 
 
-_SIGNAL_RANK = os.path.join(REPO, "tests", "scripts", "signal_rank.py")
+_SIGNAL_RANK = os.path.join(REPO, "tests", "kit", "programs", "signal_rank.py")
 
 
 @pytest.mark.parametrize("command", ["collect --job", "collect", "run"])

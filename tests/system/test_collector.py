@@ -12,7 +12,7 @@ import time
 import msgpack
 import pytest
 import zmq
-from _procs import (
+from kit.procs import (
     REPO,
     load_counts,
     rank_worker,
@@ -21,7 +21,7 @@ from _procs import (
     start_collector,
     window_counts,
 )
-from _support import wait_for
+from kit.support import wait_for
 
 from shmstat.shm.segment import Segment
 

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import sys
 
-from _procs import REPO, spawn, start_collector
-from _support import wait_for
+from kit.procs import REPO, spawn, start_collector
+from kit.support import wait_for
 
 K = 200
 

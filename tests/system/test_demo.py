@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from _procs import REPO
+from kit.procs import REPO
 
 
 def test_the_demo_prints_merged_windows_with_percentiles_and_exits_0():

@@ -9,9 +9,9 @@ import os
 
 import psutil
 import pytest
-from _faultkit import Subscriber
-from _procs import spawn, start_collector
-from _support import wait_for
+from kit.faults import Subscriber
+from kit.procs import spawn, start_collector
+from kit.support import wait_for
 
 import shmstat
 from shmstat.publish.publisher import Publisher

@@ -12,8 +12,8 @@ import signal
 import time
 from collections import Counter
 
-from _procs import read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 
 def _steady_rank(job: str, rank: int, world: int, period_s: float, stop_path: str, out: str) -> None:

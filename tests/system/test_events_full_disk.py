@@ -11,8 +11,8 @@ import subprocess
 import time
 
 import pytest
-from _procs import read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 
 def _paced_rank(job: str, n1: int, n2: int, full_path: str, go_path: str, out: str) -> None:

@@ -15,8 +15,8 @@ import time
 from collections import Counter
 
 import pytest
-from _procs import REPO, read_jsonl, spawn, start_collector
-from _support import unique_job, wait_for
+from kit.procs import REPO, read_jsonl, spawn, start_collector
+from kit.support import unique_job, wait_for
 
 from shmstat.shm.segment import Segment
 
@@ -192,7 +192,7 @@ def _busy_rank(job: str, seconds: float, window_ms: int, n_events: int, blob: in
 def test_a_stuck_events_sink_stalls_nothing_and_every_event_it_lost_is_counted(job, tmp_path):
     events, rows, usage = (str(tmp_path / f"{name}.jsonl") for name in ("events", "rows", "usage"))
     n_events = 1500  # 6 MB of events against a 1 MiB queue for the stuck sink
-    coll = start_collector(job, "--events", "tests_events_sinks:Stuck", "--events", f"jsonl:{events}",
+    coll = start_collector(job, "--events", "kit.handlers.event_sinks:Stuck", "--events", f"jsonl:{events}",
                            "--events-queue-mb", "1", "--handler", f"train=jsonl:{rows}",
                            "--handler", f"shmstat=jsonl:{usage}", "--grace-ms", "10", "--status-interval", "0")
     stopped_in = None
@@ -230,7 +230,7 @@ def test_a_stuck_events_sink_stalls_nothing_and_every_event_it_lost_is_counted(j
 def test_shmstat_run_keeps_the_ranks_and_the_agents_events(tmp_path):
     job = unique_job("runev")
     out = str(tmp_path / "events.jsonl")
-    script = os.path.join(REPO, "tests", "scripts", "events_job.py")
+    script = os.path.join(REPO, "tests", "kit", "programs", "events_job.py")
     try:
         done = subprocess.run(
             [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2", "--monitor-interval",
@@ -281,7 +281,7 @@ def test_a_bad_events_spec_is_one_sentence_and_starts_nothing(job, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
     for args, says in [
         (["collect", "--job", job, "--events", "bogus"], "unknown events sink kind 'bogus'"),
-        (["collect", "--job", job, "--events", "tests_events_sinks:NotASink"], "no emit_events(batch) method"),
+        (["collect", "--job", job, "--events", "kit.handlers.event_sinks:NotASink"], "no emit_events(batch) method"),
         (["collect", "--job", job, "--job", job + "-2", "--events", "jsonl:"], "needs a path"),
         (["collect", "--job", job, "--events", ""], "--events needs a SPEC"),
         (["collect", "--job", job, "--events-queue-mb", "0"], "--events-queue-mb"),

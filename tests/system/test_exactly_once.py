@@ -10,8 +10,8 @@ import signal
 import time
 from collections import Counter, defaultdict
 
-from _procs import read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 from shmstat.shm.segment import Segment
 
@@ -51,7 +51,7 @@ def many_stats_rank(job: str, rank: int, stop_path: str, out_path: str) -> None:
 
 
 class _Progress:
-    """What the SlowJsonl handlers of every collector so far noted (``tests/tests_slow_jsonl.py``), read as it
+    """What the SlowJsonl handlers of every collector so far noted (``tests/kit/handlers/slow_jsonl.py``), read as it
     grows."""
 
     def __init__(self, path: str) -> None:
@@ -98,7 +98,7 @@ def _durable_watermark(job: str) -> int:
 
 def test_collector_sigkilled_at_any_moment_of_a_pass_leaves_every_window_exactly_once(job, tmp_path):
     out, progress, stop = str(tmp_path / "m.jsonl"), str(tmp_path / "progress"), str(tmp_path / "stop")
-    spec = f"*=tests_slow_jsonl:SlowJsonl,path={out},progress={progress},buffer=2048"
+    spec = f"*=kit.handlers.slow_jsonl:SlowJsonl,path={out},progress={progress},buffer=2048"
     args = ("--handler", spec, "--grace-ms", "10", "--status-interval", "0")
     coll = start_collector(job, *args, "--banks", "64", "--max-ranks", "4", "--max-stats", "64")
     procs = [spawn(many_stats_rank, job, r, stop, str(tmp_path / f"r{r}.json")) for r in range(RANKS)]

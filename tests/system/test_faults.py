@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from _faultkit import (
+from kit.faults import (
     RssSampler,
     Subscriber,
     counts_from,
@@ -31,8 +31,8 @@ from _faultkit import (
     rows_by_rank_window,
     sigkill_victim,
 )
-from _procs import REPO, read_jsonl, spawn, start_collector
-from _support import step_and_wait, wait_for
+from kit.procs import REPO, collector_env, read_jsonl, spawn, start_collector
+from kit.support import step_and_wait, wait_for
 
 from collector.daemon.collector import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
@@ -462,23 +462,6 @@ def test_collector_killed_and_restarted(job, tmp_path, sig):
             assert 0 <= lost < 1000, lost
 
 
-def _collector_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests"),
-                                                       os.environ.get("PYTHONPATH", "")]))
-
-
-def _start_up_line(proc: subprocess.Popen) -> bool:
-    """Read the collector's output (stdout and stderr, where its notes go) up to its endpoints line; False if it
-    ended first."""
-    assert proc.stdout is not None
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            return False
-        if " publish " in line:
-            return True
-
-
 KILLS_WINDOW_MS = 200  # 64 banks: a 12.8 s ring, longer than a collector's start-up on a loaded machine
 KILLS_STATS = 6
 
@@ -512,40 +495,35 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
     percentiles: every window of every rank and Stat is in the one jsonl file exactly once with the count the rank
     added, from the job's first window to its last, or is counted (``windows_overwritten``)."""
     out, stop = str(tmp_path / "m.jsonl"), str(tmp_path / "stop")
-    argv = [sys.executable, "-m", "collector", "collect", "--job", job, "--handler", f"*=jsonl:{out}",
-            "--grace-ms", "10", "--banks", "64", "--max-ranks", "4", "--max-stats", "16", "--status-interval", "0"]
+    args = ["--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "64", "--max-ranks", "4", "--max-stats",
+            "16", "--status-interval", "0"]
     rng = random.Random(os.environ.get("SHMSTAT_TEST_SEED", os.getpid()))
-    env = _collector_env()
     # The segment exists before the ranks (with this geometry); its first collector dies before any pass.
-    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-    assert _start_up_line(first)
+    first = start_collector(job, *args)
     ranks = [spawn(percentile_adder, job, r, KILLS_WINDOW_MS, KILLS_STATS, str(tmp_path / f"r{r}.json"), stop)
              for r in range(2)]
-    first.kill()
-    first.wait(20)
-    assert first.stdout is not None
-    first.stdout.close()
+    first.stop(signal.SIGKILL)
     moments: list[str] = []
     try:
         for _ in range(12):
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                    cwd=REPO)
             moment = rng.choice(("start-up", "mid-pass", "mid-pass", "shutdown"))
             moments.append(moment)
-            if moment == "start-up":
+            if moment == "start-up":  # killed before it serves: started without waiting for it
+                proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, *args],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=collector_env(),
+                                        cwd=REPO)
                 time.sleep(rng.uniform(0.0, 0.6))  # python's start, the segment's open, the first pass
+                proc.kill()
+                proc.wait(20)
             else:
-                assert _start_up_line(proc)
+                coll = start_collector(job, *args)
                 time.sleep(rng.uniform(0.0, 0.4))
                 if moment == "shutdown":
-                    proc.send_signal(signal.SIGTERM)
+                    coll.proc.send_signal(signal.SIGTERM)
                     time.sleep(rng.uniform(0.0, 0.03))
-            proc.kill()
-            proc.wait(20)
-            assert proc.stdout is not None
-            proc.stdout.close()
+                coll.stop(signal.SIGKILL)
             time.sleep(rng.choice((0.0, 0.0, rng.uniform(0.05, 0.3))))  # an outage: windows close meanwhile
-        coll = start_collector(job, *argv[6:])
+        coll = start_collector(job, *args)
         open(stop, "w").close()
         for p in ranks:
             p.join(60)

@@ -12,8 +12,8 @@ import sys
 import threading
 import time
 
-from _procs import REPO, read_jsonl
-from _support import wait_for
+from kit.procs import REPO, read_jsonl
+from kit.support import wait_for
 
 SAMPLES = 500
 

@@ -8,12 +8,12 @@ import sys
 import time
 from collections import Counter
 
-from _procs import REPO, read_jsonl
-from _support import unique_job
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
 
 from shmstat.shm.segment import Segment
 
-SCRIPT = os.path.join(REPO, "tests", "scripts", "elastic_job.py")
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "elastic_job.py")
 
 
 def _run(job, tmp_path, *extra, env_extra=None):
@@ -90,7 +90,7 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
 
     import msgpack
     import zmq
-    from _support import wait_for
+    from kit.support import wait_for
 
     from collector import Collector, CollectorConfig
     from collector.cli.launcher import Agent
@@ -152,7 +152,7 @@ def test_a_restart_inside_one_window_keeps_the_first_attempts_samples(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "3", "--max-restarts", "1",
          "--monitor-interval", "0.05", "--grace-ms", "10", "--status-interval", "0", "--handler", f"*=jsonl:{out}",
-         os.path.join(REPO, "tests", "scripts", "restart_in_window.py")],
+         os.path.join(REPO, "tests", "kit", "programs", "restart_in_window.py")],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     left = _left_behind(job)

@@ -9,9 +9,9 @@ import multiprocessing as mp
 import os
 
 import pytest
-from _faultkit import RssSampler, Subscriber, counts_from, load_worker, read_json, rows_by_rank_window
-from _procs import read_jsonl, start_collector
-from _support import wait_for
+from kit.faults import RssSampler, Subscriber, counts_from, load_worker, read_json, rows_by_rank_window
+from kit.procs import read_jsonl, start_collector
+from kit.support import wait_for
 
 RANKS = 8
 WINDOW_MS = 100

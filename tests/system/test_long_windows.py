@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 
 import pytest
-from _procs import read_jsonl, spawn, start_collector, wait_file
-from _support import wait_for
+from kit.procs import read_jsonl, spawn, start_collector, wait_file
+from kit.support import wait_for
 
 import shmstat
 from shmstat import Aggregation as A

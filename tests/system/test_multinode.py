@@ -1,5 +1,5 @@
-"""README's "Many nodes" recipe, run for real on the simulated cluster (tests/cluster.py): two hosts, two ranks
-each, every command taken from README.md (tests/_recipe_kit.py). Step 1 makes the keys (``shmstat keys``) and
+"""README's "Many nodes" recipe, run for real on the simulated cluster (tests/kit/cluster.py): two hosts, two ranks
+each, every command taken from README.md (tests/kit/recipe.py). Step 1 makes the keys (``shmstat keys``) and
 certificates (openssl: one CA, a server certificate per host, a client certificate for Prometheus), handed out as
 the recipe says; on each host the unit's node collector (``shmstat collect``, no ``--job``) publishing every job on
 the host's address with CURVE and serving ``/metrics`` over TLS with client certificates, started before the job;
@@ -30,14 +30,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import _recipe_kit as recipe
 import numpy as np
 import pytest
-from _procs import REPO, read_jsonl
-from _prom_kit import needs_prometheus, prometheus_command, query, value
-from _support import wait_for
-from _tls_kit import needs_openssl
-from cluster import INTERFACE, OPS_ADDRESS, Cluster, Host, Proc
+from kit import recipe as recipe
+from kit.cluster import INTERFACE, OPS_ADDRESS, Cluster, Host, Proc
+from kit.procs import REPO, read_jsonl
+from kit.prometheus import needs_prometheus, prometheus_command, query, value
+from kit.support import wait_for
+from kit.tls import needs_openssl
 
 from shmstat.job.identity import identity_from_env
 
@@ -46,7 +46,7 @@ EVENT_EVERY = 10  # the training script's
 RANKS_PER_HOST = 2
 METRICS_PORT = 9464  # the recipe's; every host is a network of its own: fixed ports collide with nothing
 PROMETHEUS_LISTEN = f"{OPS_ADDRESS}:9090"
-_TRAIN = os.path.join(REPO, "tests", "scripts", "multinode_train.py")
+_TRAIN = os.path.join(REPO, "tests", "kit", "programs", "multinode_train.py")
 _SHMSTAT = "import sys; from collector.cli.command import main; sys.exit(main())"  # the `shmstat` command
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,

@@ -16,7 +16,7 @@ import urllib.request
 from collections import defaultdict
 
 import zmq
-from _names_kit import (
+from kit.names import (
     ADDS,
     EVENTS,
     GROUP_A,
@@ -27,8 +27,8 @@ from _names_kit import (
     PAIRS,
     names_rank,
 )
-from _procs import read_jsonl, spawn, start_collector
-from _support import wait_for
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.support import wait_for
 
 from shmstat import wire
 
@@ -124,7 +124,7 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
             "--prometheus-sd", str(sd_file), "--status-interval", "0"]
     rx = None
     if _HAVE_OTEL:
-        from _otlp_kit import Receiver
+        from kit.otlp import Receiver
 
         rx = Receiver()
         args += ["--handler", f"{GROUP_OTLP}=otlp:{rx.endpoint}"]
@@ -132,7 +132,7 @@ def test_names_at_the_limits_reach_every_sink_exactly_in_their_own_topics_and_ta
     topics = _Topics(coll.publish)
     prom = _Prometheus(tmp_path, sd_file) if os.path.exists(PROMETHEUS) else None
     try:
-        url = coll.lines_seen("Prometheus endpoint").split()[-1]
+        url = coll.prometheus
         wait_for(lambda: topics.drain(), 15, what="the collector's stream flowing")
         outs = [str(tmp_path / f"r{r}.json") for r in range(WORLD)]
         procs = [spawn(names_rank, job, r, WORLD, outs[r]) for r in range(WORLD)]

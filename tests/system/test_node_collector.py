@@ -9,10 +9,10 @@ import os
 import sys
 
 import pytest
-from _procs import REPO, read_jsonl
-from _support import run_with_private_dev_shm
+from kit.procs import REPO, read_jsonl
+from kit.support import run_with_private_dev_shm
 
-_SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_node_kit.py "$WORK" $MODE'
+_SCRIPT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/kit/node.py "$WORK" $MODE'
 
 
 def test_a_node_collector_serves_jobs_nobody_named_and_lets_them_go(tmp_path):

@@ -12,10 +12,10 @@ import sys
 from collections import Counter
 
 import pytest
-from _procs import REPO
-from _support import run_with_private_dev_shm
+from kit.procs import REPO
+from kit.support import run_with_private_dev_shm
 
-_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_node_publish_kit.py "$WORK"'
+_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/kit/node_publish.py "$WORK"'
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def _events(lines: list[dict], job: str) -> Counter:
 
 
 def test_one_node_endpoint_carries_every_event_of_both_jobs_exactly_with_its_job(result):
-    from _node_publish_kit import EVENTS, SAMPLES
+    from kit.node_publish import EVENTS, SAMPLES
 
     jobs: dict[str, int] = result["jobs"]
     assert set(result["exitcodes"]) == {0} and result["coll_code"] == 0
@@ -70,7 +70,7 @@ def test_one_node_endpoint_carries_every_event_of_both_jobs_exactly_with_its_job
 
 
 def test_a_jobs_own_endpoint_still_serves_it_beside_the_node_endpoint(result):
-    from _node_publish_kit import EVENTS
+    from kit.node_publish import EVENTS
 
     job_a = next(iter(result["jobs"]))
     lines = [json.loads(line) for line in result["out"]["job_a"].splitlines()]

@@ -9,10 +9,10 @@ import os
 import sys
 
 import pytest
-from _procs import REPO, read_jsonl
-from _support import run_with_private_dev_shm
+from kit.procs import REPO, read_jsonl
+from kit.support import run_with_private_dev_shm
 
-_SCRIPT = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/_sweep_kit.py "$WORK" "$MODE"'
+_SCRIPT = 'mount -t tmpfs -o size=160m tmpfs /dev/shm && exec "$PY" tests/kit/sweep.py "$WORK" "$MODE"'
 
 
 def _run(tmp_path, mode: str) -> tuple[dict, list[dict]]:

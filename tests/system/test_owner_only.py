@@ -10,7 +10,7 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, start_collector
+from kit.procs import REPO, start_collector
 
 from collector import Collector, CollectorConfig
 from shmstat.shm.runtime import publish_endpoint, runtime_dir
@@ -103,17 +103,7 @@ def test_tcp_only_when_asked_with_a_warning_and_loopback_unless_remote_is_allowe
 
 
 def test_the_tcp_warning_is_printed(job):
-    coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--publish",
-                             "tcp://127.0.0.1:0", "--handler", "*=null"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
-    said: list[str] = []
-    try:
-        assert coll.stderr is not None  # its notes: the warning, then where it serves
-        while not said or not said[-1].startswith("shmstat collector:"):
-            said.append(coll.stderr.readline())
-            assert said[-1], said
-    finally:
-        coll.terminate()
-        _, rest = coll.communicate(timeout=30)
-    err = "".join(said) + rest
+    coll = start_collector(job, "--publish", "tcp://127.0.0.1:0", "--handler", "*=null")
+    coll.stop()
+    err = "\n".join(coll.lines)  # its notes: the warning, then where it serves
     assert "any local user can subscribe" in err

@@ -8,9 +8,9 @@ exporter). The same guarantees hold on the pure-Python path.
 from __future__ import annotations
 
 import zmq
-from _procs import spawn
-from _support import FakeClock, step_and_wait, unique_job, wait_for
-from tests_user_handler import Recording
+from kit.handlers.user import Recording
+from kit.procs import spawn
+from kit.support import FakeClock, step_and_wait, unique_job, wait_for
 
 from collector import Collector, CollectorConfig
 from elastic.metrics import NullMetricHandler

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import uuid
 
-from _procs import REPO, read_jsonl
-from _support import unique_job
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
 from test_launcher import _left_behind
 
 from shmstat.shm.segment import Segment
@@ -103,7 +103,7 @@ def test_a_missing_module_fails_with_the_ranks_exit_status(tmp_path):
 
 
 def test_m_with_a_file_or_a_bad_name_is_one_sentence(tmp_path):
-    script = os.path.join("tests", "scripts", "elastic_job.py")
+    script = os.path.join("tests", "kit", "programs", "elastic_job.py")
     for name, says in ((script, "-m takes a module name, not a file"),
                        ("pkg.not a name", "is not a module name")):
         r = subprocess.run([sys.executable, "-m", "collector", "run", "-m", name], cwd=REPO,

@@ -13,13 +13,13 @@ import sys
 
 import psutil
 import pytest
-from _procs import REPO, default_signals, read_jsonl
-from _support import unique_job, wait_for
+from kit.procs import REPO, default_signals, read_jsonl
+from kit.support import unique_job, wait_for
 
 from shmstat.shm.runtime import ingest_endpoint, lock_path, publish_endpoint, segment_name
 from shmstat.shm.segment import Segment
 
-SCRIPT = os.path.join(REPO, "tests", "scripts", "signal_rank.py")
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "signal_rank.py")
 
 
 def left_behind(job: str) -> list[str]:

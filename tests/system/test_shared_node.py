@@ -4,7 +4,7 @@ a directory named like a lock file, a live segment, an idle one) and odd entries
 ``top``, ``subscribe``, ``collect`` with and without ``--job``, ``clean`` with and without a job) runs as root
 and as that user (uid 65534): none crashes, each skipped entry is one line (the node collector says it once),
 ``clean`` removes only the caller's own segments with no live process, and nothing of the other user is removed.
-Runs in a private /dev/shm (a mount namespace): see ``tests/_shared_node_kit.py``."""
+Runs in a private /dev/shm (a mount namespace): see ``tests/kit/shared_node.py``."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import os
 import sys
 
 import pytest
-from _procs import REPO
-from _support import run_with_private_dev_shm
+from kit.procs import REPO
+from kit.support import run_with_private_dev_shm
 
-_SCRIPT = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$PY" tests/_shared_node_kit.py "$WORK"'
+_SCRIPT = 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$PY" tests/kit/shared_node.py "$WORK"'
 
 OTHER_ODD = ["shmstat.o-dir", "shmstat.o-dir2.lock", "shmstat.o-fifo", "shmstat.o-link"]
 OTHER_SEGMENTS = ["shmstat.o-idle", "shmstat.o-idle.lock", "shmstat.o-live", "shmstat.o-live.lock"]

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from _procs import REPO, load_counts, rank_worker, read_jsonl, spawn, start_collector
-from _support import run_with_private_dev_shm, wait_for
+from kit.procs import REPO, load_counts, rank_worker, read_jsonl, spawn, start_collector
+from kit.support import run_with_private_dev_shm, wait_for
 
 WINDOW_MS = 50
 EVENTS, EVENT_BYTES = 40, 900_000
@@ -132,7 +132,7 @@ def test_a_job_subscriber_exits_after_the_jobs_last_windows_and_a_follower_stays
         follower.wait(20)
 
 
-_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_subscribe_kit.py "$WORK"'
+_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/kit/subscribe.py "$WORK"'
 
 
 def test_node_wide_subscribe_follows_every_job_a_node_collector_serves(tmp_path):

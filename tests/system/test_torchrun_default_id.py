@@ -10,10 +10,10 @@ import sys
 from collections import defaultdict
 
 import pytest
-from _procs import REPO, read_jsonl
-from _support import run_with_private_dev_shm
+from kit.procs import REPO, read_jsonl
+from kit.support import run_with_private_dev_shm
 
-_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/_torchrun_default_id_kit.py "$WORK"'
+_KIT = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/kit/torchrun_default_id_node.py "$WORK"'
 
 
 def test_two_torchrun_jobs_with_the_default_run_id_are_two_jobs_each_with_exactly_its_samples(tmp_path):

@@ -1,0 +1,192 @@
+"""``shmstat report``: the page of a real job (``shmstat run`` of tests/kit/programs/report_job.py: three ranks, the
+last a straggler, rank 0 crashing once and restarted, a stat of group ``gpu``), opened in a real headless chromium:
+it draws without console errors or network requests, and every number it shows (summary, each chart's data,
+straggler marks, events) equals what the jsonl and events files hold. Plus the reader's answers to bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from kit.browser import Browser, needs_chromium
+from kit.procs import REPO, read_jsonl
+from kit.support import unique_job
+
+from collector.cli.report import load_report, render_html
+from shmstat.shm.segment import Segment
+
+SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "report_job.py")
+RANKS = 3
+THRESHOLD = 0.75
+
+needs_plotly = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
+                                  reason="shmstat report draws with plotly: pip install 'shmstat[report]'")
+
+
+def run_report_job(tmp_path, *, seconds: float = 2.0, crash: bool = True) -> tuple[str, str, str]:
+    """Run tests/kit/programs/report_job.py under ``shmstat run`` with its windows (the ``shmstat`` group's scores and
+    counters included) in a jsonl file and its events in another; returns (job, windows path, events path)."""
+    job = unique_job("rep")
+    windows, events = str(tmp_path / "windows.jsonl"), str(tmp_path / "events.jsonl")
+    env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN=str(seconds), WINDOW_S="0.2",
+               **({"CRASH_ONCE": "1"} if crash else {}))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(RANKS),
+             "--max-restarts", "1", "--monitor-interval", "0.05", "--grace-ms", "20", "--handler",
+             f"*=jsonl:{windows}", "--handler", f"shmstat=jsonl:{windows}", "--events", f"jsonl:{events}", SCRIPT],
+            env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=180)
+    finally:
+        Segment.unlink(job)
+    assert done.returncode == 0, done.stderr
+    return job, windows, events
+
+
+def _by_window(rows: list[dict], group: str, name: str, rank: int | None) -> dict[float, float]:
+    return {r["window_start"]: r["value"] for r in rows
+            if r["group"] == group and r["name"] == name and r["rank"] == rank}
+
+
+CHARTS_JS = """JSON.stringify(Array.from(document.querySelectorAll('div.chart')).map(d => ({
+  stat: d.dataset.stat, kind: d.dataset.kind, svg: d.querySelectorAll('.main-svg').length,
+  drawn: (d._fullData || []).length,
+  traces: d.data.map(t => ({meta: t.meta, name: t.name, x: t.x, y: t.y, z: t.z}))})))"""
+SUMMARY_JS = """JSON.stringify(Object.fromEntries(Array.from(document.querySelectorAll('#summary tr')).map(
+  tr => [tr.dataset.name, [tr.dataset.value, tr.querySelector('td').textContent]])))"""
+
+
+@needs_chromium
+@needs_plotly
+def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp_path):
+    _job, windows, events = run_report_job(tmp_path)
+    page = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "collector", "report", windows, "--events", events, "-o", str(page)],
+                          env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"wrote {page}" in done.stdout, done.stderr
+    rows = read_jsonl(windows)
+    kept = read_jsonl(events)
+    with Browser() as browser:
+        browser.open(page.as_uri(), "document.body && document.body.dataset.chartsDrawn")
+        charts = json.loads(browser.evaluate(CHARTS_JS))
+        summary = json.loads(browser.evaluate(SUMMARY_JS))
+        shown_note = browser.evaluate("document.getElementById('events').textContent")
+        images = browser.evaluate("document.querySelectorAll('img').length")
+        log = browser.log
+    assert log.errors() == []
+    assert [u for u in log.requests if u != page.as_uri() and not u.startswith("data:")] == [], log.requests
+    assert images == 0 and "<img src=x onerror=alert(1)>" in shown_note  # markup in an event is shown as text
+
+    # the summary, against the files
+    stat_rows = [r for r in rows if r["window_start"] is not None and r["group"] != "shmstat"]
+    joined: dict[int, set[int]] = defaultdict(set)
+    for e in kept:
+        if e.get("name") == "rank/joined":
+            joined[e["data"]["rank"]].add(e["data"]["incarnation"])
+    expected = {
+        "ranks": len({r["rank"] for r in stat_rows if r["rank"] is not None}),
+        "windows": len({r["window_start"] for r in stat_rows}),
+        "samples": sum(r["value"] for r in stat_rows if r["rank"] is None and r["name"].endswith(".count")),
+        "events": sum(1 for e in kept if "gap" not in e),
+        "events_lost": sum(e["gap"] for e in kept if "gap" in e),
+        "restarts": sum(len(v) - 1 for v in joined.values()),
+        "stats": 3,
+    }
+    assert expected["ranks"] == RANKS and expected["restarts"] == RANKS  # every worker restarted once
+    for name, value in expected.items():
+        assert summary[name] == [str(value), str(value)], (name, summary[name], value)
+
+    by = defaultdict(list)
+    for c in charts:
+        assert c["svg"] >= 1 and c["drawn"] == len(c["traces"]), c["stat"]  # plotly drew every trace
+        by[(c["stat"], c["kind"])].append(c)
+    assert {k for k in by if k[0] != "events"} == {
+        ("train/step_ms", "time"), ("train/step_ms", "percentiles"), ("train/step_ms", "heatmap"),
+        ("train/loss", "time"), ("train/loss", "heatmap"), ("gpu/util_percent", "time"),
+        ("gpu/util_percent", "heatmap")}
+
+    for group, stat in (("train", "step_ms"), ("train", "loss"), ("gpu", "util_percent")):
+        key = f"{group}/{stat}"
+        traces = {t["meta"]: t for t in by[(key, "time")][0]["traces"]}
+        merged = _by_window(rows, group, f"{stat}.mean", None)
+        starts = sorted({r["window_start"] for r in rows if r["group"] == group
+                         and r["name"].startswith(stat + ".") and r["window_start"] is not None})
+        assert traces["merged"]["x"] == [s * 1000 for s in starts]
+        assert traces["merged"]["y"] == [merged.get(s) for s in starts]
+        per_rank = {rank: _by_window(rows, group, f"{stat}.mean", rank) for rank in range(RANKS)}
+        assert traces["low"]["y"] == [min(p[s] for p in per_rank.values() if s in p) for s in starts]
+        assert traces["high"]["y"] == [max(p[s] for p in per_rank.values() if s in p) for s in starts]
+        figure = "p50" if stat == "step_ms" else "mean"
+        heat = {t["meta"]: t for t in by[(key, "heatmap")][0]["traces"]}
+        assert heat["figure"]["y"] == list(range(RANKS))
+        for rank in range(RANKS):
+            figures = _by_window(rows, group, f"{stat}.{figure}", rank)
+            assert heat["figure"]["z"][rank] == [figures.get(s) for s in starts]
+
+    # percentiles, and the straggler marks: the collector's own scores under the threshold
+    pct = {t["meta"]: t for t in by[("train/step_ms", "percentiles")][0]["traces"]}
+    assert set(pct) == {"p50", "p99"}
+    for p, trace in pct.items():
+        values = _by_window(rows, "train", f"step_ms.{p}", None)
+        assert trace["x"] == [s * 1000 for s in sorted(values)]
+        assert trace["y"] == [values[s] for s in sorted(values)]
+    scores = {(r["rank"], r["window_start"]) for r in rows
+              if r["name"] == "straggler.score.train/step_ms" and r["value"] < THRESHOLD}
+    marks = {t["meta"]: t for t in by[("train/step_ms", "heatmap")][0]["traces"]}["stragglers"]
+    assert {(y, x) for x, y in zip(marks["x"], marks["y"], strict=True)} == {(r, s * 1000) for r, s in scores}
+    assert scores and {rank for rank, _ in scores} == {RANKS - 1}  # the slow rank, and only it
+
+    # the events timeline: every event, by name
+    timeline = {t["name"]: len(t["x"]) for t in by[("events", "events")][0]["traces"] if t["meta"] == "event"}
+    names: dict[str, int] = defaultdict(int)
+    for e in kept:
+        if "gap" not in e:
+            names[e["name"]] += 1
+    assert timeline == dict(names)
+    assert {"shmstat.straggler", "rank/joined", "train.checkpoint"} <= set(timeline)
+
+
+def test_the_reader_reconciles_a_real_jsonl_and_counts_what_it_skips(tmp_path):
+    job, windows, events = run_report_job(tmp_path, seconds=1.0, crash=False)
+    rows = read_jsonl(windows)
+    with open(windows, "a") as f:
+        f.write("not json\n[1, 2]\n")
+    report = load_report(windows, events, job=job)
+    assert report.bad_lines == 2
+    summary = report.summary()
+    assert summary["samples"] == sum(r["value"] for r in rows if r["rank"] is None and r["window_start"] is not None
+                                     and r["name"].endswith(".count") and r["group"] != "shmstat")
+    assert summary["restarts"] == 0 and summary["ranks"] == RANKS
+    assert report.counters["windows_emitted"] > 0
+    # without the collector's scores (the shmstat group not kept) the page scores the rows by the same rule
+    for series in report.stats.values():
+        kept = dict(series.scores)
+        series.scores.clear()
+        assert kept and series.score_grid() == pytest.approx(kept, rel=1e-12), series.key
+    page = render_html(report, js="/* plotly.js left out */")
+    assert page.count('class="chart"') == 8 and "</script><img" not in page
+
+
+def test_bad_input_is_one_sentence(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO)
+
+    def report(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "collector", "report", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
+
+    missing = report(str(tmp_path / "nothing.jsonl"))
+    assert missing.returncode == 2 and "cannot read the jsonl" in missing.stderr and "Traceback" not in missing.stderr
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(json.dumps({"timestamp": 1.0, "group": "g", "name": "s.count", "value": 1, "rank": None,
+                                       "window_start": 0.0, "window_end": 1.0, "job": j}) + "\n" for j in ("a", "b")))
+    several = report(str(two))
+    assert several.returncode == 2 and "choose one with --job" in several.stderr
+    absent = report(str(two), "--job", "c")
+    assert absent.returncode == 2 and "no row of job 'c'" in absent.stderr
+    threshold = report(str(two), "--job", "a", "--threshold", "2")
+    assert threshold.returncode == 2 and "--threshold must be between 0 and 1" in threshold.stderr
+    assert not (tmp_path / "two.html").exists()

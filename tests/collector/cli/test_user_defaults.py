@@ -1,0 +1,320 @@
+"""What a new user reads (issue 33): each case runs the real ``shmstat`` command and checks what it prints.
+
+torchrun's single-node flags are taken and its multi-node ones refused with ``run``'s usage; the default output
+names a straggler; the collector's own group reaches a sink only when asked for by name; count-only stats get no
+straggler score; a node collector keeps notes off stdout and shows short job ids; a second node collector refuses
+at once; every user error is one short sentence; every option has help; ``ls`` says what it counts; ``subscribe``
+prints items as objects shaped as the events jsonl and fails for a job that never appears.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+from kit.procs import REPO, rank_worker, read_jsonl, spawn, start_collector
+from kit.support import unique_job, wait_for
+
+from collector.cli import command as cli
+from collector.daemon.node_lock import NodeLock
+from shmstat.shm.layout import DEFAULT_BANKS, min_window_ms
+from shmstat.shm.segment import Segment
+
+ENV = dict(os.environ, PYTHONPATH=REPO)
+SHORT = 160  # the longest a user's one sentence may be
+
+
+def _shmstat(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "collector", *args], capture_output=True, text=True,
+                          env=env or ENV, cwd=REPO, timeout=timeout)
+
+
+def _script(tmp_path, body: str) -> str:
+    path = tmp_path / "rank.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _error(done: subprocess.CompletedProcess[str], prefix: str = "shmstat: error: ") -> str:
+    """The one error sentence of a refused command (after its prefix)."""
+    lines = done.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith(prefix), done.stderr
+    return lines[-1][len(prefix):]
+
+
+# -- the parser ----------------------------------------------------------------------------------------------------
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_option_and_argument_of_every_subcommand_has_help():
+    missing = [(name, action.option_strings or action.dest) for name, parser in _subcommands().items()
+               for action in parser._actions if not action.help or action.help == argparse.SUPPRESS]
+    assert missing == []
+    verbose = {name: next(a.help for a in p._actions if "--verbose" in a.option_strings)
+               for name, p in _subcommands().items()}
+    assert all("collector" not in verbose[name] for name in ("ls", "top", "subscribe", "keys")), verbose
+
+
+def test_run_takes_torchruns_single_node_flags(tmp_path):
+    script = _script(tmp_path, "print('rank ran')\n")
+    done = _shmstat("run", "--standalone", "--nnodes", "1:1", "--nproc_per_node", "1", "--status-interval", "0",
+                    script)
+    assert done.returncode == 0, done.stderr
+    assert "rank ran" in done.stdout
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--nnodes", "2"), "argument --nnodes: shmstat run runs one node"),
+    (("--rdzv-endpoint", "host:29400"), "--rdzv-endpoint is torchrun's rendezvous"),
+    (("--node_rank", "1"), "--node_rank is torchrun's rendezvous"),
+    (("--no-such-flag",), "unrecognized arguments: --no-such-flag"),
+])
+def test_run_refuses_other_flags_with_its_own_usage_and_what_to_use(tmp_path, flags, says):
+    done = _shmstat("run", "--nproc-per-node", "2", *flags, "train.py")
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: shmstat run "), done.stderr  # run's usage, not the top-level one
+    sentence = _error(done, "shmstat run: error: ")
+    assert sentence.startswith(says) and len(sentence) < SHORT, sentence
+    if "unrecognized" not in says:
+        assert "for more use torchrun with a node collector (see docs/guides/torchrun.md)" in sentence
+        assert os.path.exists(os.path.join(REPO, "docs", "guides", "torchrun.md"))
+
+
+# -- what run and collect print ------------------------------------------------------------------------------------
+
+SLOW_RANK = """
+    import os, time
+    import shmstat
+    from shmstat import Aggregation as A
+
+    rank = int(os.environ["RANK"])
+    step = shmstat.Stat("step_ms", [A.COUNT, A.MEAN], 0.1, group="train")
+    items = shmstat.Stat("items", [A.COUNT], 0.1, group="train")
+    end = time.time() + {seconds}
+    while time.time() < end:
+        step.add(20.0 if rank == 1 else 10.0)
+        for _ in range(1 if rank == 1 else 3):
+            items.add(1.0)
+        time.sleep(0.002)
+    shmstat.shutdown()
+"""
+
+
+def test_the_default_output_names_the_straggler_and_only_timed_stats_are_scored(tmp_path):
+    own = str(tmp_path / "own.jsonl")
+    script = _script(tmp_path, SLOW_RANK.format(seconds=2.0))
+    done = _shmstat("run", "--nproc-per-node", "3", "--handler", f"shmstat=jsonl:{own}", "--grace-ms", "10",
+                    "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    flagged = [line for line in done.stdout.splitlines() if "straggler: rank 1 on train/step_ms scores 0.50" in line]
+    assert len(flagged) == 1, done.stdout
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d(\.\d{3})?\] straggler: rank 1 on train/step_ms scores 0\.50 \(its 20 "
+                        r"against a median of 10\) for 3 windows", flagged[0]), flagged[0]
+    assert "shmstat run:" not in done.stdout  # notes are on stderr
+    scored = {r["name"] for r in read_jsonl(own) if r["name"].startswith("straggler.score.")}
+    assert scored == {"straggler.score.train/step_ms"}  # items asked only for COUNT: no score
+
+
+def test_the_collectors_own_group_reaches_a_sink_only_when_named(tmp_path):
+    rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
+    script = _script(tmp_path, SLOW_RANK.format(seconds=1.5))
+    done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"*=jsonl:{rows}", "--grace-ms", "10",
+                    "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    groups = {r["group"] for r in read_jsonl(rows)}
+    assert "train" in groups and "shmstat" not in groups, groups  # '*': every group of the job, not the collector's
+    done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"*=jsonl:{rows}", "--handler",
+                    f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    assert any(r["name"] == "collector.windows_emitted" for r in read_jsonl(own))
+
+
+def test_a_node_collector_prints_data_on_stdout_notes_on_stderr_and_short_job_ids(tmp_path):
+    common = f"defaults-{uuid.uuid4().hex[:8]}-"  # two jobs sharing their first 17 characters
+    jobs = [common + "a" + uuid.uuid4().hex[:20], common + "b" + uuid.uuid4().hex[:20]]
+    coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10", "--status-interval", "0",
+                           "--prometheus", "127.0.0.1:0", env=ENV)
+    try:
+        for job in jobs:
+            coll.lines_seen(f"job {job} picked up", 60)
+        ranks = [spawn(rank_worker, job, 0, 1, 0.5, 100, str(tmp_path / f"r{i}.json")) for i, job in enumerate(jobs)]
+        for p in ranks:
+            p.join(60)
+            assert p.exitcode == 0
+        code, out = coll.finish(signal.SIGTERM, 60)
+    finally:
+        if coll.proc.poll() is None:
+            coll.stop(signal.SIGKILL)
+        for job in jobs:
+            Segment.unlink(job)
+    assert code == 0
+    notes = "\n".join(coll.lines)
+    assert "Prometheus endpoint" in notes and "shmstat collector: node pid" in notes
+    assert "shmstat collector" not in out and "Prometheus" not in out  # stdout: data only
+    shown = {job: job[: len(common) + 1] for job in jobs}
+    for job in jobs:
+        assert f"job {job} picked up (shown as {shown[job]})" in notes
+    windows = [line for line in out.splitlines() if "train/steps" in line]
+    assert windows and all(line.split()[1] in shown.values() for line in windows), out
+    assert not any(job in out for job in jobs)  # never the whole id
+
+
+def test_a_second_node_collector_refuses_at_once_naming_the_first(tmp_path):
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    env = dict(ENV, SHMSTAT_RUNTIME_DIR=str(runtime))
+    (runtime / "node-collector.lock").write_text("999999999\n")  # left by a dead one: blocks nothing
+    old = os.environ.get("SHMSTAT_RUNTIME_DIR")
+    os.environ["SHMSTAT_RUNTIME_DIR"] = str(runtime)
+    try:
+        held = NodeLock.take()  # this process serves as the first node collector
+    finally:
+        if old is None:
+            del os.environ["SHMSTAT_RUNTIME_DIR"]
+        else:
+            os.environ["SHMSTAT_RUNTIME_DIR"] = old
+    try:
+        done = _shmstat("collect", "--handler", "*=null", "--status-interval", "0", env=env, timeout=60)
+    finally:
+        held.release()
+    assert done.returncode == 2 and done.stdout == ""
+    sentence = _error(done)
+    assert sentence.startswith(f"a node collector (pid {os.getpid()}) already serves every job") and len(
+        sentence) < SHORT, sentence
+
+
+# -- errors --------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["jsnl:x", "jsnl:/tmp/x"])
+def test_a_mistyped_handler_kind_is_the_same_sentence_however_the_rest_reads(job, spec):
+    sentence = _error(_shmstat("collect", "--job", job, "--handler", f"*={spec}"))
+    assert sentence.startswith(f"unknown handler kind 'jsnl' in '{spec}'") and len(sentence) < SHORT, sentence
+    assert sentence.endswith("use compact, console, null, jsonl:PATH, tensorboard:DIR, otlp:ENDPOINT or "
+                             "pkg.module:Class")
+
+
+def test_a_bad_name_is_one_short_sentence_naming_the_rules_page(tmp_path):
+    done = _shmstat("run", "--role", "a\tb" * 40, "--status-interval", "0", _script(tmp_path, "pass\n"))
+    assert done.returncode == 2
+    sentence = _error(done)
+    assert "(the name rule: see docs/reference/name-rule.md)" in sentence and len(sentence) < SHORT, sentence
+    assert os.path.exists(os.path.join(REPO, "docs", "reference", "name-rule.md"))
+
+
+def test_a_window_too_short_for_the_banks_names_the_option(tmp_path):
+    script = _script(tmp_path, """
+        import shmstat
+        from shmstat.errors import ConfigError
+        try:
+            shmstat.Stat("fast", [shmstat.Aggregation.COUNT], 0.01, group="train")
+        except ConfigError as exc:
+            print(exc)
+        shmstat.shutdown()
+    """)
+    done = _shmstat("run", "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    (sentence,) = [line for line in done.stdout.splitlines() if "window_size" in line]
+    banks = min(b for b in range(DEFAULT_BANKS, 65) if min_window_ms(b) <= 10)  # the fewest that keep 10 ms
+    assert f"(shmstat run/collect --banks {banks})" in sentence and len(sentence) < SHORT, sentence
+
+
+def test_subscribing_to_a_job_that_never_appears_fails_with_one_sentence():
+    done = _shmstat("subscribe", "--job", unique_job("nosuch"), "--timeout", "0.5")
+    assert done.returncode == 1 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "did not appear on this node before the timeout" in line and len(line) < SHORT, line
+
+
+# -- ls and subscribe ----------------------------------------------------------------------------------------------
+
+WORKERS_RANK = """
+    import multiprocessing as mp, os, time
+    import shmstat
+
+    def worker(stop):
+        s = shmstat.Stat("loaded", [shmstat.Aggregation.COUNT], 0.1, group="train")
+        while not os.path.exists(stop):
+            s.add(1.0)
+            time.sleep(0.01)
+
+    if __name__ == "__main__":
+        stop, ready = os.environ["STOP"], os.environ["READY"]
+        s = shmstat.Stat("steps", [shmstat.Aggregation.COUNT], 0.1, group="train")
+        s.add(1.0)
+        ctx = mp.get_context("spawn")  # as DataLoader workers: they inherit the rank's environment
+        kids = [ctx.Process(target=worker, args=(stop,)) for _ in range(2)]
+        for k in kids:
+            k.start()
+        deadline = time.time() + 60
+        while not os.path.exists(stop) and time.time() < deadline:
+            time.sleep(0.01)
+            if not os.path.exists(ready):
+                open(ready, "w").close()
+        for k in kids:
+            k.join()
+        shmstat.shutdown()
+"""
+
+
+def test_ls_counts_ranks_and_their_worker_processes_in_columns_of_their_own(tmp_path):
+    job = unique_job("ls")
+    stop, ready = tmp_path / "stop", tmp_path / "ready"
+    run = subprocess.Popen([sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", "2",
+                            "--handler", "*=null", "--status-interval", "0", _script(tmp_path, WORKERS_RANK)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                           env=dict(ENV, STOP=str(stop), READY=str(ready)))
+    try:
+        def listed() -> str | None:
+            out = _shmstat("ls").stdout
+            line = next((x for x in out.splitlines() if x.startswith(job)), "")
+            return out if line.split()[1:3] == ["2/2", "4/4"] else None
+        out = wait_for(listed, 90, 0.2, what="ls to see 2 ranks and 4 workers")
+    finally:
+        stop.touch()
+        _, err = run.communicate(timeout=90)
+    assert run.returncode == 0, err
+    assert out.splitlines()[0].split() == ["JOB", "RANKS", "WRITERS", "COLLECTOR", "SIZE", "DROPPED"]
+
+
+EVENTS_RANK = """
+    import datetime, os, time
+    import shmstat
+
+    time.sleep(1.0)  # the subscriber is connected by now
+    for i in range(5):
+        shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {"i": i, "x": float("nan") if i == 2 else i}))
+    shmstat.shutdown()
+"""
+
+
+def test_subscribe_prints_each_event_as_the_events_jsonl_writes_it(tmp_path):
+    job, kept = unique_job("sub"), str(tmp_path / "events.jsonl")
+    sub = subprocess.Popen([sys.executable, "-m", "collector", "subscribe", "--job", job, "--topic", "event/tick"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+    try:
+        done = _shmstat("run", "--job", job, "--nproc-per-node", "2", "--events", f"jsonl:{kept}",
+                        "--handler", "*=null", "--status-interval", "0", _script(tmp_path, EVENTS_RANK))
+        assert done.returncode == 0, done.stderr
+        out, err = sub.communicate(timeout=60)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.communicate()
+    assert sub.returncode == 0, err
+    import json
+
+    printed = [item for line in out.splitlines() for item in json.loads(line)["items"]]
+    written = [r for r in read_jsonl(kept) if r.get("name") == "tick"]
+    key = lambda r: (r["rank"], r["seq"])  # noqa: E731
+    assert len(written) == 10 and sorted(printed, key=key) == sorted(written, key=key)
+    assert {"name", "job", "rank", "timestamp", "data", "seq", "pid", "incarnation"} == set(printed[0])
