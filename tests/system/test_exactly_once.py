@@ -196,7 +196,7 @@ def test_a_restart_after_the_ring_wrapped_never_writes_a_window_twice(job, tmp_p
     out = str(tmp_path / "w.jsonl")
     stop, worker_done = str(tmp_path / "stop"), str(tmp_path / "worker_done")
     common = ("--banks", "4", "--grace-ms", "20", "--status-interval", "0")
-    coll = start_collector(job, "--handler", f"g=jsonl:{out}", "--handler", "shmstat=tests_user_handler:Stuck",
+    coll = start_collector(job, "--handler", f"g=jsonl:{out}", "--handler", "shmstat=kit.handlers.user:Stuck",
                            "--commit-wait", "3600", *common)
     proc = spawn(rank_with_an_early_worker, job, stop, worker_done)
     try:
