@@ -71,6 +71,13 @@ class DeliveredMarks:
         relay.restore(restored)
         if events.delivery is not None:
             events.delivery.listen(self.taken)
+            events.delivery.resent_by(events.job, self.resends)
+
+    def resends(self, rank: int, pid: int, incarnation: int) -> bool:
+        """Whether the sender still keeps what no sink took and re-sends it to the next collector: it re-syncs, its
+        mark is kept in the segment (below what it sent and the sinks did not take), and it lives."""
+        key = (rank, pid, incarnation)
+        return key in self.relay.origins and key in self._index and pid_alive(pid)
 
     def close(self) -> None:
         """Stop listening to the sinks and writing marks (the segment is about to be closed); idempotent."""

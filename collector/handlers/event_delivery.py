@@ -13,8 +13,10 @@ raises is counted in ``errors`` and its events in ``dropped``.
 
 :meth:`EventDelivery.close` gives every sink ``close_budget_s`` in all to take what is queued, then flushes and
 closes the sinks that finished. A sink still stuck is left behind (its thread is a daemon) and what it held — its
-queue and the batch in its hands — is counted as dropped, so at every moment
-``offered == delivered + dropped + queued + in hand``, per sink, and after close nothing is unaccounted.
+queue and the batch in its hands — is counted as dropped, except the events their live ranks still keep and
+re-send to the next collector (``left``: their delivered marks stay below them, see :meth:`EventDelivery.resent_by`),
+so at every moment ``offered == delivered + dropped + left + queued + in hand``, per sink, and after close nothing
+is unaccounted and nothing counted twice.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class _Sink:
         self.errors = 0
         self.dropped: dict[str, int] = collections.defaultdict(int)
         self.in_hand: dict[str, int] = {}  # events of the batch being emitted, per job
+        self.in_hand_entries: list[_Entry] = []  # that batch's entries
+        self.left: dict[str, int] = collections.defaultdict(int)
+        """Events of a sink given up at close that their ranks still keep and re-send to the next collector."""
         self.abandoned = False
         self.offered = 0  # the ticket of the last entry put here
         self.done = 0  # every entry with a ticket up to this one was taken (or counted as lost)
@@ -164,6 +169,7 @@ class _Sink:
                 in_hand[entry.job] += entry.events
             self.bytes -= taken
             self.in_hand = in_hand
+            self.in_hand_entries = entries
             if entries:  # with nothing queued behind them, every entry offered so far is taken or counted
                 self._upto = self.offered if not self.queue else entries[-1].ticket
             now = time.time_ns()
@@ -222,6 +228,7 @@ class _Sink:
                 self.dropped[job] += n
             self.delivered += sum(self.in_hand.values()) - sum(lost.values())
             self.in_hand = {}
+            self.in_hand_entries = []
             self.done = max(self.done, self._upto)
         if self.on_done is not None:
             self.on_done()
@@ -233,18 +240,25 @@ class _Sink:
             _log.error("events sink %r failed: %r (counted in collector.event_handler_errors; further ones not "
                        "logged)", self.handler, exc if exc is not None else "a message decode refused")
 
-    def abandon(self) -> int:
-        """Give the sink up (stuck past the close budget): count what it holds as dropped; returns how many."""
+    def abandon(self, resent: Any = None) -> int:
+        """Give the sink up (stuck past the close budget): what it holds is counted as dropped, except the events
+        ``resent(entry)`` says their rank still keeps and re-sends to the next collector (counted in ``left``);
+        returns how many were dropped."""
         with self.cond:
             self.abandoned = True
-            held = [(job, n) for job, n in self.in_hand.items()]
-            held += [(entry.job, entry.events) for entry in self.queue if type(entry) is _Entry]
-            for job, n in held:
-                self.dropped[job] += n
+            held = [*self.in_hand_entries, *(entry for entry in self.queue if type(entry) is _Entry)]
+            dropped = 0
+            for entry in held:
+                if resent is not None and resent(entry):
+                    self.left[entry.job] += entry.events
+                else:
+                    self.dropped[entry.job] += entry.events
+                    dropped += entry.events
             self.queue.clear()
             self.bytes = 0
             self.in_hand = {}
-            return sum(n for _, n in held)
+            self.in_hand_entries = []
+            return dropped
 
 
 def _records(job: str, msg: Received) -> list[EventRecord]:
@@ -266,6 +280,7 @@ class EventDelivery:
         self._closed = False
         self._ticket = 0
         self._listeners: list[Any] = []
+        self._keeps: dict[str, Any] = {}  # job -> whether a sender re-sends what no sink took (see resent_by)
 
     @classmethod
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
@@ -310,6 +325,19 @@ class EventDelivery:
         for sink in self._all():
             sink.put(entry)
         return self._ticket
+
+    def resent_by(self, job: str, keeps: Any) -> None:
+        """``keeps(rank, pid, incarnation)`` says whether a sender of ``job`` still keeps what no sink took and
+        re-sends it to the next collector (its delivered mark stays below it): such events of a sink given up at
+        close are not counted as dropped."""
+        self._keeps = {**self._keeps, job: keeps}
+
+    def _resent(self, entry: _Entry) -> bool:
+        keeps = self._keeps.get(entry.job)
+        item = entry.item
+        if keeps is None or isinstance(item, (EventRecord, GapRecord)):  # the collector's own: no one re-sends
+            return False
+        return bool(keeps(item.rank, item.pid, item.incarnation))
 
     def listen(self, fn: Any) -> None:
         """Call ``fn()`` from a sink's thread each time that sink has taken a batch (the collector writes the
@@ -378,10 +406,10 @@ class EventDelivery:
             if stopped.wait(max(0.0, deadline - time.monotonic())):
                 finished.add(id(sink.handler))
             else:
-                lost = sink.abandon()
+                lost = sink.abandon(self._resent)
                 _log.warning("events sink %r did not finish within %.1f s of shutdown; leaving it behind, %d "
-                             "events it held counted in collector.events_dropped", sink.handler,
-                             self.close_budget_s, lost)
+                             "events it held counted in collector.events_dropped (%d more its ranks re-send to the "
+                             "next collector)", sink.handler, self.close_budget_s, lost, sum(sink.left.values()))
         for handler in self.handlers:
             if id(handler) in finished:
                 _close_quietly(handler)

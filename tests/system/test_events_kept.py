@@ -295,3 +295,48 @@ def test_a_bad_events_spec_is_one_sentence_and_starts_nothing(job, tmp_path):
         assert len(err) == 1 and err[0].startswith("shmstat: error: ") and says in err[0], done.stderr
         assert not [n for n in os.listdir("/dev/shm") if job in n], "a bad SPEC left a segment"
         assert not marker.exists(), "shmstat run started the script despite a bad SPEC"
+
+
+def _rank_that_waits(job: str, n_events: int, stop_path: str) -> None:
+    """Log ``n_events`` events, then live until ``stop_path`` exists (its publisher keeps what no collector
+    acknowledged), then shut down."""
+    import datetime
+
+    import shmstat
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1)
+    for i in range(n_events):
+        shmstat.log_event(shmstat.Event("held", datetime.datetime.now(), {"i": i}))
+    while not os.path.exists(stop_path):
+        time.sleep(0.01)
+    shmstat.shutdown(flush_timeout_s=20)
+
+
+def test_a_sink_given_up_at_stop_counts_as_dropped_only_what_no_rank_resends(job, tmp_path):
+    """A stuck sink holds a live rank's events at a SIGTERM: the sink is given up, but the rank still keeps those
+    events (nothing acknowledged them) and re-sends them to the next collector, so they are not counted as dropped
+    (they were, and then arrived too: counted twice)."""
+    first, second, usage = (str(tmp_path / f"{name}.jsonl") for name in ("first", "second", "usage"))
+    stop = str(tmp_path / "stop")
+    n_events = 200
+    coll = start_collector(job, "--events", "kit.handlers.event_sinks:Stuck", "--events", f"jsonl:{first}",
+                           "--handler", f"shmstat=jsonl:{usage}", "--status-interval", "0")
+    p = spawn(_rank_that_waits, job, n_events, stop)
+    try:
+        wait_for(lambda: len([e for e in read_jsonl(first) if e.get("name") == "held"]) >= n_events, 60,
+                 what="the jsonl sink's events")
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+        final = [r["value"] for r in read_jsonl(usage) if r["name"] == "collector.events_dropped"][-1]
+        own = [e for e in read_jsonl(first) if e.get("name") != "held" and "gap" not in e]  # rank/joined: no one
+        assert own and final == len(own)  # re-sends the collector's own events: those the stuck sink held are lost
+        coll = start_collector(job, "--events", f"jsonl:{second}", "--status-interval", "0")
+        wait_for(lambda: len([e for e in read_jsonl(second) if e.get("name") == "held"]) >= n_events, 60,
+                 what="the rank's re-sent events")
+    finally:
+        with open(stop, "w"):
+            pass
+        p.join(60)
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+    again = [e for e in read_jsonl(second) if e.get("name") == "held"]
+    assert sorted(e["data"]["i"] for e in again) == list(range(n_events))
+    assert [g for g in read_jsonl(second) if "gap" in g] == []
