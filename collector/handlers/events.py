@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import sys
 import threading
 import time
@@ -130,7 +131,9 @@ class JsonlEventHandler(EventHandler):
     """Appends one JSON object per record to ``path`` (:meth:`EventRecord.to_json`, :meth:`GapRecord.to_json`),
     opened 0600 in append mode; a batch is written whole or not at all: a write that fails (a full disk) is undone
     (the file cut back to its length before the batch) and raises, so each record of the batch is either in the
-    file or counted as lost, never both, and a reader sees whole lines only."""
+    file or counted as lost, never both, and a reader sees whole lines only. Exactly once across collector
+    SIGKILLs: on open, a line a kill cut is removed and the ranks' events the file's tail holds are not written
+    again when re-sent."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -138,12 +141,19 @@ class JsonlEventHandler(EventHandler):
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open the events output {path!r}: {exc.strerror}") from None
+        self._held = _resume_events(self._fd, path)
+        """(job, rank, pid, incarnation, seq) of the ranks' events in the file's tail when opened: a collector
+        SIGKILLed after this file took a batch and before its delivered mark moved leaves them to be re-sent once,
+        and they are not written twice."""
 
     def __repr__(self) -> str:
         return f"JsonlEventHandler({self.path!r})"
 
     def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
         """Write one line per record, all or none (see the class docstring)."""
+        if self._held:
+            batch = [r for r in batch if not (isinstance(r, EventRecord) and r.rank is not None and
+                                              (r.job, r.rank, r.pid, r.incarnation, r.seq) in self._held)]
         if not batch or self._fd < 0:
             return
         data = memoryview("".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in batch).encode("utf-8"))
@@ -161,6 +171,47 @@ class JsonlEventHandler(EventHandler):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+RESUME_TAIL_BYTES = 8 << 20
+"""Bytes at the end of an events jsonl file read back on open (a batch is at most about 1 MiB of payload)."""
+
+
+def _resume_events(fd: int, path: str, tail_bytes: int = RESUME_TAIL_BYTES) -> set[tuple[Any, ...]]:
+    """Cut a last line a kill left unfinished, and return the keys of the ranks' events in the file's tail (empty
+    for a file that is not a regular one or cannot be read back)."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return set()
+        start = max(0, st.st_size - tail_bytes)
+        rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if os.fstat(rfd).st_ino != st.st_ino:  # the path names another file now
+                return set()
+            data = os.pread(rfd, st.st_size - start, start)
+        finally:
+            os.close(rfd)
+    except OSError:
+        return set()
+    if not data.endswith(b"\n"):
+        cut = data.rfind(b"\n")
+        if cut < 0 and start > 0:
+            return set()
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start + cut + 1)
+            data = data[: cut + 1]
+    held: set[tuple[Any, ...]] = set()
+    for line in data.split(b"\n")[1 if start > 0 else 0:]:
+        if not line or b'"gap"' in line[:8]:
+            continue
+        try:
+            row = json.loads(line)
+            if row.get("rank") is not None:
+                held.add((row["job"], row["rank"], row["pid"], row["incarnation"], row["seq"]))
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a line of ours
+            continue
+    return held
 
 
 class ConsoleEventHandler(EventHandler):

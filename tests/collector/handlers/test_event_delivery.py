@@ -143,6 +143,26 @@ def test_the_jsonl_sink_writes_whole_lines_owner_only(tmp_path):
     sink.close()
 
 
+def test_the_jsonl_sink_reopened_writes_a_resent_event_once_and_repairs_a_cut_line(tmp_path):
+    """A collector SIGKILLed after its sink wrote a batch and before the delivered mark moved: the ranks re-send
+    that batch to the next collector, whose sink finds its events in the file's tail and skips them; a line the
+    kill cut is removed. The collector's own events (rank None) are never re-sent and are always written."""
+    path = str(tmp_path / "e.jsonl")
+    first = JsonlEventHandler(path)
+    ranks = [EventRecord("e", "j", 0, 1_000, {"i": i}, i, 42, 1) for i in range(5)]
+    first.emit_events(ranks[:3])
+    first.close()
+    with open(path, "a") as f:
+        f.write('{"name": "e", "job": "j", "ra')  # a write the kill cut
+    again = JsonlEventHandler(path)
+    own = EventRecord("rank/joined", "j", None, 2_000, {}, 0, 7, 0)
+    again.emit_events([*ranks, own])  # re-sent from seq 0, then new ones
+    again.close()
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    assert [(line["rank"], line["seq"]) for line in lines] == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (None, 0)]
+
+
 def test_the_console_sink_prints_one_line_per_record(capsys):
     sink = build_event_handler("console")
     assert isinstance(sink, ConsoleEventHandler)
