@@ -414,6 +414,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     st = pub.stats()
     res["ours.publisher"] = {"queued": st.queued, "dropped": st.dropped, "sent": st.sent_items}
     shmstat.shutdown()
+    res["ours.ack.keep_forget"] = ack_cost_ns(number, repeat)
 
     # anchors
     try:
@@ -453,6 +454,33 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
         res["te.prof"] = median_ns("their_empty()", env, number // 4, repeat)
         res["torchelastic"] = "ok"
     print("result", json.dumps(res), flush=True)
+
+
+def ack_cost_ns(number: int, repeat: int, per_ack: int = 16) -> float:
+    """What the acknowledgement adds to a rank's event path, per message sent: the publisher's thread keeps the
+    message until a collector acknowledges it, then forgets it (one acknowledgement per ``per_ack`` messages, as
+    the collector's ~20 ms batching gives at a few hundred messages a second). The publisher's own sender, off its
+    thread (no socket: only the keeping)."""
+    from shmstat.publish.xpub import _Sender
+    from shmstat.wire.delivered import encode_delivered
+
+    sender = _Sender.__new__(_Sender)
+    sender._pid, sender._rank, sender._incarnation, sender._kept_limit = 4242, 0, 0, 64 << 20
+    sender._reset_state()
+    frames = (b"event/bench", b"x" * 120)
+    acks = [encode_delivered([(4242, 0, 0, end)])[0] for end in range(per_ack, 1001, per_ack)]
+
+    def keep_and_forget() -> None:
+        ack = iter(acks)
+        for seq in range(1, 1001):
+            sender._keep(frames, seq)
+            if seq % per_ack == 0:
+                sender._acknowledged(next(ack))
+        sender._kept.clear()
+        sender._kept_held = 0
+
+    return median_ns("keep_and_forget()", {"keep_and_forget": keep_and_forget}, max(1, number // 1000),
+                     repeat) / 1000
 
 
 def worker_prometheus(args: argparse.Namespace) -> None:
@@ -1091,6 +1119,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
         ("torch.monitor log_event, one no-op handler", "torch.log_event.handler"),
         ("shmstat log_event to a running collector (incl. publisher thread)", "ours.log_event.collector"),
         ("shmstat log_event to a running collector (caller side only)", "ours.log_event.collector_caller"),
+        ("  of which the acknowledgement: the publisher keeps a sent message, forgets it when acknowledged "
+         "(per message, 16 per acknowledgement)", "ours.ack.keep_forget"),
         ("shmstat log_event(Event(..., datetime.now(), data)), one no-op handler", "ours.log_event.fresh_handler"),
         ("shmstat log_event(Event(..., datetime.now(), data)) to a running collector",
          "ours.log_event.fresh_collector"),

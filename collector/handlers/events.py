@@ -141,7 +141,8 @@ class JsonlEventHandler(EventHandler):
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open the events output {path!r}: {exc.strerror}") from None
-        self._held = _resume_events(self._fd, path)
+        _resume_events(self._fd, path, 1 << 16)  # a cut last line repaired at once (a small read)
+        self._held: set[tuple[Any, ...]] | None = None  # read by the first batch, in the sink's thread
         """(job, rank, pid, incarnation, seq) of the ranks' events in the file's tail when opened: a collector
         SIGKILLed after this file took a batch and before its delivered mark moved leaves them to be re-sent once,
         and they are not written twice."""
@@ -151,6 +152,8 @@ class JsonlEventHandler(EventHandler):
 
     def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
         """Write one line per record, all or none (see the class docstring)."""
+        if self._held is None:
+            self._held = _resume_events(self._fd, self.path) if self._fd >= 0 else set()
         if self._held:
             batch = [r for r in batch if not (isinstance(r, EventRecord) and r.rank is not None and
                                               (r.job, r.rank, r.pid, r.incarnation, r.seq) in self._held)]

@@ -40,7 +40,8 @@ __all__ = ["DEFAULT_TAIL_BYTES", "JsonlMetricHandler", "WindowKey", "resume_json
 _log = logging.getLogger("shmstat.collector")
 
 DEFAULT_TAIL_BYTES = 16 << 20
-"""Bytes at the end of a jsonl file read back on open for the windows already written."""
+"""Bytes at the end of a jsonl file read back (before the first write) for the windows already written."""
+_REPAIR_BYTES = 1 << 16  # read at open, to repair a cut last line before anything else happens
 
 WindowKey = tuple[str | None, str, str, int | None, float, object]
 """(job, group, name, rank or None for the merged row, window start in unix seconds, value as written): one row of
@@ -124,16 +125,30 @@ class JsonlMetricHandler(ColumnsHandler):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open jsonl output {path!r}: {exc.strerror}") from None
-        resumed = resume_jsonl(fd, path, tail_bytes)
-        self._written = resumed.written
+        resume_jsonl(fd, path, _REPAIR_BYTES)  # a cut last line repaired at once (a small read)
+        self._tail_bytes = tail_bytes
+        self._resumed = False  # the tail is read by the first emit, in the handler's thread: not on the start's path
+        self._written: set[WindowKey] = set()
         """Rows of windows the file's tail held when opened (skipped if emitted again)."""
         self.skipped = 0
         """Rows not written because the file already held them (windows emitted again by a restarted collector)."""
         self._out: IO[str] = os.fdopen(fd, "a", encoding="utf-8", buffering=1 << 16)
 
+    def _resume(self) -> None:
+        """Read the windows the file's tail holds (once, before the first write; a collector starting with a
+        large file serves at once and its handler's thread reads it meanwhile)."""
+        self._resumed = True
+        try:
+            fd = self._out.fileno()
+        except (OSError, ValueError):  # not a file underneath: nothing to resume from
+            return
+        self._written = resume_jsonl(fd, self.path, self._tail_bytes).written
+
     def emit(self, metric_data: MetricData) -> None:
         """Write one line for ``metric_data`` (a metric put by a rank, the collector's own figures, or a user's
         row: whatever it carries of rank, window, job)."""
+        if not self._resumed:
+            self._resume()
         start = getattr(metric_data, "window_start", None)
         if self._written and start is not None and (
                 getattr(metric_data, "job", None), metric_data.group_name, metric_data.name,
@@ -147,6 +162,8 @@ class JsonlMetricHandler(ColumnsHandler):
 
     def emit_columns(self, columns: Columns) -> None:
         """Write one line per figure of a pass, in the order of :meth:`collector.read.columns.Columns.flat`."""
+        if not self._resumed:
+            self._resume()
         job = columns.job
         rows: Iterable[tuple[float, str, str, float, int | None, float, bool]] = columns.flat()
         if self._written:  # a restarted collector may emit again windows the file holds: those rows are skipped
