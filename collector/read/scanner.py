@@ -140,9 +140,31 @@ class Scanner:
     # -- the vectorised pass ------------------------------------------------------------------------------------
     def _scan_table(self, t: SlotTable, now_ns: int, final: bool, want: Callable[[str], bool] | None,
                     result: ScanResult) -> None:
-        banks = self.segment.geometry.banks
+        """One pass over the table: the slots with a window to read, their candidate banks read at once, the
+        windows lost to the ring counted, the found windows gathered (the slow path for the rest), then merged."""
+        idx, newest = self._slots_to_read(t, now_ns, final)
+        if not len(idx):
+            return
+        newest, after = newest[idx], t.after[idx]
+        read = self._read_candidates(t, idx, newest, after)
+        keep = (read.samples > 0) & (read.wid > after[read.pos]) & (read.wid <= newest[read.pos]) & ~read.slow[read.pos]
+        found_pos, found_data, found_count = read.pos[keep], read.data[keep], read.samples[keep]
+        found_grow = read.grow[keep]
+        result.overwritten += self._lost_to_the_ring(after, newest, read, self.segment.geometry.banks)
+        adv = (newest > after) & ~read.slow  # read_slot's safe window is the newest closed one here
+        pend_idx, pend_wid = [idx[adv]], [newest[adv]]
+        result.windows_read += len(found_pos)
+        wanted_group = np.array([want is None or bool(want(g)) for g in t.groups], bool)
+        collected, skipped = self._gather(t, idx[found_pos], found_data, found_count, found_grow, wanted_group)
+        held = self._read_slow_slots(t, idx, newest, read.slow, t.long[idx], now_ns, final, result, collected,
+                                     skipped, pend_idx, pend_wid, wanted_group)
+        self._finish(t, held, collected, skipped, np.concatenate(pend_idx), np.concatenate(pend_wid), now_ns,
+                     result)
+
+    def _slots_to_read(self, t: SlotTable, now_ns: int, final: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The table positions of the slots with a window to read now, and each slot's newest window that may be
+        read (closed, or with data if ``final``). Long-window slots are read only when their writer closed one."""
         wns = t.wns
-        # Long-window slots go the slow way (read_slot decides which of their windows the writer closed).
         if final:  # every window with data, the open one too: read_slot's ``at = (now // wns + 2) * wns + grace``
             newest = now_ns // wns + 1
             todo = (newest > t.after) | t.long
@@ -152,18 +174,20 @@ class Scanner:
             for w in t.window_lengths:
                 if now_ns < self._next_due.get(w, 0):
                     todo &= wns != w
-        li = np.flatnonzero(todo & t.long)
-        if len(li):  # only the long-window slots with a window closed past their watermark are read
+        long_slots = np.flatnonzero(todo & t.long)
+        if len(long_slots):  # only the long-window slots with a window closed past their watermark are read
             gone, inc = self._writers()
-            todo[li] = long_slots_to_read(partial(read_banks, self.segment), banks, t.row0[li], t.max_samples[li],
-                                          t.after[li], t.after_inc[li], newest[li], gone[t.lr[li]], inc[t.lr[li]])
-        idx = np.flatnonzero(todo)
-        if not len(idx):
-            return
-        newest, after = newest[idx], t.after[idx]
-        n = len(idx)
-        # The banks that can hold a window in (after, newest]: bank w % K of each such w (all K once the gap
-        # reaches K). In steady state that is one bank per slot.
+            li = long_slots
+            todo[li] = long_slots_to_read(partial(read_banks, self.segment), self.segment.geometry.banks, t.row0[li],
+                                          t.max_samples[li], t.after[li], t.after_inc[li], newest[li],
+                                          gone[t.lr[li]], inc[t.lr[li]])
+        return np.flatnonzero(todo), newest
+
+    def _read_candidates(self, t: SlotTable, idx: np.ndarray, newest: np.ndarray, after: np.ndarray) -> _Candidates:
+        """Read, in one vectorised copy, the banks that can hold a window in (after, newest] of each slot: bank
+        ``w % K`` of each such ``w`` (all K once the gap reaches K; one bank per slot in steady state), and check
+        each copy's seqlock words. A candidate bank that stays torn sends its slot to the slow path."""
+        banks = self.segment.geometry.banks
         is_long = t.long[idx]
         depth = np.where(is_long, 0, np.minimum(newest - after, banks))
         parts = [np.flatnonzero(depth > d) for d in range(int(depth.max()))]
@@ -188,37 +212,56 @@ class Scanner:
             retry = np.flatnonzero(~ok & cand)
             if len(retry):
                 slow[retry_torn(self.segment, retry, grow, pos, data, count)] = True
-        keep = (count > 0) & (wid > after[pos]) & (wid <= newest[pos]) & ~slow[pos]
-        fs, fdata, fcount = pos[keep], data[keep], count[keep]  # found windows: slot position, bank, count
-        fgrow = grow[keep]
-        # windows whose bank already holds a later one, read_slot's count over (after, safe] (every bank holding
-        # such a window was read above: all K once the gap reaches K)
-        safe = newest
+        return _Candidates(pos, bank, grow, data, count, wid, slow)
+
+    @staticmethod
+    def _lost_to_the_ring(after: np.ndarray, newest: np.ndarray, read: _Candidates, banks: int) -> int:
+        """Windows of (after, newest] whose bank already holds a later one (read_slot's count; every bank that can
+        hold such a window was read: all K once the gap reaches K)."""
+        n = len(after)
         bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
-        bank_wid[pos, bank] = np.maximum(wid, np.iinfo(np.int64).min // 2)
-        counted = (after >= 0) & ~slow
-        for b in range(banks):  # the windows of (after, safe] in bank b older than what it holds (windows_of_bank)
-            hi = np.minimum(safe, bank_wid[:, b] - 1)
+        bank_wid[read.pos, read.bank] = np.maximum(read.wid, np.iinfo(np.int64).min // 2)
+        counted = (after >= 0) & ~read.slow
+        lost = 0
+        for b in range(banks):  # the windows of (after, newest] in bank b older than what it holds
+            hi = np.minimum(newest, bank_wid[:, b] - 1)
             n_b = (hi - b) // banks - (after - b) // banks
-            result.overwritten += int(np.where(counted & (hi > after), n_b, 0).sum())
-        adv = (safe > after) & ~slow
-        pend_idx, pend_wid = [idx[adv]], [safe[adv]]
-        result.windows_read += len(fs)
-        collected: list[Parts] = []
-        skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        wanted_group = np.array([want is None or bool(want(g)) for g in t.groups], bool)
-        rank_of = np.zeros(self.segment.geometry.max_ranks, np.int64)  # local rank -> global rank
+            lost += int(np.where(counted & (hi > after), n_b, 0).sum())
+        return lost
+
+    def _rank_of(self) -> np.ndarray:
+        """Local rank -> global rank (a writer entry's is the rank it writes for)."""
+        rank_of = np.zeros(self.segment.geometry.max_ranks, np.int64)
         for lr, info in self._infos.items():
             rank_of[lr] = info.rank
-        if len(fs):
-            wanted = wanted_group[t.group_id[idx[fs]]]
-            if not wanted.all():
-                skip = ~wanted
-                skipped.append((t.key_id[idx[fs[skip]]], fdata[skip, L.B_WID], rank_of[t.lr[idx[fs[skip]]]]))
-                fs, fdata, fcount, fgrow = fs[wanted], fdata[wanted], fcount[wanted], fgrow[wanted]
-            if len(fs):
-                collected.append(self._collect(t, idx[fs], fdata, fcount, fgrow, rank_of))
-        held: dict[int, int] = {}  # key id -> first window a live writer's torn bank holds back
+        return rank_of
+
+    def _gather(self, t: SlotTable, slot_idx: np.ndarray, data: np.ndarray, count: np.ndarray, grow: np.ndarray,
+                wanted_group: np.ndarray) -> tuple[list[Parts], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """The found windows of the vectorised read: those of wanted groups as :class:`Parts` (histograms read),
+        the others only as (key, window, rank), to be counted."""
+        collected: list[Parts] = []
+        skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        if not len(slot_idx):
+            return collected, skipped
+        rank_of = self._rank_of()
+        wanted = wanted_group[t.group_id[slot_idx]]
+        if not wanted.all():
+            skip = ~wanted
+            skipped.append((t.key_id[slot_idx[skip]], data[skip, L.B_WID], rank_of[t.lr[slot_idx[skip]]]))
+            slot_idx, data, count, grow = slot_idx[wanted], data[wanted], count[wanted], grow[wanted]
+        if len(slot_idx):
+            collected.append(self._collect(t, slot_idx, data, count, grow, rank_of))
+        return collected, skipped
+
+    def _read_slow_slots(self, t: SlotTable, idx: np.ndarray, newest: np.ndarray, slow: np.ndarray,
+                         is_long: np.ndarray, now_ns: int, final: bool, result: ScanResult, collected: list[Parts],
+                         skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_idx: list[np.ndarray],
+                         pend_wid: list[np.ndarray], wanted_group: np.ndarray) -> dict[int, int]:
+        """The slots left to the slow path, one by one (:meth:`_read_python`); returns, per stat key, the first
+        window a live writer's torn bank holds back (see :meth:`_hold_back`)."""
+        banks = self.segment.geometry.banks
+        held: dict[int, int] = {}
         for pos in np.flatnonzero(slow).tolist():
             i = int(idx[pos])
             safe_wid = self._read_python(t, i, now_ns, final, result, collected, skipped, pend_idx, pend_wid,
@@ -226,7 +269,13 @@ class Scanner:
             if not is_long[pos] and safe_wid < int(newest[pos]) and int(newest[pos]) - safe_wid < banks - 2:
                 kid = int(t.key_id[i])
                 held[kid] = min(held.get(kid, safe_wid + 1), safe_wid + 1)
-        pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)
+        return held
+
+    def _finish(self, t: SlotTable, held: dict[int, int], collected: list[Parts],
+                skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
+                now_ns: int, result: ScanResult) -> None:
+        """What a torn bank holds back and what the previous collector may have emitted left out, the watermarks
+        to move kept for :meth:`advance`, the skipped windows counted, the rest merged into the pass's columns."""
         found = Parts.concat(collected) if collected else None
         if held:
             found, pend_w = self._hold_back(t, held, found, skipped, pend_i, pend_w, result)
@@ -455,6 +504,21 @@ class SlotTable:
         """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
         for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
             slot.after_wid, slot.after_inc = after, inc
+
+
+class _Candidates(NamedTuple):
+    """The candidate banks one pass read (:meth:`Scanner._read_candidates`), one entry per bank read."""
+
+    pos: np.ndarray
+    """The position, among the slots read, of each bank's slot."""
+    bank: np.ndarray
+    grow: np.ndarray
+    """Bank numbers counted from the segment's first bank."""
+    data: np.ndarray
+    samples: np.ndarray
+    wid: np.ndarray
+    slow: np.ndarray
+    """Per slot read (not per bank): left to the slow path."""
 
 
 # ---- What a pass produced ----
