@@ -42,6 +42,35 @@ def _by_rank(lines: list[dict], rank: int) -> list[int]:
     return sorted(e["seq"] for e in lines if "gap" not in e and e["rank"] == rank)
 
 
+def _stop_ranks_and_wait_for_their_events(procs, stop: str, tmp_path, out: str) -> list[dict]:
+    """Stop the ranks, read their reports, and wait (60 s at most: what is missing then is said by the test) until
+    the file holds as many events as they logged."""
+    with open(stop, "w"):
+        pass
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    reports = []
+    for r in range(len(procs)):
+        with open(tmp_path / f"r{r}.json") as f:
+            reports.append(json.load(f))
+    total = sum(rep["logged"] for rep in reports)
+    deadline = time.monotonic() + 60
+    while len([e for e in read_jsonl(out) if "gap" not in e]) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return reports
+
+
+def _assert_each_event_once(lines: list[dict], reports: list[dict], context: str) -> None:
+    """Every event each rank logged is in ``lines`` exactly once, and no rank dropped any."""
+    for r, rep in enumerate(reports):
+        assert rep["dropped"] == 0
+        seen = Counter(e["data"]["i"] for e in lines if "gap" not in e and e["rank"] == r)
+        missing = sorted(set(range(rep["logged"])) - set(seen))
+        assert missing == [], f"{context}rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
+        assert [i for i, n in seen.items() if n > 1] == [], f"{context}rank {r} has duplicates"
+
+
 def _collector(job: str, out: str):
     return start_collector(job, "--events", f"jsonl:{out}", "--handler", "*=null", "--status-interval", "0")
 
@@ -63,23 +92,7 @@ def test_events_survive_repeated_collector_sigkills_exactly_once(job, tmp_path):
             time.sleep(rng.uniform(0.0, 0.3))
             coll = _collector(job, out)
         time.sleep(rng.uniform(0.2, 0.6))
-        with open(stop, "w"):
-            pass
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0
-        reports = []
-        for r in range(ranks):
-            with open(tmp_path / f"r{r}.json") as f:
-                reports.append(json.load(f))
-        total = sum(rep["logged"] for rep in reports)
-
-        def kept() -> int:
-            return len([e for e in read_jsonl(out) if "gap" not in e])
-
-        deadline = time.monotonic() + 60
-        while kept() < total and time.monotonic() < deadline:  # what is missing then is said below
-            time.sleep(0.05)
+        reports = _stop_ranks_and_wait_for_their_events(procs, stop, tmp_path, out)
     finally:
         with open(stop, "w"):
             pass
@@ -89,12 +102,7 @@ def test_events_survive_repeated_collector_sigkills_exactly_once(job, tmp_path):
     lines = read_jsonl(out)
     gaps = [g for g in lines if "gap" in g]
     assert gaps == [], f"seed {seed}: {gaps} {reports} {[len(_by_rank(lines, r)) for r in range(ranks)]}"
-    for r, rep in enumerate(reports):
-        assert rep["dropped"] == 0
-        seen = Counter(e["data"]["i"] for e in lines if "gap" not in e and e["rank"] == r)
-        missing = sorted(set(range(rep["logged"])) - set(seen))
-        assert missing == [], f"seed {seed}: rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
-        assert [i for i, n in seen.items() if n > 1] == [], f"seed {seed}: rank {r} has duplicates"
+    _assert_each_event_once(lines, reports, f"seed {seed}: ")
 
 
 def test_a_successor_stopped_before_the_ranks_resync_loses_and_gaps_nothing(job, tmp_path):
@@ -116,19 +124,7 @@ def test_a_successor_stopped_before_the_ranks_resync_loses_and_gaps_nothing(job,
             coll = _collector(job, out)
             assert coll.stop(signal.SIGTERM) == 0  # at once: the ranks may not have re-synced yet
             coll = _collector(job, out)
-        with open(stop, "w"):
-            pass
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0
-        reports = []
-        for r in range(ranks):
-            with open(tmp_path / f"r{r}.json") as f:
-                reports.append(json.load(f))
-        total = sum(rep["logged"] for rep in reports)
-        deadline = time.monotonic() + 60
-        while len([e for e in read_jsonl(out) if "gap" not in e]) < total and time.monotonic() < deadline:
-            time.sleep(0.05)
+        reports = _stop_ranks_and_wait_for_their_events(procs, stop, tmp_path, out)
     finally:
         with open(stop, "w"):
             pass
@@ -137,8 +133,4 @@ def test_a_successor_stopped_before_the_ranks_resync_loses_and_gaps_nothing(job,
         assert coll.stop(signal.SIGTERM) == 0
     lines = read_jsonl(out)
     assert [g for g in lines if "gap" in g] == []
-    for r, rep in enumerate(reports):
-        seen = Counter(e["data"]["i"] for e in lines if "gap" not in e and e["rank"] == r)
-        missing = sorted(set(range(rep["logged"])) - set(seen))
-        assert missing == [], f"rank {r} misses {len(missing)} events: {missing[:5]}..{missing[-5:]}"
-        assert [i for i, n in seen.items() if n > 1] == [], f"rank {r} has duplicates"
+    _assert_each_event_once(lines, reports, "")
