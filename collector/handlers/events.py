@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import os
-import stat
 import sys
 import threading
 import time
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from shmstat.errors import ConfigError
+
+from .jsonl import REPAIR_BYTES, read_tail
 
 __all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler", "takes_events"]
 
@@ -141,7 +142,7 @@ class JsonlEventHandler(EventHandler):
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open the events output {path!r}: {exc.strerror}") from None
-        _resume_events(self._fd, path, 1 << 16)  # a cut last line repaired at once (a small read)
+        read_tail(self._fd, path, REPAIR_BYTES)  # a cut last line repaired at once (a small read, nothing parsed)
         self._held: set[tuple[Any, ...]] | None = None  # read by the first batch, in the sink's thread
         """(job, rank, pid, incarnation, seq) of the ranks' events in the file's tail when opened: a collector
         SIGKILLed after this file took a batch and before its delivered mark moved leaves them to be re-sent once,
@@ -181,31 +182,10 @@ RESUME_TAIL_BYTES = 8 << 20
 
 
 def _resume_events(fd: int, path: str, tail_bytes: int = RESUME_TAIL_BYTES) -> set[tuple[Any, ...]]:
-    """Cut a last line a kill left unfinished, and return the keys of the ranks' events in the file's tail (empty
-    for a file that is not a regular one or cannot be read back)."""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-            return set()
-        start = max(0, st.st_size - tail_bytes)
-        rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if os.fstat(rfd).st_ino != st.st_ino:  # the path names another file now
-                return set()
-            data = os.pread(rfd, st.st_size - start, start)
-        finally:
-            os.close(rfd)
-    except OSError:
-        return set()
-    if not data.endswith(b"\n"):
-        cut = data.rfind(b"\n")
-        if cut < 0 and start > 0:
-            return set()
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, start + cut + 1)
-            data = data[: cut + 1]
+    """The keys of the ranks' events in the file's tail (:func:`~collector.handlers.jsonl.read_tail`, which also
+    cuts a last line a kill left unfinished)."""
     held: set[tuple[Any, ...]] = set()
-    for line in data.split(b"\n")[1 if start > 0 else 0:]:
+    for line in read_tail(fd, path, tail_bytes)[0]:
         if not line or b'"gap"' in line[:8]:
             continue
         try:

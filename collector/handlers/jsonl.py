@@ -35,13 +35,14 @@ from .protocol import ColumnsHandler
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["DEFAULT_TAIL_BYTES", "JsonlMetricHandler", "WindowKey", "resume_jsonl"]
+__all__ = ["DEFAULT_TAIL_BYTES", "REPAIR_BYTES", "JsonlMetricHandler", "WindowKey", "read_tail", "resume_jsonl"]
 
 _log = logging.getLogger("shmstat.collector")
 
 DEFAULT_TAIL_BYTES = 16 << 20
 """Bytes at the end of a jsonl file read back (before the first write) for the windows already written."""
-_REPAIR_BYTES = 1 << 16  # read at open, to repair a cut last line before anything else happens
+REPAIR_BYTES = 1 << 16
+"""Bytes read at open to repair a cut last line before anything else happens (the rest is read later)."""
 
 WindowKey = tuple[str | None, str, str, int | None, float, object]
 """(job, group, name, rank or None for the merged row, window start in unix seconds, value as written): one row of
@@ -56,24 +57,25 @@ class Resumed(NamedTuple):
     repaired: int
 
 
-def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Resumed:
-    """Repair a cut last line of the file open (for writing) on ``fd`` and read the window rows of its last
-    ``tail_bytes``; a file that is not a regular file, or that cannot be read, is left as it is."""
+def read_tail(fd: int, path: str, tail_bytes: int) -> tuple[list[bytes], int]:
+    """The whole lines of the last ``tail_bytes`` of the file open (for writing) on ``fd``, after cutting off a last
+    line a kill left unfinished; and how many bytes were cut. A file that is not a regular file, or that cannot be
+    read back through ``path``, is left as it is (no lines)."""
     try:
         st = os.fstat(fd)
     except OSError:
-        return Resumed(set(), 0)
+        return [], 0
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
-        return Resumed(set(), 0)
+        return [], 0
     size = st.st_size
     start = max(0, size - tail_bytes)
     try:
         rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:  # written through a path we may not read back: nothing to resume from
-        return Resumed(set(), 0)
+        return [], 0
     try:
         if os.fstat(rfd).st_ino != st.st_ino:  # the path names another file now
-            return Resumed(set(), 0)
+            return [], 0
         data = os.pread(rfd, size - start, start)
     finally:
         os.close(rfd)
@@ -81,17 +83,24 @@ def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Re
     if not data.endswith(b"\n"):
         cut = data.rfind(b"\n")
         if cut < 0 and start > 0:  # one line longer than the tail: not ours to judge
-            return Resumed(set(), 0)
+            return [], 0
         keep = start + cut + 1
         with contextlib.suppress(OSError):
             os.ftruncate(fd, keep)
             repaired = size - keep
             data = data[: cut + 1]
             _log.warning("jsonl output %r ended in a cut line (a collector was killed while writing it): %d bytes "
-                         "removed; the rows are written again whole", path, repaired)
+                         "removed; what they held is written again whole", path, repaired)
     lines = data.split(b"\n")
     if start > 0:
         lines = lines[1:]  # the first may be the end of a line that began before the tail
+    return lines, repaired
+
+
+def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Resumed:
+    """Repair a cut last line of the file open (for writing) on ``fd`` and read the window rows of its last
+    ``tail_bytes`` (:func:`read_tail`)."""
+    lines, repaired = read_tail(fd, path, tail_bytes)
     written: set[WindowKey] = set()
     for line in lines:
         if b'"window_start": null' in line or not line:
@@ -125,7 +134,7 @@ class JsonlMetricHandler(ColumnsHandler):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(f"cannot open jsonl output {path!r}: {exc.strerror}") from None
-        resume_jsonl(fd, path, _REPAIR_BYTES)  # a cut last line repaired at once (a small read)
+        read_tail(fd, path, REPAIR_BYTES)  # a cut last line repaired at once (a small read, nothing parsed)
         self._tail_bytes = tail_bytes
         self._resumed = False  # the tail is read by the first emit, in the handler's thread: not on the start's path
         self._written: set[WindowKey] = set()
