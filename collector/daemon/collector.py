@@ -360,6 +360,11 @@ class Collector:
             due = min(due, mono + COMMIT_POLL_S)
         return due
 
+    def entries_moved(self) -> bool:
+        """Whether a rank or writer entry was taken or a stat published since the rank table was last read (one
+        word of the segment's header; True once the segment is gone, so the step finds out)."""
+        return self.segment is None or self.segment.entries_epoch() != self._entries_epoch
+
     def step(self, poll_timeout_ms: int = 0) -> None:
         """One round: wait up to ``poll_timeout_ms`` for messages, relay them, then scan and watch ranks."""
         assert self.relay is not None and self.segment is not None
@@ -391,9 +396,8 @@ class Collector:
                 self.gpu.step(self.last_ranks)
         elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
             self._next_stat_look = mono + STAT_LOOK_S
-            epoch = self.segment.entries_epoch()  # one word: the table is read only when an entry or stat came
-            if epoch != self._entries_epoch:
-                self._entries_epoch = epoch
+            if self.entries_moved():  # one word: the table is read only when an entry or stat came
+                self._entries_epoch = self.segment.entries_epoch()
                 self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
@@ -651,7 +655,7 @@ def wait_quietly(poller: zmq.Poller, timeout_ms: int, collectors: tuple[Collecto
             return
         for c in collectors:
             if now >= c._next_stat_look:
-                if c.segment is None or c.segment.entries_epoch() != c._entries_epoch:
+                if c.entries_moved():
                     return  # (left due: the step looks)
                 c._next_stat_look = now + STAT_LOOK_S
 
