@@ -63,6 +63,7 @@ from shmstat.shm.segment import Segment, pid_alive
 from ..handlers.compact import StragglerLines, status_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
+from ..handlers.protocol import user_handler
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..read.scanner import Scanner
@@ -676,10 +677,13 @@ class PassCounts(NamedTuple):
 
 def _straggler_lines(dispatcher: ThreadedDispatcher) -> dict[str, StragglerLines | None]:
     """Each configured group's handler if it prints straggler lines (else None), and ``*``: the default's."""
+    def says(handler: MetricHandler) -> StragglerLines | None:
+        handler = user_handler(handler)  # a torchelastic handler (the demo's table) sits behind an adapter
+        return handler if isinstance(handler, StragglerLines) else None
+
     inner = dispatcher.inner
-    found: dict[str, StragglerLines | None] = {
-        g: h if isinstance(h, StragglerLines) else None for g, h in inner.handlers.items()}
-    found["*"] = inner.default if isinstance(inner.default, StragglerLines) else None
+    found = {group: says(handler) for group, handler in inner.handlers.items()}
+    found["*"] = says(inner.default)
     return found
 
 

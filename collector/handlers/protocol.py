@@ -39,7 +39,8 @@ from elastic.metrics import MetricData, MetricHandler, NullMetricHandler, StatMe
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["AgentMetricData", "ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "as_columns_handler"]
+__all__ = ["AgentMetricData", "ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "as_columns_handler",
+           "user_handler"]
 
 
 class ColumnsHandler(MetricHandler):
@@ -158,6 +159,11 @@ def as_columns_handler(handler: MetricHandler) -> ColumnsHandler:
     if _method(handler, "emit_columns") is not None:
         return ColumnsAdapter(handler)
     return RowsAdapter(handler)
+
+
+def user_handler(handler: MetricHandler) -> MetricHandler:
+    """The handler the user gave: the one an adapter of :func:`as_columns_handler` wraps, else ``handler``."""
+    return handler.handler if isinstance(handler, _Wrapped) else handler
 
 
 def _method(handler: object, name: str) -> Callable[..., object] | None:

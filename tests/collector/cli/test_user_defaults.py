@@ -125,6 +125,15 @@ def test_the_default_output_names_the_straggler_and_only_timed_stats_are_scored(
     assert scored == {"straggler.score.train/step_ms"}  # items asked only for COUNT: no score
 
 
+def test_the_demo_names_its_straggler_through_its_table_handler():
+    """The demo's table is a torchelastic handler (the collector wraps it in an adapter); its straggler line must
+    still be printed: rank 1 is 1.6x slower on purpose."""
+    done = _shmstat("demo", "--seconds", "3")
+    assert done.returncode == 0, done.stderr
+    flagged = [line for line in done.stdout.splitlines() if "straggler: rank 1 on demo/step_ms" in line]
+    assert flagged, done.stdout
+
+
 def test_the_collectors_own_group_reaches_a_sink_only_when_named(tmp_path):
     rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
     script = _script(tmp_path, SLOW_RANK.format(seconds=1.5))
