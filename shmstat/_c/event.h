@@ -263,14 +263,9 @@ outbox_log(Outbox *self, PyObject *event, long long limit)
                && e->enc_data == data && PyDict_CheckExact(data)
                && ((PyDictObject *)data)->ma_version_tag == e->enc_version;
     if (same) {  /* logged again unchanged: the bytes of last time (outbox_event would write the same) */
-        Buf *b = &self->scratch;
-        b->len = 0;
-        if (buf_reserve(b, e->enc.len) < 0) return -2;
-        memcpy(b->p, e->enc.p, (size_t)e->enc.len);
-        b->len = e->enc.len;
         size = nbytes;
         if (limit <= 0 || size <= limit) {
-            if (add_item(self, K_EVENT, e->name, NULL, size) < 0) size = -2;
+            if (add_item_from(self, K_EVENT, e->name, NULL, size, e->enc.p, e->enc.len) < 0) size = -2;
         }
     }
     else

@@ -11,7 +11,12 @@ typedef struct Chunk {
     long long taken;        /* publish index of the first item */
     long long n;            /* items (or dropped items for a gap) */
     long long nbytes;       /* estimated bytes (item_bytes / METRIC_BYTES) */
-    Buf buf;                /* the encoded items */
+    /* The message is built in place: ``payload`` is the bytes object that will be sent, ``hdr`` bytes kept for
+     * the wire header (its length as guessed when the batch was started), then the ``len`` bytes of the encoded
+     * items; until the batch is sealed the object's size is its capacity. Sealing writes the header into the
+     * kept bytes (moving the items only when the guess was wrong) instead of copying the items behind it. */
+    PyObject *payload;
+    Py_ssize_t hdr, len;
     PyObject *frames;       /* (topic, payload) once sealed */
 } Chunk;
 
@@ -29,6 +34,7 @@ typedef struct {
     long long sent_items, sent_messages, dropped, invalid, late;
     int closed;
     Buf scratch;
+    Py_ssize_t last_len;    /* the items' bytes of the batch sealed last (a new batch starts with that room) */
 } Outbox;
 
 static void
@@ -37,13 +43,66 @@ chunk_free(Chunk *c)
     Py_XDECREF(c->key1);
     Py_XDECREF(c->key2);
     Py_XDECREF(c->frames);
-    PyMem_Free(c->buf.p);
+    Py_XDECREF(c->payload);
     PyMem_Free(c);
+}
+
+/* The wire header of a batch (the map wire.encode writes: v, k, r, p, i, s, then the items' array header) for
+ * ``n`` items from sequence number ``first``, into ``out`` (HEADER_MAX bytes); returns its length. */
+#define HEADER_MAX 96
+static Py_ssize_t
+encode_header(Outbox *self, int kind, long long first, long long n, char *out)
+{
+    Buf h = {out, 0, HEADER_MAX};  /* at most 1 + 3 + 8 + 4 * 11 + 6 + 5 bytes: never grows */
+    const char *k = KIND_NAMES[kind];
+    size_t kn = strlen(k);
+    h.p[h.len++] = (char)0x87;
+    h.p[h.len++] = (char)0xa1;
+    h.p[h.len++] = 'v';
+    pk_i64(&h, WIRE_VERSION);
+    h.p[h.len++] = (char)0xa1;
+    h.p[h.len++] = 'k';
+    h.p[h.len++] = (char)(0xa0 | (int)kn);
+    memcpy(h.p + h.len, k, kn);
+    h.len += (Py_ssize_t)kn;
+    const char keys[4] = {'r', 'p', 'i', 's'};
+    long long vals[4] = {self->rank, self->pid, self->incarnation, first};
+    for (int i = 0; i < 4; i++) {
+        h.p[h.len++] = (char)0xa1;
+        h.p[h.len++] = keys[i];
+        pk_i64(&h, vals[i]);
+    }
+    memcpy(h.p + h.len, "\xa5items", 6);
+    h.len += 6;
+    pk_array(&h, (Py_ssize_t)n);
+    return h.len;
+}
+
+/* Room for ``extra`` more bytes of items in ``c``'s payload (grown by doubling; the capacity is the bytes
+ * object's size until the batch is sealed). */
+static int
+chunk_reserve(Chunk *c, Py_ssize_t extra)
+{
+    Py_ssize_t need = c->hdr + c->len + extra, cap = PyBytes_GET_SIZE(c->payload);
+    if (need <= cap) return 0;
+    while (cap < need) cap *= 2;
+    return _PyBytes_Resize(&c->payload, cap);  /* on failure it is freed and NULL: the caller gives the batch up */
+}
+
+/* A batch that takes no more items gives back the room it did not use (the bytes object shrinks in place). */
+static void
+chunk_trim(Chunk *c)
+{
+    if (c->payload == NULL || c->frames != NULL) return;
+    Py_ssize_t used = c->hdr + c->len;
+    if (PyBytes_GET_SIZE(c->payload) - used <= 256) return;
+    if (_PyBytes_Resize(&c->payload, used) < 0) PyErr_Clear();  /* payload NULL: sealing counts it as dropped */
 }
 
 static void
 forget_open(Outbox *self)
 {
+    for (int i = 0; i < self->nopen; i++) chunk_trim(self->open[i]);
     self->nopen = 0;
     self->open_kind = K_GAP;
 }
@@ -80,22 +139,25 @@ same_key(PyObject *a, PyObject *b)
     return PyUnicode_Compare(a, b) == 0;  /* compares contents; never calls Python code */
 }
 
-/* Add the item encoded in self->scratch to the open batch of its topic (or a new one). */
+/* Add the item encoded in ``src`` (``len`` bytes; usually self->scratch) to the open batch of its topic (or a new
+ * one). */
 static int
-add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+add_item_from(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size, const char *src,
+              Py_ssize_t len)
 {
     if (self->held >= self->max_items || self->held_bytes + size > self->max_bytes) {
         return add_gap(self, 1);
     }
-    Py_ssize_t len = self->scratch.len;
     Chunk *c = NULL;
     if (self->open_kind == kind) {
         for (int i = 0; i < self->nopen; i++) {
             Chunk *o = self->open[i];
             if (same_key(o->key1, key1) && same_key(o->key2, key2)) {
-                if (o->frames == NULL && o->n < self->batch_max && o->buf.len + len <= self->max_batch_bytes) {
+                if (o->frames == NULL && o->payload != NULL && o->n < self->batch_max
+                    && o->len + len <= self->max_batch_bytes) {
                     c = o;
                 } else {  /* full or sealed: a new batch of this topic replaces it in the open set */
+                    chunk_trim(o);
                     self->open[i] = self->open[--self->nopen];
                 }
                 break;
@@ -104,11 +166,23 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
         if (PyErr_Occurred()) return -1;
     }
     if (c == NULL) {
+        char hdr[HEADER_MAX];
+        /* the header's length as it will most likely be: the sequence number about where the publish index is,
+         * and an array of 16 or more items (a batch that ends smaller has its items moved when sealed) */
+        Py_ssize_t h = encode_header(self, kind, self->index, self->batch_max >= 16 ? 16 : 1, hdr);
+        Py_ssize_t room = self->last_len < 256 ? 256 : self->last_len;
+        if (room > self->max_batch_bytes) room = self->max_batch_bytes;
+        if (room < len) room = len;
+        PyObject *payload = PyBytes_FromStringAndSize(NULL, h + room);
+        if (payload == NULL) return -1;
         c = PyMem_Calloc(1, sizeof(Chunk));
         if (c == NULL) {
+            Py_DECREF(payload);
             PyErr_NoMemory();
             return -1;
         }
+        c->payload = payload;
+        c->hdr = h;
         c->kind = kind;
         Py_XINCREF(key1);
         Py_XINCREF(key2);
@@ -123,15 +197,32 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
         }
         self->open[self->nopen++] = c;
     }
-    if (buf_reserve(&c->buf, len) < 0) return -1;
-    memcpy(c->buf.p + c->buf.len, self->scratch.p, (size_t)len);
-    c->buf.len += len;
+    if (chunk_reserve(c, len) < 0) {  /* the batch's items are lost with its payload: counted as dropped */
+        PyErr_Clear();
+        c->payload = NULL;
+        for (int i = 0; i < self->nopen; i++) {
+            if (self->open[i] == c) {
+                self->open[i] = self->open[--self->nopen];
+                break;
+            }
+        }
+        return add_gap(self, 1);
+    }
+    memcpy(PyBytes_AS_STRING(c->payload) + c->hdr + c->len, src, (size_t)len);
+    c->len += len;
     c->n += 1;
     c->nbytes += size;
     self->held += 1;
     self->held_bytes += size;
     self->index += 1;
     return 0;
+}
+
+/* Add the item encoded in self->scratch. */
+static int
+add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+{
+    return add_item_from(self, kind, key1, key2, size, self->scratch.p, self->scratch.len);
 }
 
 /* Encode and queue an event: its size (as item_bytes estimates it, or ``size`` if given) once queued (or when over
@@ -250,13 +341,9 @@ Outbox_raw(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "raw: keys must be str or None");
         return NULL;
     }
-    Buf *b = &self->scratch;
-    b->len = 0;
-    Py_ssize_t n = PyBytes_GET_SIZE(args[3]);
-    if (buf_reserve(b, n) < 0) return NULL;
-    memcpy(b->p, PyBytes_AS_STRING(args[3]), (size_t)n);
-    b->len = n;
-    if (add_item(self, (int)kind, k1, k2, size) < 0) return NULL;
+    if (add_item_from(self, (int)kind, k1, k2, size, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3])) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
