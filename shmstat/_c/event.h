@@ -236,7 +236,7 @@ static PyTypeObject EventBaseType = {
 static long long
 outbox_log(Outbox *self, PyObject *event, long long limit)
 {
-    if (!PyObject_TypeCheck(event, &EventBaseType)) return -1;
+    if (Py_TYPE(event) != (PyTypeObject *)ls_event_type && !PyObject_TypeCheck(event, &EventBaseType)) return -1;
     EventBaseObject *e = (EventBaseObject *)event;
     if (e->name == NULL || e->data == NULL || e->ts_ns == NULL || e->nbytes == NULL) return -1;
     PyObject *ts_ns = e->ts_ns;

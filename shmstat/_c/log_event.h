@@ -195,7 +195,8 @@ c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_AttributeError, "_name");
         return NULL;
     }
-    if (check_event_name(name) < 0) return NULL;  /* before any handler sees it */
+    /* before any handler sees it; a name this event was already published under passed it then */
+    if (name != ((EventBaseObject *)event)->enc_name && check_event_name(name) < 0) return NULL;
     if (PyTuple_GET_SIZE(fs_handlers) && run_handlers(event) < 0) return NULL;
     return publish_event(event);
 }
