@@ -20,6 +20,8 @@ typedef struct Chunk {
     PyObject *frames;       /* (topic, payload) once sealed */
 } Chunk;
 
+#define SPARE_MAX 32
+
 typedef struct {
     PyObject_HEAD
     long long rank, pid, incarnation;
@@ -35,6 +37,11 @@ typedef struct {
     int closed;
     Buf scratch;
     Py_ssize_t last_len;    /* the items' bytes of the batch sealed last (a new batch starts with that room) */
+    /* The payloads of the last SPARE_MAX sealed batches (references of ours). One that nobody else holds any more
+     * (sent and acknowledged, or given up) is reused for a new batch: the memory of a fast flow's messages is
+     * then not given back to the C library and taken again (fresh pages, a page fault each) every batch. */
+    PyObject *spare[SPARE_MAX];
+    int nspare, spare_next;
 } Outbox;
 
 static void
@@ -45,6 +52,44 @@ chunk_free(Chunk *c)
     Py_XDECREF(c->frames);
     Py_XDECREF(c->payload);
     PyMem_Free(c);
+}
+
+/* Remember a sealed batch's payload for reuse (see Outbox.spare); the oldest remembered is forgotten. */
+static void
+spare_add(Outbox *self, PyObject *payload)
+{
+    if (self->nspare < SPARE_MAX) {
+        self->spare[self->nspare++] = Py_NewRef(payload);
+        return;
+    }
+    Py_SETREF(self->spare[self->spare_next], Py_NewRef(payload));
+    self->spare_next = (self->spare_next + 1) % SPARE_MAX;
+}
+
+/* A payload of ``size`` bytes for a new batch: a remembered one nobody else holds (resized in place, mostly the
+ * same size), else a new one. */
+static PyObject *
+payload_new(Outbox *self, Py_ssize_t size)
+{
+    for (int i = 0; i < self->nspare; i++) {
+        PyObject *p = self->spare[i];
+        if (Py_REFCNT(p) != 1) continue;  /* still queued in zmq, kept for an acknowledgement, or the caller's */
+        self->spare[i] = self->spare[--self->nspare];
+        if (self->spare_next >= self->nspare) self->spare_next = 0;
+        if (PyBytes_GET_SIZE(p) != size && _PyBytes_Resize(&p, size) < 0) {
+            PyErr_Clear();
+            break;
+        }
+        return p;
+    }
+    return PyBytes_FromStringAndSize(NULL, size);
+}
+
+static void
+spare_clear(Outbox *self)
+{
+    for (int i = 0; i < self->nspare; i++) Py_DECREF(self->spare[i]);
+    self->nspare = self->spare_next = 0;
 }
 
 /* The wire header of a batch (the map wire.encode writes: v, k, r, p, i, s, then the items' array header) for
@@ -173,7 +218,7 @@ add_item_from(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long 
         Py_ssize_t room = self->last_len < 256 ? 256 : self->last_len;
         if (room > self->max_batch_bytes) room = self->max_batch_bytes;
         if (room < len) room = len;
-        PyObject *payload = PyBytes_FromStringAndSize(NULL, h + room);
+        PyObject *payload = payload_new(self, h + room);
         if (payload == NULL) return -1;
         c = PyMem_Calloc(1, sizeof(Chunk));
         if (c == NULL) {

@@ -91,6 +91,7 @@ Outbox_head(Outbox *self, PyObject *arg)
         c->frames = PyTuple_Pack(2, tb, c->payload);
         Py_DECREF(tb);
         if (c->frames == NULL) return NULL;
+        spare_add(self, c->payload);
         Py_CLEAR(c->payload);  /* the frames hold it now */
         Py_INCREF(c->frames);
         return c->frames;
@@ -135,6 +136,7 @@ Outbox_drop_all(Outbox *self, PyObject *Py_UNUSED(ignored))
     }
     self->held = self->held_bytes = 0;
     forget_open(self);
+    spare_clear(self);
     return PyLong_FromLongLong(seq);
 }
 
@@ -201,6 +203,7 @@ Outbox_dealloc(Outbox *self)
         chunk_free(c);
     }
     PyMem_Free(self->scratch.p);
+    spare_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
