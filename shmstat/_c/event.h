@@ -193,7 +193,7 @@ done:
 }
 
 static void
-EventBase_dealloc(EventBaseObject *self)
+event_clear_fields(EventBaseObject *self)
 {
     Py_XDECREF(self->name);
     Py_XDECREF(self->ts);
@@ -204,7 +204,27 @@ EventBase_dealloc(EventBaseObject *self)
     Py_XDECREF(self->enc_ts_ns);
     Py_XDECREF(self->enc_data);
     PyMem_Free(self->enc.p);
+}
+
+static void
+EventBase_dealloc(EventBaseObject *self)
+{
+    event_clear_fields(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The deallocator of the Event class registered with set_log_state (which checks that it adds nothing to
+ * EventBase: no __dict__, no weak references, no finalizer): what the generic one for a Python subclass does for
+ * such a class, without its general steps. A Python subclass of Event keeps the generic one, which calls this one
+ * after its own steps (and leaves the type's reference to it, as for any base that is a heap type). */
+static void
+event_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    event_clear_fields((EventBaseObject *)self);
+    type->tp_free(self);
+    Py_DECREF(type);
 }
 
 static PyMemberDef EventBase_members[] = {
