@@ -273,13 +273,16 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
 /* Encode and queue an event: its size (as item_bytes estimates it, or ``size`` if given) once queued (or when over
  * ``limit`` > 0: not queued), 0 once the outbox is closed, -1 when the fast encoder declines it, -2 on error. */
 static long long
-outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
+outbox_event_at(Outbox *self, PyObject *name, PyObject *ts, long long ts_ns, PyObject *data, long long size,
+                long long limit)
 {
     if (self->closed) {
         self->late += 1;
         return 0;
     }
-    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || Py_TYPE(ts) != &PyLong_Type) return -1;
+    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || (ts != NULL && Py_TYPE(ts) != &PyLong_Type)) {
+        return -1;
+    }
     Buf *b = &self->scratch;
     b->len = 0;
     int r;
@@ -287,7 +290,10 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
     if (buf_reserve(b, 64) < 0) return -2;
     b->p[b->len++] = (char)0x93;
     if ((r = pk_str(b, name, &name8)) != 1) goto fallback;
-    if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
+    if (ts == NULL) {
+        if (pk_i64(b, ts_ns) < 0) return -2;
+    }
+    else if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
     Py_ssize_t nd = PyDict_GET_SIZE(data);
     if (pk_map(b, nd) < 0) return -2;
     /* item_bytes(): ITEM_OVERHEAD + len(name) + ITEM_KEY_BYTES * len(data) + sum(len(key)) + sum(len(str value))
@@ -315,6 +321,13 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
     return size;
 fallback:
     return r < 0 ? -2 : -1;
+}
+
+/* The same, the timestamp an int object. */
+static long long
+outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
+{
+    return outbox_event_at(self, name, ts, 0, data, size, limit);
 }
 
 static PyObject *
