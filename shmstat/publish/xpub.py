@@ -63,10 +63,6 @@ publisher's own byte-bounded backlog, where a drop is counted and numbered."""
 
 _MAX_IDLE_SLEEP_S = 0.02
 
-_ZERO_COPY_BYTES = 16 * 1024
-"""Messages at least this long are sent without a copy (pyzmq's ``copy_threshold``; its default copies anything
-under 64 KiB): the publisher thread's share of a fast flow of events was mostly copying them."""
-
 _WARNED_UNCOLLECTED = False  # this process checked for the uncollected-events warning (said once per job)
 DEFAULT_UNCOLLECTED_WARNING_S = 10.0
 
@@ -95,9 +91,6 @@ def connect_xpub(sock: zmq.Socket[Any], endpoint: str, sndhwm: int) -> None:
     sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full pipe says EAGAIN instead of discarding
     sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe frame, also a repeated one (see above)
     sock.setsockopt(zmq.LINGER, 0)  # set for real when the thread closes the socket
-    # a message of _ZERO_COPY_BYTES or more is handed to zmq without a copy (the batch's bytes object is never
-    # changed once sealed; pyzmq holds it until libzmq is done); smaller ones are cheaper copied
-    sock.copy_threshold = _ZERO_COPY_BYTES
     sock.connect(endpoint)
 
 
