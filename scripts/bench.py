@@ -15,7 +15,9 @@ imported), the collector, and every rank. Anchors that cannot be imported are re
 
 Calls that hand work to the rank's publisher thread (``log_event``/``put_metric``/``prof`` with a collector)
 are timed as N calls *plus* the flush that hands the last item to ZeroMQ, divided by N: the thread's
-encoding is part of what the rank pays (it runs under the same GIL), so it is counted.
+encoding is part of what the rank pays (it runs under the same GIL), so it is counted. Each of them is measured
+against its anchor a round of each in turn (the anchor's rounds run while the publisher is idle), so that the
+machine's other work weighs on both sides alike.
 """
 
 from __future__ import annotations
