@@ -15,7 +15,9 @@ imported), the collector, and every rank. Anchors that cannot be imported are re
 
 Calls that hand work to the rank's publisher thread (``log_event``/``put_metric``/``prof`` with a collector)
 are timed as N calls *plus* the flush that hands the last item to ZeroMQ, divided by N: the thread's
-encoding is part of what the rank pays (it runs under the same GIL), so it is counted.
+encoding is part of what the rank pays (it runs under the same GIL), so it is counted. Each of them is measured
+against its anchor a round of each in turn (the anchor's rounds run while the publisher is idle), so that the
+machine's other work weighs on both sides alike.
 """
 
 from __future__ import annotations
@@ -72,23 +74,29 @@ def median_ns(stmt: str, env: dict[str, Any], number: int, repeat: int) -> float
     return statistics.median(rounds) / number * 1e9
 
 
-def median_ns_flushed(stmt: str, env: dict[str, Any], flush: Any, number: int, repeat: int) -> tuple[float, float]:
-    """Like :func:`median_ns`, but each round ends with ``flush()``: returns (ns per call with the flush, without).
-
-    The first figure counts the publisher thread's work (it runs under the same GIL); the second is what the
-    caller's loop alone took while the thread was working next to it.
-    """
+def interleaved_ns(ours: str, ours_n: int, flush: Any, theirs: str | None, theirs_n: int, env: dict[str, Any],
+                   repeat: int) -> tuple[float, float, float | None]:
+    """Ours and an anchor's statement (None: no anchor), a round of each in turn; ours ends each round with
+    ``flush()``. Returns medians in ns per call: ours with the flush (the publisher thread's work counts: it runs
+    under the same GIL, and ``--cpu`` counts every thread), ours without (what the caller's loop alone took while
+    the thread worked next to it), the anchor's (None without one). What else the machine runs then weighs on
+    both alike (measured one block after the other, a loaded machine moved one side and not the other)."""
     clock = TIMER[0]
-    timer = timeit.Timer(stmt, timer=clock, globals=env)
+    mine = timeit.Timer(ours, timer=clock, globals=env)
+    other = timeit.Timer(theirs, timer=clock, globals=env) if theirs is not None else None
     flush()
-    with_flush, caller = [], []
+    with_flush, caller, anchor = [], [], []
     for _ in range(repeat):
-        inner = timer.timeit(number)
+        inner = mine.timeit(ours_n)
         t1 = clock()
         flush()
         with_flush.append(inner + clock() - t1)
         caller.append(inner)
-    return statistics.median(with_flush) / number * 1e9, statistics.median(caller) / number * 1e9
+        if other is not None:
+            anchor.append(other.timeit(theirs_n))
+    med = statistics.median
+    return (med(with_flush) / ours_n * 1e9, med(caller) / ours_n * 1e9,
+            med(anchor) / theirs_n * 1e9 if anchor else None)
 
 
 def worker_cmd(*args: str) -> list[str]:
@@ -402,47 +410,11 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
         time.sleep(0.01)
     flush = pub.flush
     pub_n = min(number, 50_000)  # stays within the publisher's backlog bound
-    res["ours.log_event.collector"], res["ours.log_event.collector_caller"] = median_ns_flushed(
-        "shmstat.log_event(ev)", env, flush, pub_n, repeat)
-    res["ours.log_event.fresh_collector"], res["ours.log_event.fresh_collector_caller"] = median_ns_flushed(
-        "shmstat.log_event(shmstat.Event('bench', datetime.now(), data))", env, flush, pub_n // 4, repeat)
-    res["ours.put_metric.collector"], res["ours.put_metric.collector_caller"] = median_ns_flushed(
-        "put_metric('bench.m', 1, 'bench')", env, flush, pub_n, repeat)
-    res["ours.prof.collector"], res["ours.prof.collector_caller"] = median_ns_flushed(
-        "ours_empty()", env, flush, pub_n // 2, repeat)
-    flush()
-    st = pub.stats()
-    res["ours.publisher"] = {"queued": st.queued, "dropped": st.dropped, "sent": st.sent_items}
-    shmstat.shutdown()
-    res["ours.ack.keep_forget"] = ack_cost_ns(number, repeat)
-
-    # anchors
-    try:
-        import torch.monitor as tm
-    except Exception as exc:  # not installed, or broken: reported as missing
-        res["torch"] = f"missing ({type(exc).__name__})"
-    else:
-        taggs = [getattr(tm.Aggregation, a) for a in AGGS_NAMES]
-        tstat = tm.Stat("anchor", taggs, window)
-        tev = tm.Event("bench", dt.datetime.now(), EVENT_DATA)
-        env.update(tstat=tstat, tm=tm, tev=tev)
-        res["torch.add"] = median_ns("tstat.add(1.5)", env, number, repeat)
-        res["torch.log_event.none"] = median_ns("tm.log_event(tev)", env, number, repeat)
-        th = tm.register_event_handler(lambda e: None)
-        res["torch.log_event.handler"] = median_ns("tm.log_event(tev)", env, number, repeat)
-        res["torch.log_event.fresh_handler"] = median_ns("tm.log_event(tm.Event('bench', datetime.now(), data))",
-                                                         env, number // 10, repeat)
-        tm.unregister_event_handler(th)
-        res["torch.event_build"] = median_ns("tm.Event('bench', datetime.now(), data)",
-                                             {"tm": tm, "datetime": dt.datetime, "data": EVENT_DATA},
-                                             number // 10, repeat)
-        del env["tstat"], tstat
-        res["torch"] = __import__("torch").__version__
-    try:
-        import torch.distributed.elastic.metrics as tem
-    except Exception as exc:
-        res["torchelastic"] = f"missing ({type(exc).__name__})"
-    else:
+    # each of these against its anchor, a round of each in turn (interleaved_ns)
+    tm, tem = anchor_modules(res)
+    if tm is not None:
+        env.update(tm=tm, tev=tm.Event("bench", dt.datetime.now(), EVENT_DATA))
+    if tem is not None:
         tem.configure(tem.NullMetricHandler())
 
         @tem.prof(group="bench")
@@ -450,10 +422,63 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
             pass
 
         env.update(tem=tem, their_empty=their_empty)
-        res["te.put_metric"] = median_ns("tem.put_metric('bench.m', 1, 'bench')", env, number, repeat)
-        res["te.prof"] = median_ns("their_empty()", env, number // 4, repeat)
-        res["torchelastic"] = "ok"
+    res["ours.log_event.collector"], res["ours.log_event.collector_caller"], res["torch.log_event.none"] = (
+        interleaved_ns("shmstat.log_event(ev)", pub_n, flush, "tm.log_event(tev)" if tm is not None else None,
+                       number, env, repeat))
+    th = tm.register_event_handler(lambda e: None) if tm is not None else None
+    (res["ours.log_event.fresh_collector"], res["ours.log_event.fresh_collector_caller"],
+     res["torch.log_event.fresh_handler"]) = interleaved_ns(
+        "shmstat.log_event(shmstat.Event('bench', datetime.now(), data))", pub_n // 4, flush,
+        "tm.log_event(tm.Event('bench', datetime.now(), data))" if tm is not None else None, number // 10, env, repeat)
+    if tm is not None:
+        tm.unregister_event_handler(th)
+    res["ours.put_metric.collector"], res["ours.put_metric.collector_caller"], res["te.put_metric"] = (
+        interleaved_ns("put_metric('bench.m', 1, 'bench')", pub_n, flush,
+                       "tem.put_metric('bench.m', 1, 'bench')" if tem is not None else None, number, env, repeat))
+    res["ours.prof.collector"], res["ours.prof.collector_caller"], res["te.prof"] = interleaved_ns(
+        "ours_empty()", pub_n // 2, flush, "their_empty()" if tem is not None else None, number // 4, env, repeat)
+    flush()
+    for key in ("torch.log_event.none", "torch.log_event.fresh_handler", "te.put_metric", "te.prof"):
+        if res[key] is None:  # the anchor is missing
+            del res[key]
+    st = pub.stats()
+    res["ours.publisher"] = {"queued": st.queued, "dropped": st.dropped, "sent": st.sent_items}
+    shmstat.shutdown()
+    res["ours.ack.keep_forget"] = ack_cost_ns(number, repeat)
+
+    # the other anchors (those of the calls to the collector were measured with them, above)
+    if tm is not None:
+        taggs = [getattr(tm.Aggregation, a) for a in AGGS_NAMES]
+        tstat = tm.Stat("anchor", taggs, window)
+        tev = tm.Event("bench", dt.datetime.now(), EVENT_DATA)
+        env.update(tstat=tstat, tm=tm, tev=tev)
+        res["torch.add"] = median_ns("tstat.add(1.5)", env, number, repeat)
+        th = tm.register_event_handler(lambda e: None)
+        res["torch.log_event.handler"] = median_ns("tm.log_event(tev)", env, number, repeat)
+        tm.unregister_event_handler(th)
+        res["torch.event_build"] = median_ns("tm.Event('bench', datetime.now(), data)",
+                                             {"tm": tm, "datetime": dt.datetime, "data": EVENT_DATA},
+                                             number // 10, repeat)
+        del env["tstat"], tstat
     print("result", json.dumps(res), flush=True)
+
+
+def anchor_modules(res: dict[str, Any]) -> tuple[Any, Any]:
+    """torch.monitor and torchelastic's metrics, each None (and said so in ``res``) if it cannot be imported."""
+    tm = tem = None
+    try:
+        import torch.monitor as tm
+    except Exception as exc:  # not installed, or broken: reported as missing
+        res["torch"] = f"missing ({type(exc).__name__})"
+    else:
+        res["torch"] = __import__("torch").__version__
+    try:
+        import torch.distributed.elastic.metrics as tem
+    except Exception as exc:
+        res["torchelastic"] = f"missing ({type(exc).__name__})"
+    else:
+        res["torchelastic"] = "ok"
+    return tm, tem
 
 
 def ack_cost_ns(number: int, repeat: int, per_ack: int = 16) -> float:

@@ -63,15 +63,23 @@ local_seconds(PyObject *dt, long long *local_s, long long *key)
 
 /* naive_local_ns(dt): a naive datetime (local time) as Unix ns, as events._naive_local_ns computes it; None when
  * ``dt`` is not an exact naive datetime or its quarter hour's offset is not known yet. */
-static PyObject *
-naive_local_ns(PyObject *Py_UNUSED(module), PyObject *dt)
+static int
+naive_local_ns_of(PyObject *dt, long long *ns)
 {
-    if (!PyDateTime_CheckExact(dt) || PyDateTime_DATE_GET_TZINFO(dt) != Py_None) Py_RETURN_NONE;
+    if (!PyDateTime_CheckExact(dt) || PyDateTime_DATE_GET_TZINFO(dt) != Py_None) return 0;
     long long local_s, key;
     local_seconds(dt, &local_s, &key);
     size_t slot = (size_t)(key & (OFFSET_SLOTS - 1));
-    if (!offsets[slot].valid || offsets[slot].key != key) Py_RETURN_NONE;
-    long long ns = ((local_s - offsets[slot].offset) * 1000000LL + PyDateTime_DATE_GET_MICROSECOND(dt)) * 1000LL;
+    if (!offsets[slot].valid || offsets[slot].key != key) return 0;
+    *ns = ((local_s - offsets[slot].offset) * 1000000LL + PyDateTime_DATE_GET_MICROSECOND(dt)) * 1000LL;
+    return 1;
+}
+
+static PyObject *
+naive_local_ns(PyObject *Py_UNUSED(module), PyObject *dt)
+{
+    long long ns;
+    if (!naive_local_ns_of(dt, &ns)) Py_RETURN_NONE;
     return PyLong_FromLongLong(ns);
 }
 
@@ -193,7 +201,7 @@ done:
 }
 
 static void
-EventBase_dealloc(EventBaseObject *self)
+event_clear_fields(EventBaseObject *self)
 {
     Py_XDECREF(self->name);
     Py_XDECREF(self->ts);
@@ -204,7 +212,27 @@ EventBase_dealloc(EventBaseObject *self)
     Py_XDECREF(self->enc_ts_ns);
     Py_XDECREF(self->enc_data);
     PyMem_Free(self->enc.p);
+}
+
+static void
+EventBase_dealloc(EventBaseObject *self)
+{
+    event_clear_fields(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The deallocator of the Event class registered with set_log_state (which checks that it adds nothing to
+ * EventBase: no __dict__, no weak references, no finalizer): what the generic one for a Python subclass does for
+ * such a class, without its general steps. A Python subclass of Event keeps the generic one, which calls this one
+ * after its own steps (and leaves the type's reference to it, as for any base that is a heap type). */
+static void
+event_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    event_clear_fields((EventBaseObject *)self);
+    type->tp_free(self);
+    Py_DECREF(type);
 }
 
 static PyMemberDef EventBase_members[] = {
@@ -236,13 +264,26 @@ static PyTypeObject EventBaseType = {
 static long long
 outbox_log(Outbox *self, PyObject *event, long long limit)
 {
-    if (!PyObject_TypeCheck(event, &EventBaseType)) return -1;
+    if (Py_TYPE(event) != (PyTypeObject *)ls_event_type && !PyObject_TypeCheck(event, &EventBaseType)) return -1;
     EventBaseObject *e = (EventBaseObject *)event;
     if (e->name == NULL || e->data == NULL || e->ts_ns == NULL || e->nbytes == NULL) return -1;
+    long long nbytes = PyLong_AsLongLong(e->nbytes);
+    if (nbytes == -1 && PyErr_Occurred()) return -2;
     PyObject *ts_ns = e->ts_ns;
     int made = 0;
     if (ts_ns == Py_None) {
         if (e->ts == NULL) return -1;
+        if (nbytes == 0) {  /* logged the first time (mostly the only one): the Unix ns need no int object */
+            long long ns;
+            if (!naive_local_ns_of(e->ts, &ns)) return -1;
+            long long first = outbox_event_at(self, e->name, NULL, ns, e->data, 0, limit);
+            if (first > 0) {
+                PyObject *n = PyLong_FromLongLong(first);
+                if (n == NULL) return -2;
+                Py_SETREF(e->nbytes, n);
+            }
+            return first;
+        }
         ts_ns = naive_local_ns(NULL, e->ts);
         if (ts_ns == NULL) return -2;
         if (ts_ns == Py_None) {
@@ -251,11 +292,6 @@ outbox_log(Outbox *self, PyObject *event, long long limit)
         }
         made = 1;
     }
-    long long nbytes = PyLong_AsLongLong(e->nbytes);
-    if (nbytes == -1 && PyErr_Occurred()) {
-        if (made) Py_DECREF(ts_ns);
-        return -2;
-    }
     long long size = -1;
 #ifdef EVENT_ENCODED_CACHE
     PyObject *data = e->data;
@@ -263,14 +299,9 @@ outbox_log(Outbox *self, PyObject *event, long long limit)
                && e->enc_data == data && PyDict_CheckExact(data)
                && ((PyDictObject *)data)->ma_version_tag == e->enc_version;
     if (same) {  /* logged again unchanged: the bytes of last time (outbox_event would write the same) */
-        Buf *b = &self->scratch;
-        b->len = 0;
-        if (buf_reserve(b, e->enc.len) < 0) return -2;
-        memcpy(b->p, e->enc.p, (size_t)e->enc.len);
-        b->len = e->enc.len;
         size = nbytes;
         if (limit <= 0 || size <= limit) {
-            if (add_item(self, K_EVENT, e->name, NULL, size) < 0) size = -2;
+            if (add_item_from(self, K_EVENT, e->name, NULL, size, e->enc.p, e->enc.len) < 0) size = -2;
         }
     }
     else

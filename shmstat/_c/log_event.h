@@ -36,7 +36,14 @@ set_log_state(PyObject *Py_UNUSED(module), PyObject *args)
     Py_XSETREF(ls_check_name, Py_NewRef(a[6]));
     ls_max = max;
     /* Event(name, timestamp, data) without the argument tuple and type_call (see event_vectorcall) */
-    ((PyTypeObject *)a[0])->tp_vectorcall = event_vectorcall;
+    PyTypeObject *event_type = (PyTypeObject *)a[0];
+    event_type->tp_vectorcall = event_vectorcall;
+    if (event_type->tp_base == &EventBaseType && (event_type->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        && (event_type->tp_flags & Py_TPFLAGS_HAVE_GC) && event_type->tp_basicsize == EventBaseType.tp_basicsize
+        && event_type->tp_dictoffset == 0 && event_type->tp_weaklistoffset == 0 && event_type->tp_finalize == NULL
+        && event_type->tp_del == NULL && event_type->tp_free == PyObject_GC_Del) {
+        event_type->tp_dealloc = event_dealloc;  /* see event_dealloc */
+    }
     Py_RETURN_NONE;
 }
 
@@ -195,7 +202,8 @@ c_log_event(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_AttributeError, "_name");
         return NULL;
     }
-    if (check_event_name(name) < 0) return NULL;  /* before any handler sees it */
+    /* before any handler sees it; a name this event was already published under passed it then */
+    if (name != ((EventBaseObject *)event)->enc_name && check_event_name(name) < 0) return NULL;
     if (PyTuple_GET_SIZE(fs_handlers) && run_handlers(event) < 0) return NULL;
     return publish_event(event);
 }

@@ -11,9 +11,16 @@ typedef struct Chunk {
     long long taken;        /* publish index of the first item */
     long long n;            /* items (or dropped items for a gap) */
     long long nbytes;       /* estimated bytes (item_bytes / METRIC_BYTES) */
-    Buf buf;                /* the encoded items */
+    /* The message is built in place: ``payload`` is the bytes object that will be sent, ``hdr`` bytes kept for
+     * the wire header (its length as guessed when the batch was started), then the ``len`` bytes of the encoded
+     * items; until the batch is sealed the object's size is its capacity. Sealing writes the header into the
+     * kept bytes (moving the items only when the guess was wrong) instead of copying the items behind it. */
+    PyObject *payload;
+    Py_ssize_t hdr, len;
     PyObject *frames;       /* (topic, payload) once sealed */
 } Chunk;
+
+#define SPARE_MAX 32
 
 typedef struct {
     PyObject_HEAD
@@ -29,6 +36,12 @@ typedef struct {
     long long sent_items, sent_messages, dropped, invalid, late;
     int closed;
     Buf scratch;
+    Py_ssize_t last_len;    /* the items' bytes of the batch sealed last (a new batch starts with that room) */
+    /* The payloads of the last SPARE_MAX sealed batches (references of ours). One that nobody else holds any more
+     * (sent and acknowledged, or given up) is reused for a new batch: the memory of a fast flow's messages is
+     * then not given back to the C library and taken again (fresh pages, a page fault each) every batch. */
+    PyObject *spare[SPARE_MAX];
+    int nspare, spare_next;
 } Outbox;
 
 static void
@@ -37,13 +50,104 @@ chunk_free(Chunk *c)
     Py_XDECREF(c->key1);
     Py_XDECREF(c->key2);
     Py_XDECREF(c->frames);
-    PyMem_Free(c->buf.p);
+    Py_XDECREF(c->payload);
     PyMem_Free(c);
+}
+
+/* Remember a sealed batch's payload for reuse (see Outbox.spare); the oldest remembered is forgotten. */
+static void
+spare_add(Outbox *self, PyObject *payload)
+{
+    if (self->nspare < SPARE_MAX) {
+        self->spare[self->nspare++] = Py_NewRef(payload);
+        return;
+    }
+    Py_SETREF(self->spare[self->spare_next], Py_NewRef(payload));
+    self->spare_next = (self->spare_next + 1) % SPARE_MAX;
+}
+
+/* A payload of ``size`` bytes for a new batch: a remembered one nobody else holds (resized in place, mostly the
+ * same size), else a new one. */
+static PyObject *
+payload_new(Outbox *self, Py_ssize_t size)
+{
+    for (int i = 0; i < self->nspare; i++) {
+        PyObject *p = self->spare[i];
+        if (Py_REFCNT(p) != 1) continue;  /* still queued in zmq, kept for an acknowledgement, or the caller's */
+        self->spare[i] = self->spare[--self->nspare];
+        if (self->spare_next >= self->nspare) self->spare_next = 0;
+        if (PyBytes_GET_SIZE(p) != size && _PyBytes_Resize(&p, size) < 0) {
+            PyErr_Clear();
+            break;
+        }
+        return p;
+    }
+    return PyBytes_FromStringAndSize(NULL, size);
+}
+
+static void
+spare_clear(Outbox *self)
+{
+    for (int i = 0; i < self->nspare; i++) Py_DECREF(self->spare[i]);
+    self->nspare = self->spare_next = 0;
+}
+
+/* The wire header of a batch (the map wire.encode writes: v, k, r, p, i, s, then the items' array header) for
+ * ``n`` items from sequence number ``first``, into ``out`` (HEADER_MAX bytes); returns its length. */
+#define HEADER_MAX 96
+static Py_ssize_t
+encode_header(Outbox *self, int kind, long long first, long long n, char *out)
+{
+    Buf h = {out, 0, HEADER_MAX};  /* at most 1 + 3 + 8 + 4 * 11 + 6 + 5 bytes: never grows */
+    const char *k = KIND_NAMES[kind];
+    size_t kn = strlen(k);
+    h.p[h.len++] = (char)0x87;
+    h.p[h.len++] = (char)0xa1;
+    h.p[h.len++] = 'v';
+    pk_i64(&h, WIRE_VERSION);
+    h.p[h.len++] = (char)0xa1;
+    h.p[h.len++] = 'k';
+    h.p[h.len++] = (char)(0xa0 | (int)kn);
+    memcpy(h.p + h.len, k, kn);
+    h.len += (Py_ssize_t)kn;
+    const char keys[4] = {'r', 'p', 'i', 's'};
+    long long vals[4] = {self->rank, self->pid, self->incarnation, first};
+    for (int i = 0; i < 4; i++) {
+        h.p[h.len++] = (char)0xa1;
+        h.p[h.len++] = keys[i];
+        pk_i64(&h, vals[i]);
+    }
+    memcpy(h.p + h.len, "\xa5items", 6);
+    h.len += 6;
+    pk_array(&h, (Py_ssize_t)n);
+    return h.len;
+}
+
+/* Room for ``extra`` more bytes of items in ``c``'s payload (grown by doubling; the capacity is the bytes
+ * object's size until the batch is sealed). */
+static int
+chunk_reserve(Chunk *c, Py_ssize_t extra)
+{
+    Py_ssize_t need = c->hdr + c->len + extra, cap = PyBytes_GET_SIZE(c->payload);
+    if (need <= cap) return 0;
+    while (cap < need) cap *= 2;
+    return _PyBytes_Resize(&c->payload, cap);  /* on failure it is freed and NULL: the caller gives the batch up */
+}
+
+/* A batch that takes no more items gives back the room it did not use (the bytes object shrinks in place). */
+static void
+chunk_trim(Chunk *c)
+{
+    if (c->payload == NULL || c->frames != NULL) return;
+    Py_ssize_t used = c->hdr + c->len;
+    if (PyBytes_GET_SIZE(c->payload) - used <= 256) return;
+    if (_PyBytes_Resize(&c->payload, used) < 0) PyErr_Clear();  /* payload NULL: sealing counts it as dropped */
 }
 
 static void
 forget_open(Outbox *self)
 {
+    for (int i = 0; i < self->nopen; i++) chunk_trim(self->open[i]);
     self->nopen = 0;
     self->open_kind = K_GAP;
 }
@@ -80,22 +184,25 @@ same_key(PyObject *a, PyObject *b)
     return PyUnicode_Compare(a, b) == 0;  /* compares contents; never calls Python code */
 }
 
-/* Add the item encoded in self->scratch to the open batch of its topic (or a new one). */
+/* Add the item encoded in ``src`` (``len`` bytes; usually self->scratch) to the open batch of its topic (or a new
+ * one). */
 static int
-add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+add_item_from(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size, const char *src,
+              Py_ssize_t len)
 {
     if (self->held >= self->max_items || self->held_bytes + size > self->max_bytes) {
         return add_gap(self, 1);
     }
-    Py_ssize_t len = self->scratch.len;
     Chunk *c = NULL;
     if (self->open_kind == kind) {
         for (int i = 0; i < self->nopen; i++) {
             Chunk *o = self->open[i];
             if (same_key(o->key1, key1) && same_key(o->key2, key2)) {
-                if (o->frames == NULL && o->n < self->batch_max && o->buf.len + len <= self->max_batch_bytes) {
+                if (o->frames == NULL && o->payload != NULL && o->n < self->batch_max
+                    && o->len + len <= self->max_batch_bytes) {
                     c = o;
                 } else {  /* full or sealed: a new batch of this topic replaces it in the open set */
+                    chunk_trim(o);
                     self->open[i] = self->open[--self->nopen];
                 }
                 break;
@@ -104,11 +211,23 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
         if (PyErr_Occurred()) return -1;
     }
     if (c == NULL) {
+        char hdr[HEADER_MAX];
+        /* the header's length as it will most likely be: the sequence number about where the publish index is,
+         * and an array of 16 or more items (a batch that ends smaller has its items moved when sealed) */
+        Py_ssize_t h = encode_header(self, kind, self->index, self->batch_max >= 16 ? 16 : 1, hdr);
+        Py_ssize_t room = self->last_len < 256 ? 256 : self->last_len;
+        if (room > self->max_batch_bytes) room = self->max_batch_bytes;
+        if (room < len) room = len;
+        PyObject *payload = payload_new(self, h + room);
+        if (payload == NULL) return -1;
         c = PyMem_Calloc(1, sizeof(Chunk));
         if (c == NULL) {
+            Py_DECREF(payload);
             PyErr_NoMemory();
             return -1;
         }
+        c->payload = payload;
+        c->hdr = h;
         c->kind = kind;
         Py_XINCREF(key1);
         Py_XINCREF(key2);
@@ -123,9 +242,19 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
         }
         self->open[self->nopen++] = c;
     }
-    if (buf_reserve(&c->buf, len) < 0) return -1;
-    memcpy(c->buf.p + c->buf.len, self->scratch.p, (size_t)len);
-    c->buf.len += len;
+    if (chunk_reserve(c, len) < 0) {  /* the batch's items are lost with its payload: counted as dropped */
+        PyErr_Clear();
+        c->payload = NULL;
+        for (int i = 0; i < self->nopen; i++) {
+            if (self->open[i] == c) {
+                self->open[i] = self->open[--self->nopen];
+                break;
+            }
+        }
+        return add_gap(self, 1);
+    }
+    memcpy(PyBytes_AS_STRING(c->payload) + c->hdr + c->len, src, (size_t)len);
+    c->len += len;
     c->n += 1;
     c->nbytes += size;
     self->held += 1;
@@ -134,16 +263,26 @@ add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
     return 0;
 }
 
+/* Add the item encoded in self->scratch. */
+static int
+add_item(Outbox *self, int kind, PyObject *key1, PyObject *key2, long long size)
+{
+    return add_item_from(self, kind, key1, key2, size, self->scratch.p, self->scratch.len);
+}
+
 /* Encode and queue an event: its size (as item_bytes estimates it, or ``size`` if given) once queued (or when over
  * ``limit`` > 0: not queued), 0 once the outbox is closed, -1 when the fast encoder declines it, -2 on error. */
 static long long
-outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
+outbox_event_at(Outbox *self, PyObject *name, PyObject *ts, long long ts_ns, PyObject *data, long long size,
+                long long limit)
 {
     if (self->closed) {
         self->late += 1;
         return 0;
     }
-    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || Py_TYPE(ts) != &PyLong_Type) return -1;
+    if (!PyUnicode_CheckExact(name) || !PyDict_CheckExact(data) || (ts != NULL && Py_TYPE(ts) != &PyLong_Type)) {
+        return -1;
+    }
     Buf *b = &self->scratch;
     b->len = 0;
     int r;
@@ -151,7 +290,10 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
     if (buf_reserve(b, 64) < 0) return -2;
     b->p[b->len++] = (char)0x93;
     if ((r = pk_str(b, name, &name8)) != 1) goto fallback;
-    if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
+    if (ts == NULL) {
+        if (pk_i64(b, ts_ns) < 0) return -2;
+    }
+    else if ((r = pk_scalar(b, ts, 0, NULL)) != 1) goto fallback;
     Py_ssize_t nd = PyDict_GET_SIZE(data);
     if (pk_map(b, nd) < 0) return -2;
     /* item_bytes(): ITEM_OVERHEAD + len(name) + ITEM_KEY_BYTES * len(data) + sum(len(key)) + sum(len(str value))
@@ -179,6 +321,13 @@ outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long lo
     return size;
 fallback:
     return r < 0 ? -2 : -1;
+}
+
+/* The same, the timestamp an int object. */
+static long long
+outbox_event(Outbox *self, PyObject *name, PyObject *ts, PyObject *data, long long size, long long limit)
+{
+    return outbox_event_at(self, name, ts, 0, data, size, limit);
 }
 
 static PyObject *
@@ -250,13 +399,9 @@ Outbox_raw(Outbox *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "raw: keys must be str or None");
         return NULL;
     }
-    Buf *b = &self->scratch;
-    b->len = 0;
-    Py_ssize_t n = PyBytes_GET_SIZE(args[3]);
-    if (buf_reserve(b, n) < 0) return NULL;
-    memcpy(b->p, PyBytes_AS_STRING(args[3]), (size_t)n);
-    b->len = n;
-    if (add_item(self, (int)kind, k1, k2, size) < 0) return NULL;
+    if (add_item_from(self, (int)kind, k1, k2, size, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3])) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

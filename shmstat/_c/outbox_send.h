@@ -26,17 +26,6 @@ pop_head(Outbox *self)
     chunk_free(c);
 }
 
-static int
-pk_key(Buf *b, const char *k)
-{
-    size_t n = strlen(k);
-    if (buf_reserve(b, (Py_ssize_t)n + 1) < 0) return -1;
-    b->p[b->len++] = (char)(0xa0 | (int)n);
-    memcpy(b->p + b->len, k, n);
-    b->len += (Py_ssize_t)n;
-    return 0;
-}
-
 /* head(max_topic): the frames of the first batch, sealed (numbered) now if it was not; None if nothing is held.
  * Gaps at the head are skipped (their sequence numbers consumed); a batch whose topic cannot be sent is given
  * up (counted as invalid). The batch stays at the head until pop(). */
@@ -76,37 +65,39 @@ Outbox_head(Outbox *self, PyObject *arg)
             pop_head(self);
             continue;
         }
-        Buf h = {NULL, 0, 0};
-        const char *kind = KIND_NAMES[c->kind];
-        if (buf_reserve(&h, 64 + c->buf.len) < 0) goto fail;
-        h.p[h.len++] = (char)0x87;
-        if (pk_key(&h, "v") < 0 || pk_i64(&h, WIRE_VERSION) < 0 || pk_key(&h, "k") < 0 || pk_key(&h, kind) < 0
-            || pk_key(&h, "r") < 0 || pk_i64(&h, self->rank) < 0 || pk_key(&h, "p") < 0
-            || pk_i64(&h, self->pid) < 0 || pk_key(&h, "i") < 0 || pk_i64(&h, self->incarnation) < 0
-            || pk_key(&h, "s") < 0 || pk_i64(&h, first) < 0 || pk_key(&h, "items") < 0
-            || pk_array(&h, (Py_ssize_t)c->n) < 0 || buf_reserve(&h, c->buf.len) < 0) {
-            goto fail;
-        }
-        memcpy(h.p + h.len, c->buf.p, (size_t)c->buf.len);
-        h.len += c->buf.len;
-        PyObject *payload = PyBytes_FromStringAndSize(h.p, h.len);
-        PyMem_Free(h.p);
-        if (payload == NULL) {
+        if (c->payload == NULL) {  /* its room could not be had (out of memory): its items are dropped */
             Py_DECREF(tb);
-            return NULL;
+            self->held -= c->n;
+            self->held_bytes -= c->nbytes;
+            self->dropped += c->n;
+            pop_head(self);
+            continue;
         }
-        c->frames = PyTuple_Pack(2, tb, payload);
+        char hdr[HEADER_MAX];
+        Py_ssize_t h = encode_header(self, c->kind, first, c->n, hdr);
+        char *p = PyBytes_AS_STRING(c->payload);
+        if (h != c->hdr) {  /* the guess was wrong (a batch of under 16 items, mostly): move the items */
+            if (h > c->hdr && h + c->len > PyBytes_GET_SIZE(c->payload)
+                && _PyBytes_Resize(&c->payload, h + c->len) < 0) {
+                goto fail;
+            }
+            p = PyBytes_AS_STRING(c->payload);
+            memmove(p + h, p + c->hdr, (size_t)c->len);
+            c->hdr = h;
+        }
+        memcpy(p, hdr, (size_t)h);
+        if (PyBytes_GET_SIZE(c->payload) != h + c->len && _PyBytes_Resize(&c->payload, h + c->len) < 0) goto fail;
+        self->last_len = c->len;
+        c->frames = PyTuple_Pack(2, tb, c->payload);
         Py_DECREF(tb);
-        Py_DECREF(payload);
         if (c->frames == NULL) return NULL;
-        PyMem_Free(c->buf.p);  /* the payload holds them now */
-        c->buf.p = NULL;
-        c->buf.len = c->buf.cap = 0;
+        spare_add(self, c->payload);
+        Py_CLEAR(c->payload);  /* the frames hold it now */
         Py_INCREF(c->frames);
         return c->frames;
-    fail:
-        PyMem_Free(h.p);
+    fail:  /* out of memory: the payload is gone (freed by _PyBytes_Resize); its items are dropped next time */
         Py_DECREF(tb);
+        self->wire_seq -= c->n;  /* not numbered after all: the next head() drops them and numbers them */
         return NULL;
     }
 }
@@ -145,6 +136,7 @@ Outbox_drop_all(Outbox *self, PyObject *Py_UNUSED(ignored))
     }
     self->held = self->held_bytes = 0;
     forget_open(self);
+    spare_clear(self);
     return PyLong_FromLongLong(seq);
 }
 
@@ -211,6 +203,7 @@ Outbox_dealloc(Outbox *self)
         chunk_free(c);
     }
     PyMem_Free(self->scratch.p);
+    spare_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -127,7 +127,7 @@ class Publisher:
         incarnation: int = 0,
         pid: int | None = None,
         backlog_limit: int = 100_000,
-        batch_max: int = 1024,
+        batch_max: int = 4096,
         idle_sleep_s: float = 0.002,
         context: zmq.Context[Any] | None = None,
         sndhwm: int = DEFAULT_SNDHWM,
