@@ -247,6 +247,8 @@ class Collector:
         """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
+        self._chores_at = 0.0  # monotonic time when the next of step's chores falls due (see _chores)
+        self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
 
     def _serve_the_job(self, config: CollectorConfig, segment: Segment, relay: Relay) -> None:
@@ -381,9 +383,19 @@ class Collector:
                 self.events.message(msg)
             self.marks.handed_on(msg)  # a SIGKILL from now on does not hand it on twice
         self.relayed_last_step = relayed
-        self._drain_submitted()
-        now = self.clock()
+        if self._submitted:
+            self._drain_submitted()
         mono = time.monotonic()
+        if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
+            return  # nothing else is due: a turn while messages flow costs only the relay
+        self._chores(mono)
+
+    def _chores(self, mono: float) -> None:
+        """The part of :meth:`step` that is not the relay: the rank look, the look for new stats, a pass when a
+        window closed, commits, usage figures, the status line, acknowledgements and heartbeats, each when due;
+        then when the next of them falls due (:attr:`_chores_at`, and :attr:`_window_due_ns` on the clock)."""
+        assert self.relay is not None and self.segment is not None
+        now = self.clock()
         looked = mono >= self._next_rank_look
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
             self._next_rank_look = mono + self.rank_look_s
@@ -412,6 +424,14 @@ class Collector:
         self.relay.heartbeat_if_due(mono)
         if looked:  # the collector's mark in the segment header, for ranks and other collectors
             self.segment.set_collector(os.getpid(), now)
+        due = min(self._next_rank_look, self._next_stat_look, self._next_usage, self.marks.next_step,
+                  self.relay.next_beat)
+        if self.config.status_interval_s > 0:
+            due = min(due, self._next_status)
+        if len(self.commits):
+            due = min(due, mono + COMMIT_POLL_S)
+        self._chores_at = due
+        self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def shutdown(self) -> None:
         """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
@@ -796,6 +816,10 @@ class Submitted:
 
     def __init__(self) -> None:
         self._items: deque[MetricData | _EventItem] = deque()
+
+    def __bool__(self) -> bool:
+        """Whether something waits to be taken."""
+        return bool(self._items)
 
     def metric(self, metric: MetricData) -> None:
         """Queue a metric (thread-safe)."""

@@ -92,6 +92,11 @@ class DeliveredMarks:
             self._next = now + ACK_INTERVAL_S
             self.step()
 
+    @property
+    def next_step(self) -> float:
+        """When :meth:`step_if_due` next has something to do (:func:`time.monotonic`)."""
+        return self._next
+
     def handed_on(self, msg: Received) -> None:
         """(The loop.) ``msg`` was handed on at once (a put metric to the metric handlers; any message when no
         events sink runs): its sender's mark moves past it now, unless events of the sender are still on their
@@ -99,12 +104,17 @@ class DeliveredMarks:
         key = (msg.rank, msg.pid, msg.incarnation)
         if self.events.pending.get(key):
             return
+        relay = self.relay
+        origin = relay.origins.get(key)
+        expected = relay.expected(key)
+        if origin is None or expected is None:
+            return  # a sender that re-sends nothing (its mark is never kept), or not followed
+        if expected <= self._written.get(key, -1) and self._origin.get(key) == origin:
+            return  # already there (what _move would find, without taking the lock)
         delivery = self.events.delivery
         with self._lock:
             if not self._frozen(key, delivery.completed() if delivery is not None else None):
-                expected = self.relay.expected(key)
-                if expected is not None:
-                    self._move(key, expected)
+                self._move(key, expected)
 
     def taken(self) -> None:
         """(A sink's thread.) Move the marks of the senders whose queued events every sink has now taken."""
