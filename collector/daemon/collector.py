@@ -171,6 +171,8 @@ class Collector:
         """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving:
         :data:`~collector.daemon.config.SERVING_RANK_LOOK_S`)."""
         self._next_rank_look = 0.0  # monotonic time of the next look at the rank table
+        self.rank_looks = 0
+        """Looks at the rank table so far (:attr:`last_ranks` changes only then)."""
         self.max_wait_s = MAX_POLL_MS / 1000
         self.stat_look_s = stat_look_s(config.grace_ms)
         """Between rank looks, how often the loop looks for stats made since (:func:`stat_look_s`)."""
@@ -393,19 +395,25 @@ class Collector:
         if poll_timeout_ms > 0:
             wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
+        senders: set[tuple[int, int, int]] = set()
         for msg in self.relay.receive():
             relayed += 1
-            if msg.kind == "metric":
+            kind = msg.kind
+            if kind == "metric":
                 self._dispatch_put_metrics(msg)
-            elif msg.kind == "event":
+            elif kind == "event":
                 self.events.message(msg)
-            self.marks.handed_on(msg)  # a SIGKILL from now on does not hand it on twice
+            senders.add((msg.rank, msg.pid, msg.incarnation))
+        if senders:  # handed on: a SIGKILL from now on does not hand it on twice (one move per sender and turn)
+            self.marks.handed_on(senders)
         self.relayed_last_step = relayed
         if self._submitted:
             self._drain_submitted()
         mono = time.monotonic()
+        if mono >= self.marks.next_step:  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
+            self.marks.step_if_due(mono)
         if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
-            return  # nothing else is due: a turn while messages flow costs only the relay
+            return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
         self._chores(mono)
 
     def _chores(self, mono: float) -> None:
@@ -417,6 +425,7 @@ class Collector:
         soon = mono + CHORE_SLACK_S  # a periodic look due this soon is taken in this turn rather than its own
         looked = soon >= self._next_rank_look
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
+            self.rank_looks += 1
             self._next_rank_look = mono + self.rank_look_s
             self._next_stat_look = mono + self.stat_look_s
             self._entries_epoch = self.segment.entries_epoch()  # (read before the table: a later bump is seen)
@@ -444,8 +453,7 @@ class Collector:
             self.relay.heartbeat_if_due(max(mono, self.relay.next_beat))
         if looked:  # the collector's mark in the segment header, for ranks and other collectors
             self.segment.set_collector(os.getpid(), now)
-        due = min(self._next_rank_look, self._next_stat_look, self._next_usage, self.marks.next_step,
-                  self.relay.next_beat)
+        due = min(self._next_rank_look, self._next_stat_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
         if len(self.commits):

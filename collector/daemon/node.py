@@ -145,6 +145,7 @@ class NodeCollector:
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
         self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
         self._next_discovery = 0.0
+        self._looks: dict[str, int] = {}  # job -> its collector's rank looks when the node last asked if it finished
         self._polled: tuple[zmq.Socket, ...] = ()  # the sockets self._polling polls
         self._polling = zmq.Poller()
         self.stop_requested = threading.Event()
@@ -210,7 +211,8 @@ class NodeCollector:
                 print(f"shmstat collector: job {job} failed ({exc!r}); letting it go", file=sys.stderr, flush=True)
                 self._release(job)
                 continue
-            if self.jobs is None and self._finished(c):
+            looks, self._looks[job] = self._looks.get(job, -1), c.rank_looks
+            if self.jobs is None and looks != c.rank_looks and self._finished(c):  # (its ranks read anew)
                 if self._release(job):
                     self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
                 self._done.add(job)
@@ -345,6 +347,7 @@ class NodeCollector:
     def _release(self, job: str) -> bool:
         """Let ``job`` go; True if its collector emitted every window it held."""
         collector = self.collectors.pop(job, None)
+        self._looks.pop(job, None)
         if collector is None:
             return False
         if self.exporter is not None:
