@@ -366,8 +366,8 @@ class Collector:
         """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the
         earliest of the next window's end (plus grace), the next rank look, usage figures, status line and
         heartbeat (each of these four may be :data:`CHORE_SLACK_S` late), soon while passes wait for their
-        commit, and at most :attr:`max_wait_s` from now (what other threads submit is taken then). Messages wake the loop sooner, and so does a new stat
-        (:func:`wait_quietly` looks for one every :attr:`stat_look_s`)."""
+        commit, and at most :attr:`max_wait_s` from now (what other threads submit is taken then). Messages wake
+        the loop sooner, and so does a new stat (:func:`wait_quietly` looks for one every :attr:`stat_look_s`)."""
         assert self.relay is not None
         mono = time.monotonic()
         # the periodic looks may be late by CHORE_SLACK_S (and early: see _chores), so that they share turns
@@ -396,7 +396,7 @@ class Collector:
             wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
         senders: set[tuple[int, int, int]] = set()
-        for msg in self.relay.receive():
+        for msg in self.relay.receive(flowing=self.relayed_last_step > 0):
             relayed += 1
             kind = msg.kind
             if kind == "metric":

@@ -40,8 +40,8 @@ from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
-from .curve import CurveServer, HandshakeCounts
 from .._backend import IntakeCheck, intake_check
+from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
 from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
 from .outlet import Outlet
@@ -57,7 +57,7 @@ _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
-_RCVMORE, _NOBLOCK = int(zmq.RCVMORE), int(zmq.NOBLOCK)
+_NOBLOCK = int(zmq.NOBLOCK)
 _HELD_TOPIC = wire.HELD_TOPIC
 _BUNCH = 64
 """Messages checked, then sent on in one go, then yielded (see :meth:`Relay.receive`)."""
@@ -213,7 +213,8 @@ class Relay:
             self.xsub.send(b"\x01")
             self.ranks_subscribed = True
 
-    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[Received]:
+    def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS, *,
+                flowing: bool = False) -> Iterator[Received]:
         """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
         valid ones and yield them one by one (a generator, so a round never holds more than a few messages' items:
         a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes).
@@ -222,35 +223,38 @@ class Relay:
         decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
         yielded message decodes its ``items`` when the caller reads them. They are taken in bunches of at most
         :data:`_BUNCH` messages (and :data:`_BUNCH_BYTES`): a bunch is checked and tracked, then sent to the
-        subscribers in one go (one wake-up of libzmq's I/O thread rather than one per message), then yielded."""
+        subscribers in one go (one wake-up of libzmq's I/O thread rather than one per message), then yielded.
+        ``flowing``: the caller's last call took messages, so more likely wait: the first is taken without asking
+        libzmq first whether one waits."""
         c = self.counters
         now = time.monotonic()
         if now >= self._next_subscriptions:  # what subscribes meanwhile is taken at the next look
             self._next_subscriptions = now + SUBSCRIPTION_LOOK_S
             self._drain_subscriptions()
         xsub = self.xsub
-        if not cast(int, xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
+        if not flowing and not cast(int, xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to catch
             return
-        recv, more, check = xsub.recv, xsub.get, self._check
+        recv, check = xsub.recv, self._check
         bunch: list[Received] = []
         held = 0
         items = 0
         for _ in range(limit):
             if items >= max_items:
                 break
-            try:
-                topic = recv(_NOBLOCK)
+            try:  # as frames: their ``more`` is libzmq's flag, where asking RCVMORE went through pyzmq's enums
+                first = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            if not more(_RCVMORE):
+            if not first.more:
                 c.rejected += 1
                 continue
-            payload = recv(_NOBLOCK)
-            if more(_RCVMORE):  # more than two frames: not a rank's message
-                while more(_RCVMORE):
-                    recv(_NOBLOCK)
+            second = recv(_NOBLOCK, copy=False)
+            if second.more:  # more than two frames: not a rank's message
+                while recv(_NOBLOCK, copy=False).more:
+                    pass
                 c.rejected += 1
                 continue
+            topic, payload = first.bytes, second.bytes
             if topic == _HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
                 self._held([topic, payload])
                 continue
