@@ -293,7 +293,7 @@ class Relay:
             except TypeError:
                 got = None
         if type(got) is tuple:
-            kind, rank, pid, incarnation, seq, n_items = got  # type: ignore[misc]
+            kind, rank, pid, incarnation, seq, n_items = got
             if kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
                 self.counters.rejected += 1
                 return None
