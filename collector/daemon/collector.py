@@ -396,7 +396,7 @@ class Collector:
             wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
         senders: set[tuple[int, int, int]] = set()
-        for msg in self.relay.receive(flowing=self.relayed_last_step > 0):
+        for msg in self.relay.receive():
             relayed += 1
             kind = msg.kind
             if kind == "metric":
