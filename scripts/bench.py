@@ -624,6 +624,7 @@ def worker_node_collector(job: str, args: argparse.Namespace) -> None:
     config = CollectorConfig(job="", publish=args.endpoint, handlers={"*": "null"}, status_interval_s=0)
     node = NodeCollector(config, jobs=[job], out=open(os.devnull, "w"))  # noqa: SIM115
     threading.Thread(target=lambda: (sys.stdin.read(), node.stop_requested.set()), daemon=True).start()
+    node.step(0)  # the job picked up now: its segment made and held before any rank attaches
     print("ready", os.getpid(), flush=True)
     node.run()
 
@@ -922,13 +923,15 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
     ranks: list[subprocess.Popen[str]] = []
     col = sub = None
     try:
+        # the collector first: it holds the job's segment before any rank attaches, so that a node collector
+        # already running on the machine (serving every job of this user) leaves the job to it
+        col = start_worker("node-collector", "--job", job, "--endpoint", endpoint)
+        pid = int(expect_line(col, "ready", 60))
         for r in range(nranks):
             ranks.append(start_worker("node-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
                                       "--stats", str(stats)))
         for p in ranks:
             expect_line(p, "ready", 120)
-        col = start_worker("node-collector", "--job", job, "--endpoint", endpoint)
-        pid = int(expect_line(col, "ready", 60))
         sub = start_worker("node-subscriber", "--endpoint", endpoint)
         expect_line(sub, "ready", 60)
         time.sleep(warmup)

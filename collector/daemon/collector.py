@@ -102,6 +102,17 @@ STAT_LOOK_S = (RING_BUDGET_MS - MAX_GRACE_MS) / 2000
 """Between rank looks, how often a serving loop reads the rank table for stats made since (25 ms): a new stat's
 windows must be read before its ring wraps, which the layout allows as soon as RING_BUDGET_MS - MAX_GRACE_MS
 after a window's end (shmstat/shm/layout.py)."""
+
+
+def stat_look_s(grace_ms: int) -> float:
+    """How often a collector of grace ``grace_ms`` looks for new stats between rank looks: half of what the layout
+    leaves it to read a new stat's first window, RING_BUDGET_MS less its own grace (which the layout bounds by
+    MAX_GRACE_MS: :data:`STAT_LOOK_S`, 25 ms, at the longest grace; 40 ms at the default 20 ms)."""
+    return (RING_BUDGET_MS - min(max(grace_ms, 0), MAX_GRACE_MS)) / 2000
+CHORE_SLACK_S = 0.05
+"""The periodic looks of a serving loop (rank table, usage figures, status line, heartbeat; a node collector's look
+for jobs) are taken up to this much early or late, so that they share the loop's turns: an idle collector turns a
+few times a second instead of once per look."""
 COMMIT_POLL_S = 0.02
 """While a pass waits for its handlers (:class:`PendingCommits`), the loop looks this often whether it was taken."""
 
@@ -161,6 +172,13 @@ class Collector:
         """Seconds between looks at the rank table and liveness in :meth:`step` (0: every step; serving:
         :data:`~collector.daemon.config.SERVING_RANK_LOOK_S`)."""
         self._next_rank_look = 0.0  # monotonic time of the next look at the rank table
+        self.rank_looks = 0
+        """Looks at the rank table so far (:attr:`last_ranks` changes only then)."""
+        self.max_wait_s = MAX_POLL_MS / 1000
+        self.stat_look_s = stat_look_s(config.grace_ms)
+        """Between rank looks, how often the loop looks for stats made since (:func:`stat_look_s`)."""
+        """The longest :meth:`run` waits with nothing due (what other threads submit waits at most this long; a node
+        collector, whose jobs nobody submits to, waits longer)."""
         self._next_stat_look = 0.0
         self._entries_epoch = -1  # the segment's entries epoch when the rank table was last read
         self.relayed_last_step = 0
@@ -248,6 +266,8 @@ class Collector:
         """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
+        self._chores_at = 0.0  # monotonic time when the next of step's chores falls due (see _chores)
+        self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
 
     def _serve_the_job(self, config: CollectorConfig, segment: Segment, relay: Relay) -> None:
@@ -341,19 +361,21 @@ class Collector:
         if not self.relay.ranks_subscribed:  # watch for the first subscriber
             return 10
         wait_s = self.next_due() - time.monotonic()
-        return max(0, min(MAX_POLL_MS, math.ceil(wait_s * 1000)))
+        return max(0, min(math.ceil(self.max_wait_s * 1000), math.ceil(wait_s * 1000)))
 
     def next_due(self) -> float:
         """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the
         earliest of the next window's end (plus grace), the next rank look, usage figures, status line and
-        heartbeat, soon while passes wait for their commit, and at most :data:`MAX_POLL_MS` from now (what other
-        threads submit is taken then). Messages wake the loop sooner, and so does a new stat
-        (:func:`wait_quietly` looks for one every :data:`STAT_LOOK_S`)."""
+        heartbeat (each of these four may be :data:`CHORE_SLACK_S` late), soon while passes wait for their
+        commit, and at most :attr:`max_wait_s` from now (what other threads submit is taken then). Messages wake
+        the loop sooner, and so does a new stat (:func:`wait_quietly` looks for one every :attr:`stat_look_s`)."""
         assert self.relay is not None
         mono = time.monotonic()
-        due = min(mono + MAX_POLL_MS / 1000, self._next_rank_look, self._next_usage, self.relay.next_beat)
+        # the periodic looks may be late by CHORE_SLACK_S (and early: see _chores), so that they share turns
+        due = min(self._next_rank_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
+        due = min(due + CHORE_SLACK_S, mono + self.max_wait_s)
         window = self.scanner.next_due_ns()
         if window is not None:
             due = min(due, mono + (window - self.clock()) / 1e9)
@@ -374,21 +396,39 @@ class Collector:
         if poll_timeout_ms > 0:
             wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
+        senders: set[tuple[int, int, int]] = set()
         for msg in self.relay.receive():
             relayed += 1
-            if msg.kind == "metric":
+            kind = msg.kind
+            if kind == "metric":
                 self._dispatch_put_metrics(msg)
-            elif msg.kind == "event":
+            elif kind == "event":
                 self.events.message(msg)
-            self.marks.handed_on(msg)  # a SIGKILL from now on does not hand it on twice
+            senders.add((msg.rank, msg.pid, msg.incarnation))
+        if senders:  # handed on: a SIGKILL from now on does not hand it on twice (one move per sender and turn)
+            self.marks.handed_on(senders)
         self.relayed_last_step = relayed
-        self._drain_submitted()
-        now = self.clock()
+        if self._submitted:
+            self._drain_submitted()
         mono = time.monotonic()
-        looked = mono >= self._next_rank_look
+        if mono >= self.marks.next_step:  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
+            self.marks.step_if_due(mono)
+        if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
+            return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
+        self._chores(mono)
+
+    def _chores(self, mono: float) -> None:
+        """The part of :meth:`step` that is not the relay: the rank look, the look for new stats, a pass when a
+        window closed, commits, usage figures, the status line, acknowledgements and heartbeats, each when due;
+        then when the next of them falls due (:attr:`_chores_at`, and :attr:`_window_due_ns` on the clock)."""
+        assert self.relay is not None and self.segment is not None
+        now = self.clock()
+        soon = mono + CHORE_SLACK_S  # a periodic look due this soon is taken in this turn rather than its own
+        looked = soon >= self._next_rank_look
         if looked:  # the rank table and liveness: at most every rank_look_s, however often messages arrive
+            self.rank_looks += 1
             self._next_rank_look = mono + self.rank_look_s
-            self._next_stat_look = mono + STAT_LOOK_S
+            self._next_stat_look = mono + self.stat_look_s
             self._entries_epoch = self.segment.entries_epoch()  # (read before the table: a later bump is seen)
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
@@ -396,23 +436,31 @@ class Collector:
             if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
                 self.gpu.step(self.last_ranks)
         elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
-            self._next_stat_look = mono + STAT_LOOK_S
+            self._next_stat_look = mono + self.stat_look_s
             if self.entries_moved():  # one word: the table is read only when an entry or stat came
                 self._entries_epoch = self.segment.entries_epoch()
                 self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
         self.commits.apply(self.segment)
-        if mono >= self._next_usage:
+        if soon >= self._next_usage:
             self._next_usage = mono + self.config.usage_interval_s
             self._emit_usage(now, self.last_ranks)
-        if self.config.status_interval_s > 0 and mono >= self._next_status:
+        if self.config.status_interval_s > 0 and soon >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
             self.print_status(self.last_ranks)
         self.marks.step_if_due(mono)
-        self.relay.heartbeat_if_due(mono)
+        if soon >= self.relay.next_beat:  # (the next one an interval after this one was due, not after now)
+            self.relay.heartbeat_if_due(max(mono, self.relay.next_beat))
         if looked:  # the collector's mark in the segment header, for ranks and other collectors
             self.segment.set_collector(os.getpid(), now)
+        due = min(self._next_rank_look, self._next_stat_look, self._next_usage, self.relay.next_beat)
+        if self.config.status_interval_s > 0:
+            due = min(due, self._next_status)
+        if len(self.commits):
+            due = min(due, mono + COMMIT_POLL_S)
+        self._chores_at = due
+        self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def shutdown(self) -> None:
         """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
@@ -611,6 +659,8 @@ class Collector:
 
     def _emit_usage(self, now: int, ranks: list) -> None:
         assert self.relay is not None
+        if self.dispatcher.discards_points(PLATFORM_GROUP) and not self.relay.wants(_USAGE_TOPIC):
+            return  # nobody would see a figure (a null or compact handler, no subscriber): none is made
         emit_usage(self.config.job, now, ranks, self.liveness, self.counters, self.dispatcher, self.relay)
 
     def print_status(self, ranks: list | None = None) -> None:
@@ -641,7 +691,7 @@ class Collector:
 
 
 def wait_quietly(poller: zmq.Poller, timeout_ms: int, collectors: tuple[Collector, ...]) -> None:
-    """Wait up to ``timeout_ms`` for a message on ``poller``. The looks for new stats (every :data:`STAT_LOOK_S`)
+    """Wait up to ``timeout_ms`` for a message on ``poller``. The looks for new stats (every :func:`stat_look_s`)
     that fall due meanwhile are made here, one word of each segment (its entries epoch); the wait ends early only
     if one moved (the step then reads the rank table), so a quiet collector turns only when something is due."""
     deadline = time.monotonic() + timeout_ms / 1000
@@ -658,7 +708,7 @@ def wait_quietly(poller: zmq.Poller, timeout_ms: int, collectors: tuple[Collecto
             if now >= c._next_stat_look:
                 if c.entries_moved():
                     return  # (left due: the step looks)
-                c._next_stat_look = now + STAT_LOOK_S
+                c._next_stat_look = now + c.stat_look_s
 
 
 # -- one pass's counts and its stat topics ---------------------------------------------------------------------
@@ -704,6 +754,7 @@ def _publish_rows(relay: Relay, cols: Columns) -> None:
 
 
 _NOBODY: list[dict] = []  # marks a topic no subscriber listens to
+_USAGE_TOPIC = wire.stat_topic(PLATFORM_GROUP, "usage")  # where emit_usage publishes
 
 
 # -- metrics that belong to no window: put metrics, the collector's own figures ----------------------------
@@ -747,7 +798,7 @@ def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, co
     for md in rows:
         items.append({"group": md.group_name, "name": md.name, "value": md.value,
                       "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
-    relay.publish(wire.stat_topic(PLATFORM_GROUP, "usage"), "stat", items)
+    relay.publish(_USAGE_TOPIC, "stat", items)
 
 
 def relay_counts(c: RelayCounters) -> dict[str, int]:
@@ -800,6 +851,10 @@ class Submitted:
 
     def __init__(self) -> None:
         self._items: deque[MetricData | _EventItem] = deque()
+
+    def __bool__(self) -> bool:
+        """Whether something waits to be taken."""
+        return bool(self._items)
 
     def metric(self, metric: MetricData) -> None:
         """Queue a metric (thread-safe)."""

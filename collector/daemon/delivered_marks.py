@@ -19,6 +19,7 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from shmstat.shm.segment import pid_alive
@@ -92,18 +93,33 @@ class DeliveredMarks:
             self._next = now + ACK_INTERVAL_S
             self.step()
 
-    def handed_on(self, msg: Received) -> None:
-        """(The loop.) ``msg`` was handed on at once (a put metric to the metric handlers; any message when no
-        events sink runs): its sender's mark moves past it now, unless events of the sender are still on their
-        way to the sinks (then :meth:`taken` moves it)."""
-        key = (msg.rank, msg.pid, msg.incarnation)
-        if self.events.pending.get(key):
-            return
+    @property
+    def next_step(self) -> float:
+        """When :meth:`step_if_due` next has something to do (:func:`time.monotonic`)."""
+        return self._next
+
+    def handed_on(self, senders: Iterable[Key]) -> None:
+        """(The loop.) Messages of ``senders`` (``(rank, pid, incarnation)``) were handed on at once (a put metric
+        to the metric handlers; any message when no events sink runs): their marks move past them now, unless
+        events of the sender are still on their way to the sinks (then :meth:`taken` moves it)."""
+        relay, pending = self.relay, self.events.pending
+        origins, written = relay.origins, self._written
         delivery = self.events.delivery
-        with self._lock:
-            if not self._frozen(key, delivery.completed() if delivery is not None else None):
-                expected = self.relay.expected(key)
-                if expected is not None:
+        done: int | None = None
+        asked = False
+        for key in senders:
+            if pending.get(key):
+                continue
+            origin = origins.get(key)
+            expected = relay.expected(key)
+            if origin is None or expected is None:
+                continue  # a sender that re-sends nothing (its mark is never kept), or one not followed
+            if expected <= written.get(key, -1) and self._origin.get(key) == origin:
+                continue  # already there (what _move would find, without taking the lock)
+            with self._lock:
+                if not asked and delivery is not None:
+                    done, asked = delivery.completed(), True
+                if not self._frozen(key, done):
                     self._move(key, expected)
 
     def taken(self) -> None:

@@ -48,7 +48,7 @@ from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
 from ..wire.outlet import Outlet, queue_messages
 from .collector import (
-    MAX_POLL_MS,
+    CHORE_SLACK_S,
     Collector,
     CollectorConfig,
     build_dispatcher,
@@ -66,6 +66,9 @@ __all__ = ["NodeCollector"]
 _RETRY_S = 5.0  # a job another collector serves is looked at again this often (quietly)
 _REMOVE_WITHIN_S = 600.0  # a finished job's segment is removed once its processes are gone, if within this
 _EMPTY_GRACE_S = 60.0  # a segment with no rank entry is left this long (a rank may be about to register)
+NODE_MAX_WAIT_S = 1.0
+"""The longest the node collector's loop waits with nothing due (nothing is submitted to its jobs from other threads;
+its looks for jobs and at the rank tables come sooner anyway)."""
 
 
 class NodeCollector:
@@ -75,7 +78,7 @@ class NodeCollector:
     endpoints are written; each job keeps its own default endpoints."""
 
     def __init__(self, config: CollectorConfig, *, jobs: list[str] | None = None, out: IO[str] | None = None,
-                 discover_interval_s: float = 0.2) -> None:
+                 discover_interval_s: float = SERVING_RANK_LOOK_S) -> None:
         self._node_lock = NodeLock.take() if jobs is None else None  # before anything is bound: one per node
         try:
             self._start(config, jobs, out, discover_interval_s)
@@ -142,6 +145,7 @@ class NodeCollector:
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
         self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
         self._next_discovery = 0.0
+        self._looks: dict[str, int] = {}  # job -> its collector's rank looks when the node last asked if it finished
         self._polled: tuple[zmq.Socket, ...] = ()  # the sockets self._polling polls
         self._polling = zmq.Poller()
         self.stop_requested = threading.Event()
@@ -181,7 +185,7 @@ class NodeCollector:
         """One round: discover jobs (every ``discover_interval_s``), wait up to ``poll_timeout_ms`` for messages,
         step every job's collector, let finished jobs go."""
         now = time.monotonic()
-        if now >= self._next_discovery:
+        if now + CHORE_SLACK_S >= self._next_discovery:  # (taken with the turn's other looks when due soon)
             self._next_discovery = now + self.discover_interval_s
             try:
                 self.discover()
@@ -207,7 +211,8 @@ class NodeCollector:
                 print(f"shmstat collector: job {job} failed ({exc!r}); letting it go", file=sys.stderr, flush=True)
                 self._release(job)
                 continue
-            if self.jobs is None and self._finished(c):
+            looks, self._looks[job] = self._looks.get(job, -1), c.rank_looks
+            if self.jobs is None and looks != c.rank_looks and self._finished(c):  # (its ranks read anew)
                 if self._release(job):
                     self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
                 self._done.add(job)
@@ -228,7 +233,7 @@ class NodeCollector:
     def next_due(self) -> float:
         """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the next
         discovery, status line or key check, or what a served job has due (:meth:`Collector.next_due`)."""
-        due = self._next_discovery
+        due = self._next_discovery + CHORE_SLACK_S
         if self.status.interval_s > 0:
             due = min(due, self.status.next)
         if self.curve is not None:
@@ -240,7 +245,7 @@ class NodeCollector:
 
     def _poll_timeout_ms(self) -> int:
         """How long :meth:`run` may wait for messages before something is due (:meth:`next_due`), in ms."""
-        return max(0, min(MAX_POLL_MS, math.ceil((self.next_due() - time.monotonic()) * 1000)))
+        return max(0, min(math.ceil(NODE_MAX_WAIT_S * 1000), math.ceil((self.next_due() - time.monotonic()) * 1000)))
 
     def discover(self) -> None:
         """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the
@@ -289,6 +294,7 @@ class NodeCollector:
                 continue
             self._done.discard(job)
             collector.rank_look_s = SERVING_RANK_LOOK_S
+            collector.max_wait_s = NODE_MAX_WAIT_S
             self.collectors[job] = collector
             shown = (f" (shown as {default.shown(job)})" if isinstance(default, CompactWindowHandler)
                      and default.show_job else "")
@@ -341,6 +347,7 @@ class NodeCollector:
     def _release(self, job: str) -> bool:
         """Let ``job`` go; True if its collector emitted every window it held."""
         collector = self.collectors.pop(job, None)
+        self._looks.pop(job, None)
         if collector is None:
             return False
         if self.exporter is not None:

@@ -27,6 +27,10 @@ from .subscriptions import bind_owner_only, configure_xpub, remove_ipc_file, tak
 
 __all__ = ["MAX_MESSAGE_BYTES", "Outlet", "queue_messages"]
 
+_SEND = zmq.backend.Socket.send  # pyzmq's own send, below its Python wrapper (which adds options never used here)
+_MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+
 MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
 """The largest message a rank may send, and the largest the collector makes (its publisher seals batches far
 below; one event is at most :data:`shmstat.wire.MAX_EVENT_BYTES`)."""
@@ -105,19 +109,41 @@ class Outlet:
         topic under it)."""
         return wants_topic(self.prefixes, topic)
 
-    def send(self, frames: list[bytes]) -> bool:
-        """Send without blocking; False when a subscriber's queue was full (it lost the message, the others got
-        it)."""
+    def send(self, frames: list[bytes], tail: bytes | None = None) -> bool:
+        """Send without blocking (``frames``, then ``tail`` as one more frame if given); False when a subscriber's
+        queue was full (it lost the message, the others got it)."""
+        sock, send = self.sock, _SEND
+        last = len(frames) - 1
+        first = _MORE if last > 0 or tail is not None else _LAST
+        try:  # frame by frame with plain int flags: pyzmq's send_multipart cost 5x more
+            send(sock, frames[0], first)
+        except zmq.Again:  # a subscriber's queue looks full (only the first frame of a message can find it so)
+            try:
+                # libzmq learns of what subscribers read from commands it takes at most once a millisecond on a
+                # send: asking EVENTS takes them now, so a queue read meanwhile is not taken for a full one
+                sock.get(_EVENTS)
+                send(sock, frames[0], first)
+            except zmq.Again:  # full: give it to the others
+                self._send_lossy(frames if tail is None else [*frames, tail])
+                return False
+        for i in range(1, last):
+            send(sock, frames[i], _MORE)
+        if tail is None:
+            if last > 0:
+                send(sock, frames[last], _LAST)
+        else:
+            if last > 0:
+                send(sock, frames[last], _MORE)
+            send(sock, tail, _LAST)
+        return True
+
+    def _send_lossy(self, frames: list[bytes]) -> None:
+        """Give a message that found a subscriber's queue full to the others."""
+        self.sock.setsockopt(zmq.XPUB_NODROP, 0)
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
-            return True
-        except zmq.Again:  # a subscriber of this topic has a full queue: give it to the others
-            self.sock.setsockopt(zmq.XPUB_NODROP, 0)
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
-            finally:
-                self.sock.setsockopt(zmq.XPUB_NODROP, 1)
-            return False
+        finally:
+            self.sock.setsockopt(zmq.XPUB_NODROP, 1)
 
     def send_patiently(self, frames: list[bytes], deadline: float) -> bool:
         """:meth:`send`, waiting until ``deadline`` (:func:`time.monotonic`) for a full queue to make room first

@@ -40,6 +40,7 @@ from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
+from .._backend import IntakeCheck, intake_check
 from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect
 from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
@@ -56,6 +57,15 @@ _MAX_BATCH_ITEMS = 16_384  # items per receive() call: bounds a round's time and
 _MAX_TRACKED = 100_000  # (rank, pid, incarnation) sequences followed at most
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
+_NOBLOCK = int(zmq.NOBLOCK)
+_HELD_TOPIC = wire.HELD_TOPIC
+_BUNCH = 64
+"""Messages checked, then sent on in one go, then yielded (see :meth:`Relay.receive`)."""
+_BUNCH_BYTES = 4 << 20
+"""...and at most about this many bytes of them held at once."""
+SUBSCRIPTION_LOOK_S = 0.02
+"""How often a relay takes the subscription frames its publish sockets queued (a subscriber that subscribes is
+served from at most this much later; every frame is taken, bounded per look: :mod:`collector.wire.subscriptions`)."""
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
 
 
@@ -85,14 +95,20 @@ class RelayCounters:
 
 class Relay:
     """Owns the collector's two sockets; single-threaded (the collector loop calls it). ``node``: a node
-    collector's outlet, which every message also goes out on, followed by the frame ``job``."""
+    collector's outlet, which every message also goes out on, followed by the frame ``job`` (the relay's sockets
+    are then made in the outlet's context, and the relay leaves it to its owner)."""
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
                  rcvhwm: int = 8, heartbeat_interval_s: float = 1.0, node: Outlet | None = None,
                  job: str = "", curve: str | None = None) -> None:
         if node is not None and not job:
             raise ValueError("a relay that publishes on a node outlet needs its job")
-        self.ctx = zmq.Context()
+        # a node collector's relays share its context: one libzmq I/O thread for every socket of the node, which
+        # cost a third less than one per context (each woken for its own sockets); CURVE keeps its own (its ZAP
+        # handler is one per context)
+        shared = node.ctx if node is not None and curve is None else None
+        self._own_ctx = shared is None
+        self.ctx = shared if shared is not None else zmq.Context()
         self.counters = RelayCounters()
         self.curve: CurveServer | None = None  # with a key directory: CURVE on the job's publish socket
         self.pid = os.getpid() if pid is None else pid
@@ -130,6 +146,8 @@ class Relay:
             raise
         self.ranks_subscribed = False
         """Whether the ranks were asked to send (see :meth:`subscribe_ranks`)."""
+        self._check = intake_check()  # the C intake check (None: decode checks), looked up once
+        self._next_subscriptions = 0.0
         self.held: set[tuple[int, int, int]] = set()
         """Senders (rank, pid, incarnation) whose hand-over marker arrived (an answer to :meth:`request_handover`, or
         their publisher closed): everything they sent before it has arrived."""
@@ -197,52 +215,112 @@ class Relay:
 
     def receive(self, limit: int = _MAX_BATCH, max_items: int = _MAX_BATCH_ITEMS) -> Iterator[Received]:
         """Take up to ``limit`` waiting messages (and about ``max_items`` items) from the ranks: re-publish the
-        valid ones and yield them one by one (a generator, so a round never holds more than one message's items:
+        valid ones and yield them one by one (a generator, so a round never holds more than a few messages' items:
         a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes).
 
         Messages are checked by :func:`collector.wire.intake.inspect` (what :func:`shmstat.wire.decode` accepts, without
         decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
-        yielded message decodes its ``items`` when the caller reads them."""
+        yielded message decodes its ``items`` when the caller reads them. They are taken in bunches of at most
+        :data:`_BUNCH` messages (and :data:`_BUNCH_BYTES`): a bunch is checked and tracked, then sent to the
+        subscribers in one go (one wake-up of libzmq's I/O thread rather than one per message), then yielded.
+        Before each message libzmq is asked whether one waits (EVENTS), which cost less than the ``zmq.Again``
+        that ended the round otherwise."""
         c = self.counters
-        self._drain_subscriptions()  # once a turn: what subscribes meanwhile is taken by the next one
-        recv = self.xsub.recv_multipart
+        now = time.monotonic()
+        if now >= self._next_subscriptions:  # what subscribes meanwhile is taken at the next look
+            self._next_subscriptions = now + SUBSCRIPTION_LOOK_S
+            self._drain_subscriptions()
+        xsub = self.xsub
+        recv, events, check = xsub.recv, xsub.get, self._check
+        next_seq, awaiting, book = self._next_seq, self._awaiting_sync, self.book
+        bunch: list[Received] = []
+        held = 0
         items = 0
-        if not cast(int, self.xsub.get(_EVENTS)) & _POLLIN:  # nothing waiting: no zmq.Again to raise and catch
-            limit = 0
         for _ in range(limit):
-            if items >= max_items:
+            if items >= max_items or not cast(int, events(_EVENTS)) & _POLLIN:
                 break
-            try:
-                frames = recv(zmq.NOBLOCK, copy=True)
+            try:  # as frames: their ``more`` is libzmq's flag, where asking RCVMORE went through pyzmq's enums
+                first = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            if len(frames) != 2:
+            if not first.more:
                 c.rejected += 1
                 continue
-            topic = frames[0]
-            if topic == wire.HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
-                self._held(frames)
-                continue
-            try:
-                msg = inspect(topic, frames[1])
-            except WireError:
+            second = recv(_NOBLOCK, copy=False)
+            if second.more:  # more than two frames: not a rank's message
+                while recv(_NOBLOCK, copy=False).more:
+                    pass
                 c.rejected += 1
                 continue
-            if msg.kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
-                c.rejected += 1
+            topic, payload = first.bytes, second.bytes
+            if topic == _HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
+                self._held([topic, payload])
                 continue
-            if not self._admit(msg):
+            msg = self._inspect(check, topic, payload)
+            if msg is None:
+                continue
+            n, kind = msg.n_items, msg.kind
+            key = (msg.rank, msg.pid, msg.incarnation)
+            expected = next_seq.get(key)
+            if expected is not None and msg.seq == expected and key not in awaiting:
+                # the common case, what _admit and _track_seq find for it: the next items of a sender followed
+                end = expected + n
+                next_seq[key] = end
+                self.touched.add(key)  # (not held in a local: its owner swaps the set between calls)
+                book.relayed(key, kind, n, end)
+            elif self._admit(msg):
+                self._track_seq(msg)
+            else:
                 continue
             c.messages += 1
-            n = msg.n_items
-            if msg.kind == "event":
+            if kind == "event":
                 c.events += n
-            elif msg.kind == "metric":
+            elif kind == "metric":
                 c.metrics += n
             items += n
-            self._track_seq(msg)
-            self._send(frames, msg.kind)
-            yield msg
+            bunch.append(msg)
+            held += len(payload)
+            if len(bunch) >= _BUNCH or held >= _BUNCH_BYTES:
+                self._send_bunch(bunch)
+                yield from bunch
+                bunch = []
+                held = 0
+        if bunch:
+            self._send_bunch(bunch)
+            yield from bunch
+
+    def _inspect(self, check: IntakeCheck | None, topic: bytes, payload: bytes) -> Received | None:
+        """The message checked (:func:`collector.wire.intake.inspect`, with the C check looked up once), or None
+        when it is refused (counted in ``rejected``)."""
+        got: object = None
+        if check is not None:
+            try:
+                got = check(topic, payload)
+            except TypeError:
+                got = None
+        if type(got) is tuple:
+            kind, rank, pid, incarnation, seq, n_items = got
+            if kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
+                self.counters.rejected += 1
+                return None
+            return Received(topic, payload, kind, rank, pid, incarnation, seq, n_items)
+        if isinstance(got, str):
+            self.counters.rejected += 1
+            return None
+        try:
+            msg = inspect(topic, payload)
+        except WireError:
+            self.counters.rejected += 1
+            return None
+        if msg.kind == wire.HEARTBEAT_KIND:
+            self.counters.rejected += 1
+            return None
+        return msg
+
+    def _send_bunch(self, bunch: list[Received]) -> None:
+        """Re-publish a bunch of rank messages, unchanged, on the job's outlet and the node's."""
+        for msg in bunch:
+            self._send([msg.raw_topic, msg.payload], msg.kind)
 
     def _admit(self, msg: Received) -> bool:
         """Whether a valid message is new: not sent again by a rank that re-syncs (see :meth:`restore`)."""
@@ -425,7 +503,7 @@ class Relay:
             c.published += 1
         node = self.node
         if node is not None and node.prefixes:
-            if not node.send(frames + self._job_frame):
+            if not node.send(frames, self._job_frame[0]):
                 c.overflows[kind] = c.overflows.get(kind, 0) + 1
             c.published += 1
 
@@ -503,7 +581,8 @@ class Relay:
         if self.curve is not None:
             self.curve.close()  # the ZAP handler's sockets, before the context ends
         with contextlib.suppress(Exception):
-            self.ctx.term()
+            if self._own_ctx:
+                self.ctx.term()
         endpoint = getattr(self, "ingest_endpoint", None)
         if endpoint:
             remove_ipc_file(endpoint)  # a clean exit leaves no socket file behind

@@ -32,6 +32,7 @@ from .shm_entries import SHM_DIR, check_segment_path, scan_shm
 __all__ = ["Segment", "pid_alive"]
 
 _log = logging.getLogger("shmstat")
+_PACK_U64 = struct.Struct("<Q").pack_into
 
 
 def pid_alive(pid: int) -> bool:
@@ -66,6 +67,7 @@ class Segment:
         self._lock: JobLock | None = None
         self.inode = -1
         """Inode of the segment file this maps (tells it from one created again under the same name)."""
+        self._delivered_at = geometry.mark_offset(0) + 24  # a mark's delivered word (moved per relayed message)
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -279,7 +281,7 @@ class Segment:
 
     def move_delivered_mark(self, index: int, delivered: int) -> None:
         """Advance mark ``index`` to ``delivered`` (one aligned 8-byte store; collector only)."""
-        struct.pack_into("<Q", self.buf, self.geometry.mark_offset(index) + 24, delivered)
+        _PACK_U64(self.buf, self._delivered_at + index * L.MARK_SIZE, delivered)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:
