@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from shmstat.errors import ConfigError, SegmentError, ShmstatError
 from shmstat.shm.layout import RankState
+from shmstat.shm.layout_codec import rank_problem
 from shmstat.shm.runtime import runtime_dir, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, scan_shm
 
+from ..daemon.collector import drop_counters
 from ..daemon.sweep import remove_if_dead, remove_leftover_locks
 
 __all__ = ["LS_COLUMNS", "SegmentInfo", "clean", "list_segments", "segment_info"]
@@ -57,7 +59,8 @@ def segment_info(job: str) -> SegmentInfo:
             size = os.lstat(f"{SHM_DIR}/shmstat.{job}").st_size
         return SegmentInfo(job, size, 0, 0, 0, False, str(exc))
     try:
-        entries = seg.ranks()
+        geometry = seg.geometry
+        entries = [r for r in seg.ranks() if rank_problem(r, geometry) is None]  # (what a collector reads)
         ranks = [r for r in entries if not r.is_writer]
         writers = [r for r in entries if r.is_writer]
 
@@ -65,10 +68,11 @@ def segment_info(job: str) -> SegmentInfo:
             return sum(1 for r in of if r.state == RankState.ACTIVE and pid_alive(r.pid))
 
         h = seg.header()
-        dropped = h.dropped + sum(r.dropped for r in entries)
-        refused = (h.ranks_refused, sum(r.writers_refused for r in entries), sum(r.stats_refused for r in entries))
+        drops = drop_counters(seg)  # the collector's own figures of them
+        refused = (drops["no_room_ranks"], drops["no_room_workers"], drops["no_room_stats"])
         return SegmentInfo(job, h.total_size, alive(ranks), len(ranks), h.collector_pid, pid_alive(h.collector_pid),
-                           dropped=dropped, refused=refused, writers_alive=alive(writers), writers_total=len(writers))
+                           dropped=drops["samples_dropped"], refused=refused, writers_alive=alive(writers),
+                           writers_total=len(writers))
     finally:
         seg.close()
 

@@ -56,6 +56,7 @@ from elastic.metrics import MetricData, MetricHandler, StatMetricData
 from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 from shmstat.shm.layout import MAX_GRACE_MS, RING_BUDGET_MS, RankState
+from shmstat.shm.layout_codec import rank_problem
 from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
@@ -821,7 +822,8 @@ def drop_counters(segment: Segment | None) -> dict[str, int]:
         return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
     try:
         h = segment.header()
-        ranks = segment.ranks()
+        geometry = segment.geometry
+        ranks = [r for r in segment.ranks() if rank_problem(r, geometry) is None]  # garbage entries count nothing
     except (ValueError, TypeError):  # released at shutdown
         return {"samples_dropped": 0, "no_room_ranks": 0, "no_room_workers": 0, "no_room_stats": 0}
     return {"samples_dropped": h.dropped + sum(r.dropped for r in ranks), "no_room_ranks": h.ranks_refused,
