@@ -110,6 +110,8 @@ def stat_look_s(grace_ms: int) -> float:
     leaves it to read a new stat's first window, RING_BUDGET_MS less its own grace (which the layout bounds by
     MAX_GRACE_MS: :data:`STAT_LOOK_S`, 25 ms, at the longest grace; 40 ms at the default 20 ms)."""
     return (RING_BUDGET_MS - min(max(grace_ms, 0), MAX_GRACE_MS)) / 2000
+
+
 CHORE_SLACK_S = 0.05
 """The periodic looks of a serving loop (rank table, usage figures, status line, heartbeat; a node collector's look
 for jobs) are taken up to this much early or late, so that they share the loop's turns: an idle collector turns a
@@ -176,10 +178,10 @@ class Collector:
         self.rank_looks = 0
         """Looks at the rank table so far (:attr:`last_ranks` changes only then)."""
         self.max_wait_s = MAX_POLL_MS / 1000
-        self.stat_look_s = stat_look_s(config.grace_ms)
-        """Between rank looks, how often the loop looks for stats made since (:func:`stat_look_s`)."""
         """The longest :meth:`run` waits with nothing due (what other threads submit waits at most this long; a node
         collector, whose jobs nobody submits to, waits longer)."""
+        self.stat_look_s = stat_look_s(config.grace_ms)
+        """Between rank looks, how often the loop looks for stats made since (:func:`stat_look_s`)."""
         self._next_stat_look = 0.0
         self._entries_epoch = -1  # the segment's entries epoch when the rank table was last read
         self.relayed_last_step = 0
@@ -412,8 +414,7 @@ class Collector:
         if self._submitted:
             self._drain_submitted()
         mono = time.monotonic()
-        if mono >= self.marks.next_step:  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
-            self.marks.step_if_due(mono)
+        self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
         if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
             return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
         self._chores(mono)
@@ -450,7 +451,6 @@ class Collector:
         if self.config.status_interval_s > 0 and soon >= self._next_status:
             self._next_status = mono + self.config.status_interval_s
             self.print_status(self.last_ranks)
-        self.marks.step_if_due(mono)
         if soon >= self.relay.next_beat:  # (the next one an interval after this one was due, not after now)
             self.relay.heartbeat_if_due(max(mono, self.relay.next_beat))
         if looked:  # the collector's mark in the segment header, for ranks and other collectors

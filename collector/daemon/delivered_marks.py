@@ -93,11 +93,6 @@ class DeliveredMarks:
             self._next = now + ACK_INTERVAL_S
             self.step()
 
-    @property
-    def next_step(self) -> float:
-        """When :meth:`step_if_due` next has something to do (:func:`time.monotonic`)."""
-        return self._next
-
     def handed_on(self, senders: Iterable[Key]) -> None:
         """(The loop.) Messages of ``senders`` (``(rank, pid, incarnation)``) were handed on at once (a put metric
         to the metric handlers; any message when no events sink runs): their marks move past them now, unless

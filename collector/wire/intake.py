@@ -15,9 +15,9 @@ from typing import Any
 from shmstat import wire
 from shmstat.errors import WireError
 
-from .._backend import intake_check
+from .._backend import IntakeCheck, intake_check
 
-__all__ = ["Received", "inspect"]
+__all__ = ["Received", "inspect", "inspect_with"]
 
 
 class Received:
@@ -68,7 +68,12 @@ def _decoded(topic: Any, payload: Any) -> Received:
 def inspect(topic: Any, payload: Any) -> Received:
     """Validate one ``[topic, payload]`` message as :func:`shmstat.wire.decode` does and return it as a
     :class:`Received`; raise :class:`WireError` if ``decode`` would. Frames may be ``bytes`` or any buffer."""
-    check = intake_check()  # None: the pure-Python backend, or the extension is not built
+    return inspect_with(intake_check(), topic, payload)  # None: the pure-Python backend, or no extension built
+
+
+def inspect_with(check: IntakeCheck | None, topic: Any, payload: Any) -> Received:
+    """:func:`inspect` with the C check as :func:`collector._backend.intake_check` returned it (a relay looks it up
+    once, not per message)."""
     if check is None:
         return _decoded(topic, payload)
     try:

@@ -40,9 +40,9 @@ from shmstat import wire
 from shmstat.errors import CollectorError, WireError
 from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
-from .._backend import IntakeCheck, intake_check
+from .._backend import intake_check
 from .curve import CurveServer, HandshakeCounts
-from .intake import Received, inspect
+from .intake import Received, inspect_with
 from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
 from .outlet import Outlet
 from .sender_book import SenderBook
@@ -256,8 +256,13 @@ class Relay:
             if topic == _HELD_TOPIC:  # a rank's hand-over marker (see request_handover)
                 self._held([topic, payload])
                 continue
-            msg = self._inspect(check, topic, payload)
-            if msg is None:
+            try:
+                msg = inspect_with(check, topic, payload)
+            except WireError:
+                c.rejected += 1
+                continue
+            if msg.kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
+                c.rejected += 1
                 continue
             n, kind = msg.n_items, msg.kind
             key = (msg.rank, msg.pid, msg.incarnation)
@@ -288,34 +293,6 @@ class Relay:
         if bunch:
             self._send_bunch(bunch)
             yield from bunch
-
-    def _inspect(self, check: IntakeCheck | None, topic: bytes, payload: bytes) -> Received | None:
-        """The message checked (:func:`collector.wire.intake.inspect`, with the C check looked up once), or None
-        when it is refused (counted in ``rejected``)."""
-        got: object = None
-        if check is not None:
-            try:
-                got = check(topic, payload)
-            except TypeError:
-                got = None
-        if type(got) is tuple:
-            kind, rank, pid, incarnation, seq, n_items = got
-            if kind == wire.HEARTBEAT_KIND:  # the collector's own kind: a rank's would mislead subscribers
-                self.counters.rejected += 1
-                return None
-            return Received(topic, payload, kind, rank, pid, incarnation, seq, n_items)
-        if isinstance(got, str):
-            self.counters.rejected += 1
-            return None
-        try:
-            msg = inspect(topic, payload)
-        except WireError:
-            self.counters.rejected += 1
-            return None
-        if msg.kind == wire.HEARTBEAT_KIND:
-            self.counters.rejected += 1
-            return None
-        return msg
 
     def _send_bunch(self, bunch: list[Received]) -> None:
         """Re-publish a bunch of rank messages, unchanged, on the job's outlet and the node's."""
