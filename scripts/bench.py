@@ -629,6 +629,27 @@ def worker_node_collector(job: str, args: argparse.Namespace) -> None:
     node.run()
 
 
+def worker_node_proxy(job: str, args: argparse.Namespace) -> None:
+    """The floor of the relay's design, the anchor of the node collector's rows: ``job``'s ingest endpoint bound by
+    an ``XSUB`` that asks the ranks for everything (as the collector's relay does), relayed to an ``XPUB`` on
+    ``--endpoint`` by libzmq's own ``zmq_proxy`` (C: no checks, sequence tracking, acknowledgements, handlers or
+    chores); stops at stdin's EOF."""
+    import zmq
+
+    from collector.wire.subscriptions import bind_owner_only
+    from shmstat.shm.runtime import ingest_endpoint
+
+    ctx = zmq.Context()
+    xsub, xpub = ctx.socket(zmq.XSUB), ctx.socket(zmq.XPUB)
+    bind_owner_only(xsub, ingest_endpoint(job))
+    bind_owner_only(xpub, args.endpoint)
+    xsub.send(b"\x01")
+    threading.Thread(target=zmq.proxy, args=(xsub, xpub), daemon=True).start()
+    print("ready", os.getpid(), flush=True)
+    sys.stdin.read()
+    os._exit(0)  # zmq.proxy returns only when the context ends; nothing here needs flushing
+
+
 def worker_node_rank(job: str, args: argparse.Namespace) -> None:
     """A rank with ``--stats`` stats of 1 s windows, each getting 200 samples/s, that logs events at the rate last
     read on stdin (``rate R``: R events/s, each carrying ``time.time_ns()`` and its index), on a fixed schedule;
@@ -708,8 +729,10 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
         done.set()
 
     threading.Thread(target=read, daemon=True).start()
-    ready = False
-    got, total, messages = 0, 0, 0
+    ready = args.ready_at_once  # (a proxy sends no heartbeats)
+    if ready:
+        print("ready", flush=True)
+    got, total, messages, counted = 0, 0, 0, 0
     lat: list[int] = []
     next_seq: dict[tuple[int, int, int], int] = {}
     gaps = 0
@@ -733,17 +756,18 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
                 next_seq[sender] = msg.seq + msg.n_items
                 got += msg.n_items
                 messages += 1
+                counted += 1
                 if messages % 8 == 1:
                     lat.extend(t_recv - data["t"] for _name, _ts, data in msg.items)
         while marks:
             marks.pop()
             total += got
             lat.sort()
-            print("result", json.dumps({"events": got, "total": total, "gaps": gaps,
+            print("result", json.dumps({"events": got, "total": total, "gaps": gaps, "messages": counted,
                                         "lat_median_ms": lat[len(lat) // 2] / 1e6 if lat else None,
                                         "lat_p99_ms": lat[int(len(lat) * 0.99)] / 1e6 if lat else None}),
                   flush=True)
-            got, lat = 0, []
+            got, lat, counted = 0, [], 0
     sock.close(linger=0)
     ctx.term()
 
@@ -760,6 +784,7 @@ def run_worker(argv: list[str]) -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--grace-ms", type=int, default=20)
     ap.add_argument("--consume", action="store_true")
+    ap.add_argument("--ready-at-once", action="store_true")
     ap.add_argument("--columns", action="store_true")
     ap.add_argument("--percentiles", action="store_true")
     ap.add_argument("--endpoint", default="")
@@ -786,6 +811,8 @@ def run_worker(argv: list[str]) -> None:
         worker_scrape_prom(args)
     elif kind == "node-collector":
         worker_node_collector(args.job, args)
+    elif kind == "node-proxy":
+        worker_node_proxy(args.job, args)
     elif kind == "node-rank":
         worker_node_rank(args.job, args)
     elif kind == "node-subscriber":
@@ -912,10 +939,13 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
-def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup: float) -> dict[str, Any]:
+def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup: float,
+             relay: str = "node-collector") -> dict[str, Any]:
     """A node collector serving one job of ``nranks`` ranks x ``stats`` stats (1 s windows, 200 samples/s each),
     with a subscriber on its node endpoint: per phase ``(events/s from all ranks, seconds)`` its CPU per wall
-    second, the events the subscriber received and their latency from ``log_event``; then sent vs received."""
+    second, the events and rank messages the subscriber received and their latency from ``log_event``; then sent
+    vs received. ``relay="node-proxy"``: the same with libzmq's ``zmq_proxy`` in the collector's place
+    (:func:`worker_node_proxy`)."""
     job = new_job(f"node{nranks}")
     tmp = tempfile.mkdtemp(prefix="bench-node-")
     os.chmod(tmp, 0o700)
@@ -925,14 +955,15 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
     try:
         # the collector first: it holds the job's segment before any rank attaches, so that a node collector
         # already running on the machine (serving every job of this user) leaves the job to it
-        col = start_worker("node-collector", "--job", job, "--endpoint", endpoint)
+        col = start_worker(relay, "--job", job, "--endpoint", endpoint)
         pid = int(expect_line(col, "ready", 60))
         for r in range(nranks):
             ranks.append(start_worker("node-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
                                       "--stats", str(stats)))
         for p in ranks:
             expect_line(p, "ready", 120)
-        sub = start_worker("node-subscriber", "--endpoint", endpoint)
+        sub = start_worker("node-subscriber", "--endpoint", endpoint,
+                           *(["--ready-at-once"] if relay == "node-proxy" else []))
         expect_line(sub, "ready", 60)
         time.sleep(warmup)
         rows = []
@@ -948,6 +979,7 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
             tell(sub, "mark")
             got = json.loads(expect_line(sub, "result"))
             rows.append({"rate": rate, "cpu_per_s": (c1 - c0) / (w1 - w0), "events_per_s": got["events"] / (w1 - w0),
+                         "messages_per_s": got["messages"] / (w1 - w0),
                          "lat_median_ms": got["lat_median_ms"], "lat_p99_ms": got["lat_p99_ms"]})
         for p in ranks:
             tell(p, "rate 0")
@@ -965,34 +997,43 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
             finish(p)
         unlink_job(job)
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"ranks": nranks, "stats": stats, "phases": rows, "logged": logged, "dropped": dropped,
+    return {"ranks": nranks, "stats": stats, "relay": relay, "phases": rows, "logged": logged, "dropped": dropped,
             "received": final["total"], "gaps": final["gaps"]}
 
 
+_RELAY_NAMES = {"node-collector": "shmstat node collector", "node-proxy": "libzmq `zmq_proxy` (the floor)"}
+
+
 def node_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """The report's table for :func:`run_node`."""
+    """The report's table for :func:`run_node` (the collector's runs and their ``zmq_proxy`` anchors)."""
     out = ["", "## Node collector cost (`shmstat collect` loop serving one job, null handlers, a subscriber on the "
            "node endpoint)", "",
            "Each rank has its stats get 200 samples/s (1 s windows) and logs `Event(name, datetime.now(), data)` "
-           "at the phase's rate; CPU is the collector process's (every thread, libzmq's included) per wall second; "
-           "latency is from `log_event` to the subscriber's receive.", "",
-           "| ranks x stats | events/s asked | events/s received | collector CPU s per s | CPU per relayed event "
-           "(over idle) | latency median | p99 |", "|---|---:|---:|---:|---:|---:|---:|"]
+           "at the phase's rate; CPU is the relaying process's (every thread, libzmq's included) per wall second; "
+           "latency is from `log_event` to the subscriber's receive. The anchor is the floor of the design (ranks' "
+           "messages over ZeroMQ, re-published for subscribers): the same ranks and subscriber with libzmq's own "
+           "`zmq_proxy` (C) relaying, which checks, tracks, acknowledges and counts nothing.", "",
+           "| relay | ranks x stats | events/s asked | events/s received | rank messages/s | CPU s per s | CPU per "
+           "relayed event (over idle) | CPU per rank message | latency median | p99 |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         idle = next((p["cpu_per_s"] for p in run["phases"] if p["rate"] == 0), None)
         for p in run["phases"]:
-            per = ("-" if p["rate"] == 0 or idle is None or not p["events_per_s"]
-                   else f"{(p['cpu_per_s'] - idle) / p['events_per_s'] * 1e6:,.1f} us")
+            flowing = p["rate"] != 0 and idle is not None and p["events_per_s"]
+            per = f"{(p['cpu_per_s'] - idle) / p['events_per_s'] * 1e6:,.1f} us" if flowing else "-"
+            per_msg = (f"{(p['cpu_per_s'] - idle) / p['messages_per_s'] * 1e6:,.1f} us"
+                       if flowing and p.get("messages_per_s") else "-")
             lm = f"{p['lat_median_ms']:.2f} ms" if p["lat_median_ms"] is not None else "-"
             lx = f"{p['lat_p99_ms']:.2f} ms" if p["lat_p99_ms"] is not None else "-"
-            out.append(f"| {run['ranks']} x {run['stats']} | {p['rate']:,.0f} | {p['events_per_s']:,.0f} | "
-                       f"{p['cpu_per_s']:.4f} | {per} | {lm} | {lx} |")
+            out.append(f"| {_RELAY_NAMES.get(run.get('relay', ''), 'shmstat node collector')} | {run['ranks']} x "
+                       f"{run['stats']} | {p['rate']:,.0f} | {p['events_per_s']:,.0f} | "
+                       f"{p.get('messages_per_s', 0):,.0f} | {p['cpu_per_s']:.4f} | {per} | {per_msg} | {lm} | {lx} |")
     out.append("")
     for run in runs:
         lost = run["logged"] - run["dropped"] - run["received"]
-        out.append(f"- {run['ranks']} ranks: {run['logged']:,} events logged, {run['received']:,} received by the "
-                   f"subscriber, {run['dropped']:,} dropped (counted), {lost:,} lost, {run['gaps']:,} in sequence "
-                   "gaps")
+        out.append(f"- {_RELAY_NAMES.get(run.get('relay', ''), 'shmstat node collector')}, {run['ranks']} ranks: "
+                   f"{run['logged']:,} events logged, {run['received']:,} received by the subscriber, "
+                   f"{run['dropped']:,} dropped (counted), {lost:,} lost, {run['gaps']:,} in sequence gaps")
     return out
 
 
@@ -1387,10 +1428,11 @@ def main(argv: list[str]) -> int:
     nodes: list[dict[str, Any]] = []
     if "node" in parts:
         seconds, warmup = (3.0, 1.0) if quick else (10.0, 2.0)
-        nodes.append(run_node(4, 8, [(0, seconds), (2000, seconds)], warmup))
-        print(f"  node 4 ranks done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
-        nodes.append(run_node(8, 8, [(0, seconds), (100_000, seconds)], warmup))
-        print(f"  node 8 ranks done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+        for nranks, rate in ((4, 2000.0), (8, 100_000.0)):
+            for relay in ("node-collector", "node-proxy"):  # ours, then its anchor, one after the other
+                nodes.append(run_node(nranks, 8, [(0, seconds), (rate, seconds)], warmup, relay))
+                print(f"  node {nranks} ranks, {relay} done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
+                      flush=True)
     created = None
     if "create" in parts:
         created = run_create(8, 2000 if quick else 8000)
