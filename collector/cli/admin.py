@@ -20,7 +20,7 @@ from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, scan_shm
 from ..daemon.collector import drop_counters
 from ..daemon.sweep import remove_if_dead, remove_leftover_locks
 
-__all__ = ["LS_COLUMNS", "SegmentInfo", "clean", "list_segments", "segment_info"]
+__all__ = ["LS_COLUMNS", "LS_LEGEND", "SegmentInfo", "clean", "list_segments", "segment_info"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,11 @@ ranks (forked or spawned children such as DataLoader workers, which write their 
 samples."""
 
 
+LS_LEGEND = ("(RANKS and WRITERS: alive/registered, the writers being ranks' worker processes; COLLECTOR: its pid if "
+             "it runs; DROPPED: samples ranks could not write)")
+"""The line under ``shmstat ls``'s table that says what its columns count."""
+
+
 def list_segments() -> int:
     """Print every segment of this user on this node (:data:`LS_COLUMNS`): job, ranks and extra writers alive of
     those registered, collector, size, samples dropped; then one line on stderr for each entry named like a segment
@@ -103,6 +108,8 @@ def list_segments() -> int:
             note += f"  (no room for {ranks} rank(s), {writers} worker(s), {stats} stat(s))"
         print(f"{job:40s} {f'{i.ranks_alive}/{i.ranks_total}':>9s} {f'{i.writers_alive}/{i.writers_total}':>9s} "
               f"{coll:>12s} {i.size / 2**20:>8.1f}MB {i.dropped:>9d}{note}")
+    if jobs:
+        print(LS_LEGEND)
     _say_skipped(scan.skipped)
     return 0
 

@@ -293,6 +293,7 @@ def test_ls_counts_ranks_and_their_worker_processes_in_columns_of_their_own(tmp_
         _, err = run.communicate(timeout=90)
     assert run.returncode == 0, err
     assert out.splitlines()[0].split() == ["JOB", "RANKS", "WRITERS", "COLLECTOR", "SIZE", "DROPPED"]
+    assert "RANKS and WRITERS: alive/registered" in out.splitlines()[-1]  # what the columns count, without --help
 
 
 EVENTS_RANK = """
