@@ -2,8 +2,8 @@
 
 Usage::
 
-    python scripts/bench.py            # the full run (a few minutes)
-    python scripts/bench.py --quick    # the same table in under a minute (fewer rounds, shorter runs)
+    python scripts/bench.py            # the full run (about 8 minutes on 2 cores)
+    python scripts/bench.py --quick    # the same tables in about 3 minutes (fewer rounds, shorter runs)
     python scripts/bench.py --md BENCHMARKS.md   # also write the printed report into BENCHMARKS.md
 
 Everything is measured in this one run, on this machine, with this interpreter. Per-call figures are the
@@ -1391,7 +1391,7 @@ def main(argv: list[str]) -> int:
         run_worker(argv)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (under a minute)")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes on 2 cores)")
     ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
     kinds = ("calls", "throughput", "collector", "node", "create", "scrape", "imports")
     ap.add_argument("--only", choices=kinds, action="append",
