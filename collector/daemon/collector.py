@@ -471,9 +471,13 @@ class Collector:
         if self.gpu is not None:  # first: its entries are the collector's own, not processes of the job
             with contextlib.suppress(Exception):
                 self.gpu.close()
+        deadline = None
         try:
-            self._drain_ingest()
+            self.stop_intake()
             self._drain_submitted()
+            if self.events.owns and self.events.delivery is not None:  # (a node collector's: it does this for all)
+                deadline = time.monotonic() + self.events.delivery.close_budget_s
+                let_sinks_finish(self.events.delivery, [self], deadline)
             now = self.clock()
             for change in self.liveness.poll(self.scanner.refresh()):
                 self._lifecycle(change)
@@ -482,7 +486,7 @@ class Collector:
             ranks = self.scanner.refresh()
             live = sorted({r.rank for r in ranks if r.state == RankState.ACTIVE})
             self._emit_scan(now, final=not live)
-            self.events.close()  # what the sinks held is taken (or counted) before the final counters
+            self.events.close(deadline)  # what the sinks held is taken (or counted) before the final counters
             self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
@@ -491,7 +495,7 @@ class Collector:
                                     f"{', '.join(map(str, live))}, still running")
         except Exception as exc:  # whatever happens, the sockets and files below are released
             self.not_emitted = f"the last pass, which failed ({exc!r})"
-        self.events.close()
+        self.events.close(deadline)
         if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
             try:
                 self.dispatcher.close()
@@ -512,6 +516,25 @@ class Collector:
         process of the job's rank table lives (``shmstat run`` and ``shmstat collect --job`` call it on every
         exit); returns "" then, otherwise one line saying what was kept, why, and how to look and clean."""
         return remove_if_done(self.config.job, self.emitted_everything, self.not_emitted)
+
+    def stop_intake(self) -> None:
+        """Stopping, first: the ranks' hand-over (:meth:`Relay.hand_over`): their last messages taken, put metrics
+        dispatched, events offered to the sinks; from then on the ranks hold what they log for the next collector.
+        A second call returns at once (every rank's marker arrived)."""
+        if self.relay is not None:
+            self._drain_ingest()
+
+    def finish_round(self) -> None:
+        """One round while stopping, after :meth:`stop_intake`, as the events sinks finish (:func:`let_sinks_finish`):
+        the windows that closed are emitted and what the handlers took committed, and the delivered marks follow
+        what the sinks took and are acknowledged, so the ranks do not send it to the next collector again."""
+        if self.segment is None or self.relay is None:
+            return
+        now = self.clock()
+        if self.scanner.due(now):
+            self._emit_scan(now, final=False)
+        self.commits.apply(self.segment)
+        self.marks.step_if_due(time.monotonic())
 
     def _drain_ingest(self) -> None:
         """The hand-over (:meth:`Relay.hand_over`): the ranks' last messages, put metrics dispatched."""
@@ -689,6 +712,26 @@ class Collector:
             return {}
         return {"gpu_samples": self.gpu_sampler.samples, "gpu_errors": self.gpu_sampler.errors,
                 "gpu_figures_written": self.gpu.samples_written if self.gpu is not None else 0}
+
+
+FINISH_ROUND_S = 0.02
+"""How often a stopping collector emits windows and moves delivered marks while its events sinks finish."""
+
+
+def let_sinks_finish(delivery: EventDelivery, collectors: list[Collector], deadline: float) -> None:
+    """Stopping, after every collector's :meth:`Collector.stop_intake`: until the events sinks took what was offered
+    to them, or ``deadline`` (:func:`time.monotonic`), each collector takes a :meth:`Collector.finish_round` every
+    :data:`FINISH_ROUND_S`. A successor starts only once this process exited, and the ring keeps a closed window
+    only a few windows long (:mod:`shmstat.shm.layout`): windows closing while a slow sink finishes are emitted here
+    rather than lost; and what the sinks take is acknowledged while the marks still can be (after the jobs are let
+    go it would come again from the ranks)."""
+    while not delivery.drained() and time.monotonic() < deadline:
+        for c in collectors:
+            try:
+                c.finish_round()
+            except Exception as exc:  # one job's trouble stops neither the others nor the stop
+                _log.warning("job %s: a round while stopping failed (%r)", c.config.job, exc)
+        time.sleep(FINISH_ROUND_S)
 
 
 def wait_quietly(poller: zmq.Poller, timeout_ms: int, collectors: tuple[Collector, ...]) -> None:

@@ -277,7 +277,8 @@ class KeptEvents:
         return {"events_dropped": d.dropped_for(self.job) if d is not None else 0,
                 "event_handler_errors": d.errors if d is not None else 0}
 
-    def close(self) -> None:
-        """Close the sinks if they are this job's own (idempotent)."""
+    def close(self, deadline: float | None = None) -> None:
+        """Close the sinks if they are this job's own (idempotent); ``deadline``: see
+        :meth:`EventDelivery.close`."""
         if self.owns and self.delivery is not None:
-            self.delivery.close()
+            self.delivery.close(deadline)

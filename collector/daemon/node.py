@@ -53,6 +53,7 @@ from .collector import (
     CollectorConfig,
     build_dispatcher,
     gather_pause,
+    let_sinks_finish,
     stop_signals,
     wait_quietly,
 )
@@ -361,13 +362,26 @@ class NodeCollector:
 
     def close(self) -> None:
         """Let every job go (each emits what it holds, and its final heartbeat), then close the node's publish
-        socket and the handlers."""
+        socket and the handlers. The events sinks, which every job shares, finish first (within their close
+        budget): while the jobs' ranks hold new events and the jobs still emit windows and move delivered marks
+        (:func:`~collector.daemon.collector.let_sinks_finish`)."""
+        deadline = None
+        if self.events is not None and self.collectors:
+            serving = list(self.collectors.values())
+            for c in serving:
+                try:
+                    c.stop_intake()
+                except Exception as exc:  # the job is let go below all the same
+                    print(f"shmstat collector: job {c.config.job}: the hand-over failed ({exc!r})", file=sys.stderr,
+                          flush=True)
+            deadline = time.monotonic() + self.events.close_budget_s
+            let_sinks_finish(self.events, serving, deadline)
         for job in list(self.collectors):
             if self._release(job):
                 Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
         self._close_outlet()
         if self.events is not None:
-            self.events.close()  # before the final status line, which counts what the sinks lost
+            self.events.close(deadline)  # before the final status line, which counts what the sinks lost
         self.status.print(self, final=True)
         with contextlib.suppress(Exception):
             self.dispatcher.close()

@@ -393,13 +393,19 @@ class EventDelivery:
         events = [s.control(_BARRIER) for s in self._sinks or ()]
         return all(e.wait(max(0.0, deadline - time.monotonic())) for e in events)
 
-    def close(self) -> None:
-        """Let every sink take what is queued within the close budget, then flush and close those that finished;
-        a sink still busy is left behind, what it held counted as dropped (idempotent)."""
+    def drained(self) -> bool:
+        """Whether every sink has taken everything offered so far (written it, or counted it as lost)."""
+        return self.completed() >= self._ticket
+
+    def close(self, deadline: float | None = None) -> None:
+        """Let every sink take what is queued within the close budget (or until ``deadline``, a
+        :func:`time.monotonic` time, when the caller already let them work on it), then flush and close those that
+        finished; a sink still busy is left behind, what it held counted as dropped (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        deadline = time.monotonic() + self.close_budget_s
+        if deadline is None:
+            deadline = time.monotonic() + self.close_budget_s
         stops = [(s, s.control(_STOP)) for s in self._sinks or ()]
         finished = {id(h) for h in self.handlers} - {id(s.handler) for s in self._sinks or ()}
         for sink, stopped in stops:

@@ -340,3 +340,124 @@ def test_a_sink_given_up_at_stop_counts_as_dropped_only_what_no_rank_resends(job
     again = [e for e in read_jsonl(second) if e.get("name") == "held"]
     assert sorted(e["data"]["i"] for e in again) == list(range(n_events))
     assert [g for g in read_jsonl(second) if "gap" in g] == []
+
+
+def _rank_logging_until(job: str, stop_path: str, out: str) -> None:
+    """Log an event every 5 ms until ``stop_path`` exists, then shut down and write how many it logged."""
+    import datetime
+
+    import shmstat
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1)
+    logged = 0
+    while not os.path.exists(stop_path):
+        shmstat.log_event(shmstat.Event("steady", datetime.datetime.now(), {"i": logged}))
+        logged += 1
+        time.sleep(0.005)
+    shmstat.shutdown(flush_timeout_s=20)
+    _write(out, {"logged": logged})
+
+
+@pytest.mark.parametrize("node", [False, True], ids=["job-collector", "node-collector"])
+def test_events_a_slow_sink_still_holds_at_a_sigterm_are_kept_once_across_the_restart(tmp_path, node):
+    """A sink that is always behind (0.4 s a batch) still holds events when its collector is SIGTERMed; the
+    collector lets it finish them, and the next collector gets from the live rank only what no sink took: every
+    event once in the two runs' files. With a node collector the sinks are shared by its jobs and finish after the
+    jobs were let go; what they wrote then must still reach the ranks as delivered (it came again: twice)."""
+    job = unique_job("slowsink")
+    other = ("--job", unique_job("slowsink-other")) if node else ()  # two jobs: a node collector's shared sinks
+    first, second, stop, out = (str(tmp_path / name) for name in ("first.jsonl", "second.jsonl", "stop", "rank.json"))
+    coll = start_collector(job, *other, "--events", "kit.handlers.event_sinks:Slow,seconds=0.4",
+                           "--events", f"jsonl:{first}", "--handler", "*=null", "--status-interval", "0")
+    p = spawn(_rank_logging_until, job, stop, out)
+    try:
+        wait_for(lambda: sum(e.get("name") == "steady" for e in read_jsonl(first)) >= 300, 60,
+                 what="the rank's events in the first collector's file")
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+        coll = start_collector(job, *other, "--events", f"jsonl:{second}", "--handler", "*=null",
+                               "--status-interval", "0")
+        wait_for(lambda: sum(e.get("name") == "steady" for e in read_jsonl(second)) >= 100, 60,
+                 what="the rank's events in the second collector's file")
+    finally:
+        with open(stop, "w"):
+            pass
+        p.join(60)
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+        if other:
+            Segment.unlink(other[1])
+    assert p.exitcode == 0
+    with open(out) as f:
+        logged = json.load(f)["logged"]
+    lines = read_jsonl(first) + read_jsonl(second)
+    assert [g for g in lines if "gap" in g] == []
+    kept = Counter(e["data"]["i"] for e in lines if e.get("name") == "steady")
+    assert {i: n for i, n in kept.items() if n > 1} == {}, "events written by the first collector came again"
+    assert sorted(kept) == list(range(logged))
+
+
+def _rank_adding_until(job: str, stop_path: str, out: str) -> None:
+    """Add to ``train/steps`` (100 ms windows) and log an event every 5 ms until ``stop_path`` exists, then shut
+    down and write how many adds it made."""
+    import datetime
+
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1)
+    stat = shmstat.Stat("steps", [A.COUNT], 0.1, group="train")
+    adds = 0
+    while not os.path.exists(stop_path):
+        stat.add(1.0)
+        adds += 1
+        shmstat.log_event(shmstat.Event("steady", datetime.datetime.now(), {"i": adds}))
+        time.sleep(0.005)
+    shmstat.shutdown(flush_timeout_s=20)
+    _write(out, {"adds": adds})
+
+
+@pytest.mark.parametrize("node", [False, True], ids=["job-collector", "node-collector"])
+def test_windows_that_close_while_a_slow_sink_finishes_are_emitted_by_the_stopping_collector(tmp_path, node):
+    """A SIGTERMed collector lets a slow events sink finish (1.5 s a batch here) before it exits; the windows of a
+    live rank that close meanwhile are emitted by it, not left in the ring for a successor that starts only after
+    it exited (the ring keeps a closed window only a few windows long). Across the two collectors (a segment of 64
+    banks: the successor's start is within what its ring keeps) every window is written once and holds every add."""
+    job = unique_job("slowwin")
+    other = ("--job", unique_job("slowwin-other")) if node else ()
+    rows = [str(tmp_path / f"rows{i}.jsonl") for i in (1, 2)]
+    stop, out = str(tmp_path / "stop"), str(tmp_path / "rank.json")
+
+    def merged(path: str) -> list[dict]:
+        return [r for r in read_jsonl(path) if r["name"] == "steps.count" and r["rank"] is None
+                and r.get("job", job) == job]
+
+    coll = start_collector(job, *other, "--events", "kit.handlers.event_sinks:Slow,seconds=1.5",
+                           "--handler", f"train=jsonl:{rows[0]}", "--grace-ms", "10", "--banks", "64",
+                           "--status-interval", "0")
+    p = spawn(_rank_adding_until, job, stop, out)
+    try:
+        wait_for(lambda: len(merged(rows[0])) >= 5, 60, what="the first collector's windows")
+        stopped_at = time.time()
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+        exited_at = time.time()
+        coll = start_collector(job, *other, "--handler", f"train=jsonl:{rows[1]}", "--grace-ms", "10",
+                               "--banks", "64", "--status-interval", "0")
+        wait_for(lambda: len(merged(rows[1])) >= 3, 60, what="the second collector's windows")
+    finally:
+        with open(stop, "w"):
+            pass
+        p.join(60)
+        assert coll.stop(signal.SIGTERM, timeout=60) == 0
+        if other:
+            Segment.unlink(other[1])
+    assert p.exitcode == 0
+    assert exited_at - stopped_at >= 1.0, "the slow sink had nothing left to finish: the test proves nothing"
+    last_end = max(r["window_end"] for r in merged(rows[0]))
+    assert last_end >= stopped_at + 0.8, (
+        f"the stopping collector's last window ended {last_end - stopped_at:.2f} s after the SIGTERM, though it "
+        f"ran {exited_at - stopped_at:.2f} s more")
+    with open(out) as f:
+        adds = json.load(f)["adds"]
+    both = merged(rows[0]) + merged(rows[1])
+    starts = Counter(r["window_start"] for r in both)
+    assert {s: n for s, n in starts.items() if n > 1} == {}
+    assert sum(r["value"] for r in both) == adds

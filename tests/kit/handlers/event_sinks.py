@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 
 class Stuck:
@@ -38,3 +39,14 @@ class Exploding:
 
     def emit_events(self, batch) -> None:
         pass
+
+
+class Slow:
+    """Takes ``seconds`` over every batch (a sink writing to a slow disk or a far peer): it is always about that
+    far behind what events arrive, and a collector that stops finds it still holding some."""
+
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+
+    def emit_events(self, batch) -> None:
+        time.sleep(self.seconds)
