@@ -342,20 +342,34 @@ def test_a_sink_given_up_at_stop_counts_as_dropped_only_what_no_rank_resends(job
     assert [g for g in read_jsonl(second) if "gap" in g] == []
 
 
-def _rank_logging_until(job: str, stop_path: str, out: str) -> None:
-    """Log an event every 5 ms until ``stop_path`` exists, then shut down and write how many it logged."""
+def _steady_rank(job: str, stop_path: str, out: str) -> None:
+    """Every 5 ms add to ``train/steps`` (100 ms windows) and log an event, until ``stop_path`` exists; then shut
+    down and write how many of each it made (as many adds as events)."""
     import datetime
 
     import shmstat
+    from shmstat import Aggregation as A
 
     shmstat.init(job, rank=0, local_rank=0, world_size=1)
-    logged = 0
+    stat = shmstat.Stat("steps", [A.COUNT], 0.1, group="train")
+    made = 0
     while not os.path.exists(stop_path):
-        shmstat.log_event(shmstat.Event("steady", datetime.datetime.now(), {"i": logged}))
-        logged += 1
+        stat.add(1.0)
+        shmstat.log_event(shmstat.Event("steady", datetime.datetime.now(), {"i": made}))
+        made += 1
         time.sleep(0.005)
     shmstat.shutdown(flush_timeout_s=20)
-    _write(out, {"logged": logged})
+    _write(out, {"made": made})
+
+
+def _end_steady(stop: str, p, coll, other: tuple[str, ...]) -> None:
+    """Stop the steady rank, then its collector; remove the second job's segment if there was one."""
+    with open(stop, "w"):
+        pass
+    p.join(60)
+    assert coll.stop(signal.SIGTERM, timeout=60) == 0
+    if other:
+        Segment.unlink(other[1])
 
 
 @pytest.mark.parametrize("node", [False, True], ids=["job-collector", "node-collector"])
@@ -369,7 +383,7 @@ def test_events_a_slow_sink_still_holds_at_a_sigterm_are_kept_once_across_the_re
     first, second, stop, out = (str(tmp_path / name) for name in ("first.jsonl", "second.jsonl", "stop", "rank.json"))
     coll = start_collector(job, *other, "--events", "kit.handlers.event_sinks:Slow,seconds=0.4",
                            "--events", f"jsonl:{first}", "--handler", "*=null", "--status-interval", "0")
-    p = spawn(_rank_logging_until, job, stop, out)
+    p = spawn(_steady_rank, job, stop, out)
     try:
         wait_for(lambda: sum(e.get("name") == "steady" for e in read_jsonl(first)) >= 300, 60,
                  what="the rank's events in the first collector's file")
@@ -379,40 +393,15 @@ def test_events_a_slow_sink_still_holds_at_a_sigterm_are_kept_once_across_the_re
         wait_for(lambda: sum(e.get("name") == "steady" for e in read_jsonl(second)) >= 100, 60,
                  what="the rank's events in the second collector's file")
     finally:
-        with open(stop, "w"):
-            pass
-        p.join(60)
-        assert coll.stop(signal.SIGTERM, timeout=60) == 0
-        if other:
-            Segment.unlink(other[1])
+        _end_steady(stop, p, coll, other)
     assert p.exitcode == 0
     with open(out) as f:
-        logged = json.load(f)["logged"]
+        logged = json.load(f)["made"]
     lines = read_jsonl(first) + read_jsonl(second)
     assert [g for g in lines if "gap" in g] == []
     kept = Counter(e["data"]["i"] for e in lines if e.get("name") == "steady")
     assert {i: n for i, n in kept.items() if n > 1} == {}, "events written by the first collector came again"
     assert sorted(kept) == list(range(logged))
-
-
-def _rank_adding_until(job: str, stop_path: str, out: str) -> None:
-    """Add to ``train/steps`` (100 ms windows) and log an event every 5 ms until ``stop_path`` exists, then shut
-    down and write how many adds it made."""
-    import datetime
-
-    import shmstat
-    from shmstat import Aggregation as A
-
-    shmstat.init(job, rank=0, local_rank=0, world_size=1)
-    stat = shmstat.Stat("steps", [A.COUNT], 0.1, group="train")
-    adds = 0
-    while not os.path.exists(stop_path):
-        stat.add(1.0)
-        adds += 1
-        shmstat.log_event(shmstat.Event("steady", datetime.datetime.now(), {"i": adds}))
-        time.sleep(0.005)
-    shmstat.shutdown(flush_timeout_s=20)
-    _write(out, {"adds": adds})
 
 
 @pytest.mark.parametrize("node", [False, True], ids=["job-collector", "node-collector"])
@@ -433,7 +422,7 @@ def test_windows_that_close_while_a_slow_sink_finishes_are_emitted_by_the_stoppi
     coll = start_collector(job, *other, "--events", "kit.handlers.event_sinks:Slow,seconds=1.5",
                            "--handler", f"train=jsonl:{rows[0]}", "--grace-ms", "10", "--banks", "64",
                            "--status-interval", "0")
-    p = spawn(_rank_adding_until, job, stop, out)
+    p = spawn(_steady_rank, job, stop, out)
     try:
         wait_for(lambda: len(merged(rows[0])) >= 5, 60, what="the first collector's windows")
         stopped_at = time.time()
@@ -443,12 +432,7 @@ def test_windows_that_close_while_a_slow_sink_finishes_are_emitted_by_the_stoppi
                                "--banks", "64", "--status-interval", "0")
         wait_for(lambda: len(merged(rows[1])) >= 3, 60, what="the second collector's windows")
     finally:
-        with open(stop, "w"):
-            pass
-        p.join(60)
-        assert coll.stop(signal.SIGTERM, timeout=60) == 0
-        if other:
-            Segment.unlink(other[1])
+        _end_steady(stop, p, coll, other)
     assert p.exitcode == 0
     assert exited_at - stopped_at >= 1.0, "the slow sink had nothing left to finish: the test proves nothing"
     last_end = max(r["window_end"] for r in merged(rows[0]))
@@ -456,7 +440,7 @@ def test_windows_that_close_while_a_slow_sink_finishes_are_emitted_by_the_stoppi
         f"the stopping collector's last window ended {last_end - stopped_at:.2f} s after the SIGTERM, though it "
         f"ran {exited_at - stopped_at:.2f} s more")
     with open(out) as f:
-        adds = json.load(f)["adds"]
+        adds = json.load(f)["made"]
     both = merged(rows[0]) + merged(rows[1])
     starts = Counter(r["window_start"] for r in both)
     assert {s: n for s, n in starts.items() if n > 1} == {}
