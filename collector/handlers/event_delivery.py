@@ -41,6 +41,10 @@ _log = logging.getLogger("shmstat.collector")
 
 DEFAULT_EVENTS_QUEUE_BYTES = 64 * 1024 * 1024
 """Bytes queued per events sink at most (``--events-queue-mb``) before new events for it are dropped, counted."""
+STOP_GRACE_S = 1.0
+"""At a close whose deadline has passed (a stuck sink used the budget), how long each sink still gets to take its
+stop: one that took everything answers at once, but on a loaded machine its thread may not have run yet (given up,
+its file would not be flushed)."""
 MAX_BATCH_BYTES = 1024 * 1024
 MAX_BATCH_EVENTS = 8192
 MAX_SUMMARIES = 4096
@@ -399,8 +403,9 @@ class EventDelivery:
 
     def close(self, deadline: float | None = None) -> None:
         """Let every sink take what is queued within the close budget (or until ``deadline``, a
-        :func:`time.monotonic` time, when the caller already let them work on it), then flush and close those that
-        finished; a sink still busy is left behind, what it held counted as dropped (idempotent)."""
+        :func:`time.monotonic` time, when the caller already let them work on it; each sink has at least
+        :data:`STOP_GRACE_S` to take its stop), then flush and close those that finished; a sink still busy is left
+        behind, what it held counted as dropped (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -409,7 +414,7 @@ class EventDelivery:
         stops = [(s, s.control(_STOP)) for s in self._sinks or ()]
         finished = {id(h) for h in self.handlers} - {id(s.handler) for s in self._sinks or ()}
         for sink, stopped in stops:
-            if stopped.wait(max(0.0, deadline - time.monotonic())):
+            if stopped.wait(max(STOP_GRACE_S, deadline - time.monotonic())):
                 finished.add(id(sink.handler))
             else:
                 lost = sink.abandon(self._resent)
