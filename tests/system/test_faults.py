@@ -343,8 +343,12 @@ def test_rank_sigstopped_across_several_windows_loses_nothing(job, tmp_path):
         open(stop, "w").close()
         assert coll.stop() == 0
     rows = read_jsonl(out)
-    merged, per_rank, repeats = rows_by_rank_window(rows, "steps", WINDOW_MS)
-    assert repeats == 0
+    merged, per_rank, _ = rows_by_rank_window(rows, "steps", WINDOW_MS)
+    # every rank's row once; a merged row may come twice, and only as documented: a SIGSTOP that landed inside an
+    # add, held for more than K-2 windows (the other rank's windows are awaited above), lets the others' merged row
+    # out and the stopped rank's part follows in a second one (the sums below hold either way)
+    _, _, rank_repeats = rows_by_rank_window([r for r in rows if r["rank"] is not None], "steps", WINDOW_MS)
+    assert rank_repeats == 0
     want: dict[int, int] = defaultdict(int)
     for rank in (0, 1):
         counts = counts_from(read_json(str(tmp_path / f"r{rank}.json")))
