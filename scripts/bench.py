@@ -636,17 +636,19 @@ def worker_node_proxy(job: str, args: argparse.Namespace) -> None:
     chores); stops at stdin's EOF."""
     import zmq
 
-    from collector.wire.subscriptions import bind_owner_only
+    from collector.wire.subscriptions import bind_owner_only, remove_ipc_file
     from shmstat.shm.runtime import ingest_endpoint
 
     ctx = zmq.Context()
     xsub, xpub = ctx.socket(zmq.XSUB), ctx.socket(zmq.XPUB)
-    bind_owner_only(xsub, ingest_endpoint(job))
+    ingest = ingest_endpoint(job)
+    bind_owner_only(xsub, ingest)
     bind_owner_only(xpub, args.endpoint)
     xsub.send(b"\x01")
     threading.Thread(target=zmq.proxy, args=(xsub, xpub), daemon=True).start()
     print("ready", os.getpid(), flush=True)
     sys.stdin.read()
+    remove_ipc_file(ingest)  # (a collector removes its socket file as it exits; this stand-in leaves none either)
     os._exit(0)  # zmq.proxy returns only when the context ends; nothing here needs flushing
 
 
