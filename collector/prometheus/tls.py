@@ -2,8 +2,9 @@
 :class:`ssl.SSLContext`.
 
 The context has the semantics of prometheus_client's ``start_http_server(certfile=, keyfile=, client_cafile=,
-client_auth_required=True)``: ``PROTOCOL_TLS_SERVER`` (TLS 1.2 at least), the server's certificate chain and key,
-and, given a client CA, every client must present a certificate it signed (``CERT_REQUIRED``). It is built here
+client_auth_required=True)``: ``PROTOCOL_TLS_SERVER`` with TLS 1.2 at least (set here, whatever the
+interpreter's default), the server's certificate chain and key, and, given a client CA, every client must present
+a certificate it signed (``CERT_REQUIRED``). It is built here
 with the standard library because prometheus_client builds it only in a private helper (``_get_ssl_ctx``) and
 ``start_http_server`` serves a registry rendered on every scrape, with the handshake made by the thread that
 accepts connections, where one client that connects and never speaks holds up every other scrape. Ours is made
@@ -72,6 +73,9 @@ def server_context(files: TLSFiles, *, warn: Callable[[str], None] | None = None
                           "line)")
     _check_key_mode(files.key, warn)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    # said, not left to the interpreter: Debian's python3 defaults to MINIMUM_SUPPORTED, and a node whose
+    # openssl.cnf lowers the security level then served TLS 1.0 and 1.1
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
         # a password callback that refuses: OpenSSL would otherwise prompt on the terminal for a key it finds
         # encrypted after all

@@ -99,14 +99,14 @@ def collector_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def start_collector(job: str | None, *args: str, env: Mapping[str, str] | None = None,
-                    timeout_s: float = 30.0) -> CollectorProc:
+                    timeout_s: float = 30.0, python: str | None = None) -> CollectorProc:
     """Start ``shmstat collect`` (``--job job``; none for a node collector, or give ``--job`` in ``args`` for
     several) with ``args`` and return once it serves: when its ready file (``--ready-file``, the collector's
     documented signal) exists, whose endpoints the result holds. ``args`` may name the ready file; otherwise it
     goes in a private temporary directory. ``env`` replaces this process's environment (the repository and
     tests/ are put on its ``PYTHONPATH`` either way); SIGINT, SIGQUIT and SIGHUP start at their default actions
     (:func:`default_signals`). stdout is a pipe the test may read (:meth:`CollectorProc.finish`); stderr is
-    collected in :attr:`CollectorProc.lines`."""
+    collected in :attr:`CollectorProc.lines`. ``python`` is the interpreter that runs it (this one by default)."""
     private_dir = None
     if "--ready-file" in args:
         ready = args[args.index("--ready-file") + 1]
@@ -115,7 +115,7 @@ def start_collector(job: str | None, *args: str, env: Mapping[str, str] | None =
         ready = os.path.join(private_dir, "collector.json")
         args = (*args, "--ready-file", ready)
     jobs = ("--job", job) if job is not None else ()
-    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", *jobs, *args],
+    proc = subprocess.Popen([python or sys.executable, "-m", "collector", "collect", *jobs, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=collector_env(env), cwd=REPO,
                             preexec_fn=default_signals)
     lines: list[str] = []

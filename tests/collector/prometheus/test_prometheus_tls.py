@@ -14,13 +14,15 @@ import socket
 import ssl
 import subprocess
 import sys
+import sysconfig
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
 from kit.percentiles import percentile_rank
-from kit.procs import REPO, spawn, start_collector
+from kit.procs import REPO, collector_env, spawn, start_collector
 from kit.prometheus import needs_prometheus, query, scraping, start_prometheus, value
 from kit.support import unique_job, wait_for
 from kit.tls import Pki, make_pki, needs_openssl
@@ -259,3 +261,81 @@ def test_a_key_its_group_reads_is_served_with_a_warning(pki, tmp_path):
     assert len(warnings) == 1, "an owner-only key is not warned about"
     with_ca = server_context(parse_tls(pki.tls_arg()))
     assert with_ca.verify_mode == ssl.CERT_REQUIRED and with_ca.minimum_version >= ssl.TLSVersion.TLSv1_2
+
+
+# -- TLS 1.2 at least, whatever the interpreter and the node's OpenSSL configuration ------------------------------
+
+# An openssl.cnf as guides for old clients suggest: security level 0, which lets OpenSSL sign a TLS 1.0/1.1
+# handshake. Where the server's context leaves its minimum to the library (Debian's python3 says
+# MINIMUM_SUPPORTED), such a node served /metrics over TLS 1.0 and 1.1.
+_WEAK_OPENSSL_CNF = """openssl_conf = default_conf
+[default_conf]
+ssl_conf = ssl_sect
+[ssl_sect]
+system_default = system_default_sect
+[system_default_sect]
+CipherString = DEFAULT@SECLEVEL=0
+"""
+_DEBIAN_PYTHON = "/usr/bin/python3"
+
+
+def _interpreters() -> list:
+    """The interpreter running the tests (CI's) and Debian's python3 where there is one and it is another."""
+    found = [pytest.param(sys.executable, id="this-python")]
+    if os.path.exists(_DEBIAN_PYTHON) and os.path.realpath(_DEBIAN_PYTHON) != os.path.realpath(sys.executable):
+        found.append(pytest.param(_DEBIAN_PYTHON, id="usr-bin-python3"))
+    return found
+
+
+def _env_for(python: str, tmp_path: Path) -> dict[str, str]:
+    """The environment a collector under ``python`` runs in: the weak OpenSSL configuration and, for another
+    interpreter of this one's minor version, this one's site-packages (its compiled dependencies fit that ABI);
+    skips the test when ``python`` still cannot import the collector's dependencies."""
+    cnf = tmp_path / "weak-openssl.cnf"
+    cnf.write_text(_WEAK_OPENSSL_CNF)
+    env = dict(os.environ, OPENSSL_CONF=str(cnf))
+    if python != sys.executable:
+        version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                 text=True, timeout=30).stdout.strip()
+        if version == str(sys.version_info[:2]):
+            paths = sysconfig.get_paths()
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+        else:
+            env.pop("PYTHONPATH", None)
+    probe = subprocess.run([python, "-c", "import zmq, numpy, posix_ipc, psutil, msgpack, prometheus_client, "
+                            "collector.cli"], cwd=REPO, env=collector_env(env), capture_output=True, text=True,
+                           timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"{python} cannot import the collector's dependencies: {probe.stderr.strip().splitlines()[-1]}")
+    return env
+
+
+def _old_client(version: ssl.TLSVersion) -> ssl.SSLContext:
+    """A client that offers TLS ``version`` at most (and at security level 0, so only the server can refuse)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TLSv1 and TLSv1_1 are deprecated names
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.minimum_version = ssl.TLSVersion.TLSv1
+        ctx.maximum_version = version
+    ctx.set_ciphers("DEFAULT:@SECLEVEL=0")
+    return ctx
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_tls_1_1_and_1_0_clients_are_refused_on_every_interpreter(job, pki, tmp_path, python):
+    env = _env_for(python, tmp_path)
+    coll = start_collector(job, "--handler", "*=null", "--prometheus", "127.0.0.1:0", "--prometheus-tls",
+                           pki.tls_arg(client_ca=False), "--status-interval", "0", env=env, python=python)
+    try:
+        url = _metrics_url(coll)
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        for old in (ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s, \
+                    pytest.raises(ssl.SSLError) as refused, _old_client(old).wrap_socket(s) as t:
+                pytest.fail(f"{python} served {t.version()} to a client offering {old.name} at most")
+            assert "PROTOCOL_VERSION" in str(refused.value), (old, refused.value)
+        assert b"shmstat_collector_" in _get(url, _client(pki, None))  # TLS 1.2 and later are served
+    finally:
+        coll.stop()
