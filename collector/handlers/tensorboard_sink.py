@@ -30,6 +30,11 @@ framework-free summary writer; install it with ``pip install 'shmstat[tensorboar
 
 A window that may be incomplete (``torn``) is written like any other: TensorBoard has no place for the flag
 (the ``jsonl:PATH`` handler keeps it).
+
+TensorBoard's writer writes in a thread of its own; when a write fails there (a full disk), that thread ends by
+raising, and Python would print its traceback. Its failure is raised again by the writer's next call, where the
+collector logs it in one line and counts it (``collector.handler_errors``): the threads of our writers end
+quietly (:func:`_quiet_writer_threads`) and are counted in :attr:`TensorboardMetricHandler.writer_failures`.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ import math
 import numbers
 import os
 import threading
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from elastic.metrics import MetricData
@@ -67,6 +73,37 @@ PUT_RUN = "metrics"
 put metric ``x.count`` of rank 0 in group ``g`` is never the stat ``x``'s ``rank0/g/x.count``."""
 ORIGIN_FILE = "shmstat-origin.json"
 """Where, in ``DIR/<job>/``, the origin of the job's steps is kept (``{"job": ..., "origin_ns": ...}``)."""
+
+
+_writer_threads: weakref.WeakKeyDictionary[threading.Thread, TensorboardMetricHandler] = weakref.WeakKeyDictionary()
+"""The threads TensorBoard's writers started for our handlers, and whose they are."""
+_hook_lock = threading.Lock()
+_failures_lock = threading.Lock()
+_previous_hook: Callable[[threading.ExceptHookArgs], Any] | None = None
+_opening: TensorboardMetricHandler | None = None
+"""The handler whose writer is being made (with ``_hook_lock`` held): its thread may fail before it is known."""
+
+
+def _quiet_writer_threads(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: a writer thread of ours that failed is counted, not printed (its writer raises the
+    error again at its next call, which the collector logs in one line and counts); any other thread's exception
+    goes to the hook there was before."""
+    handler = _writer_threads.get(args.thread) if args.thread is not None else None
+    if handler is None and type(args.thread).__module__.startswith("tensorboard."):
+        handler = _opening  # a writer's first write failed before _open could know its thread
+    if handler is not None and isinstance(args.exc_value, Exception):
+        with _failures_lock:  # not the handler's lock: a thread holding that may be waiting on this one
+            handler.writer_failures += 1
+        return
+    (_previous_hook or threading.__excepthook__)(args)
+
+
+def _install_quiet_hook() -> None:
+    global _previous_hook  # one hook per process, chained to the one before
+    with _hook_lock:
+        if threading.excepthook is not _quiet_writer_threads:
+            _previous_hook = threading.excepthook
+            threading.excepthook = _quiet_writer_threads
 
 
 def _writer_class() -> Any:
@@ -148,6 +185,9 @@ class TensorboardMetricHandler(ColumnsHandler):
         """Rows skipped because their value is NaN, infinite, or beyond float32's range."""
         self.skipped_not_numeric = 0
         """Rows skipped because their value is not a real number (a string, None...)."""
+        self.writer_failures = 0
+        """TensorBoard writer threads that ended on an error (a full disk): their writer raises it again at its
+        next call, and each such call is counted by the collector (``collector.handler_errors``)."""
         self._writers: dict[tuple[str | None, str], Any] = {}  # (job, run: "" or AGENT_RUN) -> writer
         self._counters: dict[tuple[str | None, str, str], int] = {}
         self._origins: dict[str | None, int] = {}  # job -> Unix ns its steps count from
@@ -241,7 +281,18 @@ class TensorboardMetricHandler(ColumnsHandler):
         for part in ([] if job is None else [validate_job(job)]) + ([run] if run else []):
             path = os.path.join(path, part)
             os.makedirs(path, mode=0o700, exist_ok=True)  # each level 0700 (makedirs gives the leaf its mode only)
-        writer = self._writers[(job, run)] = self._writer_cls(path)
+        _install_quiet_hook()
+        global _opening
+        with _hook_lock:  # the threads the writer starts are told from others by being new and TensorBoard's
+            before = set(threading.enumerate())
+            _opening = self
+            try:
+                writer = self._writers[(job, run)] = self._writer_cls(path)
+            finally:
+                for thread in threading.enumerate():
+                    if thread not in before and type(thread).__module__.startswith("tensorboard."):
+                        _writer_threads[thread] = self
+                _opening = None  # only once its threads are known
         return writer
 
     def flush(self) -> None:

@@ -3,6 +3,7 @@ SPECs with arguments (``pkg.module:Class,key=value``): built with typed values, 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -13,7 +14,7 @@ import sys
 from collections import defaultdict
 
 import pytest
-from kit.procs import REPO, load_counts, rank_worker, spawn, start_collector
+from kit.procs import REPO, load_counts, rank_worker, read_jsonl, spawn, start_collector
 from kit.support import wait_for
 
 from collector.handlers.specs import build_handler
@@ -262,3 +263,52 @@ def test_the_agents_metrics_have_a_run_of_their_own_and_nothing_lands_at_the_roo
     assert sorted(successes) == ["rank0/trainer/__main__.train_step.success",
                                  "rank1/trainer/__main__.train_step.success"]
     assert all(len(put[tag]) == 20 for tag in successes)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real tmpfs of 64 KiB (mounting needs root: skipped otherwise)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@needs_tensorboard
+@pytest.mark.parametrize("room", ["some", "none"])
+def test_a_full_disk_is_one_line_and_counted_not_the_writer_threads_traceback(job, tmp_path, small_disk, room):
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        if room == "some":
+            os.write(fd, b"f" * (48 * 1024))  # room for the first event file's records only
+        else:  # not even for the event file's first record, written as its writer is made
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"f" * 1024)
+    finally:
+        os.close(fd)
+    usage = tmp_path / "usage.jsonl"
+    coll = start_collector(job, "--handler", f"train=tensorboard:{small_disk / 'tb'}", "--handler",
+                           f"shmstat=jsonl:{usage}", "--grace-ms", "10", "--status-interval", "0")
+    try:
+        p = spawn(rank_worker, job, 0, 1, 3.0, WINDOW_MS, str(tmp_path / "r0.json"))
+
+        def errors() -> float:
+            values = [r["value"] for r in read_jsonl(str(usage)) if r["name"] == "collector.handler_errors"]
+            return values[-1] if values else 0
+
+        wait_for(lambda: errors() > 0, 60, 0.05, what="the tensorboard handler failing on the full disk")
+        p.join(60)
+        assert p.exitcode == 0
+    finally:
+        assert coll.stop() == 0
+    full = [line for line in coll.lines if "No space left on device" in line]
+    assert len(full) == 1 and "TensorboardMetricHandler" in full[0] and "counted" in full[0], coll.lines
+    assert not [line for line in coll.lines if "Traceback" in line or "Exception in thread" in line], coll.lines
+    assert errors() > 0
