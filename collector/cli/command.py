@@ -59,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+def _subcommand(subparsers: argparse._SubParsersAction[_Parser], name: str,
                 run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
     """Add the subcommand ``name``, run by ``run``, with its own ``-v/--verbose`` (:data:`_VERBOSE` says what it
     logs); returns its parser."""
