@@ -15,7 +15,7 @@ from shmstat.shm.layout import RankState
 from shmstat.shm.layout_codec import rank_problem
 from shmstat.shm.runtime import runtime_dir, validate_job
 from shmstat.shm.segment import Segment, pid_alive
-from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, scan_shm
+from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, other_users_line, own_skipped_lines, scan_shm
 
 from ..daemon.collector import drop_counters
 from ..daemon.sweep import remove_if_dead, remove_leftover_locks
@@ -90,12 +90,12 @@ LS_LEGEND = ("(RANKS and WRITERS: alive/registered, the writers being ranks' wor
 
 def list_segments() -> int:
     """Print every segment of this user on this node (:data:`LS_COLUMNS`): job, ranks and extra writers alive of
-    those registered, collector, size, samples dropped; then one line on stderr for each entry named like a segment
-    that is not this user's (or not a segment at all), which is skipped."""
+    those registered, collector, size, samples dropped; then, on stderr, one line for each of this user's entries
+    named like a segment that is not one, and one line that counts other users' entries, all left alone."""
     scan = scan_shm()
     jobs = scan.segments
     if not jobs:
-        print("no shmstat segments on this node")
+        print("no shmstat segments of yours on this node")
     else:
         job_h, ranks_h, writers_h, coll_h, size_h, dropped_h = LS_COLUMNS
         print(f"{job_h:40s} {ranks_h:>9s} {writers_h:>9s} {coll_h:>12s} {size_h:>10s} {dropped_h:>9s}")
@@ -162,8 +162,11 @@ def clean(job: str | None) -> int:
 
 
 def _say_skipped(skipped: list[Skipped]) -> None:
-    for s in skipped:
-        print(s.line(), file=sys.stderr)
+    for line in own_skipped_lines(skipped):
+        print(line, file=sys.stderr)
+    others = other_users_line(skipped)
+    if others is not None:
+        print(others, file=sys.stderr)
 
 
 def _names_job(path: str, job: str) -> bool:

@@ -24,7 +24,7 @@ COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "ls", "cl
 def _parser() -> argparse.ArgumentParser:
     """The parser of the ``shmstat`` console script: its own options, then one subcommand per name of
     :data:`COMMANDS`, in that order (docs/hooks.py walks it for the CLI reference)."""
-    parser = argparse.ArgumentParser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
+    parser = _Parser(prog="shmstat", description="Shared-memory telemetry for distributed jobs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what shmstat does on stderr (INFO level)")
     parser.add_argument("--version", action="version", version=f"shmstat {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -51,7 +51,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _subcommand(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str,
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a refused command line is the one sentence that says why, not that sentence under a
+    screenful of usage (``--help`` prints the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _subcommand(subparsers: argparse._SubParsersAction[_Parser], name: str,
                 run: Callable[[argparse.Namespace], int], about: str) -> argparse.ArgumentParser:
     """Add the subcommand ``name``, run by ``run``, with its own ``-v/--verbose`` (:data:`_VERBOSE` says what it
     logs); returns its parser."""

@@ -10,8 +10,9 @@ when no process of its rank table is alive (a job started again later gets a fre
 segment of this user that no process uses when the node collector finds it, at start or later (e.g. a job whose
 ranks were all SIGKILLed): it is picked up, every window still in its rings emitted, and removed; a segment in
 which no rank ever registered is removed once it is a minute old (:mod:`collector.daemon.sweep` says when a segment
-counts as unused). Entries of ``/dev/shm`` that are not this user's segments (another user's, a directory, a
-FIFO, a link) are skipped, each said once on stderr. Every job's rows go to
+counts as unused). Entries of ``/dev/shm`` that are not this user's segments are skipped: this user's odd ones
+(a directory, a FIFO, a link) each said once on stderr, other users' counted in one line said once. Every job's
+rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
 streams are on its own publish endpoint (``shmstat subscribe --job JOB``). With ``publish`` set (``--publish
 ENDPOINT``: ipc:// or tcp://, for subscribers on other hosts) the node collector also binds one publish socket
@@ -38,7 +39,7 @@ import zmq
 from shmstat.errors import CollectorError, ShmstatError
 from shmstat.shm.layout import RankState
 from shmstat.shm.segment import Segment, pid_alive
-from shmstat.shm.shm_entries import scan_shm
+from shmstat.shm.shm_entries import other_users_line, own_skipped_lines, scan_shm
 
 from ..handlers.compact import CompactWindowHandler, status_line
 from ..handlers.dispatch import ThreadedDispatcher
@@ -145,6 +146,7 @@ class NodeCollector:
         self._said: set[str] = set()
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
         self._skips_said: set[str] = set()  # the skipped entries of /dev/shm already said
+        self._others_said = False  # whether the line counting other users' entries of /dev/shm was said
         self._next_discovery = 0.0
         self._looks: dict[str, int] = {}  # job -> its collector's rank looks when the node last asked if it finished
         self._polled: tuple[zmq.Socket, ...] = ()  # the sockets self._polling polls
@@ -250,15 +252,20 @@ class NodeCollector:
 
     def discover(self) -> None:
         """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the
-        module docstring). Entries of ``/dev/shm`` that are not this user's segments are skipped, each said once."""
+        module docstring). Entries of ``/dev/shm`` that are not this user's segments are skipped: this user's odd ones
+        each said once, other users' counted in one line said once."""
         now = time.monotonic()
         self._remove_finished(now)
         if self.jobs is None:
             scan = scan_shm()
-            present = {skipped.line() for skipped in scan.skipped}
+            present = set(own_skipped_lines(scan.skipped))
             for line in sorted(present - self._skips_said):
                 print(line, file=sys.stderr, flush=True)
             self._skips_said = present  # bounded by what is there now; an entry made again is said again
+            others = other_users_line(scan.skipped)
+            if others is not None and not self._others_said:  # once: on a shared node they come and go all day
+                print(f"{others}; not said again", file=sys.stderr, flush=True)
+                self._others_said = True
             self._done &= set(scan.segments)  # a job whose segment is gone and comes back is a new job
             candidates = scan.segments
         else:

@@ -3,8 +3,9 @@
 ``/dev/shm`` is shared by every local user: anyone may create ``/dev/shm/shmstat.<name>`` as a directory, a
 FIFO, a symbolic link or a segment of their own. Every command looks at an entry with ``lstat`` (never following
 a link) before handing its name to ``posix_ipc`` or removing it: only regular files owned by this user are taken
-as segments, lock files or leftovers; anything else is skipped with a one-line reason (:class:`Skipped`), never
-touched and never a crash.
+as segments, lock files or leftovers; anything else is skipped, never touched and never a crash: this user's odd
+entries with a one-line reason each (:class:`Skipped`), other users' all together in one line
+(:func:`other_users_line`), as a shared node holds many.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import os
 import pwd
 import stat as _stat
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import ConfigError, SegmentError
 from .runtime import validate_job
 
-__all__ = ["SHM_DIR", "ShmScan", "Skipped", "check_segment_path", "entry_problem", "kind_of", "scan_shm"]
+__all__ = ["SHM_DIR", "ShmScan", "Skipped", "check_segment_path", "entry_problem", "kind_of", "other_users_line",
+           "own_skipped_lines", "scan_shm"]
 
 SHM_DIR = "/dev/shm"
 """Where POSIX shared-memory objects (and shmstat's lock files) appear on Linux."""
@@ -47,10 +51,28 @@ class Skipped:
 
     path: str
     reason: str
+    owner: int | None = None
+    """The uid that owns it when that is another user's (then it is counted in :func:`other_users_line`, not
+    named); None for this user's own odd entries."""
 
     def line(self) -> str:
         """The one line a command prints about it."""
         return f"skipped {self.path}: {self.reason}"
+
+
+def own_skipped_lines(skipped: Iterable[Skipped]) -> list[str]:
+    """One line each for this user's own skipped entries (a directory or FIFO named like a segment, a bad name)."""
+    return [entry.line() for entry in skipped if entry.owner is None]
+
+
+def other_users_line(skipped: Iterable[Skipped]) -> str | None:
+    """The one line that says how many entries of other users were left alone, and whose; None when none were."""
+    owners = Counter(entry.owner for entry in skipped if entry.owner is not None)
+    if not owners:
+        return None
+    count = sum(owners.values())
+    whose = ", ".join(f"{_owner(uid)}: {owners[uid]}" for uid in sorted(owners))
+    return f"left alone {count} shmstat entr{'y' if count == 1 else 'ies'} of other users ({whose})"
 
 
 def entry_problem(st: os.stat_result, *, expect: str = "file") -> str | None:
@@ -97,23 +119,27 @@ def scan_shm(directory: str = SHM_DIR) -> ShmScan:
             continue
         path = os.path.join(directory, name)
         try:
-            validate_job(job)
-        except ConfigError:
-            found.skipped.append(Skipped(path, "not named after a valid job id"))
-            continue
-        try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue  # removed meanwhile
+        try:
+            validate_job(job)
+        except ConfigError:
+            found.skipped.append(Skipped(path, "not named after a valid job id", _other(st)))
+            continue
         problem = entry_problem(st)
         if problem is not None:
-            found.skipped.append(Skipped(path, problem))
+            found.skipped.append(Skipped(path, problem, _other(st)))
         elif is_lock:
             found.lock_jobs.append(job)
         else:
             found.segments.append(job)
     found.lock_jobs = sorted(set(found.lock_jobs))
     return found
+
+
+def _other(st: os.stat_result) -> int | None:
+    return st.st_uid if st.st_uid != os.getuid() else None
 
 
 def check_segment_path(job: str) -> None:

@@ -45,10 +45,14 @@ def static_job(targets: list[str], name: str = "shmstat") -> str:
 def prometheus_command(tmp_path: Path, scrape_configs: str, listen: str) -> list[str]:
     """The command line of a Prometheus listening on ``listen`` (``HOST:PORT``) and scraping every second with
     ``scrape_configs`` (YAML list items); its configuration and TSDB go in ``tmp_path``."""
-    config = tmp_path / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                      + scrape_configs)
-    return [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+    return _command(tmp_path, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
+                    + scrape_configs, listen)
+
+
+def _command(tmp_path: Path, config: str, listen: str) -> list[str]:
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config)
+    return [PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
             f"--web.listen-address={listen}"]
 
 
@@ -56,7 +60,18 @@ def start_prometheus(tmp_path: Path, scrape_configs: str) -> tuple[subprocess.Po
     """A real Prometheus scraping every second with ``scrape_configs`` (YAML list items); returns it and its base
     URL. Its log is ``tmp_path / "prometheus.log"``; the caller terminates it."""
     listen = f"127.0.0.1:{free_port()}"
-    prom = subprocess.Popen(prometheus_command(tmp_path, scrape_configs, listen), stdout=subprocess.DEVNULL,
+    return _started(tmp_path, prometheus_command(tmp_path, scrape_configs, listen), listen)
+
+
+def start_prometheus_as_written(tmp_path: Path, config: str) -> tuple[subprocess.Popen, str]:
+    """A real Prometheus with ``config`` as its whole ``prometheus.yml``: Prometheus' own defaults for what it
+    leaves out, as a user's copy of a page gets them (a scrape a minute). Returns it and its base URL."""
+    listen = f"127.0.0.1:{free_port()}"
+    return _started(tmp_path, _command(tmp_path, config, listen), listen)
+
+
+def _started(tmp_path: Path, command: list[str], listen: str) -> tuple[subprocess.Popen, str]:
+    prom = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "prometheus.log", "w"))  # noqa: SIM115
     return prom, f"http://{listen}"
 

@@ -399,9 +399,10 @@ def _scrape_as_the_quickstart_says(tmp_path: Path, metrics_url: str) -> tuple[su
     config = _quickstart_block("yaml", "scrape_configs:")
     assert "127.0.0.1:9464" in config and "tls_config" not in config, "the Quickstart scrapes plain HTTP"
     target = metrics_url.removeprefix("http://").removesuffix("/metrics")
-    jobs = config.split("scrape_configs:\n", 1)[1].replace("127.0.0.1:9464", target)
     (tmp_path / "prom").mkdir()
-    server, base = prom.start_prometheus(tmp_path / "prom", jobs)
+    # the page's file as a whole, as a user copies it: Prometheus' own defaults for the rest (a scrape a minute,
+    # which left the page's own rate(...[1m]) query with nothing to answer)
+    server, base = prom.start_prometheus_as_written(tmp_path / "prom", config.replace("127.0.0.1:9464", target))
     wait_for(lambda: prom.scraping(base) or server.poll() is not None, 60, interval_s=0.2,
              what="Prometheus to scrape the collector")
     assert server.poll() is None, (tmp_path / "prom" / "prometheus.log").read_text()
@@ -414,9 +415,32 @@ def _check_the_quickstart_queries(tmp_path: Path, base: str, job: str, expected:
     wait_for(lambda: prom.value(base, counted) == expected, 60, interval_s=0.2,
              what=f"Prometheus to count {expected} steps")
     promql = _quickstart_block("text", "histogram_quantile").strip()
+    wait_for(lambda: prom.value(base, promql) is not None, 60, interval_s=0.5,
+             what="the Quickstart's p99 query to answer (two scrapes in its minute)")
     p99 = prom.value(base, promql)
     windows = [r["value"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))
                if r["name"] == "step_ms.p99" and r["rank"] is None]
     # the p99 of all windows lies between the windows' own p99s, give or take the scraped buckets' width
     # (2^(1/4): about 19%)
     assert p99 is not None and min(windows) / 1.2 <= p99 <= max(windows) * 1.2, (p99, windows)
+    _check_the_guides_queries(base, job)
+
+
+def _check_the_guides_queries(base: str, job: str) -> None:
+    """Every query of the Prometheus guide's "Useful queries", its ``JOB`` the Quickstart's job, answers against
+    the Quickstart's Prometheus, or the paragraph above it says when it returns nothing."""
+    text = (_ROOT / "docs" / "guides" / "prometheus.md").read_text(encoding="utf-8")
+    useful = text.split("## Useful queries\n", 1)[1].split("\n## ", 1)[0]
+    fences = list(re.finditer(r"```text\n(.*?)```", useful, re.S))
+    queries = [(useful[(fences[i - 1].end() if i else 0):fence.start()], fence.group(1))
+               for i, fence in enumerate(fences)]
+    queries += [(before + after, query) for before, query, after
+                in re.findall(r"([^.]*?): `(increase\(.*?)`(.*?)\.(?:\n\n|\n?$)", useful, re.S)]
+    assert len(queries) >= 5, useful
+    for said, query in queries:
+        said = " ".join(said.split())
+        promql = query.replace("JOB", job).replace("\n", " ").strip()
+        answer = prom.query(base, promql)  # parses, whatever it answers
+        if "returns nothing" in said or "nothing at all until" in said:
+            continue  # and the page says when it returns nothing
+        assert answer, f"{promql!r} returns nothing and the guide does not say when"
