@@ -370,7 +370,7 @@ def test_the_wire_and_layout_pages_render_their_modules_docstrings() -> None:
     hooks = _hooks()
     for module, page, drawn in (("shmstat.wire", "wire.md", '{"v": 1,'), ("shmstat.shm.layout", "layout.md",
                                                                            "rank entry (128 bytes)")):
-        assert f"<!-- docstring: {module} -->" in (_ROOT / "docs" / "reference" / page).read_text(encoding="utf-8")
+        assert f"<!-- docstring: {module} -->" in (_ROOT / "docs" / "internals" / page).read_text(encoding="utf-8")
         markdown = hooks.module_docstring(module)
         fenced = re.findall(r"^```text\n(.*?)^```$", markdown, re.S | re.M)
         assert any(drawn in block for block in fenced), f"{module}'s drawing is not in a code block"
@@ -444,3 +444,30 @@ def _check_the_guides_queries(base: str, job: str) -> None:
         if "returns nothing" in said or "nothing at all until" in said:
             continue  # and the page says when it returns nothing
         assert answer, f"{promql!r} returns nothing and the guide does not say when"
+
+
+# --- what a new user meets first on the site (issue 44) -----------------------------------------------------------
+
+
+def test_the_site_opens_with_commands_and_keeps_internals_out_of_the_user_reference() -> None:
+    """The index shows the commands to run before any prose past its first paragraph; the Reference section lists
+    what a user calls (CLI, specs, variables, series, API), the internals (wire, segment layout, code map) sit under
+    their own heading; the shmstat API page starts with ``Stat`` (``__all__``'s order, not grouped by kind, no
+    dunders); code blocks wrap instead of scrolling sideways."""
+    index = blocks_of(_ROOT / "docs" / "index.md")
+    assert index[0].lang == "sh" and "shmstat demo" in index[0].body, index[0]
+    text = (_ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    assert text.index("```sh") < text.index("## "), "a command before the first section"
+    nav = (_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    reference = nav.split("  - Reference:\n", 1)[1].split("\n  - ", 1)[0]
+    internals = nav.split("  - Internals:\n", 1)[1]
+    for page in ("wire.md", "layout.md", "code-map.md"):
+        assert page not in reference and f"internals/{page}" in internals, page
+    import shmstat
+
+    assert shmstat.__all__[0] == "Stat"
+    api = (_ROOT / "docs" / "reference" / "api-shmstat.md").read_text(encoding="utf-8")
+    assert "members_order: [__all__, source]" in api and "group_by_category: false" in api
+    assert 'filters: ["!^_"]' in api
+    css = (_ROOT / "docs" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert "stylesheets/extra.css" in nav and "white-space: pre-wrap" in css

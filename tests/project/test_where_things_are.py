@@ -1,4 +1,4 @@
-"""The code map (docs/reference/code-map.md) lists exactly the packages and subpackages that exist, bottom layer
+"""The code map (docs/internals/code-map.md) lists exactly the packages and subpackages that exist, bottom layer
 first, and exactly the directories of tests/; tests/collector/ mirrors collector/'s subpackages, and every helper
 tests share is in tests/kit/, none loose at the root of tests/."""
 
@@ -14,7 +14,7 @@ _LINE = re.compile(r"^- `([a-z_]+/(?:[a-z_]+/)?)` — ", re.MULTILINE)
 
 
 def _section() -> str:
-    return (_ROOT / "docs" / "reference" / "code-map.md").read_text(encoding="utf-8")
+    return (_ROOT / "docs" / "internals" / "code-map.md").read_text(encoding="utf-8")
 
 
 def _listed() -> list[str]:
