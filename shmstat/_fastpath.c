@@ -234,6 +234,10 @@ typedef struct {
     char *hist0;         /* NULL, or bank 0's histogram (a stat with percentiles) */
     char *hist;          /* the open window's histogram (hist0 before the first roll) */
     char *drop_p;        /* NULL, or (drop mode: no slot) a counter that every add bumps atomically instead */
+    char *guard_p;       /* NULL, or (a window under the ring's shortest) the slot's emitted_wid: a bank holding a
+                          * later window than that is not overwritten */
+    char *gdrop_p;       /* with guard_p: the counter a sample that found its bank so held is dropped into */
+    int blocked;         /* the open window (wend) found its bank held: its samples are dropped until it is free */
 } SlotWriter;
 
 /* Bumped in the child of every fork: a writer bound before the fork must not write its parent's slot. */
@@ -322,6 +326,16 @@ resumable(const SlotWriter *self, const char *b, int64_t wid)
     return 2.0 * floor(seq / 2.0);
 }
 
+/* Whether bank ``b``, about to take window ``wid``, holds an earlier window with samples (or a write cut short)
+ * that no collector has emitted yet (the guard: past the slot's emitted_wid). Such a bank is not overwritten. */
+static inline int
+held_unread(const SlotWriter *self, const char *b, int64_t wid)
+{
+    int64_t old = ld_i64(b + B_WID);
+    double seq = ld_f64(b + B_SEQ);
+    return old < wid && seq >= 1.0 && seq < 0x1p62 && old > ld_i64(self->guard_p);
+}
+
 /* The first sample of this writer into a window an earlier writer left ``kept`` samples in (its bank ``b`` is
  * marked odd, with seq = kept + 1): take the window's figures from the bank and add ``v`` as add_locked() would. */
 static int
@@ -407,6 +421,16 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
             self->hist = self->hist0 + k * HIST_SIZE;
         }
         kept = first ? resumable(self, b, wid) : 0.0;
+        if (kept == 0.0 && self->guard_p != NULL && held_unread(self, b, wid)) {
+            /* The ring cannot hold this window at the collector's pace: the sample is dropped and counted, and so
+             * is every later one of this window until the collector has emitted what the bank holds. */
+            add_shared_u64(self->gdrop_p, 1);
+            self->wend = wend;
+            self->bank = b;
+            self->seq = 0.0;
+            self->blocked = 1;
+            return 0;
+        }
         st_f64(b + B_SEQ, kept + 1.0);
         __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before the data */
         st_i64(b + B_WID, wid);
@@ -467,9 +491,37 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
 
 /* The add itself: 0, or -1 with an error set (only an injected clock can fail). Runs no Python code unless
  * the clock is injected, so with the real clock it is atomic with respect to the other threads (GIL). */
+/* An add while the open window's bank is held (see roll()): dropped and counted while it still is; once the
+ * collector has emitted what it holds, the window starts there (as a first window: nothing to report); once the
+ * window has ended, it is reported empty and the window of ``t`` is started as usual. */
+static int
+add_blocked(SlotWriter *self, double v, Rolled *rolled)
+{
+    int64_t t = now_ns(self);
+    if (t == -1 && self->clock != NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if (t < self->wend) {
+        if (isnan(v)) {
+            bump_u64(self->nan_p);
+            return 0;
+        }
+        if (held_unread(self, self->bank, floor_div(t, self->window_ns))) {
+            add_shared_u64(self->gdrop_p, 1);
+            return 0;
+        }
+        self->wend = 0;
+    }
+    self->blocked = 0;
+    return roll(self, v, t, rolled);
+}
+
 static int
 add_locked(SlotWriter *self, double v, Rolled *rolled)
 {
+    if (self->blocked) {
+        return add_blocked(self, v, rolled);
+    }
     /* The open window's bank is marked (odd seq) before the clock is read: a collector that closes this
      * window after the reading below reads the bank after that too, sees the mark and waits for the write,
      * so a rank descheduled between the reading and the write (longer than the collector's grace) still
@@ -613,6 +665,8 @@ bind_slot(SlotWriter *self, Py_ssize_t slot0, long long incarnation, Py_ssize_t 
     self->busy = 0;
     self->generation = fork_generation;
     self->drop_p = NULL;
+    self->guard_p = self->gdrop_p = NULL;
+    self->blocked = 0;
 }
 
 /* rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off, hist0=-1): write another slot of the same
@@ -649,8 +703,28 @@ SlotWriter_drop(SlotWriter *self, PyObject *arg)
     }
     self->drop_p = (char *)self->view.buf + off;
     self->wend = 0;
+    self->blocked = 0;
     self->seq = self->sum = self->min = self->max = self->last = 0.0;
     self->generation = fork_generation;
+    Py_RETURN_NONE;
+}
+
+/* guard(emitted_off, dropped_off): a window under the ring's shortest: from now on a window whose bank holds a
+ * later window than the i64 at ``emitted_off`` (the slot's emitted_wid) is not written there; its samples are
+ * added to the u64 at ``dropped_off`` (atomically) until the collector has emitted that window. Until a rebind(). */
+static PyObject *
+SlotWriter_guard(SlotWriter *self, PyObject *args)
+{
+    Py_ssize_t emitted_off, dropped_off;
+    if (!PyArg_ParseTuple(args, "nn:guard", &emitted_off, &dropped_off)) {
+        return NULL;
+    }
+    if (check_word("emitted_off", emitted_off, self->view.len, 8) < 0
+        || check_word("dropped_off", dropped_off, self->view.len, 8) < 0) {
+        return NULL;
+    }
+    self->guard_p = (char *)self->view.buf + emitted_off;
+    self->gdrop_p = (char *)self->view.buf + dropped_off;
     Py_RETURN_NONE;
 }
 
@@ -829,6 +903,8 @@ static PyMethodDef SlotWriter_methods[] = {
      "rebind(slot0, incarnation, nan_off, discarded_off, heartbeat_off): write another slot from now on."},
     {"drop", (PyCFunction)SlotWriter_drop, METH_O,
      "drop(counter_off): no slot; every add from now on only adds 1 to the counter at counter_off (atomic)."},
+    {"guard", (PyCFunction)SlotWriter_guard, METH_VARARGS,
+     "guard(emitted_off, dropped_off): never overwrite a window past the emitted_wid at emitted_off; drop and count."},
     {"state", (PyCFunction)SlotWriter_state, METH_NOARGS,
      "state() -> (seq, sum, min, max, last): this writer's copy of the open window (for tests)."},
     {NULL, NULL, 0, NULL},

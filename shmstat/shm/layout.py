@@ -58,7 +58,9 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
      96  nhist            u64  histograms handed out so far (high-water mark, at most H)
     104  dropped          u64  samples of this rank that no slot holds: added to a Stat that got no slot (stat or
                                percentile table full, or a writer of the rank that got no entry), plus the
-                               unemitted samples of a dead writer of this rank whose entry was taken over; atomic
+                               unemitted samples of a dead writer of this rank whose entry was taken over, plus
+                               the samples of a window under min_window_ms(K) whose bank still held a window
+                               past the slot's emitted_wid (see the window constants below); atomic
                                adds (the rank and its writers), counted on the rank's own entry only
     112  stats_refused    u64  Stats of this rank (or its writers) that got no slot (one per process and stat key)
     120  writers_refused  u64  writer processes of this rank that got no entry
@@ -206,6 +208,11 @@ DEFAULT_HIST_SLOTS = 16
 # satisfy ``(K - 2) * window >= RING_BUDGET_MS`` with the grace at most ``MAX_GRACE_MS``: the collector then has at
 # least ``RING_BUDGET_MS - MAX_GRACE_MS`` (50 ms) plus a whole window to read it, and a writer stalled mid-add can
 # be waited for up to K-2 windows.
+# A shorter window (down to 1 ms, as torch.monitor takes) is allowed too, but the ring cannot hold it at the
+# collector's pace: its writer never overwrites a bank whose window is past the slot's ``emitted_wid`` (which the
+# collector commits only once its handlers took the window); a sample whose bank is so held is dropped and counted
+# in its rank's ``dropped``, and so is the rest of its window until the collector has emitted what the bank holds.
+# Nothing the collector may still read is ever written, so the samples are exact or counted, with no race.
 #
 # The longest window is 2**62 ns (~146 years; torch.monitor takes any): window ids, starts and ends are int64 ns,
 # and with windows and wall-clock times both under 2**62 ns (until 2116) a window's end, at most ``now + window``,
@@ -224,7 +231,8 @@ LONG_POLL_MS = 200
 
 
 def min_window_ms(banks: int) -> int:
-    """The shortest window (ms) a stat in a segment of ``banks`` banks per slot may have (see above)."""
+    """The shortest window (ms) that ``banks`` banks per slot hold at the collector's pace (see above): a shorter one
+    is guarded by its writer (it never overwrites an unemitted window; what it drops it counts)."""
     return max(1, -(-RING_BUDGET_MS // max(1, banks - 2)))
 
 

@@ -31,6 +31,8 @@ class Binding(Protocol):
 
     def _slot_words(self, att: RankAttachment) -> tuple[int, int, int, int]: ...
 
+    def _guard_offsets(self, att: RankAttachment) -> tuple[int, int] | None: ...
+
     def rebind(self) -> None: ...
 
     def on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None: ...
@@ -103,6 +105,14 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
     lock = threading.Lock()
     bound_generation = [generation[0]]
     drop_at = att.drop_offset if binding.index < 0 else -1  # drop mode: the counter's byte offset
+    guard = binding._guard_offsets(att)  # the C guard(): (emitted_wid byte offset, dropped byte offset) or None
+    guard_word, guard_drop_at = (guard[0] // 8, guard[1]) if guard is not None else (-1, -1)
+    blocked = False  # the open window found its bank held (the C writer's ``blocked``)
+
+    def held_unread(marked: int, window_id: int) -> bool:
+        # the C held_unread(): the bank holds an earlier window, with samples, that no collector has emitted yet
+        old, s = i64[marked + _WID], f64[marked]
+        return bool(old < window_id and 1.0 <= s < 2.0**62 and old > i64[guard_word])
 
     def closing_report(now: int) -> Report | None:
         # what the window being left reports: its figures unless they were reported when it filled, zeros for an
@@ -124,6 +134,8 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
             if hist_base >= 0:
                 hist_at = hist_base + (window_id % banks) * L.HIST_SIZE
             kept = _resumable(f64, i64, marked, window_id, window_ns) if first else 0.0
+            if not kept and guard_word >= 0 and held_unread(marked, window_id):
+                return marked, end, -1.0, now  # held: not marked (roll drops and counts)
             f64[marked] = kept + 1.0
             i64[marked + _WID] = window_id
             i64[marked + _INC] = incarnation
@@ -189,7 +201,7 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
     def roll(v: float, now: int) -> Report | None:
         # Slow path, once per window: start the window of ``now`` with ``v``. Returns what the caller reports
         # (to on_roll) once the bank is consistent: the window left, or a window that is full at once.
-        nonlocal window_end, bank, full_reported
+        nonlocal window_end, bank, full_reported, seq, blocked
         if v != v:
             i64[nan_word] += 1
             return None
@@ -197,9 +209,30 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
         full_reported = False
         first = not window_end  # this binding's first window: the bank may hold an earlier writer's samples
         bank, window_end, kept, now = mark_bank(now, first)
+        if kept < 0:  # the ring cannot hold this window at the collector's pace: dropped and counted
+            add_counter(segment, guard_drop_at)
+            seq = 0.0
+            blocked = True
+            return report
         if kept:
             return resume(v, now, kept, report)
         return start_window(v, now, report)
+
+    def blocked_add(v: float) -> Report | None:
+        # the C add_blocked(): dropped and counted while the bank is still held; once the collector emitted what
+        # it holds, the window starts there (as a first window); once it ended, the usual roll
+        nonlocal window_end, blocked
+        now = clock()
+        if now < window_end:
+            if v != v:
+                i64[nan_word] += 1
+                return None
+            if held_unread(bank, now // window_ns):
+                add_counter(segment, guard_drop_at)
+                return None
+            window_end = 0
+        blocked = False
+        return roll(v, now)
 
     def add(v: float) -> None:
         # The open window's bank is marked (odd seq) before the clock is read, so that a collector closing the
@@ -213,39 +246,42 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
             add_counter(segment, drop_at)
             return
         with lock:
-            open_bank = bank
-            if window_end:
-                f64[open_bank] = seq + 1.0
-            now = clock()
-            if now < window_end and v == v and seq < full_seq:
-                total += v
-                f64[open_bank + 2] = total  # the bank's words: 2 sum, 3 min, 4 max, 5 last, 6 last_ts
-                if v < minimum:
-                    minimum = v
-                    f64[open_bank + 3] = v
-                elif v > maximum:
-                    maximum = v
-                    f64[open_bank + 4] = v
-                if want_last:
-                    last_value = v
-                    f64[open_bank + 5] = v
-                    i64[open_bank + 6] = now
-                if hist_at >= 0:
-                    hist_add(i64, u32, hist_at, v)
-                seq += 2.0
-                f64[open_bank] = seq
-                if seq < full_seq:
-                    return
-                full_reported = True  # torch.monitor logs a full window at once
-                report: Report | None = (int(seq) >> 1, total, minimum, maximum, last_value, now)
+            if blocked:
+                report: Report | None = blocked_add(v)
             else:
+                open_bank = bank
                 if window_end:
+                    f64[open_bank] = seq + 1.0
+                now = clock()
+                if now < window_end and v == v and seq < full_seq:
+                    total += v
+                    f64[open_bank + 2] = total  # the bank's words: 2 sum, 3 min, 4 max, 5 last, 6 last_ts
+                    if v < minimum:
+                        minimum = v
+                        f64[open_bank + 3] = v
+                    elif v > maximum:
+                        maximum = v
+                        f64[open_bank + 4] = v
+                    if want_last:
+                        last_value = v
+                        f64[open_bank + 5] = v
+                        i64[open_bank + 6] = now
+                    if hist_at >= 0:
+                        hist_add(i64, u32, hist_at, v)
+                    seq += 2.0
                     f64[open_bank] = seq
-                if now >= window_end:
-                    report = roll(v, now)
-                else:  # a NaN, or a sample into a full window
-                    i64[nan_word if v != v else discarded_word] += 1
-                    return
+                    if seq < full_seq:
+                        return
+                    full_reported = True  # torch.monitor logs a full window at once
+                    report = (int(seq) >> 1, total, minimum, maximum, last_value, now)
+                else:
+                    if window_end:
+                        f64[open_bank] = seq
+                    if now >= window_end:
+                        report = roll(v, now)
+                    else:  # a NaN, or a sample into a full window
+                        i64[nan_word if v != v else discarded_word] += 1
+                        return
         if report is not None:
             binding.on_roll(*report)
 
@@ -255,7 +291,11 @@ def python_writer(binding: Binding, att: RankAttachment, generation: list[int]) 
     def repoint(new_att: RankAttachment, new_slot0: int, new_nan: int, new_discarded: int, new_beat: int) -> None:
         nonlocal f64, i64, u32, segment, slot0, nan_word, discarded_word, beat_word, incarnation, drop_at
         nonlocal seq, total, minimum, maximum, last_value, window_end, bank, lock, hist_base, hist_at, full_reported
+        nonlocal guard_word, guard_drop_at, blocked
         full_reported = False
+        regard = binding._guard_offsets(new_att)
+        guard_word, guard_drop_at = (regard[0] // 8, regard[1]) if regard is not None else (-1, -1)
+        blocked = False
         segment = new_att.segment
         f64, i64, u32 = segment.f64, segment.i64, segment.u32
         drop_at = new_att.drop_offset if binding.index < 0 else -1

@@ -96,6 +96,9 @@ class SlotBinding:
             )
             if self.index < 0:
                 self._c.drop(att.drop_offset)
+            guard = self._guard_offsets(att)
+            if guard is not None:
+                self._c.guard(*guard)
             self.add = self._c.add
             self.count = lambda: self._c.count
         else:
@@ -115,6 +118,17 @@ class SlotBinding:
             return 0, att.drop_offset // 8, att.drop_offset // 8, att.drop_offset // 8
         slot0 = att.segment.geometry.slot_offset(att.local_rank, self.index) // 8
         return slot0, att.word(L.R_NAN), att.word(L.R_DISCARDED), att.word(L.R_HEARTBEAT)
+
+    def _guard_offsets(self, att: RankAttachment) -> tuple[int, int] | None:
+        """For a window under the ring's shortest (:func:`shmstat.shm.layout.min_window_ms`), which the ring cannot
+        hold at the collector's pace: the byte offsets of the slot's ``emitted_wid`` and of its rank's ``dropped``.
+        The writer never overwrites a bank holding a window past that watermark: a sample that finds its bank so held
+        is dropped and counted there, so the samples are exact or counted however late the collector reads. None
+        otherwise (and in drop mode): the ring's K-2 windows of slack cover the collector's pace and grace."""
+        geo = att.segment.geometry
+        if self.index < 0 or self.window_ns // 1_000_000 >= L.min_window_ms(geo.banks):
+            return None
+        return geo.desc_offset(att.local_rank, self.index) + L.D_EMITTED, att.drop_offset
 
     def on_roll(self, n: int, total: float, lo: float, hi: float, lastv: float, t: int) -> None:
         """A window closed in this process (called after the bank is consistent): remember it, log it locally;
@@ -199,6 +213,9 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
         binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
         if binding.index < 0:
             binding._c.drop(att.drop_offset)
+        guard = binding._guard_offsets(att)
+        if guard is not None:
+            binding._c.guard(*guard)
     else:
         binding._repoint(att, slot0, nan_w, disc_w, beat_w)
     att.writers[binding.key] = binding

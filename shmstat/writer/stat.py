@@ -87,8 +87,10 @@ class Stat:
     """Summary statistics of values added over fixed windows (``torch.monitor.Stat`` compatible).
 
     ``Stat(name, aggregations, window_size, max_samples=2**63-1)``; ``window_size`` is a ``timedelta`` or
-    seconds, truncated to milliseconds (1 ms to 2**62 ns, about 146 years; in a job at least
-    :func:`shmstat.shm.layout.min_window_ms`). The add that brings a window to ``max_samples`` logs it at once and
+    seconds, truncated to milliseconds (1 ms to 2**62 ns, about 146 years, in a job too: a window under
+    :func:`shmstat.shm.layout.min_window_ms`, which the ring cannot hold at the collector's pace, never overwrites
+    one the collector has not emitted; a sample that finds the ring so full is dropped and counted in its rank's
+    ``dropped``). The add that brings a window to ``max_samples`` logs it at once and
     the window's later adds are discarded, as in torch.monitor. Keyword-only extras: ``group`` (the metric group the
     collector dispatches windows to), ``higher_is_better`` (a rate such as tokens/s: the straggler report then
     flags ranks whose figure is low) and ``clock`` (a ``() -> int`` wall-clock in ns, for tests). ``name`` and
@@ -351,14 +353,6 @@ class _CLocalCore:
             self._on_roll(int(seq) >> 1, total, minimum, maximum, last_value, self._clock())
 
 
-def _banks_for(window_ms: int) -> int:
-    """The fewest banks whose shortest window is at most ``window_ms`` (the largest allowed when none is)."""
-    for banks in range(L.DEFAULT_BANKS, 65):
-        if L.min_window_ms(banks) <= window_ms:
-            return banks
-    return 64
-
-
 class _SharedCore:
     """Writes through this process's one writer of the stat's slot (:class:`shmstat.writer._writer.SlotBinding`)."""
 
@@ -366,15 +360,7 @@ class _SharedCore:
         from ..job.rank import RankAttachment, SlotKey
 
         att: RankAttachment = attachment
-        geo = att.segment.geometry
-        window_ms = stat._window_ns // 1_000_000
-        shortest = L.min_window_ms(geo.banks)
-        if window_ms < shortest:
-            raise ConfigError(
-                f"window_size {window_ms} ms is under {shortest} ms, the shortest {geo.banks} banks keep: use a "
-                f"longer window or start the job with more (shmstat run/collect --banks {_banks_for(window_ms)})"
-            )
-        key = SlotKey(stat._name, stat._group, window_ms, stat._max_samples, to_mask(stat._aggs))
+        key = SlotKey(stat._name, stat._group, stat._window_ns // 1_000_000, stat._max_samples, to_mask(stat._aggs))
         binding = binding_for(att, key, stat._window_ns, Aggregation.VALUE in stat._aggs, clock, stat._flags)
         binding.stats.add(stat)
         self.binding = binding
