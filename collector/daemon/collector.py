@@ -435,6 +435,7 @@ class Collector:
             self.last_ranks = self.scanner.refresh()
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
+            self.marks.settle(self.last_ranks)  # what gone senders could not deliver: counted
             if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
                 self.gpu.step(self.last_ranks)
         elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring
@@ -488,6 +489,7 @@ class Collector:
             self._emit_scan(now, final=not live)
             self.events.close(deadline)  # what the sinks held is taken (or counted) before the final counters
             self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
+            self.marks.settle(ranks)  # the entries of gone senders whose end is marked now: cleared
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:
@@ -523,6 +525,8 @@ class Collector:
         A second call returns at once (every rank's marker arrived)."""
         if self.relay is not None:
             self._drain_ingest()
+            if self.segment is not None:  # what gone senders could not deliver: counted before the sinks finish
+                self.marks.settle(self.scanner.refresh(), final=True)
 
     def finish_round(self) -> None:
         """One round while stopping, after :meth:`stop_intake`, as the events sinks finish (:func:`let_sinks_finish`):

@@ -11,6 +11,13 @@ acknowledgements batched, once per :data:`ACK_INTERVAL_S`. A restarted collector
 (:meth:`collector.wire.relay.Relay.restore`): what a rank re-sends below its mark is dropped, a hole above it is a
 gap. A sender whose mark cannot be kept (every mark held by a live sender) is acknowledged all the same and is
 followed as before: its loss across a collector crash is then counted from its first message on.
+
+A sender that exits with items no collector acknowledged records, in its rank entry, the sequence number after
+the last one it numbered (``events_end``, :mod:`shmstat.shm.layout`): what it held when no collector served, what
+its full socket could not take. :meth:`DeliveredMarks.settle` finds such an entry once the process is gone and
+counts what this collector did not receive of them (from the relay's expected number, else the sender's mark) as
+a gap — a gap record for the events sinks and ``seq_gaps`` — then the mark follows to that number, and once it is
+there the entry's ``events_end`` is cleared: a later collector counts nothing twice.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shmstat.shm.segment import pid_alive
 
@@ -28,6 +35,7 @@ from ..handlers.event_delivery import EventDelivery
 from ..handlers.events import EventRecord, GapRecord
 
 if TYPE_CHECKING:
+    from shmstat.shm.layout_records import RankInfo
     from shmstat.shm.segment import Segment
 
     from ..wire.intake import Received
@@ -39,6 +47,7 @@ ACK_INTERVAL_S = 0.02
 """Seconds between two acknowledgements (and segment writes) at most: a rank keeps about this much more."""
 
 Key = tuple[int, int, int]
+_UNSEEN: Any = object()
 
 
 class DeliveredMarks:
@@ -56,6 +65,9 @@ class DeliveredMarks:
         self._acked: dict[Key, int] = {}
         self._origin: dict[Key, int] = {}
         self._thaw: dict[Key, int] = {}  # a sender's mark stays until the sinks completed this ticket
+        self._ending: dict[Key, int | None] = {}  # gone senders left to count: what the relay expected at a look
+        self._settled: set[Key] = set()  # gone senders counted, whose mark is on its way to their end
+        self._looked = False
         used: set[int] = set()
         restored: dict[Key, tuple[int, int]] = {}
         self._next = 0.0
@@ -79,6 +91,37 @@ class DeliveredMarks:
         mark is kept in the segment (below what it sent and the sinks did not take), and it lives."""
         key = (rank, pid, incarnation)
         return key in self.relay.origins and key in self._index and pid_alive(pid)
+
+    def settle(self, ranks: Iterable[RankInfo], *, final: bool = False) -> None:
+        """(The loop, at a look at the rank table.) Count what gone senders could not deliver (see the module
+        docstring): for every entry whose process is gone and left an ``events_end``, what the relay did not
+        receive below it is a gap — once no message of the sender came between two looks (one may still be on its
+        way from the kernel's buffers), or at once at this collector's first look (it started after the sender
+        went) and when ``final`` (stopping, after the hand-over). Once the sender's mark reached its end, the
+        entry's ``events_end`` is cleared."""
+        segment = self.segment
+        if segment is None:
+            return
+        first, self._looked = not self._looked, True
+        for info in ranks:
+            end = info.events_end
+            if end <= 0 or pid_alive(info.pid):
+                continue
+            key = (info.rank, info.pid, info.events_incarnation)
+            if self._written.get(key, -1) >= end:  # every item up to its end delivered or counted, and marked
+                segment.clear_events_end(info.local_rank, info.pid, end)
+                self._ending.pop(key, None)
+                self._settled.discard(key)
+                continue
+            if key in self._settled:
+                continue
+            heard = self.relay.expected(key)
+            if not (first or final) and self._ending.get(key, _UNSEEN) != heard:
+                self._ending[key] = heard
+                continue
+            self._ending.pop(key, None)
+            self._settled.add(key)
+            self.relay.ended(key, end, self._written.get(key, 0), self._origin.get(key, 0))
 
     def close(self) -> None:
         """Stop listening to the sinks and writing marks (the segment is about to be closed); idempotent."""

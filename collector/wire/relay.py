@@ -346,6 +346,23 @@ class Relay:
             # was kept): its re-sent items from ``first`` up to what was heard first are still to take
             self.windows[key] = [first, heard]
 
+    def ended(self, key: tuple[int, int, int], end: int, delivered: int, origin: int) -> int:
+        """Sender ``key`` is gone, having numbered its items up to ``end`` (its rank entry says so): what never
+        arrived — from what is expected of it, or from ``delivered`` (its mark, ``origin`` its publisher's id) for a
+        sender not followed — is a gap (counted, and reported to :attr:`on_gap`). An item of it below ``end`` that
+        still comes is dropped from now on (counted already). Returns the gap's size."""
+        self._awaiting_sync.discard(key)
+        self.windows.pop(key, None)
+        self.origins.setdefault(key, origin)  # (so its mark follows, and what comes late is dropped)
+        expected = self._next_seq.get(key, delivered)
+        self._next_seq[key] = max(expected, end)
+        self.touched.add(key)
+        if end <= expected:
+            return 0
+        self._gap(key, expected, end - expected)
+        self.book.held(key, end, end - expected)
+        return end - expected
+
     def _held(self, frames: list[bytes]) -> None:
         try:
             msg = wire.decode(frames[0], frames[1])

@@ -99,10 +99,11 @@ def init(
         if publish:
             target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
             _state.STATE.publish_target = target
-            _state.STATE.publisher = Publisher(
+            _state.STATE.publisher = pub = Publisher(
                 target[0], rank=rank, incarnation=att.incarnation,
                 backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=job,
             )
+            pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True
     return att
 
@@ -199,13 +200,14 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     ``SHMSTAT_KEEP_SEGMENT=1`` keeps it (to read it afterwards: ``shmstat top``, a collector started later).
     """
     st = _state.STATE
-    pub, att = st.publisher, st.attachment
+    pub = st.publisher
     st.publisher = None
-    st.attachment = None
     st.publish_target = None
-    if pub is not None:
+    if pub is not None:  # (while still attached: what it could not deliver is recorded in this process's entry)
         with contextlib.suppress(Exception):
             pub.close(linger_ms=int(flush_timeout_s * 1000))
+    att = st.attachment
+    st.attachment = None
     if att is not None and att.pid == os.getpid():
         from ..shm.segment import Segment
 
@@ -243,6 +245,16 @@ def _after_fork_in_child() -> None:
 
         with contextlib.suppress(Exception):
             st.publisher = Publisher(endpoint, rank=rank, incarnation=incarnation, job=job)
+            st.publisher.on_undelivered = _record_in_forked_child
+
+
+def _record_in_forked_child(end: int, incarnation: int) -> None:
+    """A forked child's publisher closed with items no collector acknowledged: recorded in the child's writer
+    entry (taken now if its first Stat has not taken it), where the next collector finds it."""
+    st = _state.STATE
+    att = st.attachment if st.attachment is not None and st.attachment.pid == os.getpid() else ensure_init()
+    if att is not None:
+        att.record_events_end(end, incarnation)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -201,6 +201,7 @@ class RankAttachment:
         incarnation = (info.incarnation + 1) & (2**63 - 1)
         _ENTRY.pack_into(segment.buf, off + L.R_PID, pid, incarnation, rank, i, world_size, now, now)
         struct.pack_into("<Q", segment.buf, off + L.R_WRITER_OF, writer_of + 1)
+        struct.pack_into("<QQ", segment.buf, off + L.R_EVENTS_END, 0, 0)  # the last occupant's: not this process's
         struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
         segment.bump_entries_epoch()
         att = cls(segment, i, rank, world_size, pid, incarnation, writer_of)
@@ -298,6 +299,14 @@ class RankAttachment:
     def word(self, field_offset: int) -> int:
         """Index into ``segment.i64`` of one 8-byte field of this entry."""
         return (self.segment.geometry.rank_offset(self.local_rank) + field_offset) // 8
+
+    def record_events_end(self, end: int, incarnation: int) -> None:
+        """This process's publisher closed with items numbered below ``end`` (under ``incarnation``) that no
+        collector acknowledged: recorded in its entry, where the next collector finds it and counts what it did
+        not receive as a gap. A no-op for a process holding no entry."""
+        if self.local_rank >= 0 and self.segment.rank(self.local_rank).pid == self.pid:
+            with contextlib.suppress(ValueError, TypeError):  # the mapping was closed meanwhile
+                self.segment.record_events_end(self.local_rank, end, incarnation)
 
     def mark_exited(self) -> None:
         """Mark this entry as cleanly exited (its windows stay readable)."""

@@ -29,14 +29,17 @@ Guarantees:
   :attr:`PublisherStats.dropped` and numbered. Items that cannot be encoded (bad types, too big) are dropped,
   counted and logged once. Nothing within the bound is lost while the collector is up or before it first
   starts. Items left when the publisher closes are dropped and the closing marker carries the sequence number
-  after them, so the collector counts them as a gap.
+  after them, so the collector counts them as a gap; and when some item was not acknowledged as delivered, that
+  number is also recorded in the process's rank entry (:attr:`Publisher.on_undelivered`), where the collector
+  that finds the process gone counts what it did not receive (a full socket, no collector serving); with no
+  collector serving, the exit says how many in one warning.
 - ``stats().queued == sent_items + dropped + backlog`` at any time.
 - A message handed to zmq is kept (up to ``backlog_bytes`` more, oldest given up first) until a collector
   acknowledges that it was delivered; when a collector subscribes, everything not acknowledged is re-sent behind
   a re-sync marker (:mod:`shmstat.wire.delivered`), so what a collector that died held (its queues, libzmq's
   buffers, the kernel's) reaches the next one, which drops what was delivered already.
 - With no collector listening on the endpoint, ``close()`` does not wait: what is held is dropped and counted
-  at once. Not guaranteed: items in zmq's pipe when a collector dies as this publisher closes.
+  at once.
 
 Processes: sequence numbers are per publisher, so a receiver keys them by (rank, incarnation, pid). A
 publisher belongs to the process that created it: in a forked child, :func:`after_fork_in_child` (registered
@@ -53,6 +56,7 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +193,9 @@ class Publisher:
         self._sender = _Sender(sock, self._outbox, job=job, rank=rank, pid=pid, incarnation=incarnation,
                                idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s,
                                kept_bytes=self._backlog_bytes, endpoint=endpoint)
+        self.on_undelivered: Callable[[int, int], None] | None = None
+        """Called by :meth:`close` with (the sequence number after the last item numbered, the incarnation) when
+        some of them no collector acknowledged: the job layer records it in this process's rank entry."""
         _pubprocess.register(self)
 
     # ------------------------------------------------------------------------------------- caller side
@@ -297,11 +304,28 @@ class Publisher:
             _log.warning("shmstat: publisher thread did not stop in time; leaving its socket open")
             _pubprocess.forget(self)
             return
-        self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
+        end = self._outbox.drop_all()  # whatever was not handed to zmq is given up (counted as dropped)
         if self._own_context:
             with contextlib.suppress(zmq.ZMQError):
                 self._ctx.term()
         _pubprocess.forget(self)
+        self._left_undelivered(end)
+
+    def _left_undelivered(self, end: int) -> None:
+        """Closed with items numbered below ``end``: those no collector acknowledged are recorded where the next
+        collector finds them (:attr:`on_undelivered`), and, with no collector serving, said in one line."""
+        undelivered = end - self._sender.acked
+        if undelivered <= 0:
+            return
+        if self.on_undelivered is not None:
+            try:
+                self.on_undelivered(end, self.incarnation)
+            except Exception:  # telemetry never raises into the exit; the warning below still says it
+                _log.debug("shmstat: recording the undelivered items failed", exc_info=True)
+        if not self._sender.listening:
+            _log.warning("shmstat: rank %d (pid %d) of job %s exits with %d events and metrics no collector took; "
+                         "they are lost (run 'shmstat collect' on the node to keep them)", self.rank, self.pid,
+                         self.job or "?", undelivered)
 
     def stats(self) -> PublisherStats:
         """A snapshot of the counters (see :class:`PublisherStats`); consistent at any time."""

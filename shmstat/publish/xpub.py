@@ -147,6 +147,10 @@ class _Sender:
         # sent and not yet acknowledged as delivered: (the sequence number after it, its frames, its bytes)
         self._kept: collections.deque[tuple[int, tuple[Any, Any], int]] = collections.deque()
         self._kept_held = 0
+        self.acked = 0
+        """The highest delivered watermark a collector acknowledged (every item numbered below it was delivered)."""
+        self.listening = False
+        """Whether a collector was serving the endpoint when :meth:`close` looked."""
         self.kept_evicted = 0
         """Messages sent and never acknowledged that were given up to stay within the bound (a collector that
         has to re-sync with this publisher counts their items as a gap)."""
@@ -196,7 +200,8 @@ class _Sender:
         close the socket no thread ever used). False if the thread did not stop in time: its socket is left
         open."""
         thread = self.thread
-        if thread is not None and budget_s > 0 and not self.collector_listening():
+        self.listening = thread is not None and self.collector_listening()
+        if thread is not None and budget_s > 0 and not self.listening:
             budget_s = 0.0  # no collector serves: nothing will take what is held, nor acknowledge it
         deadline = time.monotonic() + budget_s
         if thread is not None:
@@ -325,6 +330,7 @@ class _Sender:
         delivered = delivered_in(frame, self._pid, self._rank, self._incarnation)
         if delivered is None:
             return
+        self.acked = max(self.acked, delivered)
         kept = self._kept
         while kept and kept[0][0] <= delivered:
             self._kept_held -= kept.popleft()[2]

@@ -10,7 +10,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
 
     offset                         size       region
     0                              256        header
-    256                            R*128      rank table        (entry i = local rank i)
+    256                            R*144      rank table        (entry i = local rank i)
     DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
     BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
     HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
@@ -40,7 +40,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                descriptor published: a collector reads the rank table again only when it moved
     120  reserved ... 256
 
-    rank entry (128 bytes)
+    rank entry (144 bytes)
       0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
       8  pid              i64
      16  incarnation      u64  bumped on every registration of this entry (a restarted rank)
@@ -64,6 +64,11 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                adds (the rank and its writers), counted on the rank's own entry only
     112  stats_refused    u64  Stats of this rank (or its writers) that got no slot (one per process and stat key)
     120  writers_refused  u64  writer processes of this rank that got no entry
+    128  events_end       u64  0, or the sequence number after the last item (event or put metric) this entry's
+                               process numbered, written by it as its publisher closed with items no collector had
+                               acknowledged; a collector that finds the process gone counts what it did not
+                               receive of them as a gap, then sets it to 0 (under the job lock)
+    136  events_inc       u64  the incarnation that process published under (a forked worker: its rank's)
 
     stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
@@ -140,7 +145,7 @@ Concurrency guarantees:
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
 - ``emitted_wid`` (once the descriptor is published) and the delivered marks are written only by the collector
   (the one holding the instance lock); a mark's ``delivered`` is one aligned 8-byte store; everything else in a
-  rank's region only by that rank,
+  rank's region only by that rank (but ``events_end``, set to 0 by the collector once its process is gone),
   except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
   ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
   header's ``warned``, written under the job lock.
@@ -183,10 +188,10 @@ __all__ = [
 ]
 
 MAGIC = b"SHMSTAT\x00"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 HEADER_SIZE = 256
-RANK_ENTRY_SIZE = 128
+RANK_ENTRY_SIZE = 144
 DESC_SIZE = 208
 BANK_SIZE = 64
 HIST_SIZE = 2240
@@ -250,9 +255,9 @@ _HEADER = struct.Struct("<8sQQQQQqqqQQQ")
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
 R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
-R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED = 104, 112, 120
+R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED, R_EVENTS_END, R_EVENTS_INC = 104, 112, 120, 128, 136
 _RANK = struct.Struct("<QqQqqqqqQQQQ")
-_RANK_DROPS = struct.Struct("<QQQ")  # dropped, stats_refused, writers_refused
+_RANK_DROPS = struct.Struct("<QQQQQ")  # dropped, stats_refused, writers_refused, events_end, events_inc
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32

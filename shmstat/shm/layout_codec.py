@@ -80,9 +80,9 @@ def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
     """Decode rank entry ``local_rank``."""
     off = geometry.rank_offset(local_rank)
     (state, pid, inc, rank, _lr, world, start, beat, nstats, nan, disc, writer_of) = _RANK.unpack_from(buf, off)
-    dropped, stats_refused, writers_refused = _RANK_DROPS.unpack_from(buf, off + R_DROPPED)
+    dropped, stats_refused, writers_refused, events_end, events_inc = _RANK_DROPS.unpack_from(buf, off + R_DROPPED)
     return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of, dropped,
-                    stats_refused, writers_refused)
+                    stats_refused, writers_refused, events_end, events_inc)
 
 
 def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:

@@ -66,6 +66,11 @@ class RankInfo:
     """Stats of this rank that got no slot."""
     writers_refused: int = 0
     """Writer processes of this rank that got no entry."""
+    events_end: int = 0
+    """0, or the sequence number after the last item its process numbered, recorded as it exited with items no
+    collector acknowledged (see the rank entry in :mod:`shmstat.shm.layout`)."""
+    events_incarnation: int = 0
+    """The incarnation that process published under (with :attr:`events_end`)."""
 
     @property
     def is_writer(self) -> bool:

@@ -258,6 +258,23 @@ class Segment:
         """Set a rank entry's state (collector: died; rank: exited)."""
         struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)
 
+    def record_events_end(self, local_rank: int, end: int, incarnation: int) -> None:
+        """(The entry's process, as its publisher closes.) Its items numbered below ``end`` under ``incarnation``
+        were not all acknowledged by a collector: the next collector counts what it did not receive."""
+        struct.pack_into("<QQ", self.buf, self.geometry.rank_offset(local_rank) + L.R_EVENTS_END, end, incarnation)
+
+    def clear_events_end(self, local_rank: int, pid: int, end: int) -> bool:
+        """(The collector, once it counted what a gone process did not deliver.) Set entry ``local_rank``'s
+        ``events_end`` to 0, under the job lock, if the entry still holds ``pid`` and ``end``; True if it did."""
+        off = self.geometry.rank_offset(local_rank)
+        with self.locked():
+            (held,) = struct.unpack_from("<q", self.buf, off + L.R_PID)
+            (now,) = struct.unpack_from("<Q", self.buf, off + L.R_EVENTS_END)
+            if held != pid or now != end:
+                return False
+            struct.pack_into("<Q", self.buf, off + L.R_EVENTS_END, 0)
+        return True
+
     def delivered_marks(self) -> list[tuple[int, int, int, int, int, int]]:
         """Every delivered mark in use (see :mod:`shmstat.shm.layout`): ``(index, pid, rank, incarnation,
         delivered, origin)``."""
