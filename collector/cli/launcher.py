@@ -324,7 +324,7 @@ def run_job(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(config.ready_file)
     if collector.config.status_interval_s > 0:
-        collector.print_status()
+        collector.print_status(final=True)
     if result.state == "INTERRUPTED":
         how = ", then ".join(signal.Signals(s).name for s in agent.signals_sent) or "nothing (no worker was left)"
         assert agent.stop_signal is not None

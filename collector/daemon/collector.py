@@ -61,7 +61,7 @@ from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..handlers.compact import StragglerLines, status_line
+from ..handlers.compact import StragglerLines, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..handlers.protocol import user_handler
@@ -214,6 +214,8 @@ class Collector:
         self.segment = segment = Segment.open(config.job, geometry=config.geometry)
         self._lock_fd = take_instance_lock(segment)
         self.scanner = Scanner(segment, config.grace_ms * 1_000_000)
+        self.banks = segment.geometry.banks
+        """The banks of every slot's ring in the job's segment."""
         self.commits = PendingCommits(config.commit_wait_s)
         self.liveness = Liveness(segment)
         self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
@@ -317,9 +319,17 @@ class Collector:
             if self.config.ready_file is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.config.ready_file)
+        self.say_stopping()
         if self.config.status_interval_s > 0:
-            self.print_status([])
+            self.print_status(final=True)
         return 0
+
+    def say_stopping(self) -> None:
+        """Say on stderr, when ranks still run as this collector stops, what a successor must be started within
+        (:func:`collector.handlers.compact.stopping_line`)."""
+        line = stopping_line({self.config.job: self.ranks_running()}, self.ring_slack_s(), self.banks)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
 
     def write_ready_file(self) -> None:
         """Write ``config.ready_file``, if set: ``{"job", "pid", "ingest", "publish", "prometheus"}`` as JSON
@@ -691,11 +701,23 @@ class Collector:
             return  # nobody would see a figure (a null or compact handler, no subscriber): none is made
         emit_usage(self.config.job, now, ranks, self.liveness, self.counters, self.dispatcher, self.relay)
 
-    def print_status(self, ranks: list | None = None) -> None:
+    def print_status(self, ranks: list | None = None, *, final: bool = False) -> None:
         """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
-        scanner last read them (None: none alive, as after :meth:`shutdown`)."""
-        alive = sum(1 for r in ranks or () if r.state_name == "active" and not r.is_writer)
-        print(status_line(self.counters(), ranks_alive=alive, job=self.config.job), file=sys.stderr, flush=True)
+        scanner last read them. ``final``: the last line, after :meth:`shutdown`, with the ranks still running."""
+        alive = self.ranks_running() if final else sum(
+            1 for r in ranks or () if r.state_name == "active" and not r.is_writer)
+        print(status_line(self.counters(), ranks_alive=alive, job=self.config.job, final=final), file=sys.stderr,
+              flush=True)
+
+    def ranks_running(self) -> int:
+        """The job's ranks (not their workers) found at the last look at the rank table whose process lives now."""
+        return sum(1 for r in self.last_ranks if r.state_name == "active" and not r.is_writer and pid_alive(r.pid))
+
+    def ring_slack_s(self) -> float:
+        """How long after now a window a rank closes stays in its ring for a successor: the ring's banks less two
+        (the window being written, and the grace) of the job's shortest window."""
+        shortest_ns = self.scanner.shortest_window_ns() or 1_000_000_000
+        return (self.banks - 2) * shortest_ns / 1e9
 
     def counters(self) -> dict[str, int]:
         """The collector's own counters (also emitted in the platform group)."""

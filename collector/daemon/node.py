@@ -41,7 +41,7 @@ from shmstat.shm.layout import RankState
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import other_users_line, own_skipped_lines, scan_shm
 
-from ..handlers.compact import CompactWindowHandler, status_line
+from ..handlers.compact import CompactWindowHandler, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
@@ -372,6 +372,12 @@ class NodeCollector:
         socket and the handlers. The events sinks, which every job shares, finish first (within their close
         budget): while the jobs' ranks hold new events and the jobs still emit windows and move delivered marks
         (:func:`~collector.daemon.collector.let_sinks_finish`)."""
+        running = {job: c.ranks_running() for job, c in self.collectors.items()}
+        if self.collectors:
+            slack = min(c.ring_slack_s() for c in self.collectors.values())
+            line = stopping_line(running, slack, min(c.banks for c in self.collectors.values()))
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
         deadline = None
         if self.events is not None and self.collectors:
             serving = list(self.collectors.values())
@@ -389,7 +395,7 @@ class NodeCollector:
         self._close_outlet()
         if self.events is not None:
             self.events.close(deadline)  # before the final status line, which counts what the sinks lost
-        self.status.print(self, final=True)
+        self.status.print(self, final=True, running=sum(running.values()))
         with contextlib.suppress(Exception):
             self.dispatcher.close()
         if self.exporter is not None:
@@ -454,8 +460,9 @@ class _NodeStatus:
             self.next = time.monotonic() + self.interval_s
             self.print(node)
 
-    def print(self, node: NodeCollector, *, final: bool = False) -> None:
-        """One status line: the jobs served now (``final``: over the node collector's life) and their figures."""
+    def print(self, node: NodeCollector, *, final: bool = False, running: int = 0) -> None:
+        """One status line: the jobs served now and their figures; ``final``: the last, the jobs served over the
+        node collector's life and the ``running`` ranks still running as it stopped."""
         if self.interval_s <= 0:
             return
         totals = dict(self.done)
@@ -474,7 +481,8 @@ class _NodeStatus:
             totals["handshakes_refused"] = node.curve.counts.refused
             totals["handshakes_failed"] = node.curve.counts.failed
         jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
-        print(status_line(totals, ranks_alive=alive, jobs=jobs), file=sys.stderr, flush=True)
+        print(status_line(totals, ranks_alive=running if final else alive, jobs=jobs, final=final), file=sys.stderr,
+              flush=True)
 
 
 def _look(job: str) -> str:

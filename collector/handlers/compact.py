@@ -22,7 +22,8 @@ from .protocol import ColumnsHandler
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["SHORT_JOB_LEN", "CompactWindowHandler", "StragglerLines", "short_job_ids", "status_line", "straggler_line"]
+__all__ = ["SHORT_JOB_LEN", "CompactWindowHandler", "StragglerLines", "short_job_ids", "status_line",
+           "stopping_line", "straggler_line"]
 
 SHORT_JOB_LEN = 8
 """How many characters of a job id a console line shows at least (more when two jobs share them)."""
@@ -153,16 +154,22 @@ def _number(value: float) -> str:
 
 
 def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None = None, jobs: int | None = None,
-                now: float | None = None) -> str:
-    """The one-line status: which job (or how many jobs), ranks alive, windows emitted, events relayed, and what
-    was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read, events
-    an events sink lost), with
-    samples the ranks dropped for want of room, rejected frames and handler errors when there are any."""
+                now: float | None = None, final: bool = False) -> str:
+    """The one-line status: which job (or how many jobs served now), ranks alive, windows emitted, events relayed,
+    and what was lost (``dropped``: handler rows dropped, sequence gaps, windows overwritten before they were read,
+    events an events sink lost), with samples the ranks dropped for want of room, rejected frames and handler errors
+    when there are any. ``final``: the collector's last line, ``stopped:``, the jobs it served in all and the
+    ranks still running as it stops (``ranks_alive``: their processes live)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(time.time() if now is None else now))
     who = f"job {job}" if job is not None else f"{jobs} job{'' if jobs == 1 else 's'}"
     dropped = (counters["handler_dropped"] + counters["seq_gaps"] + counters["windows_overwritten"]
                + counters.get("events_dropped", 0))
-    line = (f"[{stamp}] shmstat: {who}, {ranks_alive} rank{'' if ranks_alive == 1 else 's'} alive, "
+    ranks = f"{ranks_alive} rank{'' if ranks_alive == 1 else 's'}"
+    if final:
+        start = f"[{stamp}] shmstat: stopped: {who} served, {ranks} still running, "
+    else:
+        start = f"[{stamp}] shmstat: {who}, {ranks} alive, "
+    line = (start +
             f"{counters['windows_emitted']} windows emitted, {counters['events_relayed']} events relayed, "
             f"{dropped} dropped")
     for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
@@ -174,3 +181,18 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
         if counters.get(key):
             line += f", {counters[key]} {label}"
     return line
+
+
+def stopping_line(running: dict[str, int], slack_s: float, banks: int) -> str | None:
+    """What a collector stopping while ranks still run says (None when none does): how many ranks of which jobs
+    (``running``: job -> ranks), and within how long a successor must start (``slack_s``: the ring's ``banks``
+    minus 2 windows of the shortest window) before their windows are overwritten, counted."""
+    if not any(running.values()):
+        return None
+    total = sum(running.values())
+    jobs = ", ".join(f"{job}: {n}" for job, n in sorted(running.items()) if n)
+    ranks = "1 rank still runs" if total == 1 else f"{total} ranks still run"
+    return (f"shmstat collector: stopping while {ranks} ({jobs}); start a "
+            f"collector within {slack_s:g} s ({banks - 2} of the ring's {banks} windows) or their windows past that "
+            f"are overwritten (counted as windows_overwritten); their events wait in the ranks")
+

@@ -110,6 +110,10 @@ class Scanner:
             return self._dirty or self._table is None
         return any(now_ns >= t for t in self._next_due.values())
 
+    def shortest_window_ns(self) -> int | None:
+        """The shortest window length of the stats known so far (None before any)."""
+        return min(self._next_due) if self._next_due else None
+
     def next_due_ns(self) -> int | None:
         """Wall-clock ns when the next window closes (None if no stat is known yet)."""
         return min(self._next_due.values()) if self._next_due else None

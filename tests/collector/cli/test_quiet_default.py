@@ -20,8 +20,8 @@ from shmstat.shm.segment import Segment
 SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "chatty_rank.py")
 STEPS = 3000
 WINDOW = re.compile(r"^\[\d\d:\d\d:\d\d(\.\d{3})?\] chatty/step_ms  count=(\d+) mean=\S+ p99=\S+ \((\d+) ranks?\)$")
-STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: job (\S+), (\d+) ranks? alive, (\d+) windows emitted, "
-                    r"(\d+) events relayed, (\d+) dropped$")
+STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: (?:stopped: )?job (\S+)(?: served)?, (\d+) ranks? "
+                    r"(?:alive|still running), (\d+) windows emitted, (\d+) events relayed, (\d+) dropped$")
 
 
 def _run(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess[str], str]:
@@ -73,8 +73,8 @@ def test_console_still_prints_every_call_of_the_ranks(tmp_path, spec):
     assert len(losses) == len(profs) == 2 * STEPS
 
 
-NODE_STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: (\d+) jobs?, (\d+) ranks? alive, (\d+) windows emitted, "
-                         r"(\d+) events relayed, (\d+) dropped$")
+NODE_STATUS = re.compile(r"^\[\d\d:\d\d:\d\d\] shmstat: (stopped: )?(\d+) jobs?(?: served)?, (\d+) ranks? "
+                         r"(alive|still running), (\d+) windows emitted, (\d+) events relayed, (\d+) dropped$")
 
 
 def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_for_all(tmp_path):
@@ -98,8 +98,10 @@ def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_fo
             printed = sum(int(m.group(3)) for m in windows if m.group(2) == shown[job])
             assert printed == sum(load_counts(str(tmp_path / f"r{i}.json")).values())  # exact, per job
         statuses = [m for m in map(NODE_STATUS.match, coll.lines) if m]
-        assert len(statuses) >= 2 and statuses[-1].group(1) == "2"  # periodic, then the final one over both jobs
-        assert int(statuses[-1].group(3)) == len(windows) and statuses[-1].group(5) == "0"
+        assert len(statuses) >= 2 and statuses[-1].group(2) == "2"  # periodic, then the final one over both jobs
+        assert statuses[-1].group(1) and not any(m.group(1) for m in statuses[:-1])  # only the last says stopped
+        assert int(statuses[-1].group(5)) == len(windows) and statuses[-1].group(7) == "0"
+        assert statuses[-1].group(3) == "0" and not any("stopping while" in line for line in coll.lines)
         for job in jobs:  # both jobs done, every window emitted: nothing left
             assert not os.path.exists("/dev/shm" + segment_name(job)) and not os.path.exists(lock_path(job))
     finally:
@@ -118,3 +120,36 @@ def test_the_status_line_counts_what_the_ranks_dropped_for_want_of_room() -> Non
     assert "7 windows emitted" in quiet and "3 dropped" in quiet and "samples dropped" not in quiet
     loud = status_line({**base, "samples_dropped": 41}, ranks_alive=2, job="j", now=0)
     assert "41 samples dropped by ranks" in loud and "shmstat ls" in loud
+
+
+def test_a_node_collector_stopped_while_ranks_run_says_so_and_its_status_lines_agree(tmp_path):
+    """Ctrl-C on a node collector while jobs run (issue 44): one line names the ranks still running, of which
+    jobs, and within how long a successor must start; the periodic lines count the jobs served now and the ranks
+    alive, the last line (``stopped:``) the jobs served in all and the ranks still running: none contradicts
+    another (before: the last said ``2 jobs, 0 ranks alive`` with 3 ranks running, and nothing more)."""
+    jobs = [unique_job("stopa"), unique_job("stopb")]
+    coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10", "--status-interval", "0.2")
+    ranks = [spawn(rank_worker, job, r, world, 60.0, 500, str(tmp_path / f"{job}-{r}.json"))
+             for job, world in zip(jobs, (2, 1)) for r in range(world)]
+    try:
+        for job in jobs:
+            coll.lines_seen(f"job {job} picked up", 60)
+        coll.lines_seen("2 jobs, 3 ranks alive", 60)
+        assert coll.stop(signal.SIGINT, 30) == 0
+        statuses = [m for m in map(NODE_STATUS.match, coll.lines) if m]
+        final = statuses[-1]
+        assert final.group(1) == "stopped: " and final.group(2) == "2" and final.group(3) == "3", coll.lines
+        assert final.group(4) == "still running"
+        assert all(m.group(1) is None and m.group(4) == "alive" for m in statuses[:-1]), coll.lines
+        (said,) = [line for line in coll.lines if "stopping while" in line]
+        # windows of 500 ms, 4 banks: the ring holds what they add for 2 windows
+        assert (f"stopping while 3 ranks still run ({jobs[0]}: 2, {jobs[1]}: 1); start a collector within 1 s (2 of "
+                "the ring's 4 windows)") in said, said
+    finally:
+        for p in ranks:
+            p.terminate()
+            p.join(30)
+        if coll.proc.poll() is None:
+            coll.stop(signal.SIGKILL)
+        for job in jobs:
+            Segment.unlink(job)
