@@ -61,7 +61,7 @@ def _big_events(job: str, n: int, size: int, tally: str) -> None:
 def test_a_stopped_subscriber_is_told_exactly_what_it_lost_and_the_collector_counts_it(job, tmp_path, resumed):
     usage = str(tmp_path / "usage.jsonl")
     coll = start_collector(job, "--handler", "*=null", "--handler", f"shmstat=jsonl:{usage}",
-                           "--publish-buffer-mb", "8", "--status-interval", "0")  # a queue of 4 messages
+                           "--publish-queue", "4", "--status-interval", "0")
     sub, out, err = _subscribe(tmp_path, "sub", "--job", job, "--json", "--topic", "event/")
     try:
         wait_for(lambda: _beaten(out), 20, 0.05, what="the subscriber's first heartbeat")
@@ -102,8 +102,8 @@ def test_a_stopped_subscriber_is_told_exactly_what_it_lost_and_the_collector_cou
     assert _counter(usage, FULL_COUNTER) >= 1  # and the collector found its queue full
 
 
-LOST_COUNTER = "collector.subscriber_overflows_event"
-FULL_COUNTER = "collector.subscriber_overflows_event"
+LOST_COUNTER = "collector.subscriber_items_lost_event"
+FULL_COUNTER = "collector.subscriber_queue_full_event"
 
 
 def _counter(usage: str, name: str) -> int | None:
