@@ -56,7 +56,7 @@ MODES = {"plain": "plain TCP", "curve": "CURVE"}
 _SHMSTAT = "import sys; from collector.cli.command import main; sys.exit(main())"  # the `shmstat` command
 _EVENT = "bench"
 COLLECTOR_GROUP = "shmstat"  # shmstat.names.COLLECTOR_GROUP: the collector's own figures, on stat/shmstat/usage
-_COUNTERS = {f"collector.{n}" for n in ("events_relayed", "seq_gaps", "subscriber_overflows_event",
+_COUNTERS = {f"collector.{n}" for n in ("events_relayed", "seq_gaps", "subscriber_queue_full_event",
                                         "key_revocations", "handshakes_refused")}
 
 
@@ -247,7 +247,7 @@ class RunResult:
     steady_s: float = 0.0
     max_late_ms: float = 0.0
     messages: int = 0  # event messages received (a rank's publisher batches the events it has at hand)
-    overflowed: int = 0  # event messages the collectors counted as lost to a full subscriber queue
+    overflowed: int = 0  # times an event message found a subscriber queue full (the collectors count)
     problems: list[str] = field(default_factory=list)
 
 
@@ -386,7 +386,7 @@ def gather(res: RunResult, p: Started, args: argparse.Namespace, run_dir: Path) 
         res.problems.append("the subscriber's deadline passed before every rank's last event arrived")
     counters = got.get("collector_counters", {})
     for host_counters in counters.values():
-        res.overflowed += host_counters.get("subscriber_overflows_event", 0)
+        res.overflowed += host_counters.get("subscriber_queue_full_event", 0)
         if host_counters.get("key_revocations") or host_counters.get("handshakes_refused"):
             res.problems.append(f"a collector refused a handshake or revoked a key: {host_counters}")
     if len(counters) != len(p.collectors):
@@ -464,7 +464,7 @@ def report(runs: list[RunResult], args: argparse.Namespace, wall_s: float) -> st
     row("events received by the ops subscriber", ",", lambda rs: sum(r.received for r in rs), ratio=False)
     row("lost (sent - received)", ",", lambda rs: sum(r.sent - r.received for r in rs), ratio=False)
     row("duplicates received", ",", lambda rs: sum(r.duplicates for r in rs), ratio=False)
-    row("messages the collectors counted as overflowed (a subscriber's queue full)", ",",
+    row("times an event message found a subscriber's queue full", ",",
         lambda rs: sum(r.overflowed for r in rs), ratio=False)
     row("events dropped by the ranks' publishers (counted)", ",", lambda rs: sum(r.dropped for r in rs), ratio=False)
     row("events per message received (the ranks' publishers batch)", ".2f",

@@ -1,6 +1,6 @@
-"""What a stopped subscriber keeps of ``--publish-buffer-mb``, and what it is told it lost.
+"""What a stopped subscriber keeps of ``--publish-queue``, and what it is told it lost.
 
-    python scripts/subscriber_buffer.py [--events 200] [--bytes 1000000] [--buffer-mb 256]
+    python scripts/subscriber_buffer.py [--events 200] [--bytes 1000000] [--queue 128]
 
 Starts ``shmstat collect --job`` for a fresh job and ``shmstat subscribe --job JOB --json --topic event/``,
 stops the subscriber (SIGSTOP) once it has had a heartbeat, has one rank log ``--events`` events of ``--bytes``
@@ -35,7 +35,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--bytes", type=int, default=1_000_000)
-    ap.add_argument("--buffer-mb", type=float, default=256)
+    ap.add_argument("--queue", type=int, default=128)
     args = ap.parse_args()
     import shmstat
     from shmstat.job import _state
@@ -47,7 +47,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=REPO)
     ready = os.path.join(work, "ready.json")
     coll = subprocess.Popen([*cmd, "collect", "--job", job, "--handler", "*=null", "--status-interval", "0",
-                             "--publish-buffer-mb", str(args.buffer_mb), "--ready-file", ready],
+                             "--publish-queue", str(args.queue), "--ready-file", ready],
                             env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     out = os.path.join(work, "sub.out")
     with open(out, "w") as stdout:  # the child keeps its own copy
@@ -82,7 +82,7 @@ def main() -> int:
     on_the_way = sum(g["items"] for g in gaps if g["stream"] == "event")
     by_rank = sum(g["items"] for g in gaps if g["stream"] == "sender")
     mib = kept * args.bytes / 2**20
-    print(f"--publish-buffer-mb {args.buffer_mb:g}: kept {kept} of {args.events} events of {args.bytes} bytes "
+    print(f"--publish-queue {args.queue}: kept {kept} of {args.events} events of {args.bytes} bytes "
           f"({mib:.1f} MiB); told {on_the_way} lost on the way and {by_rank} dropped by the rank "
           f"(the rank counted {dropped}); kept + told = {kept + on_the_way + by_rank}")
     return 0 if kept + on_the_way + by_rank == args.events else 1

@@ -55,9 +55,9 @@ class Tuned:
 TUNED: tuple[Tuned, ...] = (
     Tuned("--grace-ms", "grace_ms", int, f"wait this long after a window ends before reading it (at most "
                                          f"{MAX_GRACE_MS})"),
-    Tuned("--publish-buffer-mb", "publish_buffer_bytes", float,
-          "MiB queued per subscriber before a slow one loses messages (libzmq counts messages: MiB / 2 of them, "
-          "each at most 2 MiB)", scale=1 << 20),
+    Tuned("--publish-queue", "publish_queue", int,
+          "messages queued per subscriber before a slow one loses messages (each at most 2 MiB), which it is told "
+          "and reports, counted", metavar="MESSAGES"),
     Tuned("--heartbeat-interval", "heartbeat_interval_s", float,
           "seconds between heartbeats on heartbeat/ (each sender's newest sequence number: subscribers see what "
           "they lost)", metavar="SECONDS"),
@@ -175,8 +175,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
             raise ConfigError(f"{flag} must not be negative, got {value}")
     if not 0.01 <= args.heartbeat_interval <= 3600:
         raise ConfigError(f"--heartbeat-interval must be between 0.01 and 3600 seconds, got {args.heartbeat_interval}")
-    if not 1 <= args.publish_buffer_mb <= 1 << 20:
-        raise ConfigError(f"--publish-buffer-mb must be between 1 and 1048576, got {args.publish_buffer_mb}")
+    if not 4 <= args.publish_queue <= 1 << 19:
+        raise ConfigError(f"--publish-queue must be between 4 and 524288 messages, got {args.publish_queue}")
     if not 1 <= args.events_queue_mb <= 1 << 20:
         raise ConfigError(f"--events-queue-mb must be between 1 and 1048576, got {args.events_queue_mb}")
     if not 1 <= args.handler_queue <= 100_000_000:

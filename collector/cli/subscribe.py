@@ -4,7 +4,9 @@ Three ways to name what to follow (:mod:`collector.cli.served_jobs`): ``ENDPOINT
 (``--job J``: followed until J ends, after its collector's last message, unless ``--follow``), or nothing: every
 job a collector serves on this node, picked up as it starts and let go as it ends, until stopped. Every collector
 sends heartbeats (:mod:`shmstat.wire.heartbeat`); they are compared with what arrived, and each loss is one line on
-stderr (and a ``{"record": "gap"}`` line with ``--json``). Heartbeats are not data: they are printed only with
+stderr (and a ``{"record": "gap"}`` line with ``--json``), and reported to the collector that sent it (an
+``XSUB`` socket sends :func:`shmstat.wire.heartbeat.encode_loss_report` upstream), which counts it in
+``collector.subscriber_items_lost``. Heartbeats are not data: they are printed only with
 ``--json``, as messages of kind ``heartbeat``. A node collector's endpoint (``shmstat collect --publish ENDPOINT``)
 carries every job it serves, each message with a third frame naming its job (:mod:`shmstat.wire`): each line
 says its job, losses are accounted per job (every job of a node collector shares its pid), and a job that ends
@@ -13,6 +15,7 @@ there is said without leaving the endpoint, which is followed until stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,7 +32,7 @@ from shmstat import wire
 from shmstat.errors import ConfigError, WireError
 from shmstat.shm.runtime import publish_endpoint
 from shmstat.shm.shm_entries import Skipped, entry_problem
-from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, followed_kinds
+from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, encode_loss_report, followed_kinds
 
 from ..wire.curve import (
     CLIENT,
@@ -163,7 +166,7 @@ class _Subscriber:
         self.seen = self.bad = self.gaps = 0
 
     def connect(self, source: _Source) -> None:
-        sock = self.ctx.socket(zmq.SUB)
+        sock = self.ctx.socket(zmq.XSUB)  # not SUB: it sends its loss reports upstream too
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, _RCVHWM)
         sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_PAYLOAD + 1)
@@ -178,8 +181,8 @@ class _Subscriber:
             self._unwatch(source, sock)
             sock.close()
             raise ConfigError(f"cannot connect to {source.endpoint!r}: {exc}") from None
-        for t in self.topics:
-            sock.setsockopt(zmq.SUBSCRIBE, t)
+        for t in self.topics:  # kept by the XSUB and sent again on every reconnect, as a SUB does
+            sock.send(b"\x01" + t)
         source.sock = sock
         source.inode = socket_identity(source.endpoint)
         source.seen = source.seen or source.inode is not None
@@ -239,6 +242,7 @@ class _Subscriber:
                 continue
             if self.records:
                 self._write(message_to_json(msg, source.endpoint, job))
+            self._report(sock, beat.gaps, tagged)
             for gap in beat.gaps:
                 self.gaps += gap.items
                 print(gap_line(gap, job), file=sys.stderr, flush=True)
@@ -251,6 +255,19 @@ class _Subscriber:
                 if source.sock is None:
                     break
         self.out.flush()
+
+    @staticmethod
+    def _report(sock: zmq.Socket, gaps: list[Gap], tagged: str | None) -> None:
+        """Tell the collector what a heartbeat showed lost on the way here (not what a sender dropped before it:
+        the collector counted that itself)."""
+        lost: dict[str, int] = {}
+        for gap in gaps:
+            if gap.stream != SENDER_STREAM:
+                lost[gap.stream] = lost.get(gap.stream, 0) + gap.items
+        frame = encode_loss_report(lost, tagged or "")
+        if frame is not None:
+            with contextlib.suppress(zmq.ZMQError):  # never blocks: a report that finds no room is not sent
+                sock.send(frame, zmq.NOBLOCK)
 
     def _final(self, source: _Source, job_ended: bool, tagged: str | None) -> None:
         job = source.job if tagged is None else tagged

@@ -224,12 +224,11 @@ class Collector:
 
     def _open_relay(self, config: CollectorConfig, segment: Segment, node_outlet: Outlet | None) -> Relay:
         """A step of :meth:`__init__`: the relay of the ranks' messages, and the marks of what its sinks took."""
-        from ..wire.outlet import queue_messages
         from ..wire.relay import Relay
 
         self.relay = relay = Relay(config.ingest or ingest_endpoint(config.job),
                                    config.publish or publish_endpoint(config.job),
-                                   sndhwm=queue_messages(config.publish_buffer_bytes),
+                                   sndhwm=config.publish_queue,
                                    heartbeat_interval_s=config.heartbeat_interval_s, node=node_outlet,
                                    job=config.job, curve=config.curve)
         self.relay_counters = relay.counters  # outlives the sockets, for the final report
@@ -500,6 +499,7 @@ class Collector:
             self.events.close(deadline)  # what the sinks held is taken (or counted) before the final counters
             self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
             self.marks.settle(ranks)  # the entries of gone senders whose end is marked now: cleared
+            self.relay.update_subscriptions()  # the loss reports subscribers sent meanwhile count in the last rows
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live
             if live:
@@ -877,10 +877,12 @@ def relay_counts(c: RelayCounters) -> dict[str, int]:
         "events_relayed": c.events, "metrics_relayed": c.metrics,
         "frames_rejected": c.rejected, "seq_gaps": c.gaps, "subscription_resets": c.subscription_resets,
         "items_resent": c.resent,
-        "subscriber_overflows": sum(c.overflows.values()),
+        "subscriber_items_lost": sum(c.subscriber_lost.values()),
+        "subscriber_queue_full": sum(c.queue_full.values()),
         "handshakes_refused": c.handshakes.refused, "handshakes_failed": c.handshakes.failed,
         "key_revocations": c.handshakes.revocations,
-        **{f"subscriber_overflows_{kind}": n for kind, n in c.overflows.items()},
+        **{f"subscriber_items_lost_{kind}": n for kind, n in c.subscriber_lost.items()},
+        **{f"subscriber_queue_full_{kind}": n for kind, n in c.queue_full.items()},
     }
 
 

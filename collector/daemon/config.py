@@ -55,12 +55,15 @@ class CollectorConfig:
     usage_interval_s: float = 1.0
     status_interval_s: float = 10.0
     """Seconds between one-line status reports on stderr (:func:`collector.handlers.compact.status_line`; 0: none)."""
-    publish_buffer_bytes: int = 256 * 1024 * 1024
-    """Bytes queued per subscriber at most before a subscriber that does not keep up loses messages (counted in
-    ``subscriber_overflows``; the subscriber learns what it lost from the heartbeats). libzmq bounds a queue in
-    messages, so the queue holds ``max(4, publish_buffer_bytes // MAX_MESSAGE_BYTES)`` messages, each of at most
-    :data:`collector.wire.relay.MAX_MESSAGE_BYTES` (2 MiB): at most that many bytes, and fewer when messages are
-    smaller (a rank's message batches up to 1,024 items or 256 KiB)."""
+    publish_queue: int = 128
+    """Messages queued per subscriber at most (libzmq's ``SNDHWM``: it counts messages, not bytes); past them a
+    subscriber that does not keep up loses messages. Each message is at most
+    :data:`collector.wire.outlet.MAX_MESSAGE_BYTES` (2 MiB), so a queue holds at most ``publish_queue`` times
+    that (256 MiB by default), and far less for smaller messages (a rank's message batches up to 1,024 items or
+    256 KiB). The subscriber learns exactly what it lost from the heartbeats; ``shmstat subscribe`` reports it to
+    the collector, counted in ``subscriber_items_lost`` (a plain ``SUB`` cannot report: it counts its own losses
+    with :class:`shmstat.wire.heartbeat.GapTracker`); ``subscriber_queue_full`` counts the times a message found
+    a subscriber's queue full."""
     heartbeat_interval_s: float = 1.0
     """Seconds between heartbeats on ``heartbeat/`` (the newest sequence number of every sender relayed, so a
     subscriber tells loss from silence: :mod:`shmstat.wire.heartbeat`); one more is sent as the collector closes."""

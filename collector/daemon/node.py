@@ -47,7 +47,7 @@ from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..wire.curve import CurveServer
-from ..wire.outlet import Outlet, queue_messages
+from ..wire.outlet import Outlet
 from .collector import (
     CHORE_SLACK_S,
     Collector,
@@ -116,7 +116,7 @@ class NodeCollector:
                 if config.curve is not None:
                     self.curve = CurveServer(self._ctx, config.curve)
                 try:
-                    self.outlet = Outlet(self._ctx, config.publish, queue_messages(config.publish_buffer_bytes),
+                    self.outlet = Outlet(self._ctx, config.publish, config.publish_queue,
                                          curve=self.curve)
                 except zmq.ZMQError as exc:
                     raise CollectorError(f"cannot bind the publish endpoint {config.publish}: {exc}") from None
@@ -410,7 +410,7 @@ class NodeCollector:
     def endpoint_counters(self) -> dict[str, int]:
         """The node's endpoint's own counters (``shmstat_node_publish_*_total`` on ``/metrics``): times bound anew
         for too many subscription topics, and with CURVE the handshakes refused (a key not allowed) and failed,
-        and the revocations. What its subscribers lost counts in each job's ``subscriber_overflows``."""
+        and the revocations. What its subscribers lost counts in each job's ``subscriber_items_lost``."""
         outlet, curve = self.outlet, self.curve
         counts = {"publish_subscription_resets": outlet.resets if outlet is not None else 0}
         if curve is not None:
@@ -435,7 +435,7 @@ class _NodeStatus:
     (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
 
     _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
-               "samples_dropped", "subscriber_overflows", "subscription_resets")
+               "samples_dropped", "subscriber_items_lost", "subscription_resets")
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s

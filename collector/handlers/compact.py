@@ -174,7 +174,7 @@ def status_line(counters: dict[str, int], *, ranks_alive: int, job: str | None =
             f"{dropped} dropped")
     for key, label in (("samples_dropped", "samples dropped by ranks (no room: see shmstat ls)"),
                        ("frames_rejected", "frames rejected"), ("handler_errors", "handler errors"),
-                       ("subscriber_overflows", "messages a slow subscriber lost"),
+                       ("subscriber_items_lost", "items slow subscribers reported lost"),
                        ("handshakes_refused", "subscriber keys refused"),
                        ("handshakes_failed", "subscriber handshakes failed"),
                        ("subscription_resets", "publish sockets bound anew (too many subscription topics)")):

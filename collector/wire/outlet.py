@@ -5,7 +5,9 @@ A job's :class:`~collector.wire.relay.Relay` owns one, at the job's endpoint; a 
 job it serves on one endpoint (``shmstat collect --publish ENDPOINT`` without ``--job``) owns one more, which every
 job's relay sends on too, each message followed by the frame naming its job (:mod:`shmstat.wire`). Both are bounded
 the same way: a subscriber's queue holds at most ``sndhwm`` messages; a message that finds a subscriber's queue
-full is reported (``XPUB_NODROP``), so the sender counts it, and is then handed to the other subscribers; past
+full is reported (``XPUB_NODROP``), so the sender counts it, and is then handed to the other subscribers
+(libzmq then skips that subscriber without a word until it has read half its queue: what it lost, a subscriber that
+can send reports, :attr:`Outlet.lost`); past
 :data:`~collector.wire.subscriptions.MAX_PREFIXES` subscription topics the socket is bound anew at the same
 endpoint (every subscriber reconnects and subscribes again), counted in :attr:`Outlet.resets`. With a
 :class:`~collector.wire.curve.CurveServer` every socket it binds is a CURVE server, secured before it is bound, and
@@ -25,7 +27,7 @@ from shmstat import wire
 from .curve import CurveServer
 from .subscriptions import bind_owner_only, configure_xpub, remove_ipc_file, take_subscriptions, wants_topic
 
-__all__ = ["MAX_MESSAGE_BYTES", "Outlet", "queue_messages"]
+__all__ = ["MAX_MESSAGE_BYTES", "Outlet"]
 
 _SEND = zmq.backend.Socket.send  # pyzmq's own send, below its Python wrapper (which adds options never used here)
 _MORE, _LAST = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
@@ -34,12 +36,6 @@ _EVENTS = int(zmq.EVENTS)
 MAX_MESSAGE_BYTES = 2 * wire.MAX_EVENT_BYTES
 """The largest message a rank may send, and the largest the collector makes (its publisher seals batches far
 below; one event is at most :data:`shmstat.wire.MAX_EVENT_BYTES`)."""
-
-
-def queue_messages(buffer_bytes: int) -> int:
-    """The ``SNDHWM`` (messages per subscriber) that keeps a subscriber's queue within ``buffer_bytes``: messages
-    are at most :data:`MAX_MESSAGE_BYTES` each, and at least 4 are queued."""
-    return max(4, buffer_bytes // MAX_MESSAGE_BYTES)
 
 
 class Outlet:
@@ -55,6 +51,9 @@ class Outlet:
         subscriber and goes with its last)."""
         self.resets = 0
         """Times the socket was bound anew because its subscribers asked for too many topics."""
+        self.lost: dict[str, dict[str, int]] = {}
+        """``{job: {kind: items}}`` its subscribers reported lost (:func:`shmstat.wire.heartbeat.encode_loss_report`),
+        not yet taken by a relay (:meth:`take_lost`)."""
         self.sock = self._bind(endpoint)
         self.endpoint: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -98,11 +97,23 @@ class Outlet:
     def update(self) -> bool:
         """Take the (un)subscribe frames queued (a bounded number per call); True if there were too many topics
         and the socket was bound anew."""
-        if not take_subscriptions(self.sock, self.prefixes):
+        if not take_subscriptions(self.sock, self.prefixes, self.lost):
             return False
         self.resets += 1
         self.rebind()
         return True
+
+    def take_lost(self, job: str | None = None) -> dict[str, int]:
+        """The items per kind that subscribers reported lost since the last call: of ``job``'s messages (on a node
+        outlet), or of every message (None: a job's own outlet carries one job)."""
+        if job is not None:
+            return self.lost.pop(job, {})
+        total: dict[str, int] = {}
+        for counts in self.lost.values():
+            for kind, n in counts.items():
+                total[kind] = total.get(kind, 0) + n
+        self.lost.clear()
+        return total
 
     def wants(self, topic: str) -> bool:
         """Whether a subscriber would receive a message on ``topic`` (or, for a topic ending in ``/``, on some

@@ -10,10 +10,11 @@ rank's message is at most :data:`MAX_MESSAGE_BYTES` (larger ones are refused by 
 the collector makes (:meth:`Relay.publish` splits a larger one), so a subscriber's queue of at most ``sndhwm``
 messages (libzmq counts messages, not bytes) holds at most ``sndhwm * MAX_MESSAGE_BYTES`` bytes. A slow
 subscriber loses its own messages past it: the XPUB runs with ``XPUB_NODROP``, so a message that finds a
-subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr:`RelayCounters.overflows` and
+subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr:`RelayCounters.queue_full` and
 is then handed to the other subscribers (lossy send); libzmq then offers that subscriber nothing until it has
 read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
-(:mod:`collector.wire.sender_book`, :mod:`shmstat.wire.heartbeat`). A subscription topic is
+(:mod:`collector.wire.sender_book`, :mod:`shmstat.wire.heartbeat`), and one that can send (``shmstat subscribe``)
+reports it upstream: the relay adds those reports up in :attr:`RelayCounters.subscriber_lost`. A subscription topic is
 at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
 :mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
 again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
@@ -85,10 +86,14 @@ class RelayCounters:
     arrived before its re-sync marker (they come again behind it): dropped, not lost."""
     subscription_resets: int = 0
     """Times the publish socket was bound anew because subscribers asked for too many topics."""
-    overflows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
-    """Per kind (``event``, ``metric``, ``stat``, ``rank``, ``heartbeat``): messages that found a subscriber's
-    queue full, so that subscriber lost them (it goes on losing, unseen here, until it has read half its queue;
-    its heartbeats tell it exactly what it lost); on the job's endpoint or on the node's."""
+    queue_full: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_OVERFLOW_KINDS, 0))
+    """Per kind (``event``, ``metric``, ``stat``, ``rank``, ``heartbeat``): times a message found a subscriber's
+    queue full (that subscriber lost it, and goes on losing, unseen here, until it has read half its queue: not
+    a count of what it lost, see :attr:`subscriber_lost`); on the job's endpoint or on the node's."""
+    subscriber_lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(wire.KINDS, 0))
+    """Per data kind: items subscribers reported lost on the way to them, exactly as their heartbeats showed
+    (:func:`shmstat.wire.heartbeat.encode_loss_report`; ``shmstat subscribe`` reports, a plain ``SUB`` cannot),
+    summed over subscribers; on the job's endpoint or on the node's."""
     handshakes: HandshakeCounts = field(default_factory=HandshakeCounts)
     """With CURVE: handshakes refused and failed, and revocations (:class:`collector.wire.curve.HandshakeCounts`)."""
 
@@ -118,6 +123,7 @@ class Relay:
         self._seq = 0
         self._next_seq: dict[tuple[int, int, int], int] = {}
         self.node = node
+        self._job = job
         self._job_frame = [job.encode("utf-8")]
         self.outlet: Outlet | None = None
         self.xsub = self.ctx.socket(zmq.XSUB)
@@ -472,9 +478,9 @@ class Relay:
         for frames in beat:
             for outlet, tail in outlets:
                 if not outlet.send_patiently(frames + tail, deadline):
-                    c.overflows[wire.HEARTBEAT_KIND] += 1
+                    c.queue_full[wire.HEARTBEAT_KIND] += 1
                 c.published += 1
-        while any(c.overflows.values()) and time.monotonic() + 0.1 < deadline:
+        while any(c.queue_full.values()) and time.monotonic() + 0.1 < deadline:
             time.sleep(0.1)
             for frames in beat:
                 for outlet, tail in outlets:
@@ -493,20 +499,26 @@ class Relay:
         assert outlet is not None
         if outlet.prefixes:  # else nobody subscribed: the XPUB would discard it anyway
             if not outlet.send(frames):
-                c.overflows[kind] = c.overflows.get(kind, 0) + 1
+                c.queue_full[kind] = c.queue_full.get(kind, 0) + 1
             c.published += 1
         node = self.node
         if node is not None and node.prefixes:
             if not node.send(frames, self._job_frame[0]):
-                c.overflows[kind] = c.overflows.get(kind, 0) + 1
+                c.queue_full[kind] = c.queue_full.get(kind, 0) + 1
             c.published += 1
 
     def _drain_subscriptions(self) -> None:
         assert self.outlet is not None
+        c = self.counters
         if self.outlet.update():  # past MAX_PREFIXES topics: bound anew, every subscriber reconnects
-            self.counters.subscription_resets += 1
+            c.subscription_resets += 1
+        reported = [self.outlet.take_lost()]
         if self.node is not None:
             self.node.update()  # its resets are the node's (Outlet.resets)
+            reported.append(self.node.take_lost(self._job))
+        for counts in reported:
+            for kind, n in counts.items():
+                c.subscriber_lost[kind] = c.subscriber_lost.get(kind, 0) + n
 
     def request_handover(self) -> None:
         """Ask every rank to stop sending (:data:`shmstat.wire.HANDOVER_REQUEST`): their publishers answer with

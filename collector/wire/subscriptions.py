@@ -2,7 +2,9 @@
 
 Subscribers' (un)subscribe frames queue on the ``XPUB``; :func:`take_subscriptions` keeps the set of prefixes
 someone listens to, at most :data:`_MAX_SUBSCRIPTION_FRAMES` frames a round, and says when the set grew past
-:data:`MAX_PREFIXES` (the relay then binds its publish socket anew). Used by :class:`collector.wire.relay.Relay`.
+:data:`MAX_PREFIXES` (the relay then binds its publish socket anew). The loss reports of subscribers that can send
+(:func:`shmstat.wire.heartbeat.decode_loss_report`) queue there too: it adds them up per job and kind. Used by
+:class:`collector.wire.relay.Relay`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from typing import cast
 
 import zmq
+
+from shmstat.wire.heartbeat import decode_loss_report
 
 __all__ = ["MAX_PREFIXES", "MAX_SUBSCRIPTION_BYTES", "bind_owner_only", "configure_xpub", "remove_ipc_file",
            "take_subscriptions", "wants_topic"]
@@ -38,9 +42,11 @@ def configure_xpub(sock: zmq.Socket, sndhwm: int) -> None:
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: zmq's enums cost more than the call
 
 
-def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes]) -> bool:
-    """Apply the (un)subscribe frames queued on ``xpub`` to ``prefixes``; True as soon as it holds more than
-    :data:`MAX_PREFIXES` topics (the rest of the frames are left: the caller binds the socket anew)."""
+def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes], lost: dict[str, dict[str, int]]) -> bool:
+    """Apply the (un)subscribe frames queued on ``xpub`` to ``prefixes``, and add the loss reports to ``lost``
+    (``{job: {kind: items}}``, at most :data:`MAX_PREFIXES` jobs: reports for more are ignored until the caller
+    takes its own); True as soon as ``prefixes`` holds more than :data:`MAX_PREFIXES` topics (the rest of the
+    frames are left: the caller binds the socket anew)."""
     for _ in range(_MAX_SUBSCRIPTION_FRAMES):
         if not cast(int, xpub.get(_EVENTS)) & _POLLIN:  # nothing queued (asking is far cheaper than a zmq.Again)
             return False
@@ -54,6 +60,12 @@ def take_subscriptions(xpub: zmq.Socket, prefixes: set[bytes]) -> bool:
                 return True
         elif frame[:1] == b"\x00":
             prefixes.discard(frame[1:])
+        else:
+            report = decode_loss_report(frame)
+            if report is not None and (report[0] in lost or len(lost) < MAX_PREFIXES):
+                counts = lost.setdefault(report[0], {})
+                for kind, n in report[1].items():
+                    counts[kind] = counts.get(kind, 0) + n
     return False
 
 

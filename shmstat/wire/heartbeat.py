@@ -26,6 +26,13 @@ kind) and every item a sender dropped before the collector, as soon as a heartbe
 the first heartbeat the subscriber receives from a collector: a sender that collector first heard from later is
 followed from its first item; for the others, what was lost before that heartbeat is not known.
 
+A subscriber that can send tells the collector what it lost: a *loss report*, one frame sent upstream on its
+``XSUB`` socket (:func:`encode_loss_report`), :data:`LOSS_REPORT_PREFIX` then a msgpack map ``{"v": 1, "job": job,
+"lost": {kind: items}}`` of at most :data:`MAX_LOSS_REPORT` bytes, with the items of each data kind a heartbeat
+showed lost on the way to it (``job``: on a node collector's endpoint, the job whose messages they were; else
+``""``). The collector adds them up (``collector.subscriber_items_lost``); libzmq gives it no other way to know:
+once a subscriber's queue is full, its publish socket skips it without a word until it has read half of it.
+
 A *source* is one collector's stream: an endpoint, or, on a node collector's endpoint (three-frame messages, the
 third naming the job: :mod:`shmstat.wire`), the endpoint *and the job*. Every job of a node collector has its own
 heartbeats and numbering, but they share the collector's pid and rank -1, so a subscriber of a node endpoint must
@@ -35,19 +42,25 @@ key its sources by job (``shmstat subscribe`` uses ``"<endpoint> job <job>"``), 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
+
+import msgpack
 
 from . import HEARTBEAT_KIND, HEARTBEAT_TOPIC, KINDS, WireMessage
 
 __all__ = [
     "COUNT_KEYS",
     "ITEMS_PER_MESSAGE",
+    "LOSS_REPORT_PREFIX",
     "MAX_LISTED",
+    "MAX_LOSS_REPORT",
     "SENDER_STREAM",
     "Beat",
     "Gap",
     "GapTracker",
+    "decode_loss_report",
+    "encode_loss_report",
     "followed_kinds",
 ]
 
@@ -59,6 +72,13 @@ COUNT_KEYS: Final = {kind: f"n_{kind}" for kind in KINDS}
 """The key of a sender map counting the items of each data kind."""
 SENDER_STREAM: Final = "sender"
 """The :attr:`Gap.stream` of items a sender dropped before they reached the collector."""
+LOSS_REPORT_PREFIX: Final = b"\x02shmstat/lost\x00"
+"""The first bytes of a subscriber's loss report (``0x02``: neither a subscription, ``0x01``, nor an
+unsubscription, ``0x00``, to the collector's publish socket)."""
+MAX_LOSS_REPORT: Final = 512
+"""A loss report's bytes at most (the collector's publish socket takes no longer frame)."""
+_LOSS_VERSION = 1
+_MAX_REPORTED = 1 << 48  # items one report may claim per kind at most
 _MAX_SENDERS = 100_000  # senders a tracker follows per source at most (the least recently seen are forgotten)
 
 
@@ -191,6 +211,40 @@ class GapTracker:
         if dropped > st.dropped:
             gaps.append(Gap(source, key[0], key[1], key[2], SENDER_STREAM, dropped - st.dropped))
         st.dropped = max(st.dropped, dropped)
+
+
+def encode_loss_report(lost: Mapping[str, int], job: str = "") -> bytes | None:
+    """The loss report of ``lost`` (items per data kind) for ``job`` ("" off a node collector's endpoint); None
+    when nothing was lost or it would not fit in :data:`MAX_LOSS_REPORT` (a job name that long)."""
+    counts = {kind: n for kind, n in lost.items() if kind in KINDS and 0 < n <= _MAX_REPORTED}
+    if not counts:
+        return None
+    frame = LOSS_REPORT_PREFIX + msgpack.packb({"v": _LOSS_VERSION, "job": job, "lost": counts}, use_bin_type=True)
+    return frame if len(frame) <= MAX_LOSS_REPORT else None
+
+
+def decode_loss_report(frame: bytes) -> tuple[str, dict[str, int]] | None:
+    """``(job, items lost per data kind)`` of a loss report, or None for anything else or anything malformed
+    (a version other than 1, another key, a kind not of :data:`KINDS`, a count not an int in ``1..2**48``)."""
+    if len(frame) > MAX_LOSS_REPORT or not frame.startswith(LOSS_REPORT_PREFIX):
+        return None
+    try:
+        body = msgpack.unpackb(frame[len(LOSS_REPORT_PREFIX):], raw=False, strict_map_key=True, ext_hook=_no_ext)
+    except Exception:  # any malformed msgpack (msgpack raises several types): not a report
+        return None
+    if type(body) is not dict or set(body) != {"v", "job", "lost"} or body["v"] != _LOSS_VERSION:
+        return None
+    job, lost = body["job"], body["lost"]
+    if type(job) is not str or type(lost) is not dict or not lost:
+        return None
+    for kind, n in lost.items():
+        if kind not in KINDS or type(n) is not int or not 0 < n <= _MAX_REPORTED:
+            return None
+    return job, lost
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError("no ext types in a loss report")
 
 
 def _int(value: Any, default: int = 0) -> int:

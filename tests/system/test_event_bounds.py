@@ -142,7 +142,7 @@ def _big_events(job: str, n: int) -> None:
 def test_a_stopped_subscriber_and_large_events_keep_the_collector_bounded_in_bytes(job):
     import zmq
 
-    coll = start_collector(job, "--handler", "*=null", "--publish-buffer-mb", "32")
+    coll = start_collector(job, "--handler", "*=null", "--publish-queue", "16")
     proc = psutil.Process(coll.proc.pid)
     ctx = zmq.Context()
     stopped = ctx.socket(zmq.SUB)  # subscribes to everything, then never reads

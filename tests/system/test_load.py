@@ -21,10 +21,10 @@ def _run_load(job: str, tmp_path, seconds: float) -> None:
     out = str(tmp_path / "m.jsonl")
     # Grace: the longest the collector takes (2 cores, 10 busy processes; a writer preempted inside add is seen
     # mid-write and waited for whatever the grace).
-    # --publish-buffer-mb: the test's subscriber, a thread starved of CPU by 8 busy ranks, must not fall past the
+    # --publish-queue: the test's subscriber, a thread starved of CPU by 8 busy ranks, must not fall past the
     # collector's queue for it (a slow subscriber losing messages is test_faults.py's stuck subscriber)
     coll = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "50", "--banks", "16",
-                           "--publish-buffer-mb", "100000", "--status-interval", "0")
+                           "--publish-queue", "50000", "--status-interval", "0")
     rss = RssSampler(coll.proc.pid)
     sub = Subscriber(coll.publish, (b"event/", b"stat/shmstat/usage"))
     try:

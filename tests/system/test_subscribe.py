@@ -61,7 +61,7 @@ def _big_events(job: str, n: int, size: int, tally: str) -> None:
 def test_a_stopped_subscriber_is_told_exactly_what_it_lost_and_the_collector_counts_it(job, tmp_path, resumed):
     usage = str(tmp_path / "usage.jsonl")
     coll = start_collector(job, "--handler", "*=null", "--handler", f"shmstat=jsonl:{usage}",
-                           "--publish-buffer-mb", "8", "--status-interval", "0")  # a queue of 4 messages
+                           "--publish-queue", "4", "--status-interval", "0")
     sub, out, err = _subscribe(tmp_path, "sub", "--job", job, "--json", "--topic", "event/")
     try:
         wait_for(lambda: _beaten(out), 20, 0.05, what="the subscriber's first heartbeat")
@@ -71,8 +71,11 @@ def test_a_stopped_subscriber_is_told_exactly_what_it_lost_and_the_collector_cou
         assert p.exitcode == 0  # the rank exits once the collector acknowledged its last message
         if resumed == "before the end":
             os.kill(sub.pid, signal.SIGCONT)
-            wait_for(lambda: sum(1 for line in _lines(out) if line.get("kind") == "heartbeat") >= 3, 30, 0.05,
-                     what="heartbeats after the pause")
+            wait_for(lambda: _told_everything(out), 30, 0.05, what="a heartbeat counting every event, read")
+            # it told the collector what it lost as it learned it: the collector's counter says the same, exactly
+            told = _lost_events(out)
+            wait_for(lambda: _counter(usage, LOST_COUNTER) == told, 10, 0.05,
+                     what=f"{LOST_COUNTER} = {told}, what the subscriber lost")
         # else: its last heartbeat is the collector's final one, which libzmq skips until it has caught up
     finally:
         os.kill(sub.pid, signal.SIGCONT)
@@ -92,8 +95,30 @@ def test_a_stopped_subscriber_is_told_exactly_what_it_lost_and_the_collector_cou
     assert len([s for s in stderr if "gap:" in s]) == len(gaps)
     assert any(f"job {job} ended" in s for s in stderr) and lines[-1] == {"record": "end", "source": coll.publish,
                                                                           "job": job}
-    overflows = [r["value"] for r in read_jsonl(usage) if r["name"] == "collector.subscriber_overflows_event"]
-    assert overflows and overflows[-1] >= 1
+    if resumed == "before the end":  # every message it lost was counted by the collector, none more
+        assert _counter(usage, LOST_COUNTER) == sum(g["items"] for g in gaps if g["stream"] == "event")
+    else:  # it learned its losses from the final heartbeat, after the collector's last counters: it says them
+        assert _counter(usage, LOST_COUNTER) <= lost
+    assert _counter(usage, FULL_COUNTER) >= 1  # and the collector found its queue full
+
+
+LOST_COUNTER = "collector.subscriber_items_lost_event"
+FULL_COUNTER = "collector.subscriber_queue_full_event"
+
+
+def _counter(usage: str, name: str) -> int | None:
+    values = [r["value"] for r in read_jsonl(usage) if r["name"] == name]
+    return values[-1] if values else None
+
+
+def _told_everything(out: str) -> bool:
+    """The subscriber read a heartbeat that counts all of rank 0's events (and so knows what it lost of them)."""
+    return any(item.get("rank") == 0 and item.get("n_event") == EVENTS for line in _lines(out)
+               if line.get("kind") == "heartbeat" for item in line["items"])
+
+
+def _lost_events(out: str) -> int:
+    return sum(g["items"] for g in _lines(out) if g.get("record") == "gap" and g["stream"] == "event")
 
 
 def test_a_job_subscriber_exits_after_the_jobs_last_windows_and_a_follower_stays_for_its_next_run(job, tmp_path):

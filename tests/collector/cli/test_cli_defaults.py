@@ -87,11 +87,11 @@ def test_walking_the_parser_every_default_and_its_help_come_from_the_config():
 def test_a_changed_config_default_changes_the_cli_default(monkeypatch):
     fields = {f.name: f for f in dataclasses.fields(CollectorConfig)}
     monkeypatch.setattr(fields["grace_ms"], "default", 33)
-    monkeypatch.setattr(fields["publish_buffer_bytes"], "default", 3 << 20)
+    monkeypatch.setattr(fields["publish_queue"], "default", 12)
     args = cli._parser().parse_args(["collect", "--job", "j"])
-    assert (args.grace_ms, args.publish_buffer_mb) == (33, 3.0)
+    assert (args.grace_ms, args.publish_queue) == (33, 12)
     cfg = collector_config(args, "j")
-    assert (cfg.grace_ms, cfg.publish_buffer_bytes) == (33, 3 << 20)
+    assert (cfg.grace_ms, cfg.publish_queue) == (33, 12)
 
 
 def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job, tmp_path):

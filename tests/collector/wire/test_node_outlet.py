@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 import zmq
 from kit.support import wait_for
@@ -200,7 +201,7 @@ def test_a_stopped_node_subscriber_is_told_per_job_exactly_what_it_lost():
         beat_both()
         assert all(lost[job] > 0 for job in JOBS), (kept, lost)
         assert {job: kept[job] + lost[job] for job in JOBS} == sent  # per job: kept + told lost = sent
-        node_overflows = sum(r.counters.overflows["event"] for r in rig.relays.values())
+        node_overflows = sum(r.counters.queue_full["event"] for r in rig.relays.values())
         assert node_overflows >= 1  # each job's relay counts what its messages lost there
     finally:
         rig.close()
@@ -324,3 +325,40 @@ def test_shmstat_subscribe_on_a_node_endpoint_keeps_gaps_and_ends_per_job(capsys
     assert [(g["job"], g["items"], g["source"]) for g in gaps] == [("job-a", 2, node.endpoint)]
     assert {"record": "end", "source": node.endpoint, "job": "job-a"} in lines
     assert [line["job"] for line in lines if line.get("kind") == "event"] == ["job-a"] + ["job-b"] * 6
+
+
+def test_loss_reports_count_for_their_job_and_malformed_ones_count_nothing(rig):
+    """A subscriber's loss reports (from an XSUB, as ``shmstat subscribe`` sends them) count in the job they name
+    on the node's endpoint, in every job's relay on its own endpoint, and nothing else counts: a frame that is not
+    a valid report (another version, another key, a negative, huge or non-int count, an unknown kind, too long)."""
+    from shmstat.wire.heartbeat import LOSS_REPORT_PREFIX, decode_loss_report, encode_loss_report
+
+    def reporter(endpoint: str) -> zmq.Socket:
+        sock = rig.ctx.socket(zmq.XSUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send(b"\x01heartbeat/")
+        rig.socks.append(sock)
+        return sock
+
+    node, own = reporter(rig.node.endpoint), reporter(rig.relays["job-b"].publish_endpoint)
+    wait_for(lambda: (rig.update(), b"heartbeat/" in rig.node.prefixes
+                      and b"heartbeat/" in rig._job_prefixes(rig.relays["job-b"].publish_endpoint))[1], 10,
+             what="the reporters' subscriptions")
+    bad = [LOSS_REPORT_PREFIX + msgpack.packb(body) for body in (
+        {"v": 2, "job": "job-a", "lost": {"event": 5}}, {"v": 1, "job": "job-a", "lost": {"event": 5}, "x": 1},
+        {"v": 1, "job": "job-a", "lost": {"event": -5}}, {"v": 1, "job": "job-a", "lost": {"event": 1 << 60}},
+        {"v": 1, "job": "job-a", "lost": {"event": 5.0}}, {"v": 1, "job": "job-a", "lost": {"heartbeat": 5}},
+        {"v": 1, "job": 7, "lost": {"event": 5}})] + [LOSS_REPORT_PREFIX + b"\xc1", b"\x02"]
+    long = LOSS_REPORT_PREFIX + msgpack.packb({"v": 1, "job": "x" * 600, "lost": {"event": 5}})
+    assert decode_loss_report(long) is None and encode_loss_report({"event": 5}, "x" * 600) is None
+    for frame in bad:  # before the good ones, on the same pipe: read first
+        node.send(frame)
+    node.send(encode_loss_report({"event": 7, "stat": 2}, "job-a"))
+    node.send(encode_loss_report({"event": 3}, "job-b"))
+    node.send(encode_loss_report({"event": 1000}, "no-such-job"))  # nobody's: counted by no relay
+    own.send(encode_loss_report({"metric": 4}))
+    want = {"job-a": {"event": 7, "metric": 0, "stat": 2, "rank": 0}, "job-b": {"event": 3, "metric": 4, "stat": 0,
+                                                                             "rank": 0}}
+    wait_for(lambda: (rig.update(), {j: r.counters.subscriber_lost for j, r in rig.relays.items()} == want)[1], 10,
+             what=f"the counters {want}")
