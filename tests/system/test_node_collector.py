@@ -99,7 +99,7 @@ def test_a_node_collector_takes_a_running_job_over_with_every_window_in_the_ring
         got = {r["window_start"]: r["value"] for r in counts if r["rank"] == rank}
         missing = {w: n for w, n in tally.items() if got.get(w) != n}
         assert missing == {}, (f"rank {rank}: total {sum(got.values())}, added {sum(tally.values())}; "
-                               f"windows not emitted as added: {missing}")
+                               f"windows not emitted as added: {missing}; hand-over {result['timings']}")
         added += sum(tally.values())
     assert sum(r["value"] for r in counts if r["rank"] is None) == added
     own = [r for name in ("first.own.jsonl", "node.own.jsonl") for r in read_jsonl(str(work / name))]
