@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, NamedTuple
 
 import zmq
 
@@ -142,6 +142,7 @@ class NodeCollector:
         self.let_go: list[str] = []
         """Jobs served and let go once their ranks had exited and their windows were emitted, in order."""
         self._not_now: dict[str, float] = {}  # job -> monotonic time to look at it again
+        self._held_by: dict[str, _Holder] = {}  # job another collector served when last tried -> which one
         self._to_remove: dict[str, float] = {}  # finished job -> monotonic time to stop trying to remove it
         self._said: set[str] = set()
         self._done: set[str] = set()  # jobs let go as finished: picked up again only for a live rank
@@ -276,7 +277,7 @@ class NodeCollector:
                 if job in self.collectors:
                     print(f"shmstat collector: job {job} is now shown as {shown}", file=self.out, flush=True)
         for job in candidates:
-            if job in self.collectors or self._not_now.get(job, 0.0) > now:
+            if job in self.collectors or (self._not_now.get(job, 0.0) > now and not self._holder_left(job)):
                 continue
             if self.jobs is None:
                 state = _look(job)
@@ -294,6 +295,7 @@ class NodeCollector:
                                       node_outlet=self.outlet, gpu_sampler=self.gpu)
             except CollectorError as exc:
                 self._not_now[job] = now + _RETRY_S
+                self._held_by[job] = _Holder.of(job)
                 self._say_once(job, f"shmstat collector: leaving job {job} alone: {exc}", sys.stderr)
                 continue
             except (ShmstatError, OSError, ValueError) as exc:  # not ours to read (another layout, a race)
@@ -301,6 +303,7 @@ class NodeCollector:
                 self._say_once(job, f"shmstat collector: cannot serve job {job}: {exc}", sys.stderr)
                 continue
             self._done.discard(job)
+            self._held_by.pop(job, None)
             collector.rank_look_s = SERVING_RANK_LOOK_S
             collector.max_wait_s = NODE_MAX_WAIT_S
             self.collectors[job] = collector
@@ -308,6 +311,15 @@ class NodeCollector:
                      and default.show_job else "")
             print(f"shmstat collector: job {job} picked up{shown}, ingest {collector.ingest_endpoint} publish "
                   f"{collector.publish_endpoint}", file=self.out, flush=True)
+
+    def _holder_left(self, job: str) -> bool:
+        """Whether the collector that served ``job`` when it was last left alone may have let it go since (see
+        :class:`_Holder`): then it is tried again now rather than :data:`_RETRY_S` after, before the ring wraps."""
+        holder = self._held_by.get(job)
+        if holder is None or holder.left():
+            self._held_by.pop(job, None)
+            return holder is not None
+        return False
 
     def _say_once(self, key: str, line: str, stream: IO[str]) -> None:
         if key not in self._said:
@@ -483,6 +495,47 @@ class _NodeStatus:
         jobs = len(self.served | set(node.collectors)) if final else len(node.collectors)
         print(status_line(totals, ranks_alive=running if final else alive, jobs=jobs, final=final), file=sys.stderr,
               flush=True)
+
+
+class _Holder(NamedTuple):
+    """The collector that served a job when the node collector was refused it, as the job's segment header named it.
+
+    The ranks go on writing while that collector stops, and the ring keeps a closed window only ``K - 2`` windows
+    (:mod:`shmstat.shm.layout`): a successor coming back only :data:`_RETRY_S` later would find the windows of the
+    hand-over overwritten. So at every discovery the header's word is read (the flock, which decides, is taken
+    only to serve): the job is tried again at once when the word names another collector or none (a collector
+    writes 0 or -1 there as it stops, its pid once it serves), or when the pid, alive when refused, has gone (a
+    collector killed). A pid this process cannot see (another PID namespace) is tried every :data:`_RETRY_S`.
+    """
+
+    job: str
+    pid: int
+    alive: bool
+    """Whether ``pid`` was a live process of this PID namespace when the job was left alone."""
+
+    @classmethod
+    def of(cls, job: str) -> _Holder:
+        """The collector ``job``'s header names now (pid 0 if the segment cannot be read)."""
+        pid = _collector_pid(job)
+        return cls(job, pid, pid > 0 and pid_alive(pid))
+
+    def left(self) -> bool:
+        """Whether this holder may have let the job go (one seen as pid 0 or -1, starting or stopping, may have)."""
+        if self.pid <= 0 or _collector_pid(self.job) != self.pid:
+            return True
+        return self.alive and not pid_alive(self.pid)
+
+
+def _collector_pid(job: str) -> int:
+    """The collector pid ``job``'s segment header holds (0 if it cannot be read)."""
+    try:
+        seg = Segment.open(job, create=False, wait=False)
+    except (ShmstatError, OSError, ValueError):
+        return 0
+    try:
+        return seg.header().collector_pid
+    finally:
+        seg.close()
 
 
 def _look(job: str) -> str:

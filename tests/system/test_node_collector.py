@@ -66,3 +66,42 @@ def _reconcile(result, rows, work, *, events_per_rank):
         merged = sum(r["value"] for r in mine if r["name"].endswith(".count") and r["group"] == "train"
                      and r["rank"] is None)
         assert merged == 3000 * world
+
+
+@pytest.mark.parametrize("first", ["per-job", "other-dir"])
+def test_a_node_collector_takes_a_running_job_over_with_every_window_in_the_ring_once(tmp_path, first):
+    """A job's collector (``shmstat collect --job JOB``, or a node collector using another runtime directory) stops
+    while the ranks run; the node collector that left the job alone takes it over before the ring wraps: every
+    window, the one open at the hand-over too, is in one of the two outputs exactly once, and none counts as
+    overwritten."""
+    from collections import Counter
+
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    env = dict(os.environ, PY=sys.executable, WORK=str(work), PYTHONPATH=REPO, MODE=first)
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$PY" tests/kit/handover.py "$WORK" $MODE'
+    done = run_with_private_dev_shm(script, env, REPO, 240)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    with open(work / "result.json") as f:
+        result = json.load(f)
+    errors = {p.name: p.read_text() for p in work.glob("*.error")}
+    assert (result["first_code"], result["node_code"], set(result["exitcodes"])) == (0, 0, {0}), (result, errors)
+    job = result["job"]
+    rows = [r for name in ("first.jsonl", "node.jsonl") for r in read_jsonl(str(work / name))
+            if r.get("job", job) == job]
+    counts = [r for r in rows if r["name"] == "steps.count"]
+    twice = [k for k, n in Counter((r["rank"], r["window_start"]) for r in counts).items() if n > 1]
+    assert twice == [], "a window emitted by both collectors"
+    added = 0
+    for rank in range(2):
+        with open(work / f"r{rank}.json") as f:
+            tally = {float(k): n for k, n in json.load(f).items()}
+        got = {r["window_start"]: r["value"] for r in counts if r["rank"] == rank}
+        missing = {w: n for w, n in tally.items() if got.get(w) != n}
+        assert missing == {}, (f"rank {rank}: total {sum(got.values())}, added {sum(tally.values())}; "
+                               f"windows not emitted as added: {missing}; hand-over {result['timings']}")
+        added += sum(tally.values())
+    assert sum(r["value"] for r in counts if r["rank"] is None) == added
+    own = [r for name in ("first.own.jsonl", "node.own.jsonl") for r in read_jsonl(str(work / name))]
+    overwritten = [r["value"] for r in own if r["name"] == "collector.windows_overwritten" and r["job"] == job]
+    assert overwritten and max(overwritten) == 0, "a window counted as overwritten that the ring still held"
