@@ -58,6 +58,8 @@ class StatSeries:
     """The collector's straggler scores, by (rank, window start), when the jsonl holds them."""
     torn: int = 0
     """Merged windows flagged torn (a writer died in the middle of an add)."""
+    higher_is_better: bool = False
+    """The stat declared itself a rate (its rows say ``"higher_is_better": true``): a slow rank's figure is low."""
 
     @property
     def key(self) -> str:
@@ -91,14 +93,13 @@ class StatSeries:
 
     def score_grid(self) -> dict[tuple[int, float], float]:
         """Every (rank, window start) score: the collector's where the jsonl has one, else the collector's rule
-        applied to the rows (:func:`collector.daemon.straggler.score_ranks`)."""
+        applied to the rows in the stat's direction (:func:`collector.daemon.straggler.score_ranks`, the
+        collector's own code)."""
         out = dict(self.scores)
         for start in self.windows():
             figures = {rank: f for rank, per in self.ranks.items()
                        if start in per and (f := self.figure(per[start])) is not None}
-            if any(f < 0 for f in figures.values()):
-                continue  # the collector scores no window with a negative figure
-            _, scores = score_ranks(figures)
+            _, scores = score_ranks(figures, self.higher_is_better)
             for rank, score in scores.items():
                 out.setdefault((rank, start), score)
         return out
@@ -254,6 +255,8 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
         return
     stat, agg = split
     series = _series(report, group, stat)
+    if r.get("higher_is_better") is True:
+        series.higher_is_better = True
     end = r.get("window_end")
     if end is not None:
         report.window_s[(group, stat)] = float(end) - start

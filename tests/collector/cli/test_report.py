@@ -190,3 +190,43 @@ def test_bad_input_is_one_sentence(tmp_path):
     threshold = report(str(two), "--job", "a", "--threshold", "2")
     assert threshold.returncode == 2 and "--threshold must be between 0 and 1" in threshold.stderr
     assert not (tmp_path / "two.html").exists()
+
+
+def test_a_rates_straggler_is_its_slow_rank_with_and_without_the_collectors_scores(tmp_path):
+    """A real job (tests/kit/programs/names_rate_job.py) whose rate ``train/tok[/s]`` is declared
+    higher_is_better, rank 1 the fastest and rank 2 the slow one: its jsonl rows carry the direction, the
+    collector's own scores mark rank 2 alone, and the report's scores without them (the ``shmstat`` rows left
+    out) are the collector's, exactly as the collector's code computes them; names like markup are kept as
+    written, and the page shows them as text."""
+    from kit.names_rate import HOSTILE, RATE, SLOW_RANK, start_job
+
+    job = unique_job("reprate")
+    windows = str(tmp_path / "windows.jsonl")
+    try:
+        done = start_job(job, tmp_path, "--handler", f"*=jsonl:{windows}", "--handler", f"shmstat=jsonl:{windows}",
+                         seconds=2.0, wait=True)
+    finally:
+        Segment.unlink(job)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(windows)
+    rate_rows = [r for r in rows if r["group"] == RATE[0] and r["name"].startswith(RATE[1] + ".")]
+    assert rate_rows and all(r.get("higher_is_better") is True for r in rate_rows)
+    assert not any("higher_is_better" in r for r in rows if r not in rate_rows)
+    report = load_report(windows, job=job)
+    assert report.bad_lines == 0 and set(HOSTILE) <= set(report.stats)
+    series = report.stats[RATE]
+    assert series.higher_is_better
+    collector = dict(series.scores)
+    slow = {rank for (rank, _), score in collector.items() if score < THRESHOLD}
+    assert slow == {SLOW_RANK}, collector
+    series.scores.clear()
+    assert series.score_grid() == collector  # the same code: the same floats
+    others = load_report(windows, job=job)
+    for key, s in others.stats.items():  # a time's scores too: the collector's, from the rows alone
+        kept = dict(s.scores)
+        s.scores.clear()
+        assert s.score_grid() == kept, key
+    page = render_html(report, js="/* plotly.js left out */")
+    assert "<script>" not in page.replace("<script>/* plotly.js left out */", "").replace(
+        '<script id="figures"', "").replace("<script>(function", "")
+    assert "&lt;script&gt;" in page and "tok[/s]" in page
