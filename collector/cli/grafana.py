@@ -27,9 +27,6 @@ _STAT = f'{_SEL}, stat=~"$stat"'
 _RATE = "[$__rate_interval]"
 _BY_JOB = "job, group, stat"
 _BY_RANK = "job, node, group, stat, rank"
-# a rank's straggler figure: the newest window's p50 when the stat keeps percentiles, else its mean (the
-# collector's rule, collector/daemon/straggler.py); `or` keeps the p50 series where a stat has one
-_FIGURE = f'(shmstat_stat_p50{{{_STAT}, rank!=""}} or shmstat_stat_mean{{{_STAT}, rank!=""}})'
 
 
 @dataclass(frozen=True)
@@ -65,10 +62,11 @@ PANELS: tuple[Panel, ...] = (
            (f"histogram_quantile(0.99, sum by (le, {_BY_JOB}) (rate(shmstat_stat_hist_bucket{{{_STAT}}}{_RATE})))",
             "p99 {{group}}/{{stat}}"))),
     Panel("Straggler score per rank",
-          "Median over a node's ranks of the newest window's figure (p50, else mean) over the rank's own: the "
-          f"collector's score. Under {DEFAULT_THRESHOLD} (the line) the rank is slow in that window.",
-          ((f"quantile by (job, node, group, stat) (0.5, {_FIGURE}) / on (job, node, group, stat) "
-            f"group_right () {_FIGURE}", "{{stat}} {{node}} rank {{rank}}"),),
+          "The collector's own score of each rank in the newest scored window (collector/daemon/straggler.py: "
+          "the node's median figure over the rank's, or the rank's over the median for a stat declared "
+          f"higher_is_better, such as tokens/s; the figure is the p50, else the mean). Under {DEFAULT_THRESHOLD} "
+          "(the line) the rank is slow in that window.",
+          ((f'shmstat_stat_straggler_score{{{_STAT}, rank!=""}}', "{{stat}} {{node}} rank {{rank}}"),),
           threshold=DEFAULT_THRESHOLD),
     Panel("Samples per second",
           "Samples added to the chosen stats per second, every rank of every node.",

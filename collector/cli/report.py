@@ -58,6 +58,8 @@ class StatSeries:
     """The collector's straggler scores, by (rank, window start), when the jsonl holds them."""
     torn: int = 0
     """Merged windows flagged torn (a writer died in the middle of an add)."""
+    higher_is_better: bool = False
+    """The stat declared itself a rate (its rows say ``"higher_is_better": true``): a slow rank's figure is low."""
 
     @property
     def key(self) -> str:
@@ -91,14 +93,13 @@ class StatSeries:
 
     def score_grid(self) -> dict[tuple[int, float], float]:
         """Every (rank, window start) score: the collector's where the jsonl has one, else the collector's rule
-        applied to the rows (:func:`collector.daemon.straggler.score_ranks`)."""
+        applied to the rows in the stat's direction (:func:`collector.daemon.straggler.score_ranks`, the
+        collector's own code)."""
         out = dict(self.scores)
         for start in self.windows():
             figures = {rank: f for rank, per in self.ranks.items()
                        if start in per and (f := self.figure(per[start])) is not None}
-            if any(f < 0 for f in figures.values()):
-                continue  # the collector scores no window with a negative figure
-            _, scores = score_ranks(figures)
+            _, scores = score_ranks(figures, self.higher_is_better)
             for rank, score in scores.items():
                 out.setdefault((rank, start), score)
         return out
@@ -138,8 +139,9 @@ class JobReport:
         seen: dict[Any, set[Any]] = defaultdict(set)
         for e in self.events:
             data = e.get("data")
-            if e.get("name") == "rank/joined" and isinstance(data, dict):
-                seen[data.get("rank")].add(data.get("incarnation"))
+            if e.get("name") == "rank/joined" and isinstance(data, dict) and _int(data.get("rank")) \
+                    and _int(data.get("incarnation")):
+                seen[data["rank"]].add(data["incarnation"])
         return sum(len(incarnations) - 1 for incarnations in seen.values())
 
     def summary(self) -> dict[str, int]:
@@ -160,13 +162,70 @@ class JobReport:
 
 
 def _number(value: Any) -> float | None:
+    """A figure as the jsonl writes it (a number; NaN and infinities as strings), else None."""
     if isinstance(value, bool):
-        return float(value)
+        return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past a double's range: no figure written by a collector
+            return None
     if value in ("NaN", "Infinity", "-Infinity"):
         return float(value.replace("Infinity", "inf"))
     return None
+
+
+_MAX_TIME_S = 253402300799.0
+"""9999-12-31 23:59:59 UTC: the last second the page's dates (``time.gmtime``) take."""
+_MAX_RANK = 1 << 31
+
+
+def _int(value: Any, low: int = 0, high: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value and (high is None or value < high)
+
+
+def _time(value: Any) -> bool:
+    """None, or seconds since the epoch the page can show."""
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                             and 0 <= value <= _MAX_TIME_S)
+
+
+def _text(value: Any) -> bool:
+    """A ``str`` that is UTF-8 (no lone surrogate: the page is written in UTF-8)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_row(r: dict[str, Any]) -> bool:
+    """Whether a jsonl object is a row: each field of the type and range a collector writes (see
+    :func:`collector.handlers.jsonl._line`)."""
+    name, value, rank = r.get("name"), r.get("value"), r.get("rank")
+    if not isinstance(name, str) or not (_text(r.get("group")) and _text(name) and (r.get("job") is None or _text(r.get("job")))
+            and _time(r.get("timestamp")) and _time(r.get("window_start")) and _time(r.get("window_end"))
+            and (rank is None or _int(rank, 0, _MAX_RANK)) and isinstance(r.get("torn", False), bool)
+            and isinstance(r.get("higher_is_better", False), bool)):
+        return False
+    figure = _number(value)
+    if r.get("window_start") is None and r.get("group") == COLLECTOR_GROUP and name.startswith(_COUNTERS_PREFIX):
+        # the collector's own figures (counters, CPU seconds): a finite number, never negative
+        return not isinstance(value, str) and figure is not None and math.isfinite(figure) and figure >= 0
+    if name.endswith(".count") and r.get("window_start") is not None:
+        return _int(value) and figure is not None  # a count: an int, never negative, within a double's range
+    return figure is not None
+
+
+def _is_event(e: dict[str, Any]) -> bool:
+    """Whether an events-file object is an event or a gap record of the shape the events sink writes."""
+    rank = e.get("rank")
+    if not ((e.get("job") is None or _text(e.get("job"))) and _time(e.get("timestamp"))
+            and (rank is None or _int(rank, 0, _MAX_RANK))):
+        return False
+    return _int(e["gap"]) if "gap" in e else _text(e.get("name"))
 
 
 def _split_name(name: str) -> tuple[str, str] | None:
@@ -175,9 +234,9 @@ def _split_name(name: str) -> tuple[str, str] | None:
 
 
 def _objects(path: str, what: str) -> Iterator[dict[str, Any] | None]:
-    """The lines of a jsonl file as objects (None for a line that is not one)."""
+    """The lines of a jsonl file as objects (None for a line that is not one: not UTF-8, not JSON, not an object)."""
     try:
-        f = open(path, encoding="utf-8")  # noqa: SIM115 (closed below; the error must name the option)
+        f = open(path, "rb")  # noqa: SIM115 (closed below; the error must name the option)
     except OSError as exc:
         raise ConfigError(f"cannot read the {what} {path!r}: {exc.strerror}") from None
     with f:
@@ -185,8 +244,8 @@ def _objects(path: str, what: str) -> Iterator[dict[str, Any] | None]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except ValueError:
+                obj = json.loads(line.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
                 yield None
                 continue
             yield obj if isinstance(obj, dict) else None
@@ -196,10 +255,11 @@ def load_report(jsonl: str, events: str | None = None, *, job: str | None = None
     """Read a job's jsonl windows (and ``events``, its events jsonl) into a :class:`JobReport`.
 
     A file holding several jobs (a node collector's) needs ``job``; rows of other jobs are left out. Lines that
-    are not a row are skipped and counted (:attr:`JobReport.bad_lines`). Raises :class:`ConfigError` with one
+    are not a row (not UTF-8, not a JSON object, a field of the wrong type or out of range: see :func:`_is_row`) are
+    skipped and counted (:attr:`JobReport.bad_lines`). Raises :class:`ConfigError` with one
     sentence for a file that cannot be read, a ``job`` it does not hold, or several jobs and no ``job``.
     """
-    rows = list(_objects(jsonl, "jsonl"))
+    rows = [r if r is not None and _is_row(r) else None for r in _objects(jsonl, "jsonl")]
     jobs = {r.get("job") for r in rows if r is not None and r.get("job") is not None}
     if job is None and len(jobs) > 1:
         raise ConfigError(f"{jsonl} holds {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
@@ -209,7 +269,7 @@ def load_report(jsonl: str, events: str | None = None, *, job: str | None = None
     chosen = job if job is not None else next(iter(jobs), "")
     report = JobReport(chosen or os.path.basename(jsonl))
     for r in rows:
-        if r is None or not isinstance(r.get("name"), str) or not isinstance(r.get("group"), str):
+        if r is None:
             report.bad_lines += 1
             continue
         if r.get("job") not in (None, chosen):
@@ -217,16 +277,14 @@ def load_report(jsonl: str, events: str | None = None, *, job: str | None = None
         _take_row(report, r)
     if events is not None:
         for e in _objects(events, "events file"):
-            if e is None:
+            if e is None or not _is_event(e):
                 report.bad_lines += 1
             elif e.get("job") not in (None, chosen):
                 continue
             elif "gap" in e:
                 report.gaps.append(e)
-            elif isinstance(e.get("name"), str):
-                report.events.append(e)
             else:
-                report.bad_lines += 1
+                report.events.append(e)
         report.events.sort(key=lambda e: e.get("timestamp") or 0.0)
     return report
 
@@ -254,6 +312,8 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
         return
     stat, agg = split
     series = _series(report, group, stat)
+    if r.get("higher_is_better") is True:
+        series.higher_is_better = True
     end = r.get("window_end")
     if end is not None:
         report.window_s[(group, stat)] = float(end) - start

@@ -114,6 +114,12 @@ def _table(width: int) -> Table:
                  header_style="bold", width=min(width, 120), expand=True)
 
 
+def _add_row(t: Table, *cells: str | Text, style: str | None = None) -> None:
+    """A row whose text cells are shown as written: a ``str`` given to ``rich`` is parsed as markup (``tok[/s]``
+    raises, ``[b]x[/b]`` loses its brackets), and a cell may hold a name."""
+    t.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), style=style)
+
+
 def _num_columns(t: Table, *names: str) -> None:
     for n in names:
         t.add_column(n, justify="right", no_wrap=True, min_width=_NUMBER_WIDTH, max_width=_NUMBER_WIDTH + 1)
@@ -173,11 +179,11 @@ def _stats_table(job: JobView, sort: str, width: int, max_rows: int | None) -> T
         m = s.merged
         slow = s.stragglers
         name = ("! " if slow else "") + s.key
-        t.add_row(name, abbreviate(m.count), abbreviate(m.mean), abbreviate(m.quantile(0.5)),
+        _add_row(t, name, abbreviate(m.count), abbreviate(m.mean), abbreviate(m.quantile(0.5)),
                   abbreviate(m.quantile(0.99)), abbreviate(m.max if m.count else None), _at(s.low), _at(s.high),
                   _ranks_list(slow), style="bold red" if slow else None)
     if max_rows is not None and len(rows) > max_rows:
-        t.add_row(Text(f"… {len(rows) - max_rows} more stats", style="dim"))
+        _add_row(t, Text(f"… {len(rows) - max_rows} more stats", style="dim"))
     return t
 
 
@@ -206,12 +212,12 @@ def _ranks_table(stat: StatView, sort: str, width: int, max_rows: int | None, jo
         s = r.summary
         score = "-" if r.score is None else f"{r.score:.2f}" if r.score < 100 else abbreviate(r.score)
         gpu = [gpu_cell(job.gpu_of(r.rank))] if gpus and job is not None else []
-        t.add_row(str(r.rank), r.state, str(r.pid or "-"), abbreviate(s.count), abbreviate(s.mean),
+        _add_row(t, str(r.rank), r.state, str(r.pid or "-"), abbreviate(s.count), abbreviate(s.mean),
                   abbreviate(s.quantile(0.5)), abbreviate(s.quantile(0.99)), abbreviate(s.min if s.count else None),
                   abbreviate(s.max if s.count else None), score, *gpu, "SLOW" if r.straggler else "",
                   style="bold red" if r.straggler else None)
     if max_rows is not None and len(rows) > max_rows:
-        t.add_row(Text(f"… {len(rows) - max_rows} more ranks", style="dim"))
+        _add_row(t, Text(f"… {len(rows) - max_rows} more ranks", style="dim"))
     return t
 
 
@@ -238,11 +244,11 @@ def _stats_history(job: JobView, history: History, sort: str, width: int, max_ro
     t.add_column("SLOW", no_wrap=True, overflow="ellipsis", max_width=6)
     for s, pts in rows[:max_rows]:
         slow = sorted({r for p in pts for r in p.slow})
-        t.add_row(s.key, sparkline([p.merged for p in pts], strip),
+        _add_row(t, s.key, sparkline([p.merged for p in pts], strip),
                   Text(marks([bool(p.slow) for p in pts], strip), style="bold red" if slow else ""),
                   _ranks_list(tuple(slow)))
     if max_rows is not None and len(rows) > max_rows:
-        t.add_row(Text(f"… {len(rows) - max_rows} more stats", style="dim"))
+        _add_row(t, Text(f"… {len(rows) - max_rows} more stats", style="dim"))
     return t
 
 
@@ -253,15 +259,15 @@ def _ranks_history(job: JobView, stat: StatView, history: History, width: int, m
         return None
     strip = _strip_width(history, width)
     t = _history_table(width, "RANK", strip)
-    t.add_row("merged", sparkline([p.merged for p in pts], strip), marks([bool(p.slow) for p in pts], strip))
+    _add_row(t, "merged", sparkline([p.merged for p in pts], strip), marks([bool(p.slow) for p in pts], strip))
     ranks = sorted({r for p in pts for r in p.ranks} | {r.rank for r in stat.ranks})
     for rank in ranks[:max_rows]:
         was_slow = any(rank in p.slow for p in pts)
-        t.add_row(str(rank), sparkline([p.ranks.get(rank) for p in pts], strip),
+        _add_row(t, str(rank), sparkline([p.ranks.get(rank) for p in pts], strip),
                   marks([rank in p.slow if rank in p.ranks else None for p in pts], strip),
                   style="bold red" if was_slow else None)
     if max_rows is not None and len(ranks) > max_rows:
-        t.add_row(Text(f"… {len(ranks) - max_rows} more ranks", style="dim"))
+        _add_row(t, Text(f"… {len(ranks) - max_rows} more ranks", style="dim"))
     return t
 
 

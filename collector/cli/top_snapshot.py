@@ -23,7 +23,7 @@ import numpy as np
 from shmstat.shm.reader import SegmentReader, WindowRead
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..daemon.straggler import DEFAULT_THRESHOLD, figure, score_ranks
+from ..daemon.straggler import COUNT_ONLY_MASK, DEFAULT_THRESHOLD, figure, score_ranks
 from ..read.columns import Parts, StatTable, merge_parts
 from ..read.gpu_figures import figure_of
 from ..read.hist_batch import HistBatch
@@ -133,24 +133,23 @@ class TopSnapshot:
 
 
 def snapshot(source: Segment | SegmentReader | list[Segment | SegmentReader], now_ns: int, *,
-             threshold: float = DEFAULT_THRESHOLD, higher_is_better: bool = False,
-             alive: dict[int, bool] | None = None) -> TopSnapshot:
+             threshold: float = DEFAULT_THRESHOLD, alive: dict[int, bool] | None = None) -> TopSnapshot:
     """Read the newest closed window of every stat of one segment (or several) at ``now_ns``.
 
-    ``higher_is_better`` is the direction straggler scores use (a time: False); ``alive`` caches pid liveness
-    across segments of one frame (filled as pids are looked up).
+    Each stat is scored in its own direction, the one its descriptor declares (``Stat(..., higher_is_better=True)``
+    for a rate), as the collector scores it; ``alive`` caches pid liveness across segments of one frame (filled as
+    pids are looked up).
     """
     sources = source if isinstance(source, list) else [source]
     alive = {} if alive is None else alive
     jobs = []
     for src in sources:
         reader = src if isinstance(src, SegmentReader) else SegmentReader(src)
-        jobs.append(_job_view(reader, now_ns, threshold, higher_is_better, alive))
+        jobs.append(_job_view(reader, now_ns, threshold, alive))
     return TopSnapshot(now_ns, tuple(jobs), threshold)
 
 
-def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_better: bool,
-              alive: dict[int, bool]) -> JobView:
+def _job_view(reader: SegmentReader, now_ns: int, threshold: float, alive: dict[int, bool]) -> JobView:
     infos = reader.ranks()
     by_local = {i.local_rank: i for i in infos}
     # every closed window still in the ring, as (stat, owner rank, window); a rank's own slot and its writers'
@@ -175,9 +174,9 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
     for merged, per_rank in _newest_windows(reader.segment.job, found, stat_of):
         parts = {rank: s for rank, s in per_rank.items() if s.count or s.torn}
         figures = {rank: figure(s) for rank, s in parts.items()}
-        median, scores = score_ranks(figures, higher_is_better)
-        if figure_of(merged.group, merged.name) is not None:
-            scores = {}  # a GPU figure: shown, not scored
+        median, scores = score_ranks(figures, merged.higher_is_better)
+        if figure_of(merged.group, merged.name) is not None or not merged.agg_mask & ~COUNT_ONLY_MASK:
+            scores = {}  # a GPU figure, or a stat that asked only for COUNT: shown, not scored (the collector's rule)
         ranks = tuple(
             RankFigure(rank, s, figures[rank], scores.get(rank), rank in scores and scores[rank] < threshold,
                        *owners.get(rank, ("", 0)))
@@ -186,7 +185,7 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, higher_is_be
         if not scores:  # one rank: it is the median
             median = next(iter(figures.values()), 0.0)
         stats.append(StatView(merged.group, merged.name, merged.wid, merged.window_ms * 1_000_000, merged.summary,
-                              ranks, median, higher_is_better))
+                              ranks, median, merged.higher_is_better))
     stats.sort(key=lambda s: (s.key, s.window_ns))
     roots = [i for i in infos if not i.is_writer]
     return JobView(reader.segment.job, tuple(stats), n_alive, len(roots), gpus=_rank_gpus(stats))

@@ -661,10 +661,12 @@ class Collector:
         if exporter is not None:
             exporter.observe_columns(cols)
         scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
-        # scores to our group, events on event/<name>
-        found = self.stragglers.update_columns(cols, scores=scores_wanted)
+        # scores to our group and to /metrics, events on event/<name>
+        found = self.stragglers.update_columns(cols, scores=scores_wanted or exporter is not None)
         if found.scores and scores_wanted:
             dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
+        if found.scores and exporter is not None:
+            exporter.observe_scores(job, found.scores)
         for ev in found.events:
             data = ev.data
             if self.gpu is not None and ev.name == STRAGGLER_EVENT:  # what the slow rank's GPU did meanwhile

@@ -16,7 +16,7 @@ event says instead what a slow rank's GPU did (:meth:`collector.daemon.gpu.JobGp
 
 from __future__ import annotations
 
-import statistics
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ __all__ = [
     "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS",
     "RECOVERED_EVENT",
     "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
-    "figure", "score_ranks",
+    "figure", "score_blocks", "score_ranks",
 ]
 
 DEFAULT_THRESHOLD = 0.75
@@ -60,24 +60,44 @@ def figure(summary: Summary) -> float:
 
 
 def score_ranks(figures: dict[int, float], higher_is_better: bool = False) -> tuple[float, dict[int, float]]:
-    """``(node median, {rank: score})`` for one window's figures by rank; empty when fewer than two ranks.
+    """``(node median, {rank: score})`` for one window's figures by rank, by the very code the collector scores its
+    passes with (:func:`score_blocks`); empty when fewer than two ranks have a finite figure, or one is negative.
 
     A score of 1.0 is the median rank; under 1.0 is worse than the median in the stat's direction. A figure
     of 0 (a rank that spent no time, or produced nothing) scores as well as can be (inf) for a time-like stat
-    and 0.0 for a rate; a median of 0 gives every rank 1.0 (nothing to compare against).
+    and 0.0 for a rate; a median of 0 gives every rank 1.0 (nothing to compare against). Ranks whose figure is
+    not finite are left out.
     """
-    if len(figures) < 2:
+    kept = sorted((f, rank) for rank, f in figures.items() if math.isfinite(f))
+    f = np.array([x for x, _ in kept], np.float64)
+    median, score, keep = score_blocks(np.zeros(len(f), np.int64), f, np.full(len(f), higher_is_better))
+    if not keep.all() or not len(f):
         return 0.0, {}
-    median = statistics.median(figures.values())
-    scores: dict[int, float] = {}
-    for rank, value in figures.items():
-        if median == 0:
-            scores[rank] = 1.0
-        elif higher_is_better:
-            scores[rank] = value / median
-        else:
-            scores[rank] = median / value if value != 0 else float("inf")
-    return median, scores
+    return float(median[0]), {rank: s for (_, rank), s in zip(kept, score.tolist(), strict=True)}
+
+
+def score_blocks(b: np.ndarray, f: np.ndarray, higher_is_better: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The straggler rule on arrays, the one implementation every surface uses (the collector's passes, ``top``,
+    ``report``; Grafana plots the collector's scores): ``f`` holds figures grouped in blocks (``b``, one block per
+    window of a stat, sorted by block then figure) and ``higher_is_better`` each figure's direction. Returns, per
+    figure, its block's median and its score (``median / figure``, or ``figure / median`` where higher is better),
+    and which figures are scored (their block has two figures or more and none negative)."""
+    if not len(b):
+        return np.zeros(0), np.zeros(0), np.zeros(0, bool)
+    size = np.bincount(b)
+    start = np.cumsum(size) - size
+    neg = np.bincount(b, weights=(f < 0), minlength=len(size)) > 0
+    keep = ((size >= 2) & ~neg)[b]
+    half = size // 2
+    hi_mid = _f_sorted_at(f, start, b, half)
+    lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
+    median = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)[b]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        safe = np.where(median == 0, 1.0, median)
+        score = np.where(median == 0, 1.0, np.where(higher_is_better, f / safe,
+                                                     np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
+    return median, score, keep
 
 
 STRAGGLER_EVENT = "shmstat.straggler"
@@ -201,21 +221,8 @@ class StragglerDetector:
         b, f = block[rows], fig[rows]
         order = np.lexsort((f, b))
         rows, b, f = rows[order], b[order], f[order]
-        size = np.bincount(b, minlength=int(block[-1]) + 1)
-        start = np.cumsum(size) - size
-        neg = np.bincount(b, weights=(f < 0), minlength=len(size)) > 0
-        ok = (size >= 2) & ~neg
-        keep = ok[b]
-        rows, b, f = rows[keep], b[keep], f[keep]
-        half = size // 2
-        hi_mid = _f_sorted_at(f, start, b, half)
-        lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
-        median_of = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)
-        median = median_of[b]
-        hib = cols.higher_is_better[rows]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            score = np.where(median == 0, 1.0, np.where(hib, f / np.where(median == 0, 1.0, median),
-                                                        np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
+        median, score, keep = score_blocks(b, f, cols.higher_is_better[rows])
+        rows, f, median, score = rows[keep], f[keep], median[keep], score[keep]
         pick = np.ones(len(rows), bool) if scores else score < self.threshold
         if not scores and self._slow:
             names = {(g, n) for g, n, _ in self._slow}

@@ -27,6 +27,8 @@ import sys
 from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 
@@ -180,7 +182,11 @@ class JsonlMetricHandler(ColumnsHandler):
             rows = [row for row in every
                     if (job, row[1], row[2], row[4], row[5], _json_number(row[3])) not in written]
             self.skipped += len(every) - len(rows)
-        lines = [_line(end, group, name, value, rank, start, end, torn, job, None)
+        # the stats that declared higher_is_better (rates): their rows say so, so a reader scores them as the
+        # collector does (collector.cli.report); a row's name is "<stat>.<aggregation>"
+        rates = {(columns.group[i], columns.stat[i]) for i in np.flatnonzero(columns.higher_is_better).tolist()}
+        lines = [_line(end, group, name, value, rank, start, end, torn, job, None,
+                       bool(rates) and (group, name.rpartition(".")[0]) in rates)
                  for end, group, name, value, rank, start, torn in rows]
         if lines:
             lines.append("")
@@ -197,12 +203,15 @@ class JsonlMetricHandler(ColumnsHandler):
 
 
 def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
-          end: float | None, torn: bool, job: str | None, source_rank: int | None) -> str:
+          end: float | None, torn: bool, job: str | None, source_rank: int | None,
+          higher_is_better: bool = False) -> str:
     """The one JSON line of a figure (the only place the jsonl format is written)."""
     row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
            "window_start": start, "window_end": end}
     if torn:
         row["torn"] = True
+    if higher_is_better:
+        row["higher_is_better"] = True
     if job is not None:
         row["job"] = job
     if source_rank is not None:

@@ -9,6 +9,8 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   ``increase()`` treat as a counter reset);
 - ``shmstat_stat_mean``, ``shmstat_stat_min``, ``shmstat_stat_max``: gauges, the newest window's figures
   (min/max merged only); ``shmstat_stat_p50`` / ``_p90`` / ``_p99`` / ``_p999`` for stats with percentiles;
+- ``shmstat_stat_straggler_score`` (per-rank series of scored stats): gauge, the collector's straggler score of the
+  rank in the newest scored window (:mod:`collector.daemon.straggler`, in the stat's own direction);
 - ``shmstat_stat_hist`` (merged series of percentile stats): a classic cumulative histogram whose ``le``
   boundaries are those of exponential schema 2, ``2^(k/4)`` for ``k`` in -80..160 (2^-20 to 2^40) and
   ``+Inf``: the same on every node, so ``histogram_quantile(0.99, sum by (le, stat) (rate(...)))`` merges nodes.
@@ -50,7 +52,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
@@ -66,6 +68,7 @@ from .server import MetricsServer, RenderCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..daemon.config import CollectorConfig
+    from ..daemon.straggler import Score
     from ..read.columns import Columns
 
 __all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
@@ -101,6 +104,7 @@ class _Series:
     hi: float = 0.0
     percentiles: tuple[float, ...] | None = None
     buckets: list[int] | None = None  # classic, not cumulative; merged series of percentile stats only
+    score: float | None = None  # per-rank series: the collector's straggler score of the newest scored window
 
 
 class PrometheusExporter:
@@ -209,6 +213,18 @@ class PrometheusExporter:
                 self._fold_gpu(cols)
         self._fold(job, updates)
 
+    def observe_scores(self, job: str, scores: Iterable[Score]) -> None:
+        """The collector's straggler scores of a pass (:class:`collector.daemon.straggler.StragglerDetector`'s, in
+        window order), each kept on its rank's series as ``shmstat_stat_straggler_score``: what the dashboard
+        plots, so no surface scores a rank by a rule of its own."""
+        with self._lock:
+            series = self._series
+            for sc in scores:
+                cur = series.get((job, sc.group, sc.stat, sc.rank))
+                if cur is not None:
+                    cur.score = sc.score
+        self._changed()
+
     def set_gpus(self, uuids: tuple[str, ...]) -> None:
         """The UUIDs of the node's GPUs by NVML index (the ``uuid`` label of the GPU families)."""
         with self._lock:
@@ -292,7 +308,7 @@ class PrometheusExporter:
         with self._lock:
             self._drop_retired()
             series = [(k, v.count, v.total, v.mean, v.lo, v.hi, v.percentiles,
-                       list(v.buckets) if v.buckets is not None else None) for k, v in self._series.items()]
+                       list(v.buckets) if v.buckets is not None else None, v.score) for k, v in self._series.items()]
             puts = self._puts.snapshot()
             gpu = sorted(self._gpu.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3] is not None,
                                                             kv[0][3] or 0))
@@ -310,7 +326,9 @@ class PrometheusExporter:
                 for p in _PERCENTILES]
         hist = HistogramMetricFamily("shmstat_stat_hist", "Samples by value, exponential schema 2 boundaries, "
                                      "running total (merged series of percentile stats)")
-        for (job, group, stat, rank), n, sm, mn, low, high, pct, buckets in series:
+        scores = GaugeMetricFamily("shmstat_stat_straggler_score", "The collector's straggler score of the rank in "
+                                   "the newest scored window (under the threshold: slow; per-rank series)")
+        for (job, group, stat, rank), n, sm, mn, low, high, pct, buckets, score in series:
             labels = {"job": job, "node": node, "group": group, "stat": stat}
             if rank is not None:
                 labels["rank"] = str(rank)
@@ -320,6 +338,8 @@ class PrometheusExporter:
             if rank is None:
                 lo.samples.append(Sample("shmstat_stat_min", labels, low))
                 hi.samples.append(Sample("shmstat_stat_max", labels, high))
+            elif score is not None:
+                scores.samples.append(Sample("shmstat_stat_straggler_score", labels, score))
             if pct is not None:
                 for fam, value in zip(pcts, pct, strict=True):
                     fam.samples.append(Sample(fam.name, labels, value))
@@ -330,7 +350,7 @@ class PrometheusExporter:
                     hist.samples.append(Sample("shmstat_stat_hist_bucket", {**labels, "le": le}, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
-        yield from (count, total, mean, lo, hi, *pcts, hist)
+        yield from (count, total, mean, lo, hi, *pcts, hist, scores)
         yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)
         yield from _counter_families("shmstat_collector", "Collector counter",

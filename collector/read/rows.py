@@ -102,7 +102,7 @@ class WindowRow(WindowSpan):
             "group": self.group, "name": self.name, "rank": self.rank, "ranks": self.ranks, "wid": self.wid,
             "window_ms": self.window_ms, "start_ns": self.start_ns, "end_ns": self.end_ns, "count": s.count,
             "sum": s.sum, "mean": s.mean, "min": s.min if s.count else 0.0, "max": s.max if s.count else 0.0,
-            "value": s.last, "last_ts": s.last_ts, "torn": s.torn,
+            "value": s.last, "last_ts": s.last_ts, "torn": s.torn, "higher_is_better": self.higher_is_better,
             **self._percentiles(),
         }
 

@@ -111,3 +111,44 @@ def test_every_panel_query_returns_data_from_a_real_prometheus_scraping_a_runnin
             prom.terminate()
             prom.wait(30)
             Segment.unlink(job)
+
+
+@needs_prometheus
+def test_the_score_panel_puts_a_rates_slow_rank_alone_under_the_line_as_the_collector_scores_it(tmp_path):
+    """A real job (tests/kit/programs/names_rate_job.py) whose rate ``train/tok[/s]`` is declared higher_is_better,
+    rank 1 the fastest (1600/s) and rank 2 the slow one (300/s, the median 1000), scraped by a real Prometheus:
+    the dashboard's straggler score panel, as Grafana sends it for that stat, gives rank 2 alone a score under its
+    threshold line, and each rank the collector's own score (figure / median: 1.0, 1.6, 0.3); the time
+    ``step time [ms]`` (rank 2 three times slower) still puts rank 2 alone under the line."""
+    from kit.names_rate import RANKS, RATE, RATES, SLOW_RANK, STEP, start_job, stop_job
+
+    model = _printed_dashboard()
+    score = next(p for p in model["panels"] if p["title"] == "Straggler score per rank")
+    threshold = score["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"]
+    job = unique_job("grafrate")
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    prom, base = start_prometheus(tmp_path, file_sd_job(sd_dir))
+    run = start_job(job, tmp_path, "--handler", "*=null", "--prometheus", "127.0.0.1:0", "--prometheus-sd",
+                    str(sd_dir / "node.json"), "--prometheus-node", "node-a", seconds=120)
+    try:
+        wait_for(lambda: scraping(base), 60, what=f"Prometheus scraping the job (log: {tmp_path / 'prometheus.log'})")
+
+        def scores(stat: str) -> dict[str, float] | None:
+            regex = re.escape(stat).replace("\\", "\\\\")  # Grafana escapes a chosen value; PromQL a backslash
+            expr = score["targets"][0]["expr"].replace("$job", job).replace("$stat", regex).replace("$node", ".*")
+            found = {r["metric"]["rank"]: float(r["value"][1]) for r in query(base, expr.replace(
+                "$__rate_interval", "4s")) if r["metric"]["stat"] == stat}
+            return found if len(found) == RANKS else None
+
+        median = sorted(RATES.values())[1]
+        by_rank = wait_for(lambda: scores(RATE[1]), 60, what="a score of the rate for every rank")
+        assert by_rank == {str(r): RATES[r] / median for r in range(RANKS)}, by_rank
+        assert [r for r, s in by_rank.items() if s < threshold] == [str(SLOW_RANK)], by_rank
+        times = wait_for(lambda: scores(STEP[1]), 60, what="a score of the time for every rank")
+        assert [r for r, s in times.items() if s < threshold] == [str(SLOW_RANK)], times
+    finally:
+        stop_job(run)
+        prom.terminate()
+        prom.wait(30)
+        Segment.unlink(job)

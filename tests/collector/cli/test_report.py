@@ -190,3 +190,116 @@ def test_bad_input_is_one_sentence(tmp_path):
     threshold = report(str(two), "--job", "a", "--threshold", "2")
     assert threshold.returncode == 2 and "--threshold must be between 0 and 1" in threshold.stderr
     assert not (tmp_path / "two.html").exists()
+
+
+def test_a_rates_straggler_is_its_slow_rank_with_and_without_the_collectors_scores(tmp_path):
+    """A real job (tests/kit/programs/names_rate_job.py) whose rate ``train/tok[/s]`` is declared
+    higher_is_better, rank 1 the fastest and rank 2 the slow one: its jsonl rows carry the direction, the
+    collector's own scores mark rank 2 alone, and the report's scores without them (the ``shmstat`` rows left
+    out) are the collector's, exactly as the collector's code computes them; names like markup are kept as
+    written, and the page shows them as text."""
+    from kit.names_rate import HOSTILE, RATE, SLOW_RANK, start_job
+
+    job = unique_job("reprate")
+    windows = str(tmp_path / "windows.jsonl")
+    try:
+        done = start_job(job, tmp_path, "--handler", f"*=jsonl:{windows}", "--handler", f"shmstat=jsonl:{windows}",
+                         seconds=2.0, wait=True)
+    finally:
+        Segment.unlink(job)
+    assert done.returncode == 0, done.stderr
+    rows = read_jsonl(windows)
+    rate_rows = [r for r in rows if r["group"] == RATE[0] and r["name"].startswith(RATE[1] + ".")]
+    assert rate_rows and all(r.get("higher_is_better") is True for r in rate_rows)
+    assert not any("higher_is_better" in r for r in rows if r not in rate_rows)
+    report = load_report(windows, job=job)
+    assert report.bad_lines == 0 and set(HOSTILE) <= set(report.stats)
+    series = report.stats[RATE]
+    assert series.higher_is_better
+    collector = dict(series.scores)
+    slow = {rank for (rank, _), score in collector.items() if score < THRESHOLD}
+    assert slow == {SLOW_RANK}, collector
+    series.scores.clear()
+    assert series.score_grid() == collector  # the same code: the same floats
+    others = load_report(windows, job=job)
+    for key, s in others.stats.items():  # a time's scores too: the collector's, from the rows alone
+        kept = dict(s.scores)
+        s.scores.clear()
+        assert s.score_grid() == kept, key
+    page = render_html(report, js="/* plotly.js left out */")
+    assert "<script>" not in page.replace("<script>/* plotly.js left out */", "").replace(
+        '<script id="figures"', "").replace("<script>(function", "")
+    assert "&lt;script&gt;" in page and "tok[/s]" in page
+
+
+def _bad_lines() -> list[bytes]:
+    """Lines that are not rows: every field of a good row given a wrong type or value, non-finite and huge numbers,
+    non-UTF-8 bytes, JSON that is not an object, fields missing."""
+    good = {"timestamp": 100.2, "group": "g", "name": "s.mean", "value": 2.5, "rank": 0, "window_start": 100.0,
+            "window_end": 100.2, "job": "j"}
+    wrong = ["x", None, [1], {"a": 1}, True, float("nan"), float("inf"), -float("inf"), 10 ** 400, -1, 1.5, 1e300,
+             "\ud800"]
+    required = {"group", "name", "value"}
+    lines = []
+    for field in good:
+        for w in wrong:
+            if (w is None and field not in required) or (w == "x" and field in ("group", "name", "job")):
+                continue  # a row: merged, a put metric, of one job; of group, stat or job "x"
+            if (field == "value" and (isinstance(w, float) or w in (-1, 1.5))) or (field == "timestamp" and w == 1.5) \
+                    or (field in ("window_start", "window_end") and w == 1.5):
+                continue  # a figure may be any number (written NaN and infinities as strings); a time may be 1.5 s
+            lines.append(json.dumps({**good, field: w}).encode())
+        missing = dict(good)
+        missing.pop(field)
+        if field in required:
+            lines.append(json.dumps(missing).encode())
+    lines += [json.dumps({**good, "name": "s.count", "value": v}).encode() for v in (2.5, "NaN", -3, True)]
+    lines += [json.dumps({**good, "group": "shmstat", "name": "collector.samples_dropped", "window_start": None,
+                          "rank": None, "value": v}).encode() for v in ("NaN", "Infinity", 10 ** 400)]
+    lines += [json.dumps({**good, f: "x"}).encode() for f in ("torn", "higher_is_better")]
+    lines += [b'\xff\xfe{"group": "g"}', b'{"group": "g", "name": "s.mean", "value": 1, "rank": "\xe9"}',
+              b"not json", b'{"group": "g",', b"[1, 2]", b"3", b'"text"', b"null", b"true", b"{}",
+              json.dumps(good).encode()[:-1] + b"\x00}"]
+    return lines
+
+
+def _bad_events() -> list[bytes]:
+    good = {"timestamp": 100.1, "name": "train.checkpoint", "rank": 0, "job": "j", "data": {"step": 1}}
+    lines = [json.dumps({**good, f: w}).encode() for f in ("timestamp", "rank", "job", "name")
+             for w in ("x", [1], {"a": 1}, float("nan"), 10 ** 400, -1, "\ud800") if not (f in ("job", "name")
+                                                                                   and w in ("x", -1))]
+    lines += [json.dumps({"gap": g, "at": "rank", "rank": 0, "timestamp": 100.0}).encode()
+              for g in ("x", -1, float("nan"), None, [1], 1.5)]
+    lines += [b"\xff", b"[]", b"{}"]
+    return lines
+
+
+def test_every_kind_of_bad_line_is_skipped_and_counted_never_a_crash(tmp_path):
+    """The report's readers (windows jsonl and events) given good rows and, between them, lines of every kind that
+    is not a row: each bad line is skipped and counted (no more, no fewer), the good rows are all read, and the
+    page and the command are made (exit 0, no traceback)."""
+    good_rows = [{"timestamp": 100.2 + w, "group": "g", "name": f"s.{agg}", "value": value, "rank": rank,
+                  "window_start": 100.0 + w, "window_end": 100.2 + w, "job": "j"}
+                 for w in range(3) for rank in (None, 0, 1) for agg, value in (("count", 4), ("mean", 2.5 + w))]
+    good_events = [{"timestamp": 100.1, "name": "train.checkpoint", "rank": 0, "job": "j", "data": {"step": 1}},
+                   {"gap": 3, "at": "rank", "rank": 1, "timestamp": 100.3, "job": "j"},
+                   {"timestamp": 100.2, "name": "rank/joined", "job": "j", "data": {"rank": [1], "incarnation": {}}}]
+    bad, bad_events = _bad_lines(), _bad_events()
+    windows, events = tmp_path / "w.jsonl", tmp_path / "e.jsonl"
+    lines = [json.dumps(r).encode() for r in good_rows]
+    lines = [line for pair in zip(lines, bad, strict=False) for line in pair] + bad[len(lines):]  # interleaved
+    windows.write_bytes(b"\n".join(lines) + b"\n")
+    events.write_bytes(b"\n".join([json.dumps(e).encode() for e in good_events] + bad_events) + b"\n")
+    report = load_report(str(windows), str(events), job="j")
+    assert report.bad_lines == len(bad) + len(bad_events)
+    summary = report.summary()
+    assert summary["samples"] == 3 * 4 and summary["ranks"] == 2 and summary["windows"] == 3, summary
+    assert summary["events"] == 2 and summary["events_lost"] == 3 and summary["restarts"] == 0
+    assert {r: {w: f["mean"] for w, f in per.items()} for r, per in report.stats[("g", "s")].ranks.items()} == {
+        r: {100.0 + w: 2.5 + w for w in range(3)} for r in (0, 1)}
+    render_html(report, js="/* plotly.js left out */")
+    done = subprocess.run([sys.executable, "-m", "collector", "report", str(windows), "--events", str(events),
+                           "--job", "j", "-o", str(tmp_path / "page.html")], env=dict(os.environ, PYTHONPATH=REPO),
+                          capture_output=True, text=True, timeout=120)
+    if importlib.util.find_spec("plotly") is not None:
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

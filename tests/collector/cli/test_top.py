@@ -17,12 +17,13 @@ import uuid
 import pytest
 from kit.merge_reference import merge_all
 from kit.procs import REPO
-from kit.support import MS, FakeClock, wait_for
+from kit.support import MS, FakeClock, unique_job, wait_for
 from rich.console import Console
 
 from collector.cli.top import abbreviate, render, snapshot, window_label
 from collector.read.scanner import Scanner
 from shmstat.aggregation import Aggregation as A
+from shmstat.errors import ShmstatError
 from shmstat.job import _state
 from shmstat.job.rank import RankAttachment
 from shmstat.shm.segment import Segment
@@ -285,3 +286,94 @@ def test_live_view_under_a_real_terminal_shows_data_as_it_arrives(job):
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=10)
         seg.close()
+
+
+def _top_frame(*args: str, columns: int = 160) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "collector", "top", "--once", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO, COLUMNS=str(columns)), cwd=REPO, timeout=60)
+
+
+def test_names_are_text_and_a_rate_straggler_is_its_slow_rank_under_a_real_job(tmp_path):
+    """A real ``shmstat run`` job (tests/kit/programs/names_rate_job.py, three ranks) writes stats named like markup
+    (``tok[/s]``, ``step time [ms]``, ``[bold red]loss[/bold red]``, group ``[b]io``, ...) and a higher-is-better
+    rate whose rank 2 is slow while rank 1 is the fastest. ``top --once`` (with and without ``--job``, and the
+    ranks view of the rate) and the live view under a real terminal (tmux) show every name as written and exit 0;
+    the rate's straggler is rank 2 alone, with its score the rate over the median (300 / 1000), as the collector
+    scores it."""
+    from kit.names_rate import HOSTILE, RANKS, RATE, RATES, SLOW_RANK, start_job, stop_job
+
+    job = unique_job("topnames")
+    run = start_job(job, tmp_path, "--handler", "*=null", seconds=60)
+    keys = [f"{g}/{n}" for g, n in HOSTILE]
+    rate = f"{RATE[0]}/{RATE[1]}"
+    try:
+        def made() -> bool:  # top --job on a segment still being made says "bad magic": not this test's subject
+            try:
+                Segment.open(job, create=False, wait=False).close()
+            except (ShmstatError, OSError):
+                return False
+            return True
+
+        wait_for(made, timeout_s=60, interval_s=0.05, what="the job's segment")
+
+        def every_row() -> subprocess.CompletedProcess[str] | None:
+            done = _top_frame("--job", job)
+            assert done.returncode == 0, done.stderr
+            return done if all(any(line.lstrip("! ").startswith(k + " ") for line in done.stdout.splitlines())
+                               for k in keys) else None
+
+        frame = wait_for(every_row, timeout_s=60, interval_s=0.2, what="every stat's row in top")
+        assert "Traceback" not in frame.stderr
+        rate_row = next(line for line in frame.stdout.splitlines() if rate in line)
+        assert rate_row.startswith(f"! {rate} ") and rate_row.split()[-1] == str(SLOW_RANK), rate_row
+        def every_job() -> subprocess.CompletedProcess[str] | None:
+            # every job of this user (other tests' too): ours among them, none taken down by a name; a frame may
+            # miss a job whose segment it could not open at that instant, so the next one is looked at
+            done = _top_frame()
+            assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+            last[:] = [done.stdout]
+            return done if f"job {job}" in done.stdout and all(k in done.stdout for k in keys) else None
+
+        last: list[str] = []
+        try:
+            wait_for(every_job, timeout_s=30, interval_s=0.2, what="our job's stats in the frame of every job")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last frame:\n{last[0] if last else ''}") from None
+        ranks = _top_frame("--job", job, "--stat", rate)
+        assert ranks.returncode == 0, ranks.stderr
+        assert f"stat {rate}" in ranks.stdout
+        rows = {int(r[0]): r for r in (line.split() for line in ranks.stdout.splitlines())
+                if r and r[0].isdigit() and int(r[0]) < RANKS and len(r) >= 10}
+        assert sorted(rows) == list(range(RANKS)), ranks.stdout
+        assert [r for r, row in rows.items() if row[-1] == "SLOW"] == [SLOW_RANK], ranks.stdout
+        median = sorted(RATES.values())[1]
+        assert {r: row[9] for r, row in rows.items()} == {r: f"{RATES[r] / median:.2f}" for r in rows}, ranks.stdout
+
+        sock = f"shmstat-top-{uuid.uuid4().hex[:8]}"
+        tmux = ["tmux", "-L", sock]
+        top = (f"cd {shlex.quote(REPO)} && PYTHONPATH={shlex.quote(REPO)} {shlex.quote(sys.executable)} "
+               f"-m collector top --job {job} --interval 0.2; echo top exited with status $?")
+        if shutil.which("tmux") is None:
+            pytest.skip("tmux is not installed: the real-terminal part needs it (apt-get install tmux)")
+        subprocess.run([*tmux, "-u", "-f", "/dev/null", "new-session", "-d", "-x", "160", "-y", "40",
+                        f"bash -c {shlex.quote(top)}"], check=True, timeout=10)
+        subprocess.run([*tmux, "set-option", "-g", "remain-on-exit", "on"], check=True, timeout=10)
+
+        def screen(*history: str) -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", *history], capture_output=True, text=True,
+                                  timeout=10).stdout
+
+        try:
+            wait_for(lambda: all(k in screen() for k in keys), timeout_s=20, interval_s=0.1,
+                     what="every name on the terminal as written")
+            subprocess.run([*tmux, "send-keys", "C-c"], check=True, timeout=10)
+            said = wait_for(lambda: next((line for line in screen("-S", "-100").splitlines()
+                                          if "top exited" in line), None),
+                            timeout_s=8, interval_s=0.05, what="top to exit on Ctrl-C")
+            assert said.endswith("top exited with status 0"), said
+            assert "Traceback" not in screen("-S", "-100")
+        finally:
+            subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=10)
+    finally:
+        stop_job(run)
+        Segment.unlink(job)

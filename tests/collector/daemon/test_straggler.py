@@ -290,7 +290,8 @@ def test_four_ranks_one_slowed_the_report_names_it_and_only_it_within_n_plus_1_w
 
 
 def test_a_stat_declared_higher_is_better_reaches_the_rows_from_its_descriptor(job):
-    """The direction a Stat declares travels through the segment to the rows the detector scores."""
+    """The direction a Stat declares travels through the segment to the rows the detector scores, and to the rows
+    published on the ``stat/`` topics."""
     import shmstat
     from collector.read.scanner import Scanner
     from shmstat import Aggregation as A
@@ -306,3 +307,5 @@ def test_a_stat_declared_higher_is_better_reaches_the_rows_from_its_descriptor(j
     rows = Scanner(STATE.attachment.segment, 0).scan(clock[0] + 10**9).rows
     direction = {r.name: r.higher_is_better for r in rows}
     assert direction == {"tokens_per_s": True, "step_s": False}
+    # and on to what a subscriber of stat/<group>/<name> receives
+    assert {r.name: r.to_wire()["higher_is_better"] for r in rows} == direction
