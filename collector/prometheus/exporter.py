@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -68,8 +68,23 @@ from .server import MetricsServer, RenderCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..daemon.config import CollectorConfig
-    from ..daemon.straggler import Score
     from ..read.columns import Columns
+
+class _Score(Protocol):
+    """What the exporter reads of a straggler score (:class:`collector.daemon.straggler.Score`, a layer above)."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def stat(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def score(self) -> float: ...
+
 
 __all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
 
@@ -213,7 +228,7 @@ class PrometheusExporter:
                 self._fold_gpu(cols)
         self._fold(job, updates)
 
-    def observe_scores(self, job: str, scores: Iterable[Score]) -> None:
+    def observe_scores(self, job: str, scores: Iterable[_Score]) -> None:
         """The collector's straggler scores of a pass (:class:`collector.daemon.straggler.StragglerDetector`'s, in
         window order), each kept on its rank's series as ``shmstat_stat_straggler_score``: what the dashboard
         plots, so no surface scores a rank by a rule of its own."""
