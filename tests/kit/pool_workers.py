@@ -7,6 +7,7 @@ and logged to a JSON file, for exact reconciliation with the collector's rows an
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import multiprocessing as mp
@@ -50,7 +51,7 @@ def _pool(method: str, kind: str, workers: int):  # type: ignore[no-untyped-def]
     ctx = mp.get_context(method)
     if kind == "executor":
         return concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx)
-    return ctx.Pool(workers)
+    return contextlib.closing(ctx.Pool(workers))  # closed and joined as a DataLoader ends its workers
 
 
 def main(method: str, kind: str, out: str) -> None:
@@ -66,6 +67,9 @@ def main(method: str, kind: str, out: str) -> None:
         shmstat.log_event(shmstat.Event("pool.rank", datetime.datetime.now(), {"rank": rank}))
         put_metric("pool.rank_metric", rank, "pool")
         pids += list(pool.map(work, range(TASKS // 2, TASKS)))
+        if kind == "pool":
+            pool.close()
+            pool.join()
     tally = {"pid": os.getpid(), "entry": _entry(), "workers": sorted(set(pids)), "work": TASKS * PER_TASK,
              "work_sum": TASKS * PER_TASK * float(rank + 1), "own": OWN, "task_events": TASKS, "rank_events": 1}
     with open(out + ".tmp", "w") as f:
@@ -81,3 +85,19 @@ def pool_rank(rank: int, method: str, kind: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], os.path.join(sys.argv[3], f"rank{os.environ['SHMSTAT_RANK']}.json"))
+
+
+def _last_words(task: int, n: int) -> None:
+    """A worker that logs ``n`` events and ends (no ``shmstat.shutdown()``), as a DataLoader worker ends."""
+    for i in range(n):
+        shmstat.log_event(shmstat.Event("pool.last", datetime.datetime.now(), {"task": task, "i": i}))
+
+
+def ending_workers(rank: int, method: str, workers: int, n: int) -> None:
+    """A function rank that never attaches itself: its ``multiprocessing`` workers log ``n`` events each."""
+    procs = [mp.get_context(method).Process(target=_last_words, args=(w, n)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode

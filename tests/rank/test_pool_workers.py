@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from kit import pool_workers
-from kit.pool_workers import pool_rank
+from kit.pool_workers import ending_workers, pool_rank
 
 RANKS = 2
 
@@ -63,3 +63,13 @@ def test_a_script_rank_given_its_variables_at_exec_keeps_its_entry_from_its_pool
     sj = shmstat_job_factory(collector_args=["--banks", "16"])
     results = sj.run_ranks([sys.executable, pool_workers.__file__, method, kind, str(tmp_path)], RANKS, timeout=180)
     _check(sj, str(tmp_path), results)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_workers_of_a_rank_that_never_attaches_deliver_every_event(shmstat_job_factory, method):
+    sj = shmstat_job_factory()
+    for round_ in range(1, 3):  # the second round's workers find the first round's writer entries exited
+        sj.run_ranks(ending_workers, RANKS, args=(method, 4, 200), timeout=120)
+        got = sj.wait_for_event("pool.last", count=round_ * RANKS * 4 * 200, timeout=30)
+        assert len(got) == round_ * RANKS * 4 * 200
+    assert sorted({(e.rank, e.data["task"]) for e in got}) == [(r, w) for r in range(RANKS) for w in range(4)]
