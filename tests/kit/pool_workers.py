@@ -1,7 +1,7 @@
 """A rank that starts a process pool before its own first Stat, as a DataLoader does at its first batch (tests/rank/
 test_pool_workers.py). A function rank (``pool_rank``: its rank's variables set in Python after its start, as the
-testing plugin and ``mp.spawn`` launchers do) or a script rank (run as ``python pool_workers.py METHOD POOL OUT``:
-its variables given at exec, as torchrun and ``shmstat run`` do). The rank writes what it and its workers added
+testing plugin and ``mp.spawn`` launchers do) or a script rank (run as ``python pool_workers.py METHOD POOL OUT``,
+by torchrun too: its variables given at exec, as torchrun and ``shmstat run`` do). The rank writes what it and its workers added
 and logged to a JSON file, for exact reconciliation with the collector's rows and events."""
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ PER_TASK = 500
 OWN = 100
 
 
+def _rank() -> int:
+    return int(os.environ.get("SHMSTAT_RANK", os.environ.get("RANK", "-1")))
+
+
 def _entry() -> tuple[int, int]:
     """(entry held, local rank written for) of this process's attachment; (-2, -2) when it is not attached."""
     from shmstat.job._state import STATE
@@ -38,7 +42,7 @@ def work(task: int) -> tuple[int, int, int]:
     :func:`_entry`."""
     from elastic.metrics import put_metric
 
-    rank = int(os.environ["SHMSTAT_RANK"])
+    rank = _rank()
     stat = shmstat.Stat("pool/work", [A.COUNT, A.SUM], WINDOW_S, group="pool")
     for _ in range(PER_TASK):
         stat.add(float(rank + 1))
@@ -58,7 +62,7 @@ def main(method: str, kind: str, out: str) -> None:
     """Start the pool, let its workers add first, then the rank's own Stat, event and metric, then more tasks."""
     from elastic.metrics import put_metric
 
-    rank = int(os.environ["SHMSTAT_RANK"])
+    rank = _rank()
     with _pool(method, kind, 4) as pool:
         pids = list(pool.map(work, range(TASKS // 2)))  # the workers attach before the rank does
         own = shmstat.Stat("pool/own", [A.COUNT, A.SUM], WINDOW_S, group="pool")
@@ -84,7 +88,7 @@ def pool_rank(rank: int, method: str, kind: str, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], os.path.join(sys.argv[3], f"rank{os.environ['SHMSTAT_RANK']}.json"))
+    main(sys.argv[1], sys.argv[2], os.path.join(sys.argv[3], f"rank{_rank()}.json"))
 
 
 def _last_words(task: int, n: int) -> None:
@@ -101,3 +105,31 @@ def ending_workers(rank: int, method: str, workers: int, n: int) -> None:
     for p in procs:
         p.join(60)
         assert p.exitcode == 0, p.exitcode
+
+
+_SUBPROCESS_WORKER = """
+import sys, shmstat
+stat = shmstat.Stat("sub/work", [shmstat.Aggregation.COUNT], 0.05)
+for _ in range(int(sys.argv[1])):
+    stat.add(1.0)
+print("added", flush=True)
+sys.stdin.read()
+shmstat.shutdown()
+"""
+
+
+def rank_with_subprocess_worker(rank: int, n: int) -> None:
+    """A function rank that starts a plain subprocess worker (not ``multiprocessing``: not seen as a worker), which
+    attaches first and takes the rank's entry; then the rank adds ``n`` samples of its own."""
+    import subprocess
+
+    worker = subprocess.Popen([sys.executable, "-c", _SUBPROCESS_WORKER, str(n)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None and worker.stdout.readline() == "added\n"
+    own = shmstat.Stat("sub/own", [A.COUNT], WINDOW_S)
+    for _ in range(n):
+        own.add(1.0)
+    assert _entry()[1] == rank, _entry()  # it writes for its rank
+    worker.communicate("", timeout=60)
+    assert worker.returncode == 0
+    shmstat.shutdown()
