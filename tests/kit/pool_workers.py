@@ -1,8 +1,8 @@
 """A rank that starts a process pool before its own first Stat, as a DataLoader does at its first batch (tests/rank/
 test_pool_workers.py). A function rank (``pool_rank``: its rank's variables set in Python after its start, as the
-testing plugin and ``mp.spawn`` launchers do) or a script rank (run as ``python pool_workers.py METHOD POOL OUT``,
-by torchrun too: its variables given at exec, as torchrun and ``shmstat run`` do). The rank writes what it and its workers added
-and logged to a JSON file, for exact reconciliation with the collector's rows and events."""
+testing plugin and ``mp.spawn`` launchers do) or a script rank (``python pool_workers.py METHOD POOL OUT``, also
+under torchrun: its variables given at exec, as torchrun and ``shmstat run`` do). The rank writes what it and its
+workers added and logged to a JSON file, for exact reconciliation with the collector's rows and events."""
 
 from __future__ import annotations
 
