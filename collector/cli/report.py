@@ -6,12 +6,14 @@ the windows handler (:class:`collector.handlers.jsonl.JsonlMetricHandler`'s form
 with plotly.js (the ``plotly`` package's own copy, from the optional extra ``shmstat[report]``), inlined in the
 page with every figure's data, so nothing is fetched when the page is opened (no network, no CDN).
 
-The page holds: the job summary (ranks, windows, samples, drops, restarts, events and gaps); per stat its
+The page holds: the job summary (ranks, windows, samples, drops, restarts, events and gaps, the job's put
+metrics: never the collector's own points) and each rank that scored under the threshold, in words; per stat its
 merged figure over time with the spread across ranks (the lowest and highest rank's figure of each window), its
 percentiles over time (stats that keep them), and a rank x window heatmap of the straggler figure (the window's
-p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`) with
-the windows where a rank scored under the threshold marked; the ``gpu`` group's stats in a section of their own;
-the events and gaps on a timeline. Scores are the collector's own when the jsonl holds them (the ``shmstat``
+p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`),
+coloured by figure / the window's median on a fixed scale (:data:`RELATIVE_RANGE`), with the windows where a rank
+scored under the threshold marked; the ``gpu`` group's stats in a section of their own; each put metric per rank
+over time; the events and gaps on a timeline. Every chart shows its legend. Scores are the collector's own when the jsonl holds them (the ``shmstat``
 group was configured), otherwise they are computed from the rows with the same rule.
 """
 
