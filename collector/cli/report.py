@@ -480,7 +480,7 @@ def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
     if relative:  # colour by figure / median: the same noise looks the same on any stat
         z = [[None if v is None or m is None else v / m for v, m in zip(row, medians, strict=True)] for row in raw]
         colour: dict[str, Any] = {
-            "colorscale": "RdBu", "reversescale": True, "zmin": RELATIVE_RANGE[0], "zmax": RELATIVE_RANGE[1],
+            "colorscale": "RdBu", "reversescale": False, "zmin": RELATIVE_RANGE[0], "zmax": RELATIVE_RANGE[1],
             "zmid": 1.0, "colorbar": {"title": {"text": f"{figure_name} / window median<br>(scale fixed "
                                                          f"{RELATIVE_RANGE[0]:g} to {RELATIVE_RANGE[1]:g})"}}}
         hover = f"rank %{{y}}<br>%{{x}}<br>{figure_name} %{{customdata}}<br>÷ median %{{z:.3f}}<extra></extra>"
