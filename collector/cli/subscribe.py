@@ -43,6 +43,7 @@ from ..wire.curve import (
     secure_client,
     watch_client,
 )
+from ..daemon.node_lock import node_collector_pid
 from .served_jobs import job_over, served_jobs, socket_identity
 
 __all__ = ["gap_line", "message_to_json", "subscribe"]
@@ -276,6 +277,15 @@ class _Subscriber:
         self.ctx.term()
 
 
+def _nothing_served() -> str:
+    """What a node-wide subscriber that finds no job served says: whether a node collector runs, waiting for a
+    job, or none does (and how to start it)."""
+    pid = node_collector_pid()
+    if pid is not None:
+        return f"the node collector (pid {pid}) serves no job of yours yet; waiting for one to start"
+    return "no collector runs for you on this node; waiting for one (start the node's collector: shmstat collect)"
+
+
 def _key(source: _Source, tagged: str | None) -> str:
     """What the gap tracker follows as one collector: the endpoint, or on a node collector's endpoint one job of
     it (all its jobs share the node collector's pid, so without the job their heartbeats would mix)."""
@@ -349,8 +359,7 @@ def _loop(sub: _Subscriber, sources: list[_Source], node_wide: bool, fixed: bool
                     idle_said = False
                 elif not idle_said:
                     idle_said = True
-                    print("shmstat subscribe: no collector serves a job of yours on this node now; waiting for one "
-                          "(start one with: shmstat collect)", file=sys.stderr, flush=True)
+                    print(f"shmstat subscribe: {_nothing_served()}", file=sys.stderr, flush=True)
             _watch_ends(sub, sources + list(discovered.values()), now)
             jobs = [s for s in sources if s.ends]
             if jobs and not fixed and all(s.done for s in jobs):

@@ -14,8 +14,9 @@ import os
 
 from shmstat.errors import CollectorError
 from shmstat.shm.runtime import node_lock_path
+from shmstat.shm.segment import pid_alive
 
-__all__ = ["NodeLock"]
+__all__ = ["NodeLock", "node_collector_pid"]
 
 
 class NodeLock:
@@ -77,3 +78,18 @@ def _pid_in(fd: int) -> int:
     except OSError:
         return 0
     return int(text) if text.isdigit() else 0
+
+
+def node_collector_pid() -> int | None:
+    """The pid of this user's node collector running now (the pid its lock file holds, alive), or None. Read
+    without taking the lock, so a look never makes a starting node collector refuse."""
+    try:
+        fd = os.open(node_lock_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        pid = _pid_in(fd)
+    finally:
+        os.close(fd)
+    return pid if pid and pid_alive(pid) else None
+

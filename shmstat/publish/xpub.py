@@ -391,8 +391,8 @@ class _Sender:
         from ..job._drops import warn_once, warn_once_in_job
 
         job = self._job or "?"
-        message = (f"no collector takes the events of job {job}; they wait in the rank, bounded; run: shmstat collect "
-                   f"--job {job}")
+        message = (f"no collector takes the events of job {job}; they wait in the rank, bounded; run the node's "
+                   "collector: shmstat collect")
         segment = self._segment if self._segment is not None else _job_segment(self._job)
         try:
             if segment is not None:

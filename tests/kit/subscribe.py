@@ -73,8 +73,14 @@ def main(workdir: str) -> None:
     with open(out, "w") as stdout, open(err, "w") as stderr:  # the child keeps its own copies
         sub = subprocess.Popen([*shmstat_cmd, "subscribe", "--json"], env=env, cwd=REPO, stdout=stdout,
                                stderr=stderr)
+    ready = os.path.join(runtime, "ready.json")
     coll = subprocess.Popen([*shmstat_cmd, "collect", "--handler", "*=null", "--grace-ms", "10",
-                             "--status-interval", "0"], env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+                             "--status-interval", "0", "--ready-file", ready], env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL)
+    _wait(lambda: os.path.exists(ready), 60)
+    # a node collector runs, no job yet: a node-wide subscriber says that, not that no collector serves
+    waiting = subprocess.run([*shmstat_cmd, "subscribe", "--timeout", "1"], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=60)
     jobs = {f"a-{uuid.uuid4().hex[:8]}": 2, f"b-{uuid.uuid4().hex[:8]}": 1}
     ctx = mp.get_context("spawn")
     procs = []
@@ -98,7 +104,8 @@ def main(workdir: str) -> None:
     shutil.rmtree(runtime, ignore_errors=True)
     with open(os.path.join(workdir, "result.json"), "w") as f:
         json.dump({"jobs": jobs, "exitcodes": [p.exitcode for p in procs], "code": code, "out": _read(out),
-                   "err": _read(err), "idle_code": idle.returncode, "idle_err": idle.stderr}, f)
+                   "err": _read(err), "idle_code": idle.returncode, "idle_err": idle.stderr,
+                   "waiting_err": waiting.stderr, "collector_pid": coll.pid}, f)
 
 
 if __name__ == "__main__":
