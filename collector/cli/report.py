@@ -13,8 +13,9 @@ percentiles over time (stats that keep them), and a rank x window heatmap of the
 p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`),
 coloured by figure / the window's median on a fixed scale (:data:`RELATIVE_RANGE`), with the windows where a rank
 scored under the threshold marked; the ``gpu`` group's stats in a section of their own; each put metric per rank
-over time; the events and gaps on a timeline. Every chart shows its legend. Scores are the collector's own when the jsonl holds them (the ``shmstat``
-group was configured), otherwise they are computed from the rows with the same rule.
+over time; the events and gaps on a timeline. Every chart shows its legend. Scores are the collector's own when the
+jsonl holds them (the ``shmstat`` group was configured), otherwise they are computed from the rows with the same
+rule.
 """
 
 from __future__ import annotations
