@@ -36,8 +36,8 @@ from shmstat.names import COLLECTOR_GROUP
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
-__all__ = ["AGGREGATIONS", "GPU_GROUP", "RELATIVE_RANGE", "JobReport", "StatSeries", "Straggler", "load_report", "plotly_js", "render_html",
-           "write_report"]
+__all__ = ["AGGREGATIONS", "GPU_GROUP", "RELATIVE_RANGE", "JobReport", "StatSeries", "Straggler", "load_report",
+           "plotly_js", "render_html", "write_report"]
 
 AGGREGATIONS = ("count", "sum", "mean", "max", "min", "value", "p50", "p90", "p99", "p999")
 """The ``<stat>.<aggregation>`` suffixes a window row can carry."""
