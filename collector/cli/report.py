@@ -267,7 +267,8 @@ def _is_row(r: dict[str, Any]) -> bool:
     """Whether a jsonl object is a row: each field of the type and range a collector writes (see
     :func:`collector.handlers.jsonl._line`)."""
     name, value, rank = r.get("name"), r.get("value"), r.get("rank")
-    if not isinstance(name, str) or not (_text(r.get("group")) and _text(name) and (r.get("job") is None or _text(r.get("job")))
+    job_ok = r.get("job") is None or _text(r.get("job"))
+    if not isinstance(name, str) or not (_text(r.get("group")) and _text(name) and job_ok
             and _time(r.get("timestamp")) and _time(r.get("window_start")) and _time(r.get("window_end"))
             and (rank is None or _int(rank, 0, _MAX_RANK)) and isinstance(r.get("torn", False), bool)
             and isinstance(r.get("higher_is_better", False), bool)):
@@ -493,8 +494,8 @@ def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
     scores = s.score_grid()
     slow = sorted((w, r) for (r, w), score in scores.items() if score < threshold)
     traces: list[dict[str, Any]] = [
-        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "customdata": raw, "meta": "figure", "showlegend": True,
-         "hovertemplate": hover, **colour},
+        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "customdata": raw, "meta": "figure",
+         "showlegend": True, "hovertemplate": hover, **colour},
         {"type": "scatter", "mode": "markers", "name": f"straggler (score < {threshold:g})",
          "x": [_ms(w) for w, _ in slow], "y": [r for _, r in slow],
          "text": [f"score {scores[(r, w)]:.3g}" for w, r in slow], "meta": "stragglers",
@@ -516,8 +517,8 @@ def _put_chart(key: tuple[str, str], per_rank: dict[int | None, list[tuple[float
     traces = []
     for rank in sorted(per_rank, key=lambda r: -1 if r is None else r):
         points = sorted(per_rank[rank])
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": "no rank" if rank is None else f"rank {rank}",
-                       "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
+        name = "no rank" if rank is None else f"rank {rank}"
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
                        "meta": None if rank is None else rank})
     layout = _layout(f"{key[0]}/{key[1]} as put (each point its time), per rank", "")
     layout["xaxis"]["title"] = {"text": "time (UTC)"}

@@ -34,6 +34,7 @@ from shmstat.shm.shm_entries import Skipped, entry_problem
 from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, encode_loss_report, followed_kinds
 from shmstat.wire.records import item_record
 
+from ..daemon.node_lock import node_collector_pid
 from ..wire.curve import (
     CLIENT,
     CURVE_FRAME_OVERHEAD,
@@ -43,7 +44,6 @@ from ..wire.curve import (
     secure_client,
     watch_client,
 )
-from ..daemon.node_lock import node_collector_pid
 from .served_jobs import job_over, served_jobs, socket_identity
 
 __all__ = ["gap_line", "message_to_json", "subscribe"]

@@ -5,8 +5,8 @@ MODE ``per-job``: the first collector is ``shmstat collect --job JOB`` in the ra
 hand-over); ``other-dir``: a node collector using another runtime directory. Two ranks add until told to stop; a node
 collector started meanwhile leaves the job alone; the first collector is stopped (SIGTERM) while the ranks run, and
 the ranks go on for a few windows under the node collector. Writes ``WORKDIR/result.json``: both collectors' notes
-and exit statuses, the ranks' exit codes, how long the hand-over took; the ranks' tallies are ``WORKDIR/r<rank>.json`` (count per window start,
-from the clock their adds used), the collectors' rows ``first.jsonl`` and ``node.jsonl``, and their own figures
+and exit statuses, the ranks' exit codes, how long the hand-over took; the ranks' tallies are
+``WORKDIR/r<rank>.json`` (count per window start, from the clock their adds used), the collectors' rows ``first.jsonl`` and ``node.jsonl``, and their own figures
 (group ``shmstat``) ``first.own.jsonl`` and ``node.own.jsonl``."""
 
 from __future__ import annotations

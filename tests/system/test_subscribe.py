@@ -173,8 +173,8 @@ def test_node_wide_subscribe_follows_every_job_a_node_collector_serves(tmp_path)
     assert result["idle_err"].splitlines() == ["shmstat subscribe: no collector runs for you on this node; waiting "
                                                "for one (start the node's collector: shmstat collect)"]
     # with the node collector running and no job yet, it says so (issue 44: it said no collector served)
-    assert result["waiting_err"].splitlines() == [f"shmstat subscribe: the node collector (pid {result['collector_pid']})"
-                                                  " serves no job of yours yet; waiting for one to start"]
+    said = f"shmstat subscribe: the node collector (pid {result['collector_pid']}) serves no job of yours yet; waiting"
+    assert result["waiting_err"].splitlines() == [f"{said} for one to start"]
     lines = [json.loads(line) for line in result["out"].splitlines()]
     err = result["err"]
     assert set(result["exitcodes"]) == {0} and result["code"] in (0, 130) and "gap:" not in err

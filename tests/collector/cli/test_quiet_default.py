@@ -130,7 +130,7 @@ def test_a_node_collector_stopped_while_ranks_run_says_so_and_its_status_lines_a
     jobs = [unique_job("stopa"), unique_job("stopb")]
     coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--grace-ms", "10", "--status-interval", "0.2")
     ranks = [spawn(rank_worker, job, r, world, 60.0, 500, str(tmp_path / f"{job}-{r}.json"))
-             for job, world in zip(jobs, (2, 1)) for r in range(world)]
+             for job, world in zip(jobs, (2, 1), strict=True) for r in range(world)]
     try:
         for job in jobs:
             coll.lines_seen(f"job {job} picked up", 60)
