@@ -518,8 +518,8 @@ def _put_chart(key: tuple[str, str], per_rank: dict[int | None, list[tuple[float
     for rank in sorted(per_rank, key=lambda r: -1 if r is None else r):
         points = sorted(per_rank[rank])
         name = "no rank" if rank is None else f"rank {rank}"
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
-                       "meta": None if rank is None else rank})
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": [_ms(t) for t, _ in points],
+                       "y": _clean(v for _, v in points), "meta": None if rank is None else rank})
     layout = _layout(f"{key[0]}/{key[1]} as put (each point its time), per rank", "")
     layout["xaxis"]["title"] = {"text": "time (UTC)"}
     return {"kind": "put", "data": traces, "layout": layout}

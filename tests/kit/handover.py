@@ -6,8 +6,9 @@ hand-over); ``other-dir``: a node collector using another runtime directory. Two
 collector started meanwhile leaves the job alone; the first collector is stopped (SIGTERM) while the ranks run, and
 the ranks go on for a few windows under the node collector. Writes ``WORKDIR/result.json``: both collectors' notes
 and exit statuses, the ranks' exit codes, how long the hand-over took; the ranks' tallies are
-``WORKDIR/r<rank>.json`` (count per window start, from the clock their adds used), the collectors' rows ``first.jsonl`` and ``node.jsonl``, and their own figures
-(group ``shmstat``) ``first.own.jsonl`` and ``node.own.jsonl``."""
+``WORKDIR/r<rank>.json`` (count per window start, from the clock their adds used), the collectors' rows
+``first.jsonl`` and ``node.jsonl``, and their own figures (group ``shmstat``) ``first.own.jsonl`` and
+``node.own.jsonl``."""
 
 from __future__ import annotations
 
