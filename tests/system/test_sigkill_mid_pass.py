@@ -60,11 +60,13 @@ BANKS = 4  # and --banks
 
 @dataclass
 class Kill:
-    """One SIGKILL: the window whose pass was handed to the handler, the rows of it the file held then, and when
-    the restarted collector's first pass read the segment (wall-clock ns; 0 if not looked at)."""
+    """One SIGKILL: the window whose pass was handed to the handler, the rows of it the file held then, the
+    watermark committed then (stat s000 of rank 0), and when the restarted collector's first pass read the segment
+    (wall-clock ns; 0 if not looked at)."""
 
     wid: int
     rows_in_file: int = 0
+    watermark: int = 0
     first_pass_ns: int = 0
 
 
@@ -104,6 +106,7 @@ def run_scenario(job: str, tmp, *, busy: list[int], kill_at: list[int], window_m
             kill = Kill(wid)
             with open(out, "rb") as f:
                 kill.rows_in_file = f.read().count(f'"window_start": {wid * wns / 1e9}'.encode())
+            kill.watermark = next(d.emitted_wid for d in seg.descriptors(0) if d.name == "s000")
             if restart_after_s is not None:
                 time.sleep(restart_after_s)
             else:
@@ -177,8 +180,8 @@ def test_collector_sigkilled_mid_pass_and_restarted_0_3_s_later_loses_no_window_
                            restart_after_s=0.3)
     wns = 500 * 1_000_000
 
-    def wrapped(w: int) -> bool:  # not read before a rank could start window w + K (200 ms for the read itself)
-        return any(k.wid <= w and k.first_pass_ns >= (w + BANKS) * wns - 200_000_000 for k in outcome.kills)
+    def wrapped(w: int) -> bool:  # not committed at a kill, not read again before a rank could start window w + K
+        return any(k.watermark < w and k.first_pass_ns >= (w + BANKS) * wns - 200_000_000 for k in outcome.kills)
 
     by_window = Counter(w for _, _, w in outcome.missing if not wrapped(w))
     assert not by_window, f"rows missing per window {dict(by_window)}; kills {outcome.kills}"
