@@ -154,7 +154,8 @@ class Scanner:
         keep = (read.samples > 0) & (read.wid > after[read.pos]) & (read.wid <= newest[read.pos]) & ~read.slow[read.pos]
         found_pos, found_data, found_count = read.pos[keep], read.data[keep], read.samples[keep]
         found_grow = read.grow[keep]
-        result.overwritten += self._lost_to_the_ring(after, newest, read, self.segment.geometry.banks)
+        held_now = _held_now(len(idx), read, self.segment.geometry.banks)
+        result.overwritten += self._lost_to_the_ring(after, newest, held_now, read.slow, self.segment.geometry.banks)
         adv = (newest > after) & ~read.slow  # read_slot's safe window is the newest closed one here
         pend_idx, pend_wid = [idx[adv]], [newest[adv]]
         result.windows_read += len(found_pos)
@@ -163,7 +164,7 @@ class Scanner:
         held = self._read_slow_slots(t, idx, newest, read.slow, t.long[idx], now_ns, final, result, collected,
                                      skipped, pend_idx, pend_wid, wanted_group)
         self._finish(t, held, collected, skipped, np.concatenate(pend_idx), np.concatenate(pend_wid), now_ns,
-                     result)
+                     result, _Ring(idx, held_now, read.slow))
 
     def _slots_to_read(self, t: SlotTable, now_ns: int, final: bool) -> tuple[np.ndarray, np.ndarray]:
         """The table positions of the slots with a window to read now, and each slot's newest window that may be
@@ -219,13 +220,11 @@ class Scanner:
         return _Candidates(pos, bank, grow, data, count, wid, slow)
 
     @staticmethod
-    def _lost_to_the_ring(after: np.ndarray, newest: np.ndarray, read: _Candidates, banks: int) -> int:
+    def _lost_to_the_ring(after: np.ndarray, newest: np.ndarray, bank_wid: np.ndarray, slow: np.ndarray,
+                          banks: int) -> int:
         """Windows of (after, newest] whose bank already holds a later one (read_slot's count; every bank that can
         hold such a window was read: all K once the gap reaches K)."""
-        n = len(after)
-        bank_wid = np.full((n, banks), np.iinfo(np.int64).min // 2, np.int64)  # (halved: no overflow below)
-        bank_wid[read.pos, read.bank] = np.maximum(read.wid, np.iinfo(np.int64).min // 2)
-        counted = (after >= 0) & ~read.slow
+        counted = (after >= 0) & ~slow
         lost = 0
         for b in range(banks):  # the windows of (after, newest] in bank b older than what it holds
             hi = np.minimum(newest, bank_wid[:, b] - 1)
@@ -277,14 +276,14 @@ class Scanner:
 
     def _finish(self, t: SlotTable, held: dict[int, int], collected: list[Parts],
                 skipped: list[tuple[np.ndarray, np.ndarray, np.ndarray]], pend_i: np.ndarray, pend_w: np.ndarray,
-                now_ns: int, result: ScanResult) -> None:
+                now_ns: int, result: ScanResult, ring: _Ring) -> None:
         """What a torn bank holds back and what the previous collector may have emitted left out, the watermarks
         to move kept for :meth:`advance`, the skipped windows counted, the rest merged into the pass's columns."""
         found = Parts.concat(collected) if collected else None
         if held:
             found, pend_w = self._hold_back(t, held, found, skipped, pend_i, pend_w, result)
         if found is not None and self.resume_ns:
-            found = self._not_again(t, found, now_ns, result)
+            found = self._not_again(t, found, now_ns, result, ring)
         self._pending = (pend_i, pend_w)
         if skipped:
             ks, ws, rs = (np.concatenate([part[n] for part in skipped]) for n in range(3))
@@ -328,16 +327,31 @@ class Scanner:
         limit = first[t.key_id[pend_i]] - 1
         return found, np.maximum(np.minimum(pend_w, limit), t.after[pend_i])
 
-    def _not_again(self, t: SlotTable, found: Parts, now_ns: int, result: ScanResult) -> Parts:
+    def _not_again(self, t: SlotTable, found: Parts, now_ns: int, result: ScanResult, ring: _Ring) -> Parts:
         """Leave out the windows the previous collector may have emitted already (ended by the time it last
-        dispatched, after its committed watermark: it died before it committed them) once they are old enough for
-        the ring to have overwritten them in a writer still adding (bank ``w % K`` reused by window ``w + K``).
-        Emitted again they would be only the part of the window the ring still holds (an exited worker's slot, say):
-        a second, smaller row of a window the handlers have whole. They are counted as overwritten instead. Younger
-        ones are emitted again whole, the same rows (the jsonl handler skips them: :mod:`collector.handlers.jsonl`)."""
+        dispatched, after its committed watermark: it died before it committed them) that the ring overwrote in
+        one of their stat's writers: a slot of the stat read in this pass whose bank ``w % K`` holds window
+        ``w + K`` or later. Emitted again they would be only the part of the window the other banks still hold (an
+        exited worker's slot, say): a second, smaller row of a window the handlers may have whole. They are
+        counted as overwritten instead. The others are emitted again whole, the same rows (the jsonl handler skips
+        those it holds: :mod:`collector.handlers.jsonl`); whether they are old by the clock does not matter, a
+        writer that paused has not reused the bank. A stat with a slot read the slow way (a bank stayed torn, a long
+        window) shows no bank here: its windows are left out once a writer may have reused the bank by the clock."""
         wns = t.wns[found.slot]
-        old_enough = found.wid <= now_ns // wns - self.segment.geometry.banks + 1
-        risky = ((found.wid + 1) * wns <= self.resume_ns) & old_enough
+        again = np.flatnonzero((found.wid + 1) * wns <= self.resume_ns)
+        if not len(again):
+            return found
+        banks = self.segment.geometry.banks
+        key, wid = found.key[again], found.wid[again]
+        newest = np.full((len(t.keys), banks), _NO_WINDOW, np.int64)  # per stat and bank: the latest window held
+        fast = ~ring.slow
+        np.maximum.at(newest, t.key_id[ring.idx[fast]], ring.held_now[fast])
+        unread = np.zeros(len(t.keys), bool)
+        unread[t.key_id[ring.idx[ring.slow]]] = True
+        by_clock = wid <= now_ns // wns[again] - banks + 1  # (a writer's clock may be in window w + K by now)
+        lost = (newest[key, wid % banks] >= wid + banks) | (unread[key] & by_clock)
+        risky = np.zeros(len(found.wid), bool)
+        risky[again[lost]] = True
         if not risky.any():
             return found
         result.overwritten += int(risky.sum())
@@ -508,6 +522,26 @@ class SlotTable:
         """Write the array watermarks back into the slot objects (before the table is rebuilt)."""
         for slot, after, inc in zip(self.slots, self.after.tolist(), self.after_inc.tolist(), strict=True):
             slot.after_wid, slot.after_inc = after, inc
+
+
+_NO_WINDOW = np.iinfo(np.int64).min // 2
+"""A bank not read (halved: window arithmetic on it does not overflow)."""
+
+
+def _held_now(n: int, read: _Candidates, banks: int) -> np.ndarray:
+    """Per slot read (``n``) and bank: the window the bank held when read (:data:`_NO_WINDOW` if not read)."""
+    bank_wid = np.full((n, banks), _NO_WINDOW, np.int64)
+    bank_wid[read.pos, read.bank] = np.maximum(read.wid, _NO_WINDOW)
+    return bank_wid
+
+
+class _Ring(NamedTuple):
+    """What one pass saw of its slots' rings: which slots (table positions), the window each bank held, and
+    which slots were read the slow way (their banks not known here)."""
+
+    idx: np.ndarray
+    held_now: np.ndarray
+    slow: np.ndarray
 
 
 class _Candidates(NamedTuple):
