@@ -62,14 +62,14 @@ static PyMethodDef module_methods[] = {
      "The handler is looked up on every call (so a later configure() applies at once). With no handler\n"
      "configured for the group or as default, the point goes to the collector when the process is attached\n"
      "and nowhere otherwise. Raises ConfigError if the name or group breaks the name rule (shmstat.names),\n"
-     "whichever handler serves the group. (The common case of elastic.metrics.api._py_put_metric, in C.)"},
+     "whichever handler serves the group. (The common case of elastic.metrics.emitting._py_put_metric, in C.)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef pubfast_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "shmstat._pubfast",
-    .m_doc = "C publish path of shmstat (optional; shmstat.outbox is the pure-Python fallback).",
+    .m_doc = "C publish path of shmstat (optional; shmstat.publish.outbox is the pure-Python fallback).",
     .m_size = -1,
     .m_methods = module_methods,
 };
