@@ -452,7 +452,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "collector._intake", "Optional C check of the collector's intake (see collector/intake.py).",
+    PyModuleDef_HEAD_INIT, "collector._intake", "Optional C check of the collector's intake (see collector/wire/intake.py).",
     -1, methods,
 };
 

@@ -14,8 +14,8 @@
  *   naive-timestamp conversion (tests/rank/test_event_paths.py and test_event_timestamps.py hold them to the Python
  *   twins).
  * - log_event.h: ``log_event`` (twin of ``shmstat.publish.events._py_log_event``); it runs the event handlers.
- * - put_metric.h: ``put_metric``, the common case of ``elastic.metrics.emitting.put_metric`` (everything else it
- *   hands to that Python function).
+ * - put_metric.h: ``put_metric``, the common case of the Python put_metric handed to it with the groups its caller
+ *   serves in-process (everything else it hands to that Python function).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -55,21 +55,24 @@ static PyMethodDef module_methods[] = {
      "not an Event, ConfigError if its name breaks the name rule of shmstat.names (before any handler sees\n"
      "it) and EventTooLargeError if it is to be published and is over shmstat.wire.MAX_EVENT_BYTES\n"
      "(after the local handlers saw it). (The C twin of shmstat.publish.events._py_log_event.)"},
-    {"set_metric_state", set_metric_state, METH_VARARGS, "Register what put_metric needs (see elastic.metrics.api)."},
+    {"set_metric_state", set_metric_state, METH_VARARGS, "set_metric_state(python, names, groups, local, all_local, default_group)\n--\n\n"
+     "Hand put_metric its Python twin (called for every case the C path does not take), the sets of names and\n"
+     "groups found valid, the dict whose keys are the groups served in this process (read live), whether every\n"
+     "group is, and the default group. Call it again when all_local changes."},
     {"put_metric", (PyCFunction)(void (*)(void))c_put_metric, METH_FASTCALL | METH_KEYWORDS,
      "put_metric($module, /, metric_name, metric_value, metric_group='torchelastic')\n--\n\n"
      "Publish one data point of ``(metric_group, metric_name)`` with the current time.\n\n"
      "The handler is looked up on every call (so a later configure() applies at once). With no handler\n"
      "configured for the group or as default, the point goes to the collector when the process is attached\n"
      "and nowhere otherwise. Raises ConfigError if the name or group breaks the name rule (shmstat.names),\n"
-     "whichever handler serves the group. (The common case of elastic.metrics.api._py_put_metric, in C.)"},
+     "whichever handler serves the group. (The common case of the Python twin set_metric_state handed, in C.)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef pubfast_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "shmstat._pubfast",
-    .m_doc = "C publish path of shmstat (optional; shmstat.outbox is the pure-Python fallback).",
+    .m_doc = "C publish path of shmstat (optional; shmstat.publish.outbox is the pure-Python fallback).",
     .m_size = -1,
     .m_methods = module_methods,
 };

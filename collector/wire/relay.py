@@ -15,9 +15,10 @@ is then handed to the other subscribers (lossy send); libzmq then offers that su
 read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
 (:mod:`collector.wire.sender_book`, :mod:`shmstat.wire.heartbeat`), and one that can send (``shmstat subscribe``)
 reports it upstream: the relay adds those reports up in :attr:`RelayCounters.subscriber_lost`. A subscription topic is
-at most :data:`MAX_SUBSCRIPTION_BYTES`, and past :data:`MAX_PREFIXES` distinct topics (kept by
-:mod:`collector.wire.subscriptions`) the publish socket is bound anew (every subscriber reconnects and subscribes
-again, counted in ``subscription_resets``), so a flood of subscriptions from a local client neither grows the
+at most :data:`~collector.wire.subscriptions.MAX_SUBSCRIPTION_BYTES`, and past
+:data:`~collector.wire.subscriptions.MAX_PREFIXES` distinct topics (kept by that module) the publish socket is
+bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood of
+subscriptions from a local client neither grows the
 collector nor starves its loop. The publish socket, its topics and its bounds are an
 :class:`~collector.wire.outlet.Outlet`; a node collector that publishes every job on one endpoint hands each job's
 relay its own outlet too (``node``), on which every message goes out with a third frame naming the job
@@ -44,11 +45,8 @@ from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 from .._backend import intake_check
 from .curve import CurveServer, HandshakeCounts
 from .intake import Received, inspect_with
-from .outlet import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES  # importable from here, as it was
-from .outlet import Outlet
+from .outlet import MAX_MESSAGE_BYTES, Outlet
 from .sender_book import SenderBook
-from .subscriptions import MAX_PREFIXES as MAX_PREFIXES  # the limits stay importable from here
-from .subscriptions import MAX_SUBSCRIPTION_BYTES as MAX_SUBSCRIPTION_BYTES
 from .subscriptions import bind_owner_only, remove_ipc_file
 
 __all__ = ["Relay", "RelayCounters"]

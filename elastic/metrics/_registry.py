@@ -13,12 +13,15 @@ State and its meaning:
 - ``routing_disabled``: set after attaching from the environment failed once (the error is logged once and
   metrics and events stay in-process rather than raising in a training loop);
 - ``dropped``: metrics the built-in default could not publish because a value was not a number (counted,
-  the first one logged).
+  the first one logged);
+- ``on_change``: called after ``default`` changes (by ``configure`` and :meth:`MetricsRegistry.reset`), so that
+  the C ``put_metric`` (handed the routing, not this registry) follows.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shmstat.errors import ShmstatError
@@ -38,12 +41,13 @@ _log = logging.getLogger("shmstat.elastic")
 class MetricsRegistry:
     """Handler registry of ``elastic.metrics`` (see the module docstring for each field's meaning)."""
 
-    __slots__ = ("default", "dropped", "handlers", "routing_disabled")
+    __slots__ = ("default", "dropped", "handlers", "on_change", "routing_disabled")
 
     handlers: dict[str, MetricHandler]
     default: MetricHandler | None
     routing_disabled: bool
     dropped: int
+    on_change: Callable[[], None]
 
     def __init__(self) -> None:
         """An empty registry: no group configured, the built-in default in force."""
@@ -51,6 +55,7 @@ class MetricsRegistry:
         self.default = None
         self.routing_disabled = False
         self.dropped = 0
+        self.on_change = _nothing
 
     def reset(self) -> None:
         """Forget every configured handler and counter, in place (``handlers`` stays the same dict)."""
@@ -58,6 +63,11 @@ class MetricsRegistry:
         self.default = None
         self.routing_disabled = False
         self.dropped = 0
+        self.on_change()
+
+
+def _nothing() -> None:
+    """No one to tell (until ``elastic.metrics.emitting`` is imported)."""
 
 
 REGISTRY = MetricsRegistry()

@@ -29,7 +29,9 @@ Differences from torchelastic, all deliberate:
 from __future__ import annotations
 
 import functools
+import sys
 import time
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -149,6 +151,7 @@ def configure(handler: MetricHandler, group: str | None = None) -> None:
     builtin = handler is _BUILTIN_DEFAULT
     if group is None:
         REGISTRY.default = None if builtin else handler
+        REGISTRY.on_change()
     elif builtin:
         _handlers.pop(group, None)
     else:
@@ -210,11 +213,40 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
 
 _py_put_metric = put_metric
 _C = backend()
+_set_c_routes: Callable[..., None] | None = None
 if _C.put_metric is not None and _C.set_metric_state is not None and _log_event is _C.log_event:
     # the same function, its common case in C (it reads the C log_event's copy of STATE; the rest comes back here)
-    _C.set_metric_state(_py_put_metric, _KNOWN_NAMES, _KNOWN_GROUPS, _handlers, REGISTRY, globals(), _GET_STREAM,
-                        "torchelastic")
+    _set_c_routes = _C.set_metric_state
     put_metric = _C.put_metric  # tests/elastic/test_elastic_metrics.py runs both
+
+
+def _route_c() -> None:
+    """Tell the C put_metric which groups this module serves in-process: the configured ones (``_handlers``, read
+    live), or every group while a default handler is configured or ``getStream`` is replaced. Called on each change
+    of those two; the C side then hands exactly these calls back to :func:`_py_put_metric`."""
+    if _set_c_routes is not None:
+        everything_local = REGISTRY.default is not None or getStream is not _GET_STREAM
+        _set_c_routes(_py_put_metric, _KNOWN_NAMES, _KNOWN_GROUPS, _handlers, everything_local, "torchelastic")
+
+
+class _Module(types.ModuleType):
+    """This module's type: replacing (or restoring) ``getStream`` in it, as torchelastic's tests do through
+    ``elastic.metrics.api``, re-routes the C put_metric at once."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "getStream":
+            _route_c()
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        if name == "getStream":
+            _route_c()
+
+
+sys.modules[__name__].__class__ = _Module
+REGISTRY.on_change = _route_c
+_route_c()
 
 
 def publish_metric(metric_group: str, metric_name: str, metric_value: int) -> None:

@@ -231,7 +231,7 @@ static PyTypeObject OutboxType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmstat._pubfast.Outbox",
     .tp_basicsize = sizeof(Outbox),
-    .tp_doc = "The publisher's backlog of encoded, batched items (C twin of shmstat.outbox.Outbox).",
+    .tp_doc = "The publisher's backlog of encoded, batched items (C twin of shmstat.publish.outbox.Outbox).",
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Outbox_init,

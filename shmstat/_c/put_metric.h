@@ -1,40 +1,38 @@
-/* put_metric in C: elastic.metrics.emitting.put_metric's common case. Part of shmstat/_pubfast.c, which includes it after
+/* put_metric in C: the common case of a metrics API's put_metric. Part of shmstat/_pubfast.c, which includes it after
  * log_event.h (one compilation unit; it reads the same copy of shmstat.job._state.STATE). */
 #ifndef SHMSTAT_PUT_METRIC_H
 #define SHMSTAT_PUT_METRIC_H
 
 #include <time.h>
 
-/* c_put_metric(metric_name, metric_value, metric_group="torchelastic"): a metric of a name and a group found valid
- * before (the sets of shmstat.names.KNOWN), with an int, float or bool value, for a group no handler of this process
- * serves (the built-in default: routed to the collector), with getStream not replaced and the publisher's C Outbox
- * running, is encoded and queued here; every other call is handed, arguments unchanged, to the Python put_metric
- * (set_metric_state), which holds every rule. So both behave alike by construction: this only skips the Python
- * frame of the common case. */
+/* c_put_metric(metric_name, metric_value, metric_group=<the default group>): the common case of a Python put_metric
+ * handed here with its routing (set_metric_state), which holds every rule. A metric of a name and a group found
+ * valid before (the sets of shmstat.names.KNOWN), with an int, float or bool value, for a group the caller routes to
+ * the collector (no key of ``local``, ``all_local`` false), with the publisher's C Outbox running, is encoded and
+ * queued here; every other call is handed, arguments unchanged, to that Python function. So both behave alike by
+ * construction: this only skips the Python frame of the common case. This file knows nothing of who serves a group
+ * in the caller's process: the caller hands it the groups it keeps and calls set_metric_state again whenever that
+ * changes. */
 
-static PyObject *pm_python;        /* elastic.metrics.emitting._py_put_metric */
+static PyObject *pm_python;        /* the Python put_metric: every call this does not take */
 static PyObject *pm_names;         /* shmstat.names.KNOWN[0]: names found valid */
 static PyObject *pm_groups;        /* shmstat.names.KNOWN[1]: groups found valid */
-static PyObject *pm_handlers;      /* elastic.metrics REGISTRY.handlers: group -> handler configured here */
-static PyObject *pm_registry;      /* REGISTRY (its ``default``: a handler configured for every group, or None) */
-static PyObject *pm_globals;       /* elastic.metrics.emitting's namespace, alias elastic.metrics.api (where getStream may be replaced) */
-static PyObject *pm_get_stream;    /* the module's own getStream */
-static PyObject *pm_default_group; /* "torchelastic" */
-static PyObject *s_default, *s_getStream;
+static PyObject *pm_local;         /* dict: its keys are the groups served in the caller's process (read live) */
+static int pm_all_local;           /* every group is served in the caller's process */
+static PyObject *pm_default_group; /* metric_group when not given */
 
 static PyObject *
 set_metric_state(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *a[8];
-    if (!PyArg_ParseTuple(args, "OO!O!O!OO!OU", &a[0], &PySet_Type, &a[1], &PySet_Type, &a[2], &PyDict_Type, &a[3],
-                          &a[4], &PyDict_Type, &a[5], &a[6], &a[7])) {
+    PyObject *a[5];
+    int all_local;
+    if (!PyArg_ParseTuple(args, "OO!O!O!pU", &a[0], &PySet_Type, &a[1], &PySet_Type, &a[2], &PyDict_Type, &a[3],
+                          &all_local, &a[4])) {
         return NULL;
     }
-    if (s_default == NULL && (s_default = PyUnicode_InternFromString("default")) == NULL) return NULL;
-    if (s_getStream == NULL && (s_getStream = PyUnicode_InternFromString("getStream")) == NULL) return NULL;
-    PyObject **slots[8] = {&pm_python, &pm_names, &pm_groups, &pm_handlers, &pm_registry, &pm_globals,
-                           &pm_get_stream, &pm_default_group};
-    for (int i = 0; i < 8; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    PyObject **slots[5] = {&pm_python, &pm_names, &pm_groups, &pm_local, &pm_default_group};
+    for (int i = 0; i < 5; i++) Py_XSETREF(*slots[i], Py_NewRef(a[i]));
+    pm_all_local = all_local;
     Py_RETURN_NONE;
 }
 
@@ -74,16 +72,11 @@ c_put_metric(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
         || !known(pm_names, name) || !known(pm_groups, group)) {
         goto python;
     }
-    PyObject *get_stream = PyDict_GetItemWithError(pm_globals, s_getStream);
-    if (get_stream != pm_get_stream) goto python;  /* replaced (or gone): as torchelastic, through it */
-    if (PyDict_GET_SIZE(pm_handlers)) {
-        PyObject *handler = PyDict_GetItemWithError(pm_handlers, group);
+    if (pm_all_local) goto python;
+    if (PyDict_GET_SIZE(pm_local)) {
+        PyObject *handler = PyDict_GetItemWithError(pm_local, group);
         if (handler != NULL || PyErr_Occurred()) goto python;
     }
-    PyObject *dflt = PyObject_GetAttr(pm_registry, s_default);
-    if (dflt == NULL) return NULL;
-    Py_DECREF(dflt);
-    if (dflt != Py_None) goto python;
     if (fs_pub == Py_None) {
         if (fs_auto_init_done) Py_RETURN_NONE;  /* not attached: the built-in default drops it */
         goto python;                            /* attach from the environment first */

@@ -39,7 +39,7 @@ def check_topic(topic: str, kind: str, item: Any) -> None:
 def encode_item(kind: str, key1: str, key2: str | None, item: Any, size: int) -> tuple[bytes, int] | str:
     """``item`` encoded for the wire and its estimated size in bytes (``size``, or computed for an event that
     has none); or, for an item that cannot go on the wire (or keys that are not str), why, in words."""
-    reason = wire._encode_item_reason(kind, item)
+    reason = wire.encode_item_reason(kind, item)
     encoded = b""
     if reason is None:
         try:

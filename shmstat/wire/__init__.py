@@ -72,8 +72,6 @@ from ._items import (
     fast_ok,
 )
 
-_encode_item_reason = encode_item_reason  # the publisher's slow path checks single items
-
 __all__ = [
     "ACK_PREFIX",
     "COLLECTOR_RANK",

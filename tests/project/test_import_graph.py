@@ -6,11 +6,16 @@ Inside each package the subpackages are layered too (:data:`_SUBPACKAGE_LAYERS`,
 only its own subpackage, a lower layer, or the package's root modules (``shmstat.errors``, ``.aggregation``,
 ``.histogram``: the vocabulary everyone shares, which import no subpackage). Subpackages of one layer do not import
 each other. The package's ``__init__`` and ``__main__`` are its faces and may import anything in it. The few
-arrows that go up on purpose are listed in :data:`_UPWARD_ON_PURPOSE`, each with its reason."""
+arrows that go up on purpose are listed in :data:`_UPWARD_ON_PURPOSE`, each with its reason.
+
+The C sources are held to the same layering by what they name, since an import graph cannot see what a C function
+is handed: a C file of a package names no module or path of a package above it (in code, strings or comments).
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -183,3 +188,28 @@ def test_subpackages_import_only_downward():
                     bad.append(f"{m} -> {t}")
     assert not bad, f"imports that go upward or sideways between subpackages: {bad}"
     assert used == _UPWARD_ON_PURPOSE, f"listed as upward on purpose, no longer imported: {_UPWARD_ON_PURPOSE - used}"
+
+
+def _names_above(package: str, text: str) -> list[str]:
+    """The modules, paths and bare package names of packages above ``package`` that ``text`` names."""
+    above = [p for p in _PACKAGES if _LAYER[p] > _LAYER[package]]
+    if not above:
+        return []
+    alt = "|".join(above)
+    pattern = re.compile(rf'(?<![\w./-])(?:(?:{alt})(?:[./]\w+)+|"(?:{alt})")')
+    return pattern.findall(text)
+
+
+def test_c_sources_name_nothing_above_their_package():
+    """The rank side's C is handed callables and plain containers, never a middle-layer module, registry or
+    namespace it would look names up in: its text names no ``elastic`` (or ``collector``) module or path."""
+    bad = [f"{c.relative_to(_ROOT)}: {name}" for pkg in _PACKAGES for c in sorted((_ROOT / pkg).rglob("*.[ch]"))
+           for name in _names_above(pkg, c.read_text(encoding="utf-8"))]
+    assert not bad, f"C sources naming a package above their own: {bad}"
+
+
+def test_the_c_rule_catches_what_it_is_for():
+    text = 'static PyObject *pm; /* elastic.metrics.emitting._handlers */ PyImport_ImportModule("elastic");'
+    assert _names_above("shmstat", text) == ["elastic.metrics.emitting._handlers", '"elastic"']
+    assert _names_above("shmstat", "routed to the collector; shmstat.elastic; torchelastic") == []
+    assert _names_above("collector", "see elastic.metrics.api") == []

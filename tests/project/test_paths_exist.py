@@ -2,9 +2,10 @@
 
 Where names are looked for: the comments and docstrings of every tracked ``*.py`` file (``setup.py`` included;
 docstrings of modules, classes and functions, and the string statements that document attributes), the comments
-of every ``*.c`` and ``*.h`` file, and the whole text of the :data:`DOCUMENTS` (README, BENCHMARKS and CHANGELOG,
-those there are) and of every page under docs/ (code blocks included). String literals the code uses are not
-read: they may name files on purpose that do not exist (a test's missing file).
+and string literals of every ``*.c`` and ``*.h`` file (where the strings are docstrings and messages), and the whole
+text of the :data:`DOCUMENTS` (README, BENCHMARKS and CHANGELOG, those there are) and of every page under docs/ (code
+blocks included). String literals of Python code are not read: they may name files on purpose that do not exist (a
+test's missing file).
 
 What counts as a name, and the rule each must follow:
 
@@ -19,7 +20,7 @@ What counts as a name, and the rule each must follow:
    examples, ``train.py``, and a placeholder).
 3. a **module**: a dotted name starting with ``shmstat.``, ``collector.`` or ``elastic.`` that is a code
    reference: inside a Sphinx role (``:mod:`collector.read.columns```, ``:func:`~shmstat.names.group_problem```)
-   anywhere, or anywhere in a C comment. Its longest leading part that is a module or package must exist, and
+   anywhere, or anywhere in a C comment or string literal. Its longest leading part that is a module or package must exist, and
    the next name, if any, must be defined at the top level of that module (a class, function, assignment or
    import), so ``collector.read.merge.merge`` fails once ``merge`` moves away. Dotted names elsewhere are not
    checked: most are the names of counters and events (``collector.handler_dropped``, ``shmstat.straggler``).
@@ -54,7 +55,8 @@ _PATH = re.compile(rf"(?<![\w./-])((?:{_TOP})/[\w./*{{}},-]*)")
 _FILE = re.compile(r"(?<![\w./-])([A-Za-z_][\w-]*\.(?:py|c|h|md))(?![\w/])")
 _MODULE = re.compile(r"(?<![\w./-])((?:shmstat|collector|elastic)(?:\.[A-Za-z_]\w*)+)")
 _ROLE = re.compile(r":[a-z]+:`~?(?:[^`<>]*<)?([^`<>]+)>?`")
-_C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+_C_TEXT = re.compile(r"""(/\*.*?\*/|//[^\n]*)|"((?:[^"\\\n]|\\.)*)"|'(?:[^'\\\n]|\\.)*'""", re.DOTALL)
+_C_ESCAPE = re.compile(r"\\(.)")
 
 
 @cache
@@ -81,6 +83,18 @@ def _python_text(source: str) -> str:
     return "\n".join(parts)
 
 
+def _c_text(source: str) -> str:
+    """The comments and string literals of a C source, one after another (a string's escapes decoded, so ``\\n``
+    does not glue the next word to an ``n``); character literals are skipped, so a ``'"'`` opens no string."""
+    parts = []
+    for m in _C_TEXT.finditer(source):
+        if m.group(1) is not None:
+            parts.append(m.group(1))
+        elif m.group(2) is not None:
+            parts.append(_C_ESCAPE.sub(lambda e: {"n": "\n", "t": "\t"}.get(e.group(1), e.group(1)), m.group(2)))
+    return "\n".join(parts)
+
+
 def _texts() -> list[tuple[str, str, str]]:
     """``(file, the text of it that is read, the part of it where dotted names are code references)`` for every
     file read (see the module docstring)."""
@@ -90,7 +104,7 @@ def _texts() -> list[tuple[str, str, str]]:
         if name.endswith(".py"):
             text = _python_text(path.read_text(encoding="utf-8"))
         elif name.endswith((".c", ".h")):
-            text = "\n".join(_C_COMMENT.findall(path.read_text(encoding="utf-8")))
+            text = _c_text(path.read_text(encoding="utf-8"))
             out.append((name, text, text))
             continue
         elif name in DOCUMENTS or (name.startswith("docs/") and name.endswith(".md")):
@@ -203,3 +217,12 @@ def test_the_rules_catch_what_they_are_for() -> None:
     assert [f for f in files if f not in _basenames() and f not in NOT_OURS] == ["nothing_here.py"]
     modules = [m.group(1) for m in _MODULE.finditer(text)]
     assert [d for d in modules if _module_problem(d)] == ["shmstat._state"]
+
+
+def test_c_comments_and_string_literals_are_read() -> None:
+    source = ('/* see shmstat/x.py */ char q = \'"\'; m = "Optional (see collector/intake.py).\\ncollector/y.py";'
+              ' // and tests/z.py\n if (a /* "docs/w.md" */) f("x/* not a comment */");')
+    text = _c_text(source)
+    paths = [m.group(1).rstrip(".,") for m in _PATH.finditer(text)]
+    assert paths == ["shmstat/x.py", "collector/intake.py", "collector/y.py", "tests/z.py", "docs/w.md"]
+    assert "not a comment" in text

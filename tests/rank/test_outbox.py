@@ -61,7 +61,7 @@ def _publish(ob: Any, op: tuple[Any, ...]) -> Any:
         if r is None:
             return r
         item = list(args)
-    if wire._encode_item_reason(kind, item) is not None:
+    if wire.encode_item_reason(kind, item) is not None:
         ob.invalid(1)
         return "invalid"
     try:

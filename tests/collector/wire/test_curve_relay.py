@@ -14,7 +14,8 @@ from kit.support import wait_for
 
 from collector.cli.keys import make_keys
 from collector.wire.curve import ClientKeys, client_keys, load_client, read_pair, secure_client
-from collector.wire.relay import MAX_SUBSCRIPTION_BYTES, Relay
+from collector.wire.relay import Relay
+from collector.wire.subscriptions import MAX_SUBSCRIPTION_BYTES
 
 
 def _relay(tmp_path, keys) -> Relay:

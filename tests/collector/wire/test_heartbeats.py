@@ -16,7 +16,8 @@ import pytest
 import zmq
 from kit.support import wait_for
 
-from collector.wire.relay import MAX_MESSAGE_BYTES, Relay
+from collector.wire.outlet import MAX_MESSAGE_BYTES
+from collector.wire.relay import Relay
 from collector.wire.sender_book import SenderBook
 from shmstat import wire
 from shmstat.wire.heartbeat import ITEMS_PER_MESSAGE, MAX_LISTED, SENDER_STREAM, GapTracker, followed_kinds
