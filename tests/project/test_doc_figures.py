@@ -28,7 +28,7 @@ WHY_PAGES = ("README.md", "docs/index.md")
 """Pages of which the "Why" section is read."""
 
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
-_FIGURE = re.compile(rf"(?<![\w.,^])({_NUMBER})(?:[–-]({_NUMBER}))?\s*(ns|µs|x|million events)(?!\w)")
+_FIGURE = re.compile(rf"(?<![\w.,^])({_NUMBER})(?:[\u2013-]({_NUMBER}))?\s*(ns|µs|x|million events)(?!\w)")
 _PRINTED = re.compile(rf"(?<![\w.^])({_NUMBER})(x?)(?!\w)")
 
 
@@ -86,7 +86,7 @@ def test_every_quoted_figure_is_in_the_latest_run() -> None:
 def test_the_rule_reads_figures_as_printed() -> None:
     run = "| Stat.add attached | 105 | 1,440 | 4.17x | 15.16x | 3,414,306 |"
     found = [(m.group(1), m.group(2), m.group(3)) for m in _FIGURE.finditer(
-        "costs 105 ns (4.2x), about 60–110 ns, 1.4 µs, 15x, 3.4 million events a second, up to 2^62 ns, 1 ms")]
+        "costs 105 ns (4.2x), about 60\u2013110 ns, 1.4 µs, 15x, 3.4 million events a second, up to 2^62 ns, 1 ms")]
     assert found == [("105", None, "ns"), ("4.2", None, "x"), ("60", "110", "ns"), ("1.4", None, "µs"),
                      ("15", None, "x"), ("3.4", None, "million events")]
     assert [_in_run(n, u, run) for n, u in [("105", "ns"), ("4.2", "x"), ("15", "x"), ("1.4", "µs"),

@@ -20,7 +20,8 @@ What counts as a name, and the rule each must follow:
    examples, ``train.py``, and a placeholder).
 3. a **module**: a dotted name starting with ``shmstat.``, ``collector.`` or ``elastic.`` that is a code
    reference: inside a Sphinx role (``:mod:`collector.read.columns```, ``:func:`~shmstat.names.group_problem```)
-   anywhere, or anywhere in a C comment or string literal. Its longest leading part that is a module or package must exist, and
+   anywhere, or anywhere in a C comment or string literal. Its longest leading part that is a module or package must
+   exist, and
    the next name, if any, must be defined at the top level of that module (a class, function, assignment or
    import), so ``collector.read.merge.merge`` fails once ``merge`` moves away. Dotted names elsewhere are not
    checked: most are the names of counters and events (``collector.handler_dropped``, ``shmstat.straggler``).
