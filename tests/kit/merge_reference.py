@@ -1,5 +1,5 @@
 """Merging summaries the slow way, for tests: :func:`merge` (two summaries) and :func:`merge_all`, the per-object
-fold over :class:`collector.read.rows.Summary` parts that the collector's one merge, the columnar
+fold over :class:`shmstat.shm.layout_records.WindowFigures` parts that the collector's one merge, the columnar
 :func:`collector.read.columns.merge_parts`, must equal, bit for bit when the parts come in the same order."""
 
 from __future__ import annotations
