@@ -25,9 +25,10 @@ import numpy as np
 from elastic.metrics import StatMetricData
 from shmstat import wire
 from shmstat.errors import ConfigError
+from shmstat.shm.layout_records import WindowFigures
 
 from ..read.columns import COUNT_ONLY_MASK
-from ..read.rows import Summary, WindowSpan
+from ..read.rows import WindowSpan
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -49,7 +50,7 @@ MAX_WINDOWS = 1000
 
 
 
-def figure(summary: Summary) -> float:
+def figure(summary: WindowFigures) -> float:
     """The figure a rank is scored on: the window's p50 when the stat keeps a histogram, else its mean."""
     p50 = summary.quantile(0.5)
     return summary.mean if p50 is None else p50

@@ -23,18 +23,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
-from ..aggregation import Aggregation, aggregate
 from ..errors import CapacityError, SegmentError
 from ..histogram import Histogram
 from ..job import _state
 from ..shm import layout as L
 from ..shm import layout_codec as codec
+from ..shm.layout_records import WindowFigures
 from ._pywriter import python_writer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..job.rank import RankAttachment, SlotKey
 
-__all__ = ["SlotBinding", "WindowSummary"]
+__all__ = ["SlotBinding"]
 
 Clock = Callable[[], int]
 
@@ -48,21 +48,6 @@ without it two threads creating one key could both allocate (two slots, or two w
 by ``add`` itself, except on a forked child's first add."""
 
 
-class WindowSummary:
-    """Values of one closed window, as torch.monitor reports them (zeros for an empty window), and its
-    histogram for a stat with percentiles."""
-
-    __slots__ = ("count", "hist", "last", "max", "min", "sum")
-
-    def __init__(self, count: int = 0, total: float = 0.0, lo: float = 0.0, hi: float = 0.0, last: float = 0.0,
-                 hist: Histogram | None = None):
-        self.count, self.sum, self.min, self.max, self.last, self.hist = count, total, lo, hi, last, hist
-
-    def value(self, agg: Aggregation) -> float:
-        """The figure of one aggregation."""
-        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
-
-
 class SlotBinding:
     """This process's writer of one stat key's slot: ``add``, the last closed window, the Stats it reports to."""
 
@@ -72,7 +57,7 @@ class SlotBinding:
         self.window_ns = window_ns
         self.want_last = want_last
         self.clock = clock
-        self.last = WindowSummary()
+        self.last = WindowFigures()
         self.stats: weakref.WeakSet[Any] = weakref.WeakSet()
         """Live Stats of this key: a closed window is logged to local handlers once, through one of them."""
         self.job = att.segment.job
@@ -136,7 +121,7 @@ class SlotBinding:
         if time.monotonic() >= _next_check[0]:
             check_removed(self.att)
         hist = self._closed_hist(t, n >= self.key.max_samples) if n and self.hist0 >= 0 else None
-        self.last = WindowSummary(n, total, lo, hi, lastv, hist) if n else WindowSummary()
+        self.last = WindowFigures(n, total, lo, hi, lastv, hist=hist) if n else WindowFigures()
         if n and _state.STATE.handler_tuple:
             for stat in list(self.stats):
                 stat._log_window(self.last, t)
@@ -155,7 +140,7 @@ class SlotBinding:
             wid = seg.i64[(slot0 + b * L.BANK_SIZE) // 8 + L.B_WID]
             if wid < open_wid and (best is None or wid > best[0]):
                 best = (wid, b)
-        return None if best is None else codec.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
+        return None if best is None else codec.decode_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
 
     def rebind(self) -> None:
         """In a forked child, on the first add: write a slot of the child's own writer entry from now on (once,
@@ -207,7 +192,7 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     binding.index = _allocate(att, binding.key, binding.flags, _window_before(binding.clock, binding.window_ns))
     binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
-    binding.last = WindowSummary()
+    binding.last = WindowFigures()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
     if binding._c is not None:
         binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
@@ -233,7 +218,7 @@ def _drop_mode(binding: SlotBinding) -> None:
     binding.index = -1
     binding.hist0 = -1
     binding._gen = _generation[0]
-    binding.last = WindowSummary()
+    binding.last = WindowFigures()
     if binding._c is not None:
         binding._c.drop(binding.att.drop_offset)
     else:

@@ -34,8 +34,9 @@ from ..errors import ConfigError
 from ..histogram import Histogram
 from ..names import MAX_STAT_NAME_BYTES, check_group, check_name
 from ..shm import layout as L
+from ..shm.layout_records import WindowFigures
 from ._pywriter import coerce_value
-from ._writer import WindowSummary, binding_for
+from ._writer import binding_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..publish.events import data_value_t
@@ -175,7 +176,7 @@ class Stat:
         return f"Stat(name={self._name!r}, window_ms={self._window_ns // 1_000_000}, group={self._group!r})"
 
     # -- shared by both cores ----------------------------------------------------------------------------
-    def _log_window(self, summary: WindowSummary, now_ns: int) -> None:
+    def _log_window(self, summary: WindowFigures, now_ns: int) -> None:
         from ..publish.events import STAT_EVENT, Event, _dispatch_local
 
         data: dict[str, data_value_t] = {}
@@ -191,7 +192,7 @@ def _closed_add(v: float) -> None:
 
 class _ClosedCore:
     def __init__(self) -> None:
-        self.last = WindowSummary()
+        self.last = WindowFigures()
 
     def add(self, v: float) -> None:
         pass
@@ -207,7 +208,7 @@ class _LocalCore:
     """In-process windows with torch.monitor's lazy closing; adds from several threads are serialised."""
 
     def __init__(self, stat: Stat, clock: Clock) -> None:
-        self.last = WindowSummary()
+        self.last = WindowFigures()
         self.nan_count = 0
         stat_ref = weakref.ref(stat)
         window_ns, max_samples = stat._window_ns, stat._max_samples
@@ -220,14 +221,14 @@ class _LocalCore:
         keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
         hist = Histogram() if keeps_hist else None
 
-        def close_window() -> WindowSummary:
+        def close_window() -> WindowFigures:
             nonlocal samples, hist
-            core.last = WindowSummary(samples, total, minimum, maximum, last_value, hist)
+            core.last = WindowFigures(samples, total, minimum, maximum, last_value, hist=hist)
             samples = 0
             hist = Histogram() if keeps_hist else None
             return core.last
 
-        def start_window(now: int) -> list[tuple[WindowSummary, int]]:
+        def start_window(now: int) -> list[tuple[WindowFigures, int]]:
             # the window of ``now`` opens: the one left is closed (to be logged if it held samples)
             nonlocal window_end, full
             logged = []
@@ -235,11 +236,11 @@ class _LocalCore:
             if samples:
                 logged.append((close_window(), now))
             elif window_end:
-                core.last = WindowSummary()
+                core.last = WindowFigures()
             full = False
             return logged
 
-        def slow_add(v: float, now: int) -> list[tuple[WindowSummary, int]]:
+        def slow_add(v: float, now: int) -> list[tuple[WindowFigures, int]]:
             # the slow cases of add, under the lock: a new window, the window's first sample, a full window, a NaN;
             # returns the windows to log
             nonlocal samples, total, minimum, maximum, last_value, full
@@ -266,7 +267,7 @@ class _LocalCore:
                 logged.append((close_window(), now))
             return logged
 
-        def log_window(summary: WindowSummary, at: int) -> None:
+        def log_window(summary: WindowFigures, at: int) -> None:
             stat = stat_ref()
             if stat is not None:
                 stat._log_window(summary, at)
@@ -320,7 +321,7 @@ class _CLocalCore:
         return cls(stat, clock, c_writer)
 
     def __init__(self, stat: Stat, clock: Clock, c_writer: Any) -> None:
-        self.last = WindowSummary()
+        self.last = WindowFigures()
         self._stat_ref = weakref.ref(stat)
         self._clock = clock
         self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
@@ -332,7 +333,7 @@ class _CLocalCore:
         self.add = self._writer.add
 
     def _on_roll(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int) -> None:
-        self.last = WindowSummary(count, total, minimum, maximum, last_value) if count else WindowSummary()
+        self.last = WindowFigures(count, total, minimum, maximum, last_value) if count else WindowFigures()
         stat = self._stat_ref()
         if count and stat is not None:
             stat._log_window(self.last, at)
@@ -369,7 +370,7 @@ class _SharedCore:
         self.count = binding.count
 
     @property
-    def last(self) -> WindowSummary:
+    def last(self) -> WindowFigures:
         """The last window this process closed on the slot (whichever Stat of the key added to it)."""
         return self.binding.last
 
