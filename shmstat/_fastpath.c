@@ -1,5 +1,5 @@
-/* Optional C hot path for an attached ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python
- * ``add``/``roll`` closures of ``shmstat.writer._pywriter`` (``python_writer``) do, on the same bytes of the segment.
+/* Optional C hot path for ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python ``add``/``_roll`` of
+ * ``shmstat.writer._pywriter.PySlotWriter`` do, on the same bytes of the segment (or of an in-process Stat's buffer).
  *
  * The binary layout and the seqlock protocol are defined in ``shmstat/shm/layout.py`` (the one source of truth);
  * this file takes its constants from the header generated from it (``_c/layout.h``). Bank (64 bytes, 8-byte words, little-endian):

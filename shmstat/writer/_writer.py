@@ -29,7 +29,7 @@ from ..histogram import Histogram
 from ..job import _state
 from ..shm import layout as L
 from ..shm import layout_codec as codec
-from ._pywriter import python_writer
+from ._pywriter import PySlotWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..job.rank import RankAttachment, SlotKey
@@ -83,28 +83,26 @@ class SlotBinding:
         """The slot's descriptor index in ``att``'s entry; -1 in drop mode (no slot)."""
         self.hist0 = att.hist_offset(self.index) if self.index >= 0 else -1
         self._gen = _generation[0]
-        self.add: Callable[[float], None]
-        self.count: Callable[[], int]
-        self._c: Any = None
-        c_writer = backend().SlotWriter  # None: the pure-Python twin (_pywriter)
-        if c_writer is not None:
-            slot0, nan_w, disc_w, beat_w = self._slot_words(att)
-            self._c = c_writer(
-                att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key.max_samples,
-                want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
-                None if clock is time.time_ns else clock, self.rebind, self.hist0,
-            )
-            if self.index < 0:
-                self._c.drop(att.drop_offset)
-            guard = self._guard_offsets(att)
-            if guard is not None:
-                self._c.guard(*guard)
-            self.add = self._c.add
-            self.count = lambda: self._c.count
-        else:
-            self.add, self.count, self._repoint = python_writer(self, att, _generation)
+        slot0, nan_w, disc_w, beat_w = self._slot_words(att)
+        writer_class = backend().SlotWriter or PySlotWriter  # C, or its pure-Python twin: one constructor
+        self._writer: Any = writer_class(
+            att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key.max_samples,
+            want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll, None if clock is time.time_ns else clock,
+            self.rebind, self.hist0,
+        )
+        self._protect(att)
+        self.add: Callable[[float], None] = self._writer.add
+        self.count: Callable[[], int] = lambda: self._writer.count
         _all.add(self)
         att.writers[key] = self
+
+    def _protect(self, att: RankAttachment) -> None:
+        """Drop mode without a slot; the guard for a window the ring cannot hold at the collector's pace."""
+        if self.index < 0:
+            self._writer.drop(att.drop_offset)
+        guard = self._guard_offsets(att)
+        if guard is not None:
+            self._writer.guard(*guard)
 
     @property
     def dropping(self) -> bool:
@@ -209,15 +207,8 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     binding._gen = _generation[0]
     binding.last = WindowSummary()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
-    if binding._c is not None:
-        binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
-        if binding.index < 0:
-            binding._c.drop(att.drop_offset)
-        guard = binding._guard_offsets(att)
-        if guard is not None:
-            binding._c.guard(*guard)
-    else:
-        binding._repoint(att, slot0, nan_w, disc_w, beat_w)
+    binding._writer.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
+    binding._protect(att)
     att.writers[binding.key] = binding
 
 
@@ -234,11 +225,7 @@ def _drop_mode(binding: SlotBinding) -> None:
     binding.hist0 = -1
     binding._gen = _generation[0]
     binding.last = WindowSummary()
-    if binding._c is not None:
-        binding._c.drop(binding.att.drop_offset)
-    else:
-        slot0, nan_w, disc_w, beat_w = binding._slot_words(binding.att)
-        binding._repoint(binding.att, slot0, nan_w, disc_w, beat_w)
+    binding._writer.drop(binding.att.drop_offset)
 
 
 _next_check = [0.0]  # time.monotonic() of the next check that the segment is still in /dev/shm
