@@ -1,4 +1,5 @@
-"""The ``shmstat`` command line: collect, run, subscribe, top, report, grafana, ls, clean, demo, keys.
+"""The ``shmstat`` command line: collect, run, subscribe, top, report, grafana, prometheus-rules, ls, clean, demo,
+keys.
 
 User mistakes print one line on stderr and exit with status 2; nothing prints a traceback for them.
 """
@@ -18,7 +19,8 @@ from .streams import keep_writing
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "ls", "clean", "demo", "keys")
+COMMANDS = ("collect", "run", "subscribe", "top", "report", "grafana", "prometheus-rules", "ls", "clean", "demo",
+            "keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                               "one self-contained HTML page of a finished job, from its jsonl output"))
     _grafana_arguments(command("grafana", _grafana,
                                "print a Grafana dashboard (JSON) of the collectors' Prometheus series"))
+    _rules_arguments(command("prometheus-rules", _prometheus_rules,
+                             "print Prometheus recording and alerting rules (YAML): stragglers job-wide, hangs, "
+                             "data lost, collectors down"))
     command("ls", _ls, "list the shmstat segments of this node: RANKS and WRITERS (ranks' worker processes) as "
                        "alive/registered, the collector, SIZE, samples DROPPED")
     _clean_arguments(command("clean", _clean, "remove segments of jobs with no live process"))
@@ -155,6 +160,29 @@ def _grafana_arguments(command: argparse.ArgumentParser) -> None:
     """``shmstat grafana``'s arguments: the dashboard's title and uid."""
     command.add_argument("--title", default="shmstat", help="the dashboard's title (default shmstat)")
     command.add_argument("--uid", default="shmstat-jobs", help="the dashboard's uid (default shmstat-jobs)")
+
+
+def _rules_arguments(command: argparse.ArgumentParser) -> None:
+    """``shmstat prometheus-rules``' arguments: the straggler threshold and windows, the rate window, the hang
+    threshold and the collectors' scrape job."""
+    from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
+    from .prometheus_rules import DEFAULT_HANG_AFTER_S, DEFAULT_INTERVAL_S
+
+    command.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="SCORE",
+                         help="a rank or node scoring under this against the job-wide median rank is slow "
+                              f"(default {DEFAULT_THRESHOLD}, the collector's)")
+    command.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, metavar="N",
+                         help="alert once a rank or node stays slow for N rate windows in a row (the alerts' for: is "
+                              f"N x --interval; default {DEFAULT_WINDOWS}, the collector's)")
+    command.add_argument("--interval", type=int, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
+                         help="the rate window: a rank's figure is its mean over the last SECONDS (default "
+                              f"{DEFAULT_INTERVAL_S}; at least 4 scrape intervals)")
+    command.add_argument("--hang-after", type=float, default=DEFAULT_HANG_AFTER_S, metavar="SECONDS",
+                         help="a rank outside a wait section with no progress for SECONDS while another rank of its "
+                              f"job waits is hung (default {DEFAULT_HANG_AFTER_S:g})")
+    command.add_argument("--scrape-job", default="shmstat", metavar="NAME",
+                         help="the job_name of the scrape configuration of the collectors, whose up series says "
+                              "one is down (default shmstat)")
 
 
 def _clean_arguments(command: argparse.ArgumentParser) -> None:
@@ -309,6 +337,14 @@ def _grafana(args: argparse.Namespace) -> int:
     from .grafana import dashboard_json
 
     print(dashboard_json(title=args.title, uid=args.uid))
+    return 0
+
+
+def _prometheus_rules(args: argparse.Namespace) -> int:
+    from .prometheus_rules import rules_yaml
+
+    print(rules_yaml(threshold=args.threshold, windows=args.windows, interval_s=args.interval,
+                     hang_after_s=args.hang_after, scrape_job=args.scrape_job), end="")
     return 0
 
 

@@ -6,12 +6,14 @@ the windows handler (:class:`collector.handlers.jsonl.JsonlMetricHandler`'s form
 with plotly.js (the ``plotly`` package's own copy, from the optional extra ``shmstat[report]``), inlined in the
 page with every figure's data, so nothing is fetched when the page is opened (no network, no CDN).
 
-The page holds: the job summary (ranks, windows, samples, drops, restarts, events and gaps); per stat its
+The page holds: the job summary (ranks, windows, samples, drops, restarts, events and gaps, the job's put
+metrics: never the collector's own points) and each rank that scored under the threshold, in words; per stat its
 merged figure over time with the spread across ranks (the lowest and highest rank's figure of each window), its
 percentiles over time (stats that keep them), and a rank x window heatmap of the straggler figure (the window's
-p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`) with
-the windows where a rank scored under the threshold marked; the ``gpu`` group's stats in a section of their own;
-the events and gaps on a timeline. Scores are the collector's own when the jsonl holds them (the ``shmstat``
+p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`),
+coloured by figure / the window's median on a fixed scale (:data:`RELATIVE_RANGE`), with the windows where a rank
+scored under the threshold marked; the ``gpu`` group's stats in a section of their own; each put metric per rank
+over time; the events and gaps on a timeline. Every chart shows its legend. Scores are the collector's own when the jsonl holds them (the ``shmstat``
 group was configured), otherwise they are computed from the rows with the same rule.
 """
 
@@ -21,6 +23,7 @@ import html
 import json
 import math
 import os
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -32,7 +35,7 @@ from shmstat.names import COLLECTOR_GROUP
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
-__all__ = ["AGGREGATIONS", "GPU_GROUP", "JobReport", "StatSeries", "load_report", "plotly_js", "render_html",
+__all__ = ["AGGREGATIONS", "GPU_GROUP", "RELATIVE_RANGE", "JobReport", "StatSeries", "Straggler", "load_report", "plotly_js", "render_html",
            "write_report"]
 
 AGGREGATIONS = ("count", "sum", "mean", "max", "min", "value", "p50", "p90", "p99", "p999")
@@ -106,6 +109,44 @@ class StatSeries:
 
 
 @dataclass
+class Straggler:
+    """A rank that scored under the threshold on a stat in one window or more: which windows, with what scores."""
+
+    stat: str
+    rank: int
+    windows: list[float]
+    """The starts of the windows it was slow in, in time order."""
+    scores: list[float]
+    """Its score in each of those windows."""
+    scored: int
+    """Windows of the stat that scored the rank."""
+    stat_windows: list[float]
+    """Every window of the stat, in time order (to tell runs of consecutive slow windows)."""
+
+    def runs(self) -> list[tuple[float, float]]:
+        """The slow windows as runs of consecutive windows of the stat: (first start, last start) each."""
+        index = {w: i for i, w in enumerate(self.stat_windows)}
+        runs: list[list[float]] = []
+        for w in self.windows:
+            if runs and index[w] == index[runs[-1][1]] + 1:
+                runs[-1][1] = w
+            else:
+                runs.append([w, w])
+        return [(a, b) for a, b in runs]
+
+    def sentence(self, threshold: float, *, most_runs: int = 5) -> str:
+        """The straggler in words: rank, stat, how many and which windows, its scores."""
+        runs = self.runs()
+        shown = ", ".join(_utc(a) if a == b else f"{_utc(a)} to {_utc(b)}" for a, b in runs[:most_runs])
+        if len(runs) > most_runs:
+            shown += f" and {len(runs) - most_runs} more runs"
+        worst, middle = min(self.scores), statistics.median(self.scores)
+        return (f"rank {self.rank} was slow on {self.stat} in {len(self.windows)} of the {self.scored} windows that "
+                f"scored it ({shown} UTC): score {middle:.3g} (median of those windows; lowest {worst:.3g}; "
+                f"under {threshold:g} is slow, 1 is the median rank)")
+
+
+@dataclass
 class JobReport:
     """What a report shows of one job: its stats, the collector's counters, events and gaps."""
 
@@ -114,8 +155,9 @@ class JobReport:
     counters: dict[str, float] = field(default_factory=dict)
     """The collector's own counters (``shmstat`` group, ``collector.<name>``), newest value of each."""
     window_s: dict[tuple[str, str], float] = field(default_factory=dict)
-    put_metrics: int = 0
-    """Rows of metrics put by ranks (no window)."""
+    puts: dict[tuple[str, str], dict[int | None, list[tuple[float, float]]]] = field(default_factory=dict)
+    """The job's put metrics (rows with no window, of any group but the collector's own), by (group, name) and
+    rank (None: put by no rank, e.g. ``shmstat run``'s agent), as (timestamp, value) in file order."""
     events: list[dict[str, Any]] = field(default_factory=list)
     gaps: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: int = 0
@@ -132,6 +174,25 @@ class JobReport:
     def samples(self) -> int:
         """Samples counted in the merged windows of every stat (their ``count`` rows)."""
         return int(sum(f.get("count") or 0 for s in self.stats.values() for f in s.merged.values()))
+
+    def put_metrics(self) -> int:
+        """Rows of the job's put metrics (the collector's own points, group ``shmstat``, are not the job's)."""
+        return sum(len(points) for per in self.puts.values() for points in per.values())
+
+    def stragglers(self, threshold: float = DEFAULT_THRESHOLD) -> list[Straggler]:
+        """Every (stat, rank) that scored under ``threshold`` in a window (:meth:`StatSeries.score_grid`: the
+        collector's scores, else its rule), most slow windows first."""
+        out = []
+        for s in self.stats.values():
+            by_rank: dict[int, list[tuple[float, float]]] = defaultdict(list)
+            for (rank, start), score in s.score_grid().items():
+                by_rank[rank].append((start, score))
+            for rank, scored in by_rank.items():
+                slow = sorted((start, score) for start, score in scored if score < threshold)
+                if slow:
+                    out.append(Straggler(s.key, rank, [w for w, _ in slow], [sc for _, sc in slow], len(scored),
+                                         s.windows()))
+        return sorted(out, key=lambda g: (-len(g.windows), g.stat, g.rank))
 
     def restarts(self) -> int:
         """Rank starts after each rank's first: per rank, the incarnations its ``rank/joined`` events name, less
@@ -157,7 +218,7 @@ class JobReport:
             "events": len(self.events),
             "events_lost": int(sum(g.get("gap") or 0 for g in self.gaps)),
             "restarts": self.restarts(),
-            "put_metrics": self.put_metrics,
+            "put_metrics": self.put_metrics(),
         }
 
 
@@ -265,7 +326,15 @@ def load_report(jsonl: str, events: str | None = None, *, job: str | None = None
         raise ConfigError(f"{jsonl} holds {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
                           "choose one with --job")
     if job is not None and job not in jobs:
-        raise ConfigError(f"{jsonl} holds no row of job {job!r} (jobs: {', '.join(sorted(map(str, jobs))) or 'none'})")
+        # the collector prints a job's id shortened to a prefix: take a prefix that names one job of the file
+        matches = sorted(str(j) for j in jobs if str(j).startswith(job))
+        if len(matches) > 1:
+            raise ConfigError(f"--job {job!r} is the start of {len(matches)} jobs of {jsonl} "
+                              f"({', '.join(matches[:5])}{', ...' if len(matches) > 5 else ''}); give more of it")
+        if not matches:
+            raise ConfigError(f"{jsonl} holds no row of job {job!r} "
+                              f"(jobs: {', '.join(sorted(map(str, jobs))) or 'none'})")
+        job = matches[0]
     chosen = job if job is not None else next(iter(jobs), "")
     report = JobReport(chosen or os.path.basename(jsonl))
     for r in rows:
@@ -293,11 +362,12 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
     group, name, start, rank = r["group"], r["name"], r.get("window_start"), r.get("rank")
     value = _number(r.get("value"))
     if start is None:
-        if group == COLLECTOR_GROUP and name.startswith(_COUNTERS_PREFIX):
-            if value is not None:
+        if group == COLLECTOR_GROUP:  # the collector's own points (no job may put into its group): no put metric
+            if name.startswith(_COUNTERS_PREFIX) and value is not None:
                 report.counters[name[len(_COUNTERS_PREFIX):]] = value
-        else:
-            report.put_metrics += 1
+        elif value is not None:
+            points = report.puts.setdefault((group, name), {}).setdefault(None if rank is None else int(rank), [])
+            points.append((float(r.get("timestamp") or 0.0), value))
         return
     start = float(start)
     if group == COLLECTOR_GROUP and name.startswith(SCORE_METRIC_PREFIX):
@@ -307,8 +377,8 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
             series.scores[(int(rank), start)] = value
         return
     split = _split_name(name)
-    if split is None:
-        report.put_metrics += 1
+    if split is None:  # a window's row names an aggregation: this is no row a collector writes
+        report.bad_lines += 1
         return
     stat, agg = split
     series = _series(report, group, stat)
@@ -391,29 +461,66 @@ def _percentiles(s: StatSeries) -> dict[str, Any] | None:
     return {"kind": "percentiles", "data": traces, "layout": _layout(f"{s.key} percentiles over time (merged)", "")}
 
 
+RELATIVE_RANGE = (0.5, 1.5)
+"""The heatmap's fixed colour range of figure / window median: noise around the median stays pale, whatever the
+figures' own spread; a figure past either end takes that end's colour."""
+
+
 def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
     if len(s.ranks) < 2:
         return None
     windows = s.windows()
     ranks = sorted(s.ranks)
     x = [_ms(w) for w in windows]
-    z = [[s.figure(s.ranks[r][w]) if w in s.ranks[r] else None for w in windows] for r in ranks]
+    raw = [[s.figure(s.ranks[r][w]) if w in s.ranks[r] else None for w in windows] for r in ranks]
+    medians = [_median(row[i] for row in raw) for i in range(len(windows))]
+    relative = all(m is not None and m > 0 for m, col in zip(medians, zip(*raw, strict=True), strict=True)
+                   if any(v is not None for v in col)) and all(v is None or v >= 0 for row in raw for v in row)
+    figure_name = "p50" if s.has_percentiles() else "mean"
+    if relative:  # colour by figure / median: the same noise looks the same on any stat
+        z = [[None if v is None or m is None else v / m for v, m in zip(row, medians, strict=True)] for row in raw]
+        colour: dict[str, Any] = {
+            "colorscale": "RdBu", "reversescale": False, "zmin": RELATIVE_RANGE[0], "zmax": RELATIVE_RANGE[1],
+            "zmid": 1.0, "colorbar": {"title": {"text": f"{figure_name} / window median<br>(scale fixed "
+                                                         f"{RELATIVE_RANGE[0]:g} to {RELATIVE_RANGE[1]:g})"}}}
+        hover = f"rank %{{y}}<br>%{{x}}<br>{figure_name} %{{customdata}}<br>÷ median %{{z:.3f}}<extra></extra>"
+    else:  # a figure under 0 (or a median of 0): no ratio means anything, the figures on their own scale
+        z = raw
+        colour = {"colorscale": "Viridis",
+                  "colorbar": {"title": {"text": f"{figure_name}<br>(own scale: figures not all above 0)"}}}
+        hover = f"rank %{{y}}<br>%{{x}}<br>{figure_name} %{{customdata}}<extra></extra>"
     scores = s.score_grid()
     slow = sorted((w, r) for (r, w), score in scores.items() if score < threshold)
-    figure_name = "p50" if s.has_percentiles() else "mean"
     traces: list[dict[str, Any]] = [
-        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "colorscale": "Viridis",
-         "colorbar": {"title": {"text": figure_name}}, "meta": "figure",
-         "hovertemplate": "rank %{y}<br>%{x}<br>" + figure_name + " %{z}<extra></extra>"},
+        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "customdata": raw, "meta": "figure", "showlegend": True,
+         "hovertemplate": hover, **colour},
         {"type": "scatter", "mode": "markers", "name": f"straggler (score < {threshold:g})",
          "x": [_ms(w) for w, _ in slow], "y": [r for _, r in slow],
          "text": [f"score {scores[(r, w)]:.3g}" for w, r in slow], "meta": "stragglers",
-         "marker": {"symbol": "x", "size": 10, "color": "#d62728", "line": {"width": 2, "color": "#ffffff"}}},
+         "marker": {"symbol": "x", "size": 10, "color": "#222222", "line": {"width": 2, "color": "#ffffff"}}},
     ]
-    layout = _layout(f"{s.key} {figure_name} per rank and window (x: straggler windows)", "")
+    scale = "figure / the window's median across ranks" if relative else figure_name
+    layout = _layout(f"{s.key} {figure_name} per rank and window, coloured by {scale} (x: straggler windows)", "")
     layout["yaxis"] = {"title": {"text": "rank"}, "dtick": 1, "autorange": "reversed"}
     layout["height"] = max(260, 60 + 22 * len(ranks))
     return {"kind": "heatmap", "data": traces, "layout": layout}
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _put_chart(key: tuple[str, str], per_rank: dict[int | None, list[tuple[float, float]]]) -> dict[str, Any]:
+    traces = []
+    for rank in sorted(per_rank, key=lambda r: -1 if r is None else r):
+        points = sorted(per_rank[rank])
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": "no rank" if rank is None else f"rank {rank}",
+                       "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
+                       "meta": None if rank is None else rank})
+    layout = _layout(f"{key[0]}/{key[1]} as put (each point its time), per rank", "")
+    layout["xaxis"]["title"] = {"text": "time (UTC)"}
+    return {"kind": "put", "data": traces, "layout": layout}
 
 
 def _timeline(report: JobReport) -> dict[str, Any] | None:
@@ -448,7 +555,8 @@ def _event_text(e: dict[str, Any]) -> str:
 def _layout(title: str, y_title: str) -> dict[str, Any]:
     return {"title": {"text": html.escape(title)}, "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
             "xaxis": {"type": "date", "title": {"text": "window start (UTC)"}},
-            "yaxis": {"title": {"text": y_title}}, "legend": {"orientation": "h"}}
+            "yaxis": {"title": {"text": y_title}}, "legend": {"orientation": "h"},
+            "showlegend": True}  # plotly hides the legend of a chart with one trace: say what even one line is
 
 
 def _json_for_script(obj: Any) -> str:
@@ -473,8 +581,14 @@ def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: 
                        f"<td>{v:g}</td></tr>" for k, v in sorted(report.counters.items()))
     windows = report.windows()
     span = (f"{_utc(windows[0])} to {_utc(windows[-1])} UTC" if windows else "no window")
+    slow = report.stragglers(threshold)
+    said = ("".join(f'<li data-stat="{html.escape(g.stat)}" data-rank="{g.rank}" data-windows="{len(g.windows)}" '
+                    f'data-score="{statistics.median(g.scores)!r}">{html.escape(g.sentence(threshold))}</li>'
+                    for g in slow))
+    straggling = (f'<h3>Stragglers</h3><ul id="stragglers">{said}</ul>' if slow else
+                  f'<h3>Stragglers</h3><p id="stragglers">no rank scored under {threshold:g} in any window</p>')
     sections.append(f"<section><h2>Job {html.escape(report.job)}</h2><p>{span}</p>"
-                    f'<table id="summary">{rows}</table>'
+                    f'<table id="summary">{rows}</table>{straggling}'
                     + (f'<details><summary>Collector counters (newest)</summary><table id="counters">{counters}'
                        "</table></details>" if counters else "") + "</section>")
 
@@ -498,6 +612,12 @@ def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: 
         sections.append(f'<section class="stat" data-stat="{html.escape(s.key)}"><h3>{html.escape(s.key)}</h3>'
                         f"<p>{about}</p>" + chart_div(s.key, _over_time(s)) + chart_div(s.key, _percentiles(s))
                         + chart_div(s.key, _heatmap(s, threshold)) + "</section>")
+    if report.puts:
+        sections.append("<h2>Put metrics</h2>" + "".join(
+            f'<section class="put" data-stat="{html.escape(f"{g}/{n}")}"><h3>{html.escape(f"{g}/{n}")}</h3>'
+            f"<p>{sum(len(p) for p in report.puts[(g, n)].values())} points</p>"
+            + chart_div(f"{g}/{n}", _put_chart((g, n), report.puts[(g, n)])) + "</section>"
+            for g, n in sorted(report.puts)))
     timeline = _timeline(report)
     if timeline is not None:
         listed = report.events[:_MAX_EVENT_ROWS]

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import stat
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 import zmq
 
@@ -33,6 +32,7 @@ from shmstat.errors import ConfigError, WireError
 from shmstat.shm.runtime import publish_endpoint
 from shmstat.shm.shm_entries import Skipped, entry_problem
 from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, encode_loss_report, followed_kinds
+from shmstat.wire.records import item_record
 
 from ..wire.curve import (
     CLIENT,
@@ -45,7 +45,7 @@ from ..wire.curve import (
 )
 from .served_jobs import job_over, served_jobs, socket_identity
 
-__all__ = ["gap_line", "item_to_json", "message_to_json", "subscribe"]
+__all__ = ["gap_line", "message_to_json", "subscribe"]
 
 _RCVHWM = 64  # messages queued in this process at most (each at most 2 MiB)
 _DISCOVER_S = 0.1  # node-wide: how often /dev/shm is looked at for jobs that start
@@ -63,43 +63,15 @@ _HANDSHAKE = {  # (kind, this subscriber uses CURVE): what to tell
 }
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def message_to_json(msg: wire.WireMessage, endpoint: str, job: str | None = None) -> str:
     """One JSON line for a decoded message: topic, kind, rank, pid, incarnation, seq, items, source, job; every
-    item an object (:func:`item_to_json`)."""
+    item the record :func:`shmstat.wire.records.item_record` makes of it (what the Python stream API returns)."""
     return json.dumps(
         {"topic": msg.topic, "kind": msg.kind, "rank": msg.rank, "pid": msg.pid, "incarnation": msg.incarnation,
-         "seq": msg.seq, "items": [item_to_json(msg, j, item, job) for j, item in enumerate(msg.items)],
+         "seq": msg.seq, "items": [item_record(msg, j, job) for j in range(len(msg.items))],
          "source": endpoint, "job": job},
         allow_nan=False,
     )
-
-
-def item_to_json(msg: wire.WireMessage, index: int, item: Any, job: str | None) -> Any:
-    """Item ``index`` of ``msg`` as a JSON object. An event is shaped as a line of ``--events jsonl:PATH``
-    (:meth:`collector.handlers.events.EventRecord.to_json`): ``name``, ``job``, ``rank`` (null for the
-    collector's own), ``timestamp`` (unix seconds), ``data``, ``seq``, ``pid``, ``incarnation``; a put metric as
-    ``timestamp``, ``group``, ``name``, ``value``, ``rank``, ``job``, ``seq``; the collector's maps (stat, rank,
-    heartbeat) as they are. Non-finite floats are the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``."""
-    rank = None if msg.rank == wire.COLLECTOR_RANK else msg.rank
-    if msg.kind == "event":
-        name, ts_ns, data = item
-        return {"name": name, "job": job, "rank": rank, "timestamp": ts_ns / 1e9, "data": _jsonable(data),
-                "seq": msg.seq + index, "pid": msg.pid, "incarnation": msg.incarnation}
-    if msg.kind == "metric":
-        group, name, value, ts = item
-        return {"timestamp": ts, "group": group, "name": name, "value": _jsonable(value), "rank": rank, "job": job,
-                "seq": msg.seq + index}
-    return _jsonable(item)
 
 
 def gap_line(gap: Gap, job: str | None) -> str:

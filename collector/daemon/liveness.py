@@ -45,7 +45,7 @@ class Liveness:
 
     def __init__(self, segment: Segment) -> None:
         self.segment = segment
-        self._seen: dict[int, tuple[int, str]] = {}  # local_rank -> (incarnation, last reported state)
+        self._seen: dict[int, tuple[int, str, Lifecycle | None]] = {}  # local_rank -> (incarnation, state, joining)
         self._procs: dict[tuple[int, int], psutil.Process] = {}
         # a pidfd per live rank process: it reads as ready once the process ended (zombie or gone), so a look at
         # every rank is one poll() instead of reading /proc twice per rank
@@ -63,26 +63,32 @@ class Liveness:
             self._forget_pidfd(key)
         self._ended_fds = {fd for fd, _ in self._ended.poll(0)} if self._pidfds else set()
         for info in ranks:
-            inc, reported = self._seen.get(info.local_rank, (-1, ""))
+            inc, reported, joined = self._seen.get(info.local_rank, (-1, "", None))
             if info.incarnation != inc:
+                if reported == "joined" and joined is not None:
+                    # re-registered between two looks: the previous process ended unseen (a restart right after a
+                    # SIGKILL, as a launcher makes), and it left no exit mark, which the new one overwrote
+                    out.append(Lifecycle("died", joined.local_rank, joined.rank, joined.pid, joined.incarnation))
                 reported = ""
             if info.state == RankState.ACTIVE:
                 if not reported:
                     reported = "joined"
-                    out.append(self._event("joined", info))
+                    joined = self._event("joined", info)
+                    out.append(joined)
                 if not self._alive(info):
                     self.segment.set_rank_state(info.local_rank, RankState.DIED)
                     reported = "died"
                     out.append(self._event("died", info))
             elif info.state == RankState.EXITED and reported not in ("exited", "died"):
                 if not reported:
-                    out.append(self._event("joined", info))
+                    joined = self._event("joined", info)
+                    out.append(joined)
                 reported = "exited"
                 out.append(self._event("exited", info))
             elif info.state == RankState.DIED and reported != "died":
                 reported = "died"
                 out.append(self._event("died", info))
-            self._seen[info.local_rank] = (info.incarnation, reported)
+            self._seen[info.local_rank] = (info.incarnation, reported, joined)
         # a writer entry (a rank's forked child or worker) is tracked like a rank, but it is not a rank: its
         # joining and ending are not rank lifecycle events
         writers = {info.local_rank for info in ranks if info.is_writer}

@@ -24,10 +24,9 @@ import numpy as np
 
 from elastic.metrics import StatMetricData
 from shmstat import wire
-from shmstat.aggregation import Aggregation
 from shmstat.errors import ConfigError
 
-from ..read.gpu_figures import GPU_GROUP, is_gpu_stat
+from ..read.columns import COUNT_ONLY_MASK
 from ..read.rows import Summary, WindowSpan
 
 if TYPE_CHECKING:
@@ -48,9 +47,6 @@ MAX_WINDOWS = 1000
 """The most consecutive windows one may ask for."""
 
 
-COUNT_ONLY_MASK = 1 << int(Aggregation.COUNT)
-"""The aggregation mask of a stat that counts and asks for no figure of its values: never scored (its mean is no
-figure the user asked for, so a score of it means nothing)."""
 
 
 def figure(summary: Summary) -> float:
@@ -212,11 +208,7 @@ class StragglerDetector:
         block = np.cumsum(cols.rank < 0) - 1  # a window of a stat: its merged row, then its per-rank rows
         with np.errstate(invalid="ignore"):
             fig = np.where(cols.hists.present, cols.p50, cols.mean)  # figure(): p50 if a histogram
-            scored = ((cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig)
-                      & ((cols.agg_mask & ~COUNT_ONLY_MASK) != 0))
-            gpu = np.flatnonzero(cols.group == GPU_GROUP)
-            if len(gpu):  # the GPU figures are not scored (see the module docstring)
-                scored[gpu] &= [not is_gpu_stat(GPU_GROUP, cols.stat[i]) for i in gpu.tolist()]
+            scored = (cols.rank >= 0) & (cols.count > 0) & np.isfinite(fig) & cols.scored_stats()
             rows = np.flatnonzero(scored)
         b, f = block[rows], fig[rows]
         order = np.lexsort((f, b))

@@ -11,6 +11,10 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   (min/max merged only); ``shmstat_stat_p50`` / ``_p90`` / ``_p99`` / ``_p999`` for stats with percentiles;
 - ``shmstat_stat_straggler_score`` (per-rank series of scored stats): gauge, the collector's straggler score of the
   rank in the newest scored window (:mod:`collector.daemon.straggler`, in the stat's own direction);
+- ``shmstat_stat_info`` (one per stat): gauge, always 1, labels ``higher_is_better`` and ``scored`` (``"1"`` or
+  ``"0"``): the stat's direction (a rate declared higher_is_better scores ``figure / median``, a time ``median /
+  figure``) and whether the straggler rule scores it at all, so Prometheus rules (``shmstat prometheus-rules``) score
+  ranks and nodes job-wide by the collector's rule;
 - ``shmstat_stat_hist`` (merged series of percentile stats): a classic cumulative histogram whose ``le``
   boundaries are those of exponential schema 2, ``2^(k/4)`` for ``k`` in -80..160 (2^-20 to 2^40) and
   ``+Inf``: the same on every node, so ``histogram_quantile(0.99, sum by (le, stat) (rate(...)))`` merges nodes.
@@ -54,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -68,8 +72,23 @@ from .server import MetricsServer, RenderCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..daemon.config import CollectorConfig
-    from ..daemon.straggler import Score
     from ..read.columns import Columns
+
+class _Score(Protocol):
+    """What the exporter reads of a straggler score (:class:`collector.daemon.straggler.Score`, a layer above)."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def stat(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def score(self) -> float: ...
+
 
 __all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
 
@@ -122,6 +141,7 @@ class PrometheusExporter:
         self.clock = clock
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}
+        self._kinds: dict[tuple[str, str, str], tuple[bool, bool]] = {}  # (job, group, stat) -> (hib, scored)
         self._gpu: dict[tuple[str, str, int, int | None], float] = {}  # (job, figure, gpu, rank) -> newest
         self._uuids: tuple[str, ...] = ()
         self._puts = PutMetrics(max_put_bytes)
@@ -199,6 +219,10 @@ class PrometheusExporter:
         job = cols.job
         pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
         exported = np.flatnonzero((cols.rank < 0) & cols.hists.present)
+        merged = np.flatnonzero(cols.rank < 0)
+        kinds = {(job, g, st): (h, sc) for g, st, h, sc in zip(
+            cols.group[merged].tolist(), cols.stat[merged].tolist(), cols.higher_is_better[merged].tolist(),
+            cols.scored_stats()[merged].tolist(), strict=True)}
         classic = dict(zip(exported.tolist(), map(_classic, cols.hists[exported].histograms()), strict=True))
         updates = []
         for i, (group, stat, rank, n, total, mean, lo, hi, has_hist) in enumerate(zip(
@@ -210,10 +234,11 @@ class PrometheusExporter:
                             classic.get(i)))
         if len(cols):
             with self._lock:
+                self._kinds.update(kinds)
                 self._fold_gpu(cols)
         self._fold(job, updates)
 
-    def observe_scores(self, job: str, scores: Iterable[Score]) -> None:
+    def observe_scores(self, job: str, scores: Iterable[_Score]) -> None:
         """The collector's straggler scores of a pass (:class:`collector.daemon.straggler.StragglerDetector`'s, in
         window order), each kept on its rank's series as ``shmstat_stat_straggler_score``: what the dashboard
         plots, so no surface scores a rank by a rule of its own."""
@@ -313,6 +338,7 @@ class PrometheusExporter:
             gpu = sorted(self._gpu.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3] is not None,
                                                             kv[0][3] or 0))
             uuids = self._uuids
+            kinds = list(self._kinds.items())
             counter_sources = list(self._counters.items())
             node_sources = list(self._node_counters)
         self.renders += 1
@@ -350,7 +376,13 @@ class PrometheusExporter:
                     hist.samples.append(Sample("shmstat_stat_hist_bucket", {**labels, "le": le}, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
-        yield from (count, total, mean, lo, hi, *pcts, hist, scores)
+        info = GaugeMetricFamily("shmstat_stat_info", "Always 1: the stat's direction (higher_is_better) and whether "
+                                 "the straggler rule scores it (scored)")
+        for (job, group, stat), (better, scored) in kinds:
+            info.samples.append(Sample("shmstat_stat_info", {
+                "job": job, "node": node, "group": group, "stat": stat, "higher_is_better": "1" if better else "0",
+                "scored": "1" if scored else "0"}, 1))
+        yield from (count, total, mean, lo, hi, *pcts, hist, scores, info)
         yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)
         yield from _counter_families("shmstat_collector", "Collector counter",
@@ -364,6 +396,8 @@ class PrometheusExporter:
             return
         for key in [k for k in self._series if k[0] in gone]:
             del self._series[key]
+        for kkey in [k for k in self._kinds if k[0] in gone]:
+            del self._kinds[kkey]
         for gkey in [k for k in self._gpu if k[0] in gone]:
             del self._gpu[gkey]
         self._puts.forget(gone)

@@ -37,14 +37,19 @@ import numpy as np
 from elastic.metrics import StatMetricData
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregation_key
 
+from .gpu_figures import GPU_GROUP, is_gpu_stat
 from .hist_batch import HistBatch
 from .rows import Summary, WindowRow, ordered_aggregations
 
-__all__ = ["PERCENTILE_COLUMNS", "Columns", "Parts", "StatTable", "merge_parts"]
+__all__ = ["COUNT_ONLY_MASK", "PERCENTILE_COLUMNS", "Columns", "Parts", "StatTable", "merge_parts"]
 
 PERCENTILE_COLUMNS: dict[Aggregation, str] = {Aggregation.P50: "p50", Aggregation.P90: "p90",
                                               Aggregation.P99: "p99", Aggregation.P999: "p999"}
 """The column holding each percentile aggregation."""
+
+COUNT_ONLY_MASK = 1 << int(Aggregation.COUNT)
+"""The aggregation mask of a stat that counts and asks for no figure of its values: never scored for stragglers
+(its mean is no figure the user asked for, so a score of it means nothing)."""
 
 _COLUMN_OF = {Aggregation.COUNT: 0, Aggregation.SUM: 1, Aggregation.MEAN: 2, Aggregation.MAX: 3,
               Aggregation.MIN: 4, Aggregation.VALUE: 5, Aggregation.P50: 6, Aggregation.P90: 7,
@@ -175,6 +180,15 @@ class Columns:
     def of_groups(self, groups: set[str] | frozenset[str]) -> Columns:
         """Only the rows of ``groups``."""
         return self.take(np.isin(self.group, list(groups)))
+
+    def scored_stats(self) -> np.ndarray:
+        """Per row, whether its stat is one the straggler rule scores (:mod:`collector.daemon.straggler`): it asked
+        for a figure of its values (not COUNT alone) and is not one of the collector's GPU figures."""
+        scored = (self.agg_mask & ~COUNT_ONLY_MASK) != 0
+        gpu = np.flatnonzero(self.group == GPU_GROUP)
+        if len(gpu):  # a rank's GPU is not slower for being busier
+            scored[gpu] &= [not is_gpu_stat(GPU_GROUP, self.stat[i]) for i in gpu.tolist()]
+        return scored
 
     def groups(self) -> list[str]:
         """The distinct groups present, sorted."""

@@ -105,9 +105,7 @@ class Relay:
 
     def __init__(self, ingest: str, publish: str, *, pid: int | None = None, sndhwm: int = 1000,
                  rcvhwm: int = 8, heartbeat_interval_s: float = 1.0, node: Outlet | None = None,
-                 job: str = "", curve: str | None = None) -> None:
-        if node is not None and not job:
-            raise ValueError("a relay that publishes on a node outlet needs its job")
+                 job: str, curve: str | None = None) -> None:
         # a node collector's relays share its context: one libzmq I/O thread for every socket of the node, which
         # cost a third less than one per context (each woken for its own sockets); CURVE keeps its own (its ZAP
         # handler is one per context)
@@ -487,18 +485,18 @@ class Relay:
                     outlet.offer(frames + tail)
 
     def _outlets(self) -> list[tuple[Outlet, list[bytes]]]:
-        """Where messages go: the job's outlet as they are, and the node's (if any) with the job's frame."""
+        """Where messages go, each followed by the job's frame: the job's outlet and the node's (if any)."""
         assert self.outlet is not None
         if self.node is None:
-            return [(self.outlet, [])]
-        return [(self.outlet, []), (self.node, self._job_frame)]
+            return [(self.outlet, self._job_frame)]
+        return [(self.outlet, self._job_frame), (self.node, self._job_frame)]
 
     def _send(self, frames: list[bytes], kind: str) -> None:
         c = self.counters
         outlet = self.outlet
         assert outlet is not None
         if outlet.prefixes:  # else nobody subscribed: the XPUB would discard it anyway
-            if not outlet.send(frames):
+            if not outlet.send(frames, self._job_frame[0]):
                 c.queue_full[kind] = c.queue_full.get(kind, 0) + 1
             c.published += 1
         node = self.node

@@ -38,6 +38,9 @@ class GlobalState:
     """(endpoint, rank, incarnation) of the publisher, so a forked child can open its own."""
     fork_owner: tuple[Any, int] | None = None
     """In a child forked from an attached rank: (segment, owner local rank) to register a writer entry under."""
+    fork_environ: dict[str, str] | None = None
+    """In a forked child: the identity variables its parent's environment had at the fork (a worker of the rank
+    keeps them as they are; see :func:`shmstat.job.attach._inherited`)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     _handler_tuple: tuple[Any, ...] = field(default=(), repr=False)
     _publisher: Any = field(default=None, repr=False)

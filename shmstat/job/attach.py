@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,7 @@ from ..errors import CapacityError, ConfigError, ShmstatError
 from ..shm.runtime import ingest_endpoint, validate_job
 from . import _state
 from ._drops import geometry_from_env, reported, warn_once
-from .identity import Identity, identity_from_env
+from .identity import Identity, identity_from_env, identity_variables, start_environ
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..shm.segment import Segment
@@ -58,8 +59,15 @@ def init(
     and metrics are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
     ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     Calling ``init`` again for another job detaches from the first.
+
+    A process whose rank comes from the environment (``rank`` left out) and that took that environment unchanged
+    from the process that started it (a forked child, a ``multiprocessing`` worker of a rank: a DataLoader's,
+    a pool's) is a *worker* of that rank: it writes for the rank from an entry of its own and leaves the rank's
+    entry to the rank, whether the rank attached before it or not (see :func:`_inherited`). A process given its
+    variables at its start (by torchrun, ``shmstat run``, a shell) or that set them itself is the rank.
     """
     env = identity_from_env()
+    inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
         if env is None:
             _state.STATE.auto_init_done = True
@@ -89,7 +97,8 @@ def init(
         shutdown()
         segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
         try:
-            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size)
+            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
+                                          inherited=inherited)
         except CapacityError:
             att = _no_room_for_rank(segment, rank, local_rank, world_size)
         except BaseException:
@@ -148,7 +157,7 @@ def ensure_init() -> RankAttachment | None:
         if reported(env.job, "removed"):
             return _stand_in(env)
         try:
-            return init(env.job, env.rank, env.local_rank, env.world_size)
+            return init()  # the environment's job and rank, as the environment gives them (a worker: see init)
         except EntryHeldError as exc:  # not a bad value: the table's state (e.g. a stale process of the job)
             reason: Exception = exc
         except ConfigError:
@@ -159,6 +168,25 @@ def ensure_init() -> RankAttachment | None:
                   "only and its events and metrics stay local", job=env.job)
         st.auto_init_done = True
         return None
+
+
+def _inherited() -> bool:
+    """Whether this process's identity variables (:data:`~shmstat.job.identity.IDENTITY_VARIABLES`) are those the
+    process that started it had, unchanged: then that process is its rank (or a worker of it) and this one a
+    worker. A forked child compares them with its parent's at the fork (noted by :func:`_after_fork_in_child`);
+    a ``multiprocessing`` child (spawn, forkserver, or a fork before shmstat was imported), whose environment at
+    its start is its parent's, with ``/proc/self/environ``. A process started with its variables by a launcher
+    that does not have them (torchrun's agent, ``shmstat run``: not ``multiprocessing`` children) or that set
+    them itself after its start (``mp.spawn``-style launchers, the testing plugin's ranks) is a rank."""
+    now = identity_variables(os.environ)
+    forked = _state.STATE.fork_environ
+    if forked is not None:
+        return forked == now
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is None or mp_process.parent_process() is None:
+        return False
+    started = start_environ()
+    return started is not None and identity_variables(started) == now
 
 
 def _stand_in(env: Identity) -> RankAttachment:
@@ -229,6 +257,7 @@ def _after_fork_in_child() -> None:
     parent = st.attachment
     st.fork_owner = None
     st.attachment = None
+    st.fork_environ = identity_variables(os.environ)  # the parent's, as they were at the fork
     if parent is not None and parent.owner_local_rank >= 0:
         st.fork_owner = (parent.segment, parent.owner_local_rank)
     elif parent is not None:  # the parent rank got no entry: neither does the child (its samples are counted)
@@ -237,7 +266,8 @@ def _after_fork_in_child() -> None:
         st.attachment = RankAttachment(parent.segment, -1, parent.rank, parent.world_size, os.getpid(), 0)
     st.lock = threading.RLock()  # a parent thread may have held it at the fork
     st.publisher = None
-    st.auto_init_done = True
+    # a parent that did not attach yet (or has no job) leaves the child to attach on its first use, as a worker
+    st.auto_init_done = st.auto_init_done or parent is not None
     if st.publish_target is not None:
         endpoint, rank, incarnation = st.publish_target
         job = parent.segment.job if parent is not None else None

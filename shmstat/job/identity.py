@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..shm.runtime import validate_job
 
-__all__ = ["TORCHRUN_DEFAULT_RUN_ID", "Identity", "identity_from_env"]
+__all__ = ["IDENTITY_VARIABLES", "TORCHRUN_DEFAULT_RUN_ID", "Identity", "identity_from_env", "identity_variables",
+           "start_environ"]
+
+IDENTITY_VARIABLES = ("SHMSTAT_JOB", "SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""Every environment variable :func:`identity_from_env` reads."""
 
 TORCHRUN_DEFAULT_RUN_ID = "none"
 """The ``TORCHELASTIC_RUN_ID`` torchrun gives every job started without ``--rdzv-id`` (static and c10d)."""
@@ -79,3 +84,25 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> Identity | None:
     local_world = _int(env, ("LOCAL_WORLD_SIZE",), world)
     assert rank is not None and local_rank is not None and world is not None and local_world is not None
     return Identity(job, rank, local_rank, world, local_world)
+
+
+def identity_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`IDENTITY_VARIABLES` set in ``env``, as they are (two environments naming the same rank the same
+    way have equal ones)."""
+    return {name: env[name] for name in IDENTITY_VARIABLES if name in env}
+
+
+def start_environ() -> dict[str, str] | None:
+    """The environment this process was started with (``/proc/self/environ``: what its ``exec`` was given, not
+    what it set since), or None where it cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            out[name.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+    return out

@@ -103,14 +103,18 @@ class RankAttachment:
     @classmethod
     def register(
         cls, segment: Segment, *, rank: int, local_rank: int, world_size: int = 1, pid: int | None = None,
-        clock_ns: int | None = None,
+        clock_ns: int | None = None, inherited: bool = False,
     ) -> RankAttachment:
         """Take rank entry ``local_rank`` for this process, bumping its incarnation; pre-fault the rank's slots.
 
-        A process whose ancestor holds the entry (a worker started by the rank that inherited its environment)
-        becomes a writer of that rank instead (see :meth:`register_writer`). Raises :class:`CapacityError` if
-        ``local_rank`` is beyond the segment's rank capacity (:func:`shmstat.init` then attaches the rank without
-        an entry) and :class:`ConfigError` if another live process holds the entry.
+        A worker of the rank becomes a writer of that rank instead (see :meth:`register_writer`), whatever the
+        order they attach in: a process that ``inherited`` the rank's identity unchanged from the process that
+        started it (a forked child, a multiprocessing worker: see :func:`shmstat.job.attach.init`), and a process
+        whose ancestor holds the entry (a worker started by the rank that inherited its environment). A rank
+        whose entry a process it started took first (a worker not seen as one) writes for itself from a writer
+        entry, and says so once. Raises :class:`CapacityError` if ``local_rank`` is beyond the segment's rank
+        capacity (:func:`shmstat.init` then attaches the rank without an entry) and :class:`EntryHeldError` if
+        another live process, neither its ancestor nor its descendant, holds the entry.
         """
         geo = segment.geometry
         if not 0 <= local_rank < geo.max_ranks:
@@ -120,14 +124,24 @@ class RankAttachment:
                 "(shmstat collect/run: --max-ranks)"
             )
         own = pid is None
+        if own and inherited:
+            return cls.register_writer(segment, owner_local_rank=local_rank, rank=rank, world_size=world_size)
         pid = os.getpid() if pid is None else pid
         now = time.time_ns() if clock_ns is None else clock_ns
         with segment.locked():
             info = segment.rank(local_rank)
             if info.state == L.RankState.ACTIVE and info.pid not in (pid, 0) and pid_alive(info.pid):
+                owner = info.writer_of - 1 if info.is_writer else local_rank
                 if own and _is_ancestor(info.pid):
-                    owner = info.writer_of - 1 if info.is_writer else local_rank
                     return cls.register_writer(segment, owner_local_rank=owner)
+                if own and _is_ancestor(pid, of=info.pid):
+                    warn_once("order", (
+                        f"local rank {local_rank} of job {segment.job!r} is held by pid {info.pid}, a process this "
+                        "rank started that attached before it and did not inherit the rank's variables as they "
+                        "are now; the rank writes from an entry of its own and every sample still counts in "
+                        f"rank {rank}'s rows, but the rank's joining and exit follow pid {info.pid}: attach the "
+                        "rank (a Stat or shmstat.init()) before it starts workers"), segment)
+                    return cls.register_writer(segment, owner_local_rank=owner, rank=rank, world_size=world_size)
                 raise EntryHeldError(
                     f"local rank {local_rank} of job {segment.job!r} is held by live pid {info.pid}; "
                     "give each process its own LOCAL_RANK"
@@ -137,8 +151,11 @@ class RankAttachment:
         return att
 
     @classmethod
-    def register_writer(cls, segment: Segment, *, owner_local_rank: int) -> RankAttachment:
-        """Take a writer entry for this process, writing samples for rank entry ``owner_local_rank``.
+    def register_writer(cls, segment: Segment, *, owner_local_rank: int, rank: int | None = None,
+                        world_size: int | None = None) -> RankAttachment:
+        """Take a writer entry for this process, writing samples for rank entry ``owner_local_rank``, as global
+        ``rank`` of ``world_size`` (default: as the rank's entry says; given when the rank may not have taken its
+        entry yet, which stays free for it).
 
         Never raises for lack of room. Writer entries come from the top of the table: a free entry, or that of
         a writer whose process is gone and whose windows were all emitted; when there is neither, the entry of
@@ -150,6 +167,8 @@ class RankAttachment:
         pid, now = os.getpid(), time.time_ns()
         with segment.locked():
             owner = segment.rank(owner_local_rank)
+            rank = owner.rank if rank is None else rank
+            world_size = owner.world_size if world_size is None else world_size
             chosen: tuple[int, RankInfo] | None = None
             fallback: tuple[int, int, RankInfo] | None = None  # (samples lost, entry, info)
             for i in range(geo.max_ranks - 1, -1, -1):
@@ -173,23 +192,22 @@ class RankAttachment:
                 if 0 <= gone_owner < geo.max_ranks:
                     add_counter(segment, geo.rank_offset(gone_owner) + L.R_DROPPED, lost)
                 warn_once("takeover", (
-                    f"job {segment.job!r} has no free entry for another writer of rank {owner.rank} (forked or "
+                    f"job {segment.job!r} has no free entry for another writer of rank {rank} (forked or "
                     f"spawned workers; {geo.max_ranks} entries) and no collector emitted the windows of the "
                     "workers that exited: their entries are reused and the samples they held are counted as "
                     "dropped (see 'shmstat ls'); run 'shmstat collect' on the node to keep them"), segment)
                 chosen = (i, info)
             if chosen is None:
                 warn_once("writers", (
-                    f"job {segment.job!r} has no free entry for another writer of rank {owner.rank} (a forked or "
+                    f"job {segment.job!r} has no free entry for another writer of rank {rank} (a forked or "
                     f"spawned worker): all {geo.max_ranks} entries are held by live processes; this worker's "
                     f"samples are dropped and counted (see 'shmstat ls'); start the job with "
                     f"SHMSTAT_MAX_RANKS={2 * geo.max_ranks}"), segment)
-                return cls.without_entry(segment, rank=owner.rank, world_size=owner.world_size,
-                                         writer_of=owner_local_rank)
+                return cls.without_entry(segment, rank=rank, world_size=world_size, writer_of=owner_local_rank)
             i, info = chosen
             if info.state != L.RankState.FREE:
                 _forget_unemitted(segment, info)  # none but a bank left odd by a death, or the ones counted above
-            att = cls._take(segment, i, info, owner.rank, owner.world_size, pid, now, writer_of=owner_local_rank)
+            att = cls._take(segment, i, info, rank, world_size, pid, now, writer_of=owner_local_rank)
         att.prefault()
         return att
 
@@ -349,18 +367,23 @@ def _forget_unemitted(segment: Segment, info: RankInfo) -> None:
         segment.f64[off // 8 + L.B_SEQ] = 0.0
 
 
-def _is_ancestor(pid: int) -> bool:
-    """Whether ``pid`` is this process's parent, grandparent, ... (read from /proc, no dependency)."""
-    current = os.getppid()
+def _parent(pid: int) -> int:
+    """The parent pid of ``pid`` (read from /proc, no dependency); 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _is_ancestor(pid: int, *, of: int | None = None) -> bool:
+    """Whether ``pid`` is the parent, grandparent, ... of process ``of`` (default: this process)."""
+    current = os.getppid() if of is None else _parent(of)
     for _ in range(64):
         if current == pid:
             return True
         if current <= 1:
             return False
-        try:
-            with open(f"/proc/{current}/stat", "rb") as f:
-                stat = f.read()
-            current = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
+        current = _parent(current)
     return False

@@ -1,13 +1,14 @@
 """The wire format between ranks, the collector and subscribers: the one place that defines it.
 
-Every message is a two-frame ZeroMQ multipart ``[topic, payload]`` — except on a node collector's publish
-endpoint (``shmstat collect --publish ENDPOINT`` with no ``--job``, or several), which carries the messages of
-every job the node collector serves: there every message is three frames ``[topic, payload, job]``, the first two
-exactly as the job's own endpoint sends them, the third the job id in UTF-8 (the job id rule of
-:func:`shmstat.names.is_job_id`: 1 to 64 of ``A-Z a-z 0-9 - _ .``). Subscribers filter on the topic as
-anywhere else; :func:`decode_with_job` reads both shapes. The job's heartbeats go out there with their job frame
-too: all the jobs of a node collector share its pid and rank -1 for what the collector makes, so a subscriber of a
-node endpoint keeps its accounting per job (and per sender: :mod:`shmstat.wire.heartbeat`).
+A rank sends the collector two-frame ZeroMQ multipart messages ``[topic, payload]``. A collector publishes every
+message with one more frame naming its job, on every endpoint: ``[topic, payload, job]``, the first two exactly as
+the rank sent them, the third the job id in UTF-8 (the job id rule of :func:`shmstat.names.is_job_id`: 1 to 64 of
+``A-Z a-z 0-9 - _ .``), so a subscriber knows the job of everything it receives — on a job's own endpoint as on a
+node collector's (``shmstat collect --publish ENDPOINT``), which carries the messages of every job it serves.
+Subscribers filter on the topic; :func:`decode_with_job` reads a received message (and the two-frame shape of
+collectors before 0.1.0's release), and :func:`shmstat.wire.records.records` turns its items into the records
+``shmstat subscribe`` prints. All the jobs of a node collector share its pid and rank -1 for what the collector
+makes, so a subscriber keeps its accounting per job (and per sender: :mod:`shmstat.wire.heartbeat`).
 
 Topic (frame 1, UTF-8, at most :data:`MAX_TOPIC` bytes) — subscribers filter on its prefix:
 
@@ -255,16 +256,14 @@ def _as_bytes(frame: Any, what: str) -> bytes:
 
 
 def decode_frames(frames: Sequence[Any]) -> WireMessage:
-    """:func:`decode` of a received multipart message, which must be exactly ``[topic, payload]``."""
-    if len(frames) != 2:
-        _fail(f"a message has {len(frames)} frames, not 2 (topic, payload)")
-    return decode(frames[0], frames[1])
+    """:func:`decode` of a received multipart message of either shape (:func:`decode_with_job`), its job left out."""
+    return decode_with_job(frames)[0]
 
 
 def decode_with_job(frames: Sequence[Any]) -> tuple[WireMessage, str | None]:
-    """:func:`decode` of a received multipart message of either shape: ``[topic, payload]`` (a job's endpoint:
-    the job is None) or ``[topic, payload, job]`` (a node collector's endpoint: the job id it names). Any other
-    number of frames, or a job frame that is not a job id in UTF-8, raises :class:`WireError`."""
+    """:func:`decode` of a received multipart message and its job: ``[topic, payload, job]`` as every collector
+    endpoint sends it (the job id it names), or ``[topic, payload]`` as a rank sends it (the job is None). Any
+    other number of frames, or a job frame that is not a job id in UTF-8, raises :class:`WireError`."""
     n = len(frames)
     if n == 2:
         return decode(frames[0], frames[1]), None

@@ -116,9 +116,7 @@ class Subscriber:
 
     def _record(self, frames: list[bytes]) -> None:
         try:
-            if len(frames) != 2:
-                raise wire.WireError("not two frames")
-            msg = wire.decode(frames[0], frames[1])
+            msg = wire.decode_frames(frames)
         except wire.WireError:
             msg = None
         with self.lock:

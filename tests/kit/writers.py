@@ -165,7 +165,7 @@ def _racing_creator(go, n: int, group: str) -> None:
 def creators_racing_on_one_stat(job: str, pure: bool, threads: int, n: int, rounds: int, out: str) -> None:
     """Per round, at one signal: ``threads`` threads of the rank, a child the rank forks from one more thread, and
     a spawn, a forkserver and a fork worker all create the Stat ``raced`` (the round's group) and add ``n`` each.
-    The rank attaches first: a worker started before its rank attached may take the rank's own entry."""
+    (Workers started before their rank attached: tests/rank/test_pool_workers.py.)"""
     _env(job, pure)
     import shmstat
 

@@ -17,6 +17,7 @@ checks links and the generated reference.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from kit import prometheus as prom
+from kit.browser import CHROMIUM, Browser
 from kit.procs import REPO, read_jsonl
 from kit.support import unique_job, wait_for
 
@@ -330,6 +332,35 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
     kept = [e for e in read_jsonl(str(events)) if e.get("name") == "checkpoint"]
     assert sorted((e["rank"], e["data"]["step"]) for e in kept) == sorted(
         (rank, step) for rank in range(ranks) for step in range(0, steps, every))
+    _check_the_quickstart_report(tmp_path, env)
+
+
+def _check_the_quickstart_report(tmp_path: Path, env: dict[str, str]) -> None:
+    """The Quickstart ends with ``shmstat report``, run as written on what its collector wrote: a page (and in
+    chromium, where installed: drawn without errors or requests, no put metric counted for a script that puts
+    none, the one-line p99 chart with its legend)."""
+    (collect,) = [a for a in shmstat_invocations(_quickstart_block("sh", "--handler")) if a[0] == "collect"]
+    assert "*=jsonl:metrics.jsonl" in collect and "jsonl:events.jsonl" in collect
+    (report,) = shmstat_invocations(_quickstart_block("sh", "shmstat report"))
+    done = subprocess.run([sys.executable, "-m", "collector", *report], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    if importlib.util.find_spec("plotly") is None:
+        assert done.returncode == 2 and "shmstat[report]" in done.stderr, done.stderr
+        return
+    page = tmp_path / report[report.index("-o") + 1]
+    assert done.returncode == 0 and page.exists(), done.stderr
+    if not os.path.exists(CHROMIUM):
+        return
+    with Browser() as browser:
+        browser.open(page.as_uri(), "document.body && document.body.dataset.chartsDrawn")
+        put = browser.evaluate("document.querySelector('#summary tr[data-name=put_metrics]').dataset.value")
+        legends = json.loads(browser.evaluate(
+            "JSON.stringify(Array.from(document.querySelectorAll('div.chart')).map(d => [d.dataset.stat, "
+            "d.dataset.kind, d.data.length, d.querySelectorAll('g.legend .traces').length]))"))
+        log = browser.log
+    assert log.errors() == [] and [u for u in log.requests if u != page.as_uri() and not u.startswith("data:")] == []
+    assert put == "0"  # train.py puts no metric: the collector's own points are not the job's
+    assert ["train/step_ms", "percentiles", 1, 1] in legends, legends  # p99 alone, named in its legend
 
 
 def _has_torch() -> bool:

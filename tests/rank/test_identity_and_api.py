@@ -70,20 +70,22 @@ def _child(job: str, q) -> None:
     s.shutdown()
 
 
+def _launched(env: dict[str, str], job: str, q) -> None:
+    # what a launcher does for a function entrypoint (torchelastic's, mp.spawn's): the rank's variables are set in
+    # the rank, not in the launcher (a process started by one that has its rank's variables is that rank's worker)
+    os.environ.update(env)
+    _child(job, q)
+
+
 def test_a_rank_attaches_from_the_environment_without_code_changes():
     job = unique_job("env")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    old = dict(os.environ)
-    os.environ.update({"TORCHELASTIC_RUN_ID": job, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4",
-                       "SHMSTAT_KEEP_SEGMENT": "1"})  # kept at the rank's exit, to be read here
-    try:
-        p = ctx.Process(target=_child, args=(job, q))
-        p.start()
-        p.join(60)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    env = {"TORCHELASTIC_RUN_ID": job, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4",
+           "SHMSTAT_KEEP_SEGMENT": "1"}  # kept at the rank's exit, to be read here
+    p = ctx.Process(target=_launched, args=(env, job, q))
+    p.start()
+    p.join(60)
     assert p.exitcode == 0
     assert q.get(timeout=5) == (True, job, 2)
     seg = Segment.open(job, create=False)

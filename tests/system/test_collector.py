@@ -79,7 +79,7 @@ def test_subscriber_before_ranks_sees_events_windows_and_lifecycle_with_filterin
 
     def drain(sock, into):
         while sock.poll(0):
-            topic, payload = sock.recv_multipart()
+            topic, payload, _job = sock.recv_multipart()
             into.setdefault(topic.decode(), []).append(msgpack.unpackb(payload))
         return into
 
@@ -120,7 +120,7 @@ def test_rank_killed_with_sigkill_is_reported_died_others_still_aggregated(job, 
 
     def got_died():
         while sub.poll(0):
-            topic, payload = sub.recv_multipart()
+            topic, payload, _job = sub.recv_multipart()
             if topic == b"rank/died":
                 died.extend(msgpack.unpackb(payload)["items"])
         return died

@@ -116,7 +116,7 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
 
         def all_four():
             while sub.poll(0):
-                _topic, payload = sub.recv_multipart()
+                _topic, payload, _job = sub.recv_multipart()
                 got.extend(msgpack.unpackb(payload)["items"])
             return len(got) >= 4
 

@@ -53,7 +53,7 @@ class _Topics:
 
     def drain(self) -> list[tuple[str, object]]:
         while self.sock.poll(0):
-            topic, payload = self.sock.recv_multipart()
+            topic, payload, _job = self.sock.recv_multipart()
             msg = wire.decode(topic, payload)
             self.raw_topics.add(topic)
             self.items.extend((msg.topic, it) for it in msg.items)

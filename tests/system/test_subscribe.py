@@ -184,3 +184,63 @@ def test_node_wide_subscribe_follows_every_job_a_node_collector_serves(tmp_path)
                      for it in line["items"] if it["rank"] is None)
         assert merged == 500 * world  # every window of the job, to its end
         assert {"record": "end", "source": mine[0]["source"], "job": job} in lines
+
+
+def _events_and_metrics(job: str, n: int) -> None:
+    import datetime
+
+    import shmstat
+    from elastic.metrics import put_metric
+
+    shmstat.init(job, rank=0)
+    for i in range(n):
+        shmstat.log_event(shmstat.Event("tick", datetime.datetime.now(), {"i": i, "x": float("nan")}))
+        put_metric("loss", i / 2, "train")
+    shmstat.shutdown(flush_timeout_s=30)
+
+
+def test_the_python_stream_api_gives_the_records_subscribe_prints_each_naming_its_job(job, tmp_path):
+    """The Python stream API (``shmstat.wire.records`` on what a SUB socket receives from a job's own endpoint)
+    returns each item as the object ``shmstat subscribe`` prints for it — the same keys and values, timestamps in
+    seconds, the job named (issue 44: it gave lists, and None for the job, on a job's own endpoint)."""
+    import zmq
+
+    from shmstat.wire.records import records
+
+    n = 5
+    coll = start_collector(job, "--handler", "*=null", "--status-interval", "0")
+    sub, out, _err = _subscribe(tmp_path, "sub", "--job", job, "--json", "--topic", "event/", "--topic", "metric/")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.connect(coll.publish)
+    for topic in (b"event/", b"metric/", b"heartbeat/"):
+        sock.setsockopt(zmq.SUBSCRIBE, topic)
+    try:
+        wait_for(lambda: _beaten_at(sock) and _beaten(out), 20, 0.05, what="both subscribers' first heartbeat")
+        p = spawn(_events_and_metrics, job, n)
+        p.join(60)
+        assert p.exitcode == 0
+        got: list[dict] = []
+        while len([r for r in got if "name" in r and r["name"] in ("tick", "loss")]) < 2 * n and sock.poll(10_000):
+            frames = sock.recv_multipart()
+            if not frames[0].startswith(b"heartbeat/"):
+                got.extend(records(frames))
+    finally:
+        sock.close(0)
+        ctx.term()
+        assert coll.stop() == 0
+    assert sub.wait(30) == 0
+    printed = [item for line in _lines(out) if line.get("kind") in ("event", "metric") for item in line["items"]]
+    assert got == printed and len(got) == 2 * n, (got, printed)
+    assert {r["job"] for r in got} == {job}
+    ticks = [r for r in got if r.get("name") == "tick"]
+    assert [r["data"]["i"] for r in ticks] == list(range(n)) and ticks[0]["data"]["x"] == "NaN"
+    assert all(isinstance(r["timestamp"], float) and r["timestamp"] > 1e9 for r in got)
+
+
+def _beaten_at(sock) -> bool:
+    """Whether a heartbeat reached ``sock`` (the collector serves it): the subscription took."""
+    while sock.poll(0):
+        if sock.recv_multipart()[0].startswith(b"heartbeat/"):
+            return True
+    return False

@@ -34,7 +34,7 @@ def test_every_subcommand_names_the_function_it_runs():
     assert set(subs) == set(cli.COMMANDS)
     for name, parser in subs.items():
         run = parser.get_default("run")
-        assert callable(run) and run.__name__ == f"_{name}", name
+        assert callable(run) and run.__name__ == f"_{name.replace('-', '_')}", name
 
 
 @pytest.mark.parametrize("argv", [["collect", "--job", "j"], ["run", "--nproc-per-node", "1", "x.py"]])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -28,13 +29,13 @@ needs_plotly = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
                                   reason="shmstat report draws with plotly: pip install 'shmstat[report]'")
 
 
-def run_report_job(tmp_path, *, seconds: float = 2.0, crash: bool = True) -> tuple[str, str, str]:
+def run_report_job(tmp_path, *, seconds: float = 2.0, crash: bool = True, put: bool = False) -> tuple[str, str, str]:
     """Run tests/kit/programs/report_job.py under ``shmstat run`` with its windows (the ``shmstat`` group's scores and
     counters included) in a jsonl file and its events in another; returns (job, windows path, events path)."""
     job = unique_job("rep")
     windows, events = str(tmp_path / "windows.jsonl"), str(tmp_path / "events.jsonl")
     env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN=str(seconds), WINDOW_S="0.2",
-               **({"CRASH_ONCE": "1"} if crash else {}))
+               **({"CRASH_ONCE": "1"} if crash else {}), **({"PUT_METRICS": "1"} if put else {}))
     try:
         done = subprocess.run(
             [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(RANKS),
@@ -54,8 +55,13 @@ def _by_window(rows: list[dict], group: str, name: str, rank: int | None) -> dic
 
 CHARTS_JS = """JSON.stringify(Array.from(document.querySelectorAll('div.chart')).map(d => ({
   stat: d.dataset.stat, kind: d.dataset.kind, svg: d.querySelectorAll('.main-svg').length,
-  drawn: (d._fullData || []).length,
-  traces: d.data.map(t => ({meta: t.meta, name: t.name, x: t.x, y: t.y, z: t.z}))})))"""
+  drawn: (d._fullData || []).length, legend: d._fullLayout.showlegend && d.querySelectorAll('g.legend').length,
+  layout: d.layout,
+  traces: d.data.map(t => ({meta: t.meta, name: t.name, x: t.x, y: t.y, z: t.z, customdata: t.customdata,
+                            zmin: t.zmin, zmax: t.zmax, colorbar: t.colorbar}))})))"""
+STRAGGLERS_JS = """JSON.stringify(Array.from(document.querySelectorAll('#stragglers li')).map(li => ({
+  stat: li.dataset.stat, rank: Number(li.dataset.rank), windows: Number(li.dataset.windows),
+  score: Number(li.dataset.score), text: li.textContent})))"""
 SUMMARY_JS = """JSON.stringify(Object.fromEntries(Array.from(document.querySelectorAll('#summary tr')).map(
   tr => [tr.dataset.name, [tr.dataset.value, tr.querySelector('td').textContent]])))"""
 
@@ -63,7 +69,7 @@ SUMMARY_JS = """JSON.stringify(Object.fromEntries(Array.from(document.querySelec
 @needs_chromium
 @needs_plotly
 def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp_path):
-    _job, windows, events = run_report_job(tmp_path)
+    _job, windows, events = run_report_job(tmp_path, put=True)
     page = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "collector", "report", windows, "--events", events, "-o", str(page)],
                           env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, timeout=120)
@@ -74,6 +80,7 @@ def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp
         browser.open(page.as_uri(), "document.body && document.body.dataset.chartsDrawn")
         charts = json.loads(browser.evaluate(CHARTS_JS))
         summary = json.loads(browser.evaluate(SUMMARY_JS))
+        said = json.loads(browser.evaluate(STRAGGLERS_JS))
         shown_note = browser.evaluate("document.getElementById('events').textContent")
         images = browser.evaluate("document.querySelectorAll('img').length")
         log = browser.log
@@ -95,7 +102,10 @@ def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp
         "events_lost": sum(e["gap"] for e in kept if "gap" in e),
         "restarts": sum(len(v) - 1 for v in joined.values()),
         "stats": 3,
+        # the job's put metrics: its ranks' train/lr and shmstat run's agent's; not the collector's own points
+        "put_metrics": sum(1 for r in rows if r["window_start"] is None and r["group"] != "shmstat"),
     }
+    assert any(r["name"] == "rank.cpu_percent" for r in rows)  # the collector's points are in the file
     assert expected["ranks"] == RANKS and expected["restarts"] == RANKS  # every worker restarted once
     for name, value in expected.items():
         assert summary[name] == [str(value), str(value)], (name, summary[name], value)
@@ -103,11 +113,21 @@ def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp
     by = defaultdict(list)
     for c in charts:
         assert c["svg"] >= 1 and c["drawn"] == len(c["traces"]), c["stat"]  # plotly drew every trace
+        assert c["legend"] == 1, c["stat"]  # every chart says what its lines are
         by[(c["stat"], c["kind"])].append(c)
+    puts: dict[str, dict[int | None, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r["window_start"] is None and r["group"] != "shmstat":
+            puts[f"{r['group']}/{r['name']}"][r["rank"]].append((r["timestamp"] * 1000, r["value"]))
+    assert set(puts["train/lr"]) == set(range(RANKS))
     assert {k for k in by if k[0] != "events"} == {
         ("train/step_ms", "time"), ("train/step_ms", "percentiles"), ("train/step_ms", "heatmap"),
         ("train/loss", "time"), ("train/loss", "heatmap"), ("gpu/util_percent", "time"),
-        ("gpu/util_percent", "heatmap")}
+        ("gpu/util_percent", "heatmap")} | {(key, "put") for key in puts}
+    for key, per_rank in puts.items():  # every put metric drawn: one line per rank, every point
+        (chart,) = by[(key, "put")]
+        assert {t["meta"]: list(zip(t["x"], t["y"], strict=True)) for t in chart["traces"]} == {
+            rank: sorted(points) for rank, points in per_rank.items()}, key
 
     for group, stat in (("train", "step_ms"), ("train", "loss"), ("gpu", "util_percent")):
         key = f"{group}/{stat}"
@@ -123,9 +143,15 @@ def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp
         figure = "p50" if stat == "step_ms" else "mean"
         heat = {t["meta"]: t for t in by[(key, "heatmap")][0]["traces"]}
         assert heat["figure"]["y"] == list(range(RANKS))
+        # coloured by figure / the window's median across ranks, on a fixed scale the colorbar names
+        figures = [_by_window(rows, group, f"{stat}.{figure}", rank) for rank in range(RANKS)]
+        medians = [statistics.median(f[s] for f in figures if s in f) for s in starts]
         for rank in range(RANKS):
-            figures = _by_window(rows, group, f"{stat}.{figure}", rank)
-            assert heat["figure"]["z"][rank] == [figures.get(s) for s in starts]
+            assert heat["figure"]["customdata"][rank] == [figures[rank].get(s) for s in starts]
+            assert heat["figure"]["z"][rank] == [None if s not in figures[rank] else figures[rank][s] / m
+                                                 for s, m in zip(starts, medians, strict=True)]
+        assert (heat["figure"]["zmin"], heat["figure"]["zmax"]) == (0.5, 1.5)
+        assert "median" in heat["figure"]["colorbar"]["title"]["text"]
 
     # percentiles, and the straggler marks: the collector's own scores under the threshold
     pct = {t["meta"]: t for t in by[("train/step_ms", "percentiles")][0]["traces"]}
@@ -139,6 +165,17 @@ def test_the_report_of_a_real_job_renders_in_chromium_with_the_jsonl_numbers(tmp
     marks = {t["meta"]: t for t in by[("train/step_ms", "heatmap")][0]["traces"]}["stragglers"]
     assert {(y, x) for x, y in zip(marks["x"], marks["y"], strict=True)} == {(r, s * 1000) for r, s in scores}
     assert scores and {rank for rank, _ in scores} == {RANKS - 1}  # the slow rank, and only it
+
+    # the stragglers in words: each (stat, rank) with a window under the threshold, its windows and its score
+    slow: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["name"].startswith("straggler.score.") and r["value"] < THRESHOLD:
+            slow[(r["name"][len("straggler.score."):], r["rank"])].append(r["value"])
+    assert {(s["stat"], s["rank"]): s["windows"] for s in said} == {k: len(v) for k, v in slow.items()}
+    step = next(s for s in said if s["stat"] == "train/step_ms")
+    assert step["score"] == statistics.median(slow[("train/step_ms", RANKS - 1)])
+    assert step["text"].startswith(f"rank {RANKS - 1} was slow on train/step_ms in {step['windows']} of the ")
+    assert f"score {step['score']:.3g}" in step["text"] and " UTC)" in step["text"]
 
     # the events timeline: every event, by name
     timeline = {t["name"]: len(t["x"]) for t in by[("events", "events")][0]["traces"] if t["meta"] == "event"}
@@ -158,6 +195,12 @@ def test_the_reader_reconciles_a_real_jsonl_and_counts_what_it_skips(tmp_path):
     report = load_report(windows, events, job=job)
     assert report.bad_lines == 2
     summary = report.summary()
+    # the script puts no metric: the put metrics are shmstat run's agent's, never the collector's own points
+    assert any(r["group"] == "shmstat" and r["name"] == "rank.cpu_percent" for r in rows)
+    assert summary["put_metrics"] == sum(1 for r in rows if r["window_start"] is None and r["group"] != "shmstat")
+    assert not any(group == "shmstat" for group, _ in report.puts)
+    # the job as the collector prints it: a prefix of its id
+    assert load_report(windows, events, job=job[:-4]).summary() == summary
     assert summary["samples"] == sum(r["value"] for r in rows if r["rank"] is None and r["window_start"] is not None
                                      and r["name"].endswith(".count") and r["group"] != "shmstat")
     assert summary["restarts"] == 0 and summary["ranks"] == RANKS
@@ -168,7 +211,7 @@ def test_the_reader_reconciles_a_real_jsonl_and_counts_what_it_skips(tmp_path):
         series.scores.clear()
         assert kept and series.score_grid() == pytest.approx(kept, rel=1e-12), series.key
     page = render_html(report, js="/* plotly.js left out */")
-    assert page.count('class="chart"') == 8 and "</script><img" not in page
+    assert page.count('class="chart"') == 8 + len(report.puts) and "</script><img" not in page
 
 
 def test_bad_input_is_one_sentence(tmp_path):
@@ -187,6 +230,15 @@ def test_bad_input_is_one_sentence(tmp_path):
     assert several.returncode == 2 and "choose one with --job" in several.stderr
     absent = report(str(two), "--job", "c")
     assert absent.returncode == 2 and "no row of job 'c'" in absent.stderr
+    prefixed = tmp_path / "prefixed.jsonl"
+    prefixed.write_text(two.read_text().replace('"job": "a"', '"job": "bb132e7f-0"').replace('"job": "b"',
+                                                                                              '"job": "bb1d"'))
+    ambiguous = report(str(prefixed), "--job", "bb1")
+    assert ambiguous.returncode == 2 and "Traceback" not in ambiguous.stderr, ambiguous.stderr
+    assert ambiguous.stderr.count("\n") == 1 and "bb132e7f-0, bb1d" in ambiguous.stderr, ambiguous.stderr
+    short = report(str(prefixed), "--job", "bb132e7f", "-o", str(tmp_path / "short.html"))
+    if importlib.util.find_spec("plotly") is not None:
+        assert short.returncode == 0 and (tmp_path / "short.html").exists(), short.stderr
     threshold = report(str(two), "--job", "a", "--threshold", "2")
     assert threshold.returncode == 2 and "--threshold must be between 0 and 1" in threshold.stderr
     assert not (tmp_path / "two.html").exists()
@@ -243,8 +295,8 @@ def _bad_lines() -> list[bytes]:
     lines = []
     for field in good:
         for w in wrong:
-            if (w is None and field not in required) or (w == "x" and field in ("group", "name", "job")):
-                continue  # a row: merged, a put metric, of one job; of group, stat or job "x"
+            if (w is None and field not in required) or (w == "x" and field in ("group", "job")):
+                continue  # a row: merged, a put metric, of one job; of group or job "x" (a window's "x": no row)
             if (field == "value" and (isinstance(w, float) or w in (-1, 1.5))) or (field == "timestamp" and w == 1.5) \
                     or (field in ("window_start", "window_end") and w == 1.5):
                 continue  # a figure may be any number (written NaN and infinities as strings); a time may be 1.5 s

@@ -18,7 +18,7 @@ from collector.wire.relay import MAX_SUBSCRIPTION_BYTES, Relay
 
 
 def _relay(tmp_path, keys) -> Relay:
-    return Relay(f"ipc://{tmp_path}/in.sock", "tcp://127.0.0.1:0", curve=str(keys), heartbeat_interval_s=0.01)
+    return Relay(f"ipc://{tmp_path}/in.sock", "tcp://127.0.0.1:0", curve=str(keys), heartbeat_interval_s=0.01, job="curve-relay")
 
 
 _OPEN: list[zmq.Socket] = []  # a socket nobody holds is closed by the garbage collector

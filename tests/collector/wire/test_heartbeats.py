@@ -29,7 +29,8 @@ class _Rig:
 
     def __init__(self, sndhwm: int = 4) -> None:
         self.dir = tempfile.mkdtemp(prefix="hb-", dir="/tmp")  # Unix socket paths must stay short
-        self.relay = Relay(f"ipc://{self.dir}/in", f"ipc://{self.dir}/pub", sndhwm=sndhwm, heartbeat_interval_s=3600)
+        self.relay = Relay(f"ipc://{self.dir}/in", f"ipc://{self.dir}/pub", sndhwm=sndhwm, heartbeat_interval_s=3600,
+                           job="heartbeats")
         self.ctx = zmq.Context()
         self.rank = self.ctx.socket(zmq.XPUB)
         self.rank.setsockopt(zmq.LINGER, 0)
@@ -226,7 +227,7 @@ def test_collector_messages_are_split_under_the_per_message_bound(rig):
     rig.relay.publish("stat/g/s", "stat", items)
     got, seqs = [], []
     while len(got) < len(items) and sub.poll(2000):
-        topic, payload = sub.recv_multipart()
+        topic, payload, _job = sub.recv_multipart()
         assert len(payload) <= MAX_MESSAGE_BYTES
         msg = wire.decode(topic, payload)
         seqs.append((msg.seq, len(msg.items)))

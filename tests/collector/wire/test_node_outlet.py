@@ -133,9 +133,9 @@ def test_every_message_of_both_jobs_reaches_the_node_endpoint_with_its_job_and_e
     by_job = {job: [(m.kind, len(m.items)) for m, j in got if j == job] for job in JOBS}
     assert by_job == {"job-a": [("event", 1)] * 7 + [("rank", 1)], "job-b": [("event", 1)] * 5 + [("stat", 1)]}
     assert {m.pid for m, j in got if j == "job-a" and m.kind == "event"} == {RANK_PID["job-a"]}
-    for job, sock in own.items():  # the job's own endpoint: two frames, only its job
+    for job, sock in own.items():  # the job's own endpoint: only its job, named as on the node's (issue 44)
         frames = _read(sock)
-        assert {len(f) for f in frames} == {2}
+        assert {len(f) for f in frames} == {3} and {wire.decode_with_job(f)[1] for f in frames} == {job}
         assert sum(1 for f in frames if f[0] == b"event/tick") == (7 if job == "job-a" else 5)
 
 

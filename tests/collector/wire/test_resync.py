@@ -19,7 +19,7 @@ from shmstat.wire.delivered import SYNC_STATE, delivered_in, encode_delivered
 
 @pytest.fixture
 def relay(tmp_path) -> Iterator[Relay]:
-    r = Relay(f"ipc://{tmp_path}/in.sock", f"ipc://{tmp_path}/out.sock")
+    r = Relay(f"ipc://{tmp_path}/in.sock", f"ipc://{tmp_path}/out.sock", job="resync")
     yield r
     r.close()
 

@@ -3,7 +3,8 @@ adds a step time to ``train/step_ms`` (mean, count, min, max and percentiles; th
 a straggler), a loss to ``train/loss`` (mean) and a made-up utilisation to ``gpu/util_percent`` (mean: a stat of
 the ``gpu`` group, as the collector's GPU sampling writes them), logs a ``train.checkpoint`` event every
 ``CHECKPOINT_EVERY`` steps (the first with markup in its data, which a page must show as text), for
-``SECONDS_TO_RUN``; with ``CRASH_ONCE`` set the first incarnation of rank 0 exits with status 1 halfway
+``SECONDS_TO_RUN``; with ``PUT_METRICS`` set, it also puts ``train/lr`` (a put metric) at each checkpoint; with
+``CRASH_ONCE`` set the first incarnation of rank 0 exits with status 1 halfway
 (``--max-restarts 1`` restarts it)."""
 
 import datetime
@@ -11,6 +12,7 @@ import os
 import time
 
 import shmstat
+from elastic import metrics
 from shmstat import Aggregation as A
 
 rank = int(os.environ["RANK"])
@@ -20,6 +22,7 @@ window_s = float(os.environ.get("WINDOW_S", "0.2"))
 every = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 crash = bool(os.environ.get("CRASH_ONCE")) and rank == 0 and not restarted
+put = bool(os.environ.get("PUT_METRICS"))
 
 step = shmstat.Stat("step_ms", [A.MEAN, A.COUNT, A.MIN, A.MAX, A.P50, A.P99], window_s, group="train")
 loss = shmstat.Stat("loss", [A.MEAN, A.COUNT], window_s, group="train")
@@ -38,6 +41,8 @@ while time.monotonic() < end:
         if i == 0:
             data["note"] = "</script><img src=x onerror=alert(1)>"
         shmstat.log_event(shmstat.Event("train.checkpoint", datetime.datetime.now(), data))
+        if put:
+            metrics.put_metric("lr", 100 + 10 * rank + i // every, "train")
     i += 1
 if crash:
     os._exit(1)
