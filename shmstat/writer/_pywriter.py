@@ -95,9 +95,9 @@ class PySlotWriter:
     ``add_locked()``, ``_roll`` (with ``_mark_bank``, ``_start_window`` and ``_resume``) its ``roll()``. Adds from
     several threads are serialised by a lock; ``on_roll`` runs outside it.
 
-    ``keep_closed_hist`` (no C twin; a Python caller's option): each report with samples of a stat with
-    percentiles keeps the reported window's histogram bytes in :attr:`closed_hist` before the bank is reused, for a
-    buffer whose ring is too short to still hold it (the in-process Stat's one bank).
+    ``keep_closed_hist`` (keyword-only, as the C writer's): each report with samples of a stat with percentiles
+    keeps the reported window's histogram bytes in :attr:`closed_hist` before the bank is reused, for a buffer whose
+    ring is too short to still hold it (the in-process Stat's one bank).
     """
 
     __slots__ = (

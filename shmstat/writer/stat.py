@@ -37,6 +37,7 @@ from ._pywriter import PySlotWriter
 from ._writer import WindowSummary, binding_for
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..histogram import Histogram
     from ..publish.events import data_value_t
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
@@ -207,8 +208,8 @@ class _PrivateCore:
     this process, laid out like a slot with one bank, so a window is written by the same code in process and in a
     job. On top of it, torch.monitor's lazy closing: the window is reported by the first add after it ended (and
     logged if it held samples), by ``max_samples`` at once, or by :meth:`close`. Thread-safe: the C add runs
-    without giving up the GIL, the Python one under a lock. A stat with percentiles takes the Python writer, which
-    keeps a reported window's histogram before the one bank is reused."""
+    without giving up the GIL, the Python one under a lock. A stat with percentiles has the writer keep each
+    reported window's histogram (``keep_closed_hist``) before the one bank is reused."""
 
     # the bank, then nan_count, discarded, heartbeat; then the bank's histogram (a stat with percentiles)
     _NAN, _DISCARDED, _BEAT, _HIST = L.BANK_SIZE, L.BANK_SIZE + 8, L.BANK_SIZE + 16, L.BANK_SIZE + 24
@@ -220,19 +221,23 @@ class _PrivateCore:
         self._max_seq = 2.0 * stat._max_samples  # seq of a full window (reported when it filled)
         self._keeps_hist = keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
         self._buf = mmap.mmap(-1, self._HIST + (L.HIST_SIZE if keeps_hist else 0))  # anonymous: this process's
-        c_writer = backend().SlotWriter
-        args = (self._buf, 0, 1, stat._window_ns, 0, stat._max_samples, Aggregation.VALUE in stat._aggs, self._NAN,
-                self._DISCARDED, self._BEAT, self._on_roll, None if clock is time.time_ns else clock, None)
-        if keeps_hist or c_writer is None:
-            self._writer: Any = PySlotWriter(*args, self._HIST if keeps_hist else -1, keep_closed_hist=keeps_hist)
-        else:
-            self._writer = c_writer(*args)
+        writer_class = backend().SlotWriter or PySlotWriter
+        self._writer: Any = writer_class(
+            self._buf, 0, 1, stat._window_ns, 0, stat._max_samples, Aggregation.VALUE in stat._aggs, self._NAN,
+            self._DISCARDED, self._BEAT, self._on_roll, None if clock is time.time_ns else clock, None,
+            self._HIST if keeps_hist else -1, keep_closed_hist=keeps_hist,
+        )
         self.add = self._writer.add
 
     def _on_roll(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int) -> None:
         hist = None
         if count and self._keeps_hist:
             hist = codec.read_hist(memoryview(self._writer.closed_hist), 0)
+        self._closed(count, total, minimum, maximum, last_value, at, hist)
+
+    def _closed(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int,
+                hist: Histogram | None) -> None:
+        # a window closed: it becomes get()'s, and is logged if it held samples
         self.last = WindowSummary(count, total, minimum, maximum, last_value, hist) if count else WindowSummary()
         stat = self._stat_ref()
         if count and stat is not None:
@@ -253,9 +258,8 @@ class _PrivateCore:
         """Log what the open window holds (unless it was logged full)."""
         seq, total, minimum, maximum, last_value = self._writer.state()
         if seq and seq < self._max_seq:
-            if self._keeps_hist:
-                self._writer.closed_hist = bytes(self._buf[self._HIST : self._HIST + L.HIST_SIZE])
-            self._on_roll(int(seq) >> 1, total, minimum, maximum, last_value, self._clock())
+            hist = codec.read_hist(memoryview(self._buf), self._HIST) if self._keeps_hist else None
+            self._closed(int(seq) >> 1, total, minimum, maximum, last_value, self._clock(), hist)
 
 
 class _SharedCore:

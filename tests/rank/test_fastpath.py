@@ -141,6 +141,53 @@ def test_c_and_python_paths_write_identical_bytes(jobs, aggs, max_samples, seed)
     assert discarded > 0 or max_samples > 300
 
 
+def _run_private(pure: bool, steps: list, aggs, max_samples: int, window_ms: int) -> tuple:
+    """Drive one in-process Stat (its writer on a private one-bank buffer) through ``steps`` with the C writer or
+    (``pure``) its Python twin; return every step's buffer bytes, kept histogram, count, get() and error, and the
+    events."""
+    clock = FakeClock()
+    clock.to_window(window_ms)
+    events: list = []
+    handle = register_event_handler(events.append)
+    with _backend.use("python" if pure else "c"):
+        stat = Stat("lat", aggs, window_ms / 1000, max_samples, clock=clock)
+    try:
+        writer = stat._core._writer
+        assert isinstance(writer, PySlotWriter) is pure and writer.keep_closed_hist
+        trace = []
+        for advance_ns, value in steps:
+            clock.now += advance_ns
+            error = None
+            try:
+                stat.add(value)
+            except Exception as exc:
+                error = type(exc)
+            got = tuple((agg, _bits(v)) for agg, v in stat.get().items())
+            trace.append((bytes(stat._core._buf), writer.closed_hist, stat.count, got, error))
+        stat.close()
+        trace.append(tuple((agg, _bits(v)) for agg, v in stat.get().items()))
+        return trace, [_event_key(e) for e in events]
+    finally:
+        unregister_event_handler(handle)
+
+
+@pytest.mark.parametrize("max_samples", [2**63 - 1, 1, 5])
+@pytest.mark.parametrize("seed", range(3))
+def test_in_process_percentiles_c_and_python_writers_keep_identical_histograms(max_samples, seed):
+    """An in-process Stat with percentiles runs on the C writer too: it keeps each reported window's histogram
+    (``keep_closed_hist``) byte for byte as PySlotWriter does, before the one bank is reused."""
+    window_ms = 100
+    steps = _random_steps(random.Random(seed * 1000 + max_samples + 7), 300, window_ms)
+    aggs = [*WITH_VALUE, A.P50, A.P99]
+    pure_trace, pure_events = _run_private(True, steps, aggs, max_samples, window_ms)
+    c_trace, c_events = _run_private(False, steps, aggs, max_samples, window_ms)
+    for i, (p, c) in enumerate(zip(pure_trace, c_trace, strict=True)):
+        assert c == p, f"step {i} ({steps[i] if i < len(steps) else 'close'!r}) differs"
+    assert c_events == pure_events
+    assert len(c_events) > 10 and any("lat.p99" in dict(e[2]) for e in c_events)
+    assert c_trace[-2][1] is not None  # windows with samples were reported and their histograms kept
+
+
 def test_nan_at_a_window_boundary_does_not_roll(jobs):
     steps = [(0, 1.0), (100 * MS, math.nan), (0, math.nan), (1, 2.0), (0, 3.0)]
     pure = _run(jobs(), True, steps, WITH_VALUE, 2**63 - 1, 100)
