@@ -3,11 +3,11 @@
 Every Stat of one key in a process, and every ``add`` a user kept bound after the Stat was gone, writes through
 one :class:`SlotBinding`, so their samples land in one window (re-created or closed Stats lose nothing).
 Threads: the C add runs without giving up the GIL (Python callbacks such as the window report run after the
-bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Creating a
-binding is idempotent under any concurrency: finding, creating and re-binding one run under one process-wide lock
-(:data:`_binding_lock`), so threads creating the same Stat at once get one binding and one slot. Forks: a
-binding taken before a fork re-binds, in the child, to a slot of the child's own writer entry on its first
-add (a fork generation checked per add), so a child never writes its parent's slot.
+bank is consistent), the Python add one thread at a time (a turn, see ``PySlotWriter``), so concurrent adds to one
+Stat reconcile exactly. Creating a binding is idempotent under any concurrency: finding, creating and re-binding one
+run under one process-wide lock (:data:`_binding_lock`), so threads creating the same Stat at once get one binding
+and one slot. Forks: a binding taken before a fork re-binds, in the child, to a slot of the child's own writer
+entry on its first add (a fork generation checked per add), so a child never writes its parent's slot.
 No slot (the stat or percentile table is full, or the process holds no entry of the job): the writer is in *drop
 mode*: ``add`` still checks the value, then only counts the sample as dropped in the segment (its rank's entry,
 or the header) with an atomic add, so nothing raises and ``shmstat ls`` and a collector can show the loss.

@@ -208,8 +208,8 @@ class _PrivateCore:
     this process, laid out like a slot with one bank, so a window is written by the same code in process and in a
     job. On top of it, torch.monitor's lazy closing: the window is reported by the first add after it ended (and
     logged if it held samples), by ``max_samples`` at once, or by :meth:`close`. Thread-safe: the C add runs
-    without giving up the GIL, the Python one under a lock. A stat with percentiles has the writer keep each
-    reported window's histogram (``keep_closed_hist``) before the one bank is reused."""
+    without giving up the GIL, the Python one takes its turn (one thread at a time). A stat with percentiles has
+    the writer keep each reported window's histogram (``keep_closed_hist``) before the one bank is reused."""
 
     # the bank, then nan_count, discarded, heartbeat; then the bank's histogram (a stat with percentiles)
     _NAN, _DISCARDED, _BEAT, _HIST = L.BANK_SIZE, L.BANK_SIZE + 8, L.BANK_SIZE + 16, L.BANK_SIZE + 24

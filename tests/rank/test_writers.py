@@ -9,10 +9,13 @@ import datetime as dt
 import decimal
 import fractions
 import json
+import mmap
+import sys
 import threading
 
 import numpy as np
 import pytest
+from kit.support import MS, FakeClock, wait_for
 from kit.writers import (
     as_rank,
     creators_racing_on_one_stat,
@@ -99,6 +102,41 @@ def test_threads_on_one_in_process_stat_reconcile_exactly():
         shmstat.unregister_event_handler(handle)
     assert sum(e.data["local.count"] for e in events) == 80_000
     assert sum(e.data["local.sum"] for e in events) == 20_000 * (1 + 2 + 3 + 4)
+
+
+def _waiting_in(thread: threading.Thread, function: str) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_an_add_that_finds_another_threads_add_in_progress_waits_its_turn():
+    """PySlotWriter: thread b's add, finding thread a's add in progress (held inside an injected clock, where a
+    thread switch is certain), waits for its turn and then adds; both samples count, b's after a's."""
+    fake, inside, release = FakeClock(), threading.Event(), threading.Event()
+
+    def clock() -> int:
+        if threading.current_thread() is a and not inside.is_set():
+            inside.set()
+            assert release.wait(30)
+        return fake()
+
+    w = PySlotWriter(mmap.mmap(-1, 4096), 1024, 3, 100 * MS, 7, 2**63 - 1, True, 8, 16, 24, None, clock)
+    a = threading.Thread(target=w.add, args=(1.0,))
+    b = threading.Thread(target=w.add, args=(2.0,))
+    a.start()
+    assert inside.wait(30)
+    b.start()
+    wait_for(lambda: _waiting_in(b, "_wait_turn"), 30, what="b waiting for its turn")
+    assert w.state() == (0.0, 0.0, 0.0, 0.0, 0.0)  # a is still before its write, b is not past the turn
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert w.state() == (4.0, 3.0, 1.0, 2.0, 2.0)  # (seq, sum, min, max, last): two samples, 2.0 the last
 
 
 class _Floaty:
