@@ -400,7 +400,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
         env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
-    res["ours.add.c_path"] = env["shared"]._core.binding._c is not None
+    res["ours.add.c_path"] = type(env["shared"]._core.binding._writer).__name__ == "SlotWriter"
     res["ours.add.attached_varied"] = median_ns("shared.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles_varied"] = median_ns("pct.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles"] = median_ns("pct.add(1.5)", env, number, repeat)
