@@ -41,6 +41,8 @@ class GlobalState:
     fork_environ: dict[str, str] | None = None
     """In a forked child: the identity variables its parent's environment had at the fork (a worker of the rank
     keeps them as they are; see :func:`shmstat.job.attach._inherited`)."""
+    section_window_s: float | None = None
+    """The window of section Stats given to ``init(section_window_s=)`` (None: the environment's or 5 s)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     _handler_tuple: tuple[Any, ...] = field(default=(), repr=False)
     _publisher: Any = field(default=None, repr=False)
@@ -111,6 +113,9 @@ def reset() -> None:
         with contextlib.suppress(Exception):
             old.attachment.detach()
     GlobalState.__init__(STATE)  # in place: other modules hold a reference to STATE
+    from ..sections import rebind_all
+
+    rebind_all()
     from ._drops import reset_warnings
 
     reset_warnings()
