@@ -66,3 +66,12 @@ __all__ = [  # noqa: RUF022 (in the order the API reference shows: what a rank u
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``shmstat.torch`` (:mod:`shmstat.torch`) on first use: importing shmstat does not import torch's helpers."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -126,7 +126,7 @@ _stack = _Stack()
 _mono = time.monotonic_ns
 
 
-class section:  # noqa: N801 (used as a function: ``with shmstat.section("data"):``)
+class section:
     """A named, timed code range: ``with section("forward"):`` or ``@section("forward")`` on a function.
 
     ``wait=True`` marks a range where the rank waits for others (a collective, a barrier): never scored as a
@@ -200,9 +200,9 @@ class section:  # noqa: N801 (used as a function: ``with shmstat.section("data")
         rec.phase.enter(rec.ident, len(opened), entry[1])
         return opened, entry
 
-    def _close(self, token: tuple[list[tuple[_Record, int]], tuple[_Record, int]]) -> None:
-        """Leave what :meth:`_open` entered (from any thread): its duration is added, and the phase word goes back
-        to what is open on top of the thread that entered it."""
+    def _close(self, token: tuple[list[tuple[_Record, int]], tuple[_Record, int]], count: bool = True) -> None:
+        """Leave what :meth:`_open` entered (from any thread): its duration is added (unless ``count`` is false),
+        and the phase word goes back to what is open on top of the thread that entered it."""
         t = _mono()
         opened, (rec, t0) = token
         for i in range(len(opened) - 1, -1, -1):
@@ -212,7 +212,8 @@ class section:  # noqa: N801 (used as a function: ``with shmstat.section("data")
         else:
             return  # closed already
         rec = _current(rec)
-        rec.add((t - t0) / 1e6)
+        if count:
+            rec.add((t - t0) / 1e6)
         if opened:
             parent, since = opened[-1]
             rec.phase.enter(_current(parent).ident, len(opened), since)

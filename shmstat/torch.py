@@ -14,6 +14,7 @@ torch is imported when :func:`instrument` is called, never by ``import shmstat``
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,11 +40,16 @@ class _TimedLoader:
             if self._handle.removed:
                 yield from it
                 return
-            with data:
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
+            token = data._open()
+            try:
+                batch = next(it)
+            except StopIteration:
+                data._close(token, count=False)  # the end of the loader is no batch
+                return
+            except BaseException:
+                data._close(token)
+                raise
+            data._close(token)
             yield batch
 
     def __len__(self) -> int:
@@ -155,7 +161,16 @@ def _time_allreduce(model: Any, handle: Instrumented) -> None:
 
         return fut.then(done)
 
-    model.register_comm_hook(model.process_group, timed_allreduce)
+    # DDP checks the hook's annotations as objects (this module's are strings: postponed evaluation)
+    import torch
+    import torch.distributed as dist
+
+    timed_allreduce.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                                       "return": torch.futures.Future[torch.Tensor]}
+    try:
+        model.register_comm_hook(model.process_group, timed_allreduce)
+    except RuntimeError as exc:  # the model has a communication hook already: DDP takes one
+        warnings.warn(f"shmstat.torch.instrument: the DDP all-reduce is not timed ({exc})", stacklevel=3)
 
 
 def _first_grad_tensor(torch: Any, output: Any) -> Any:
