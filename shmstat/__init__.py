@@ -30,7 +30,7 @@ from .publish.events import (
     unregister_event_handler,
 )
 from .publish.tensorboard import TensorboardEventHandler
-from .sections import advance_step, section
+from .writer.sections import advance_step, section
 from .writer.stat import Stat
 
 __all__ = [  # noqa: RUF022 (in the order the API reference shows: what a rank uses first, aliases, errors)

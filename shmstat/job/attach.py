@@ -69,11 +69,9 @@ def init(
     entry to the rank, whether the rank attached before it or not (see :func:`_inherited`). A process given its
     variables at its start (by torchrun, ``shmstat run``, a shell) or that set them itself is the rank.
     """
-    from ..sections import check_window_s, rebind_all
-
     if section_window_s is not None:
-        _state.STATE.section_window_s = check_window_s(section_window_s, "section_window_s")
-        rebind_all()
+        _state.STATE.section_window_s = _state.check_window_s(section_window_s, "section_window_s")
+        _state.rebind_sections()
     env = identity_from_env()
     inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
@@ -122,7 +120,7 @@ def init(
             )
             pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True
-        rebind_all()
+        _state.rebind_sections()
     return att
 
 
@@ -246,9 +244,7 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     att = st.attachment
     st.attachment = None
     if att is not None:
-        from ..sections import rebind_all
-
-        rebind_all()
+        _state.rebind_sections()
     if att is not None and att.pid == os.getpid():
         from ..shm.segment import Segment
 

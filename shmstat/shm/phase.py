@@ -1,6 +1,6 @@
 """The phase word of a rank entry: what the process holding the entry is doing now (its innermost open section).
 
-Written by :mod:`shmstat.sections` on every enter and exit (and by :func:`shmstat.sections.advance_step`), read
+Written by :mod:`shmstat.writer.sections` on every enter and exit (and by :func:`shmstat.advance_step`), read
 by the collector with :func:`read_phase`. Layout (rank entry offsets in :mod:`shmstat.shm.layout`):
 ``phase_seq`` then two copies of ``(word, since_ns, step)``; ``word`` is ``ident | depth << 32`` where ``ident``
 is 1 + the section Stat's descriptor index in the same entry (0: outside every section) — the descriptor names
@@ -48,7 +48,7 @@ class Phase:
     since_ns: int
     """Wall-clock ns since when it is there (entered the section, or left the last one)."""
     step: int
-    """Training steps counted so far (:func:`shmstat.sections.advance_step`)."""
+    """Training steps counted so far (:func:`shmstat.advance_step`)."""
     ident: int
     """1 + the section Stat's descriptor index in the entry; 0 outside every section."""
 

@@ -20,7 +20,7 @@ from kit.support import wait_for
 
 import shmstat
 from shmstat.errors import ConfigError
-from shmstat.job._state import STATE
+from shmstat.job._state import STATE, rebind_sections
 from shmstat.shm import layout as L
 from shmstat.shm.phase import read_phase
 from shmstat.shm.segment import Segment
@@ -61,9 +61,11 @@ def test_a_section_logs_its_durations_in_ms_in_process_as_a_stat_of_group_sectio
     time.sleep(0.06)  # the window ended: the next enter/exit logs it (torch.monitor's lazy closing)
     with load:
         pass
-    data = next(d for d in seen if "load.count" in d)
-    assert set(data) == {"load.count", "load.sum", "load.mean", "load.max", "load.p50", "load.p99"}
-    assert data["load.count"] == 3 and data["load.sum"] >= 30.0 and data["load.max"] >= 10.0  # ms, slept 10 each
+    windows = [d for d in seen if "load.count" in d]  # the three may straddle a window's end: one or two windows
+    assert {frozenset(d) for d in windows} == {
+        frozenset({"load.count", "load.sum", "load.mean", "load.max", "load.p50", "load.p99"})}
+    assert sum(d["load.count"] for d in windows) == 3 and sum(d["load.sum"] for d in windows) >= 30.0  # ms
+    assert min(d["load.max"] for d in windows) >= 10.0
 
 
 def test_threads_nesting_and_the_decorator_reconcile_in_a_job_and_a_wait_section_is_flagged(job):
@@ -105,7 +107,7 @@ def test_the_section_window_comes_from_the_environment_and_init_overrides_it(job
     assert _counts(_segment(), [0])["b"][3] == 2000
     monkeypatch.setenv("SHMSTAT_SECTION_WINDOW_S", "soon")
     STATE.section_window_s = None
-    shmstat.sections.rebind_all()
+    rebind_sections()
     with pytest.raises(ConfigError, match="SHMSTAT_SECTION_WINDOW_S"), shmstat.section("c"):
         pass
     with pytest.raises(ConfigError, match="section_window_s"):

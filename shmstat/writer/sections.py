@@ -20,19 +20,20 @@ Outside a job, sections are in-process Stats like any other (local windows, loca
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
-import math
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from .aggregation import Aggregation
-from .errors import ConfigError
-from .job import _state
-from .names import MAX_STAT_NAME_BYTES, check_name
+from ..aggregation import Aggregation
+from ..errors import ConfigError
+from ..job import _state
+from ..job._state import check_window_s
+from ..names import MAX_STAT_NAME_BYTES, check_name
 
 __all__ = ["DEFAULT_SECTION_WINDOW_S", "SECTION_GROUP", "advance_step", "section", "section_window_s"]
 
@@ -46,22 +47,11 @@ _PENDING_GPU = 4096  # CUDA event pairs kept unresolved at most (then the oldest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_epoch = [0]
-"""Bumped by init/shutdown (via :func:`rebind_all`) and in a forked child: each section binds again to the
-process's current attachment (its Stat, its phase writer) on its next enter."""
+_epoch = _state.SECTION_EPOCH
+"""Bumped by init/shutdown/reset (:func:`shmstat.job._state.rebind_sections`) and in a forked child: each section
+binds again to the process's current attachment (its Stat, its phase writer) on its next enter."""
 _records: dict[tuple[str, bool], _Record] = {}
 _records_lock = threading.Lock()
-
-
-def check_window_s(value: Any, what: str) -> float:
-    """``value`` as seconds of a section window (at least 1 ms, finite); :class:`ConfigError` otherwise."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} {value!r} is not a number of seconds") from None
-    if not math.isfinite(seconds) or seconds < 0.001:
-        raise ConfigError(f"{what} {value!r} is not a window of at least 0.001 seconds")
-    return seconds
 
 
 def section_window_s() -> float:
@@ -73,13 +63,8 @@ def section_window_s() -> float:
     return DEFAULT_SECTION_WINDOW_S if env is None else check_window_s(env, WINDOW_VARIABLE)
 
 
-def rebind_all() -> None:
-    """Make every section bind again on its next enter (the process attached, detached, or was forked)."""
-    _epoch[0] += 1
-    _records.clear()
-
-
-os.register_at_fork(after_in_child=rebind_all)
+os.register_at_fork(after_in_child=_state.rebind_sections)
+atexit.register(_records.clear)  # the section Stats close while the interpreter still runs
 
 
 class _Record:
@@ -88,7 +73,7 @@ class _Record:
     __slots__ = ("add", "cuda", "epoch", "gpu", "ident", "name", "phase", "stat", "wait")
 
     def __init__(self, name: str, wait: bool, cuda: bool) -> None:
-        from .writer.stat import Stat
+        from .stat import Stat
 
         self.epoch = _epoch[0]
         self.name, self.wait, self.cuda = name, wait, cuda
@@ -239,8 +224,8 @@ def advance_step() -> None:
 
 def _phase_writer() -> Any:
     """This process's phase writer (a no-op one when it holds no entry of a job)."""
-    from .job.attach import ensure_init
-    from .shm.phase import phase_writer
+    from ..job.attach import ensure_init
+    from ..shm.phase import phase_writer
 
     att = ensure_init()
     if att is None or not att.has_entry:
@@ -264,7 +249,7 @@ class _GpuTimer:
     def __init__(self, name: str, wait: bool, window_s: float) -> None:
         import torch
 
-        from .writer.stat import Stat
+        from .stat import Stat
 
         self._torch = torch
         self._stat = Stat(name, _AGGS, window_s, group=SECTION_GROUP, wait=wait)

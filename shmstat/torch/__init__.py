@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .errors import ConfigError
-from .sections import advance_step, section
+from ..errors import ConfigError
+from ..writer.sections import advance_step, section
 
 __all__ = ["Instrumented", "instrument"]
 
