@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from shmstat.shm.layout_records import WindowFigures
+
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
 from .handlers.compact import CompactWindowHandler
 from .handlers.dispatch import Dispatcher
@@ -10,7 +12,7 @@ from .handlers.jsonl import JsonlMetricHandler
 from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter
 from .handlers.specs import build_event_handler, build_handler
 from .read.columns import Columns
-from .read.rows import Summary, WindowRow
+from .read.rows import WindowRow
 
 __all__ = [
     "PLATFORM_GROUP",
@@ -26,7 +28,7 @@ __all__ = [
     "GapRecord",
     "JsonlMetricHandler",
     "RowsAdapter",
-    "Summary",
+    "WindowFigures",
     "WindowRow",
     "build_event_handler",
     "build_handler",

@@ -400,7 +400,7 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
         env["shared_py"] = shmstat.Stat("shared_py", aggs, window)
     res["ours.add.attached"] = median_ns("shared.add(1.5)", env, number, repeat)
     res["ours.add.attached_py"] = median_ns("shared_py.add(1.5)", env, number, repeat)
-    res["ours.add.c_path"] = env["shared"]._core.binding._c is not None
+    res["ours.add.c_path"] = type(env["shared"]._core.binding._writer).__name__ == "SlotWriter"
     res["ours.add.attached_varied"] = median_ns("shared.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles_varied"] = median_ns("pct.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles"] = median_ns("pct.add(1.5)", env, number, repeat)
@@ -539,15 +539,17 @@ def worker_scrape(args: argparse.Namespace) -> None:
 
     from collector.prometheus.exporter import PrometheusExporter
     from collector.read.columns import Columns
-    from collector.read.rows import Summary, WindowRow
+    from collector.read.rows import WindowRow
+    from shmstat.shm.layout_records import WindowFigures
 
     ex = PrometheusExporter("127.0.0.1:0")
     url = ex.start()
     rows = []
     mask = 0b1111100  # COUNT SUM MEAN MAX MIN
     for i in range(args.stats):
-        rows.append(WindowRow("load", f"load.s{i}", 1, 1000, mask, None, Summary(args.ranks, 1.0, 1.0, 1.0, 1.0, 1)))
-        rows.extend(WindowRow("load", f"load.s{i}", 1, 1000, mask, r, Summary(1, 1.0, 1.0, 1.0, 1.0, 1))
+        rows.append(WindowRow("load", f"load.s{i}", 1, 1000, mask, None,
+                              WindowFigures(args.ranks, 1.0, 1.0, 1.0, 1.0, 1)))
+        rows.extend(WindowRow("load", f"load.s{i}", 1, 1000, mask, r, WindowFigures(1, 1.0, 1.0, 1.0, 1.0, 1))
                     for r in range(args.ranks))
     cols = Columns.from_rows("bench", rows)
     t0 = time.perf_counter()

@@ -17,8 +17,8 @@ too); the right column is the test that holds the two to the same behaviour.
 ========================================  ===============================================  ========================
 C (``Backend`` field)                     Python twin                                      differential test
 ========================================  ===============================================  ========================
-``SlotWriter`` (at each writer's birth)   ``shmstat.writer._pywriter.python_writer``;      test_fastpath.py,
-                                          in process ``shmstat.writer.stat._LocalCore``    test_percentiles.py
+``SlotWriter`` (at each writer's birth,   ``shmstat.writer._pywriter.PySlotWriter``        test_fastpath.py,
+  in a job and in process)                                                                 test_percentiles.py
 ``add_u64`` (at each add)                 ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
 ``Outbox`` (at each publisher's birth)    ``shmstat.publish.outbox.Outbox``                test_outbox.py
 ``EventBase``, ``set_event_checks``       ``shmstat.publish.events._PyEventStorage``       test_event_paths.py

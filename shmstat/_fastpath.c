@@ -1,5 +1,5 @@
-/* Optional C hot path for an attached ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python
- * ``add``/``roll`` closures of ``shmstat.writer._pywriter`` (``python_writer``) do, on the same bytes of the segment.
+/* Optional C hot path for ``Stat.add``: ``SlotWriter.add`` does exactly what the pure-Python ``add``/``_roll`` of
+ * ``shmstat.writer._pywriter.PySlotWriter`` do, on the same bytes of the segment (or of an in-process Stat's buffer).
  *
  * The binary layout and the seqlock protocol are defined in ``shmstat/shm/layout.py`` (the one source of truth);
  * this file takes its constants from the header generated from it (``_c/layout.h``). Bank (64 bytes, 8-byte words, little-endian):
@@ -238,6 +238,9 @@ typedef struct {
                           * later window than that is not overwritten */
     char *gdrop_p;       /* with guard_p: the counter a sample that found its bank so held is dropped into */
     int blocked;         /* the open window (wend) found its bank held: its samples are dropped until it is free */
+    char *closed_hist;   /* NULL, or (keep_closed_hist) HIST_SIZE bytes: the histogram of the window last reported
+                          * with samples, copied before its bank is reused (a one-bank buffer reuses it at once) */
+    int have_closed;     /* closed_hist holds a window */
 } SlotWriter;
 
 /* Bumped in the child of every fork: a writer bound before the fork must not write its parent's slot. */
@@ -291,6 +294,16 @@ now_ns(SlotWriter *self)
 
 static inline double ld_f64(const char *p) { double v; __atomic_load((const double *)p, &v, __ATOMIC_RELAXED); return v; }
 
+/* keep_closed_hist: the open window's histogram, copied aside as it is reported (PySlotWriter._report). */
+static inline void
+keep_hist(SlotWriter *self)
+{
+    if (self->closed_hist != NULL && self->hist0 != NULL) {
+        memcpy(self->closed_hist, self->hist, HIST_SIZE);
+        self->have_closed = 1;
+    }
+}
+
 /* A window that just became full is reported now, as torch.monitor logs it (the collector reads it from the bank
  * all the same); a writer without on_roll (none in use) keeps counting it as open. */
 static inline void
@@ -298,6 +311,7 @@ report_if_full(SlotWriter *self, Rolled *rolled, int64_t t)
 {
     if (self->seq >= self->max2 && self->on_roll != NULL) {
         self->full_reported = 1;
+        keep_hist(self);
         rolled->pending = 1;
         rolled->count = (long long)self->seq >> 1;
         rolled->sum = self->sum;
@@ -394,9 +408,12 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         return 0;
     }
     if (self->on_roll != NULL && (self->seq != 0.0 || self->wend != 0)) {
-        /* Python: ``if seq: core.last = WindowSummary(...)`` / ``elif wend: core.last = WindowSummary()``: an empty
+        /* Python: ``if seq: core.last = WindowFigures(...)`` / ``elif wend: core.last = WindowFigures()``: an empty
          * previous window is reported as count 0 with zeros. Reported by the caller after the roll. */
         int any = self->seq != 0.0 && !self->full_reported;
+        if (any) {
+            keep_hist(self); /* before the bank (and with one bank, its histogram) is reused below */
+        }
         rolled->pending = 1;
         rolled->count = any ? (long long)self->seq >> 1 : 0;
         rolled->sum = any ? self->sum : 0.0;
@@ -481,6 +498,7 @@ roll(SlotWriter *self, double v, int64_t t, Rolled *rolled)
         /* max_samples 1: the new window is full at once. The previous one, full too, was reported when it
          * filled, so what ``rolled`` holds is only its empty report, which this one supersedes. */
         self->full_reported = 1;
+        keep_hist(self);
         rolled->pending = 1;
         rolled->count = 1;
         rolled->sum = rolled->min = rolled->max = rolled->last = v;
@@ -772,6 +790,21 @@ SlotWriter_get_count(SlotWriter *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+SlotWriter_get_closed_hist(SlotWriter *self, void *Py_UNUSED(closure))
+{
+    if (!self->have_closed) {
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize(self->closed_hist, HIST_SIZE);
+}
+
+static PyObject *
+SlotWriter_get_keep_closed_hist(SlotWriter *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed_hist != NULL);
+}
+
+static PyObject *
 SlotWriter_get_wend(SlotWriter *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromLongLong(self->wend);
@@ -793,15 +826,15 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"buf", "slot0", "nbanks", "window_ns", "incarnation", "max_samples", "want_last",
                              "nan_off", "discarded_off", "heartbeat_off", "on_roll", "clock", "on_fork", "hist0",
-                             NULL};
+                             "keep_closed_hist", NULL};
     PyObject *buf, *on_roll = Py_None, *clock = Py_None, *on_fork = Py_None;
     Py_ssize_t slot0, nbanks, nan_off, disc_off, beat_off, hist0 = -1;
     long long window_ns, incarnation, max_samples;
-    int want_last;
+    int want_last, keep_closed_hist = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OOOn:SlotWriter", kwlist, &buf, &slot0, &nbanks,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnnLLLpnnn|OOOn$p:SlotWriter", kwlist, &buf, &slot0, &nbanks,
                                      &window_ns, &incarnation, &max_samples, &want_last, &nan_off, &disc_off,
-                                     &beat_off, &on_roll, &clock, &on_fork, &hist0)) {
+                                     &beat_off, &on_roll, &clock, &on_fork, &hist0, &keep_closed_hist)) {
         return NULL;
     }
     if (on_roll != Py_None && !PyCallable_Check(on_roll)) {
@@ -851,6 +884,13 @@ SlotWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->max2 = 2.0 * (double)max_samples;
     bind_slot(self, slot0, incarnation, nan_off, disc_off, beat_off, hist0);
     self->want_last = want_last;
+    if (keep_closed_hist) {
+        self->closed_hist = PyMem_Malloc(HIST_SIZE);
+        if (self->closed_hist == NULL) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+    }
     if (on_roll != Py_None) {
         self->on_roll = Py_NewRef(on_roll);
     }
@@ -894,6 +934,7 @@ SlotWriter_dealloc(SlotWriter *self)
         self->have_view = 0;
         PyBuffer_Release(&self->view);
     }
+    PyMem_Free(self->closed_hist);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -915,6 +956,11 @@ static PyGetSetDef SlotWriter_getset[] = {
      NULL},
     {"wend", (getter)SlotWriter_get_wend, NULL, "End (ns, exclusive) of the open window; 0 before any sample.",
      NULL},
+    {"keep_closed_hist", (getter)SlotWriter_get_keep_closed_hist, NULL,
+     "Whether each report with samples keeps the reported window's histogram bytes in closed_hist.", NULL},
+    {"closed_hist", (getter)SlotWriter_get_closed_hist, NULL,
+     "With keep_closed_hist: the histogram bytes of the window last reported with samples (None before any).",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -922,7 +968,8 @@ static PyTypeObject SlotWriterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "shmstat._fastpath.SlotWriter",
     .tp_doc = PyDoc_STR("SlotWriter(buf, slot0, nbanks, window_ns, incarnation, max_samples, want_last, nan_off, "
-                        "discarded_off, heartbeat_off, on_roll=None, clock=None, on_fork=None, hist0=-1)\n\n"
+                        "discarded_off, heartbeat_off, on_roll=None, clock=None, on_fork=None, hist0=-1, *, "
+                        "keep_closed_hist=False)\n\n"
                         "Writes one stat's samples into its slot of a shmstat segment (offsets in bytes)."),
     .tp_basicsize = sizeof(SlotWriter),
     .tp_itemsize = 0,

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shmstat.shm.reader import SegmentReader, WindowRead
+from shmstat.shm.layout_records import BankSnapshot, WindowFigures
+from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
 from ..daemon.straggler import COUNT_ONLY_MASK, DEFAULT_THRESHOLD, figure, score_ranks
 from ..read.columns import Parts, StatTable, merge_parts
 from ..read.gpu_figures import figure_of
 from ..read.hist_batch import HistBatch
-from ..read.rows import Summary, WindowRow
+from ..read.rows import WindowRow
 
 __all__ = ["JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "snapshot"]
 
@@ -37,7 +38,7 @@ class RankFigure:
     """One rank's part of a stat's window: its (writers-summed) summary, figure and straggler score."""
 
     rank: int
-    summary: Summary
+    summary: WindowFigures
     figure: float
     score: float | None
     """``None`` when the stat has fewer than two ranks in the window (nothing to compare with)."""
@@ -54,7 +55,7 @@ class StatView:
     name: str
     wid: int
     window_ns: int
-    merged: Summary
+    merged: WindowFigures
     ranks: tuple[RankFigure, ...]
     """Ranks with samples in this window, by rank."""
     median: float
@@ -153,7 +154,7 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, alive: dict[
     infos = reader.ranks()
     by_local = {i.local_rank: i for i in infos}
     # every closed window still in the ring, as (stat, owner rank, window); a rank's own slot and its writers'
-    found: list[tuple[tuple[str, str, int], int, WindowRead]] = []
+    found: list[tuple[tuple[str, str, int], int, BankSnapshot]] = []
     # (group, name, window_ms) -> (agg_mask, higher_is_better, keeps a histogram) of its first descriptor
     stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]] = {}
     owners: dict[int, tuple[str, int]] = {}
@@ -216,9 +217,9 @@ def _rank_gpus(stats: list[StatView]) -> tuple[RankGpu, ...]:
     return tuple(out)
 
 
-def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, WindowRead]],
+def _newest_windows(job: str, found: list[tuple[tuple[str, str, int], int, BankSnapshot]],
                     stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]],
-                    ) -> list[tuple[WindowRow, dict[int, Summary]]]:
+                    ) -> list[tuple[WindowRow, dict[int, WindowFigures]]]:
     """The newest window of every stat in ``found``, merged by the collector's merge
     (:func:`collector.read.columns.merge_parts`): per stat its merged row and each rank's summary (by rank)."""
     if not found:

@@ -5,21 +5,21 @@ tests drive with an injected clock. Only one collector serves a job on a node, w
 uses: it holds an exclusive ``flock`` on the job's segment file itself for its whole life (released by the
 kernel if it dies), and a second one exits naming the first's pid.
 
-One pass (:meth:`Collector._scan_pass`) takes the scanner's closed windows into every consumer. Its watermark
-moves at once in the scanner's memory, and into the segment only once every handler took the pass
-(:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one. The pass is
-read as :class:`collector.read.columns.Columns` (merged by the one merge,
-:func:`collector.read.columns.merge_parts`) and handed whole to the dispatcher
-(:meth:`collector.handlers.dispatch.ThreadedDispatcher.emit_columns`: every handler takes it as columns), the
-Prometheus exporter and the straggler detector. :class:`collector.read.rows.WindowRow` objects are built only
-for subscribers of a group's ``stat/`` topics, and only when there are some.
+Everything the loop hands on goes out as a :class:`collector.read.passes.Pass` through one fan-out
+(:attr:`Collector.fanout`, :mod:`collector.daemon.fanout`), which calls every consumer once per pass: the
+straggler scorer (:class:`collector.daemon.straggler.StragglerScorer`), the handlers' dispatcher
+(:class:`collector.handlers.dispatch.ThreadedDispatcher`: every handler takes a pass as columns, the console
+straggler lines after it), the relay's ``stat/`` topics (:class:`collector.daemon.stat_topics.StatTopics`) and the
+Prometheus exporter. A scan pass (:meth:`Collector._scan_pass`) reads the closed windows some consumer wants as
+:class:`collector.read.columns.Columns` (merged by the one merge, :func:`collector.read.columns.merge_parts`).
+Its watermark moves at once in the scanner's memory, and into the segment only once every handler took the pass
+(:mod:`collector.daemon.commits`), so a collector killed mid-pass leaves that pass to the next one.
 
-Metrics the collector hands on that belong to no window: a rank's ``put_metric`` points, relayed to the
-handlers and the Prometheus exporter (:func:`dispatch_put_metrics`), and the collector's own figures in the
-platform group, every rank's CPU and RSS and the collector's counters (:func:`emit_usage`; those the segment
-holds: :func:`drop_counters`); nothing there keeps state. What other threads of the collector's process hand to
-its loop (the launcher's agent: its own metrics and the workers' status events) is queued without a lock (a
-deque's appends and pops are atomic) and taken by the loop each round (:meth:`Submitted.drain`).
+Passes of metrics that belong to no window: the ``put_metric`` points a loop turn took (:func:`puts_of`), with
+what other threads of the collector's process submitted (the launcher's agent: queued without a lock, a
+deque's appends and pops being atomic, and taken by the loop each turn, :meth:`Submitted.drain`); and the
+collector's own figures in the platform group, every rank's CPU and RSS and the collector's counters
+(:func:`usage_points`; those the segment holds: :func:`drop_counters`).
 
 What one job's collector hands its events sinks (``--events``), as :class:`collector.daemon.delivered_marks.KeptEvents`.
 Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
@@ -61,12 +61,12 @@ from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..handlers.compact import StragglerLines, status_line, stopping_line
+from ..handlers.compact import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
-from ..handlers.protocol import user_handler
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
+from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
 from ..wire.intake import Received
 from ..wire.outlet import Outlet
@@ -74,12 +74,13 @@ from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .delivered_marks import DeliveredMarks, KeptEvents
+from .fanout import FanOut
 from .gpu import GpuSampler, JobGpu, start_sampler
 from .liveness import Lifecycle, Liveness
-from .straggler import EVENT_TOPICS, STRAGGLER_EVENT, StragglerDetector
+from .stat_topics import StatTopics
+from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
 
 if TYPE_CHECKING:
-    from ..read.columns import Columns
     from ..wire.relay import Relay, RelayCounters
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
@@ -155,6 +156,7 @@ class Collector:
             self._abandon_start(config)
             raise
         self._init_counters(config)
+        self.fanout = self._fan_out(config, relay)
         self._serve_the_job(config, segment, relay)
 
     def _init_state(self, config: CollectorConfig, out: IO[str] | None, exporter: PrometheusExporter | None,
@@ -247,6 +249,26 @@ class Collector:
             self.gpu = JobGpu(segment, self.gpu_sampler, self.publish_event, clock=self.clock)
             if self.exporter is not None:
                 self.exporter.set_gpus(self.gpu_sampler.uuids)
+
+    def _fan_out(self, config: CollectorConfig, relay: Relay) -> FanOut:
+        """A step of :meth:`__init__`: the consumers of every pass, in the order they take it (the straggler
+        scorer first: the others read what it finds). Another consumer is one :meth:`FanOut.register` away."""
+        dispatcher, exporter = self.dispatcher, self.exporter
+
+        def scoring_needed() -> bool:  # scores to our group, events to subscribers, lines to the console handlers
+            return (not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS))
+                    or dispatcher.says_stragglers())
+
+        fanout = FanOut()
+        fanout.register(StragglerScorer(
+            self.stragglers, needed=scoring_needed,
+            all_scores=lambda: exporter is not None or not dispatcher.discards(PLATFORM_GROUP),
+            publish=self.publish_event, describe=self.gpu.describe if self.gpu is not None else None))
+        fanout.register(dispatcher)
+        fanout.register(StatTopics(relay))
+        if exporter is not None:
+            fanout.register(exporter)
+        return fanout
 
     def _abandon_start(self, config: CollectorConfig) -> None:
         """:meth:`__init__` failed: release what it opened."""
@@ -409,11 +431,12 @@ class Collector:
             wait_quietly(self.poller, poll_timeout_ms, (self,))
         relayed = 0
         senders: set[tuple[int, int, int]] = set()
+        puts: list[Put] = []
         for msg in self.relay.receive():
             relayed += 1
             kind = msg.kind
             if kind == "metric":
-                self._dispatch_put_metrics(msg)
+                puts += self._puts_of(msg)
             elif kind == "event":
                 self.events.message(msg)
             senders.add((msg.rank, msg.pid, msg.incarnation))
@@ -421,7 +444,9 @@ class Collector:
             self.marks.handed_on(senders)
         self.relayed_last_step = relayed
         if self._submitted:
-            self._drain_submitted()
+            puts += self._submitted.drain(self.publish_event)
+        if puts:  # the turn's put metrics, one pass
+            self.fanout.take(Pass(self.config.job, self.clock(), puts=puts))
         mono = time.monotonic()
         self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
         if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
@@ -484,7 +509,7 @@ class Collector:
         deadline = None
         try:
             self.stop_intake()
-            self._drain_submitted()
+            self._take_submitted()
             if self.events.owns and self.events.delivery is not None:  # (a node collector's: it does this for all)
                 deadline = time.monotonic() + self.events.delivery.close_budget_s
                 let_sinks_finish(self.events.delivery, [self], deadline)
@@ -508,6 +533,7 @@ class Collector:
         except Exception as exc:  # whatever happens, the sockets and files below are released
             self.not_emitted = f"the last pass, which failed ({exc!r})"
         self.events.close(deadline)
+        self.fanout.close()  # the consumers on threads of their own take what was queued
         if self._owns_dispatcher:  # a node collector's jobs share one: it closes it
             try:
                 self.dispatcher.close()
@@ -558,23 +584,18 @@ class Collector:
             return {(r.rank, r.pid, r.incarnation) for r in self.scanner.refresh()
                     if r.state == RankState.ACTIVE and pid_alive(r.pid)}
 
+        puts: list[Put] = []
         for msg in self.relay.hand_over(live_ranks):
             if msg.kind == "metric":
-                self._dispatch_put_metrics(msg)
+                puts += self._puts_of(msg)
             elif msg.kind == "event":
                 self.events.message(msg)
+        if puts:
+            self.fanout.take(Pass(self.config.job, self.clock(), puts=puts))
 
     def close(self) -> None:
         """Same as :meth:`shutdown` (idempotent)."""
         self.shutdown()
-
-    def wait_handlers(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every handler has taken the rows dispatched so far (handlers run in threads of their own),
-        then commit the watermarks of the passes they took; False on timeout (a stuck handler)."""
-        taken = self.dispatcher.wait(timeout_s)
-        if self.segment is not None:
-            self.commits.apply(self.segment)
-        return taken
 
     def _release(self) -> None:
         if getattr(self, "liveness", None) is not None:
@@ -608,9 +629,11 @@ class Collector:
         """Queue an event made in this process (thread-safe); published on ``event/<name>`` by the loop."""
         self._submitted.event(name, data)
 
-    def _drain_submitted(self) -> None:
-        assert self.relay is not None
-        self._submitted.drain(self.config.job, self.dispatcher, self.exporter, self.relay, self.publish_event)
+    def _take_submitted(self) -> None:
+        """What other threads submitted: events published, metrics handed on as one pass."""
+        puts = self._submitted.drain(self.publish_event)
+        if puts:
+            self.fanout.take(Pass(self.config.job, self.clock(), puts=puts))
 
     def publish_event(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
         """Publish an event the collector made on ``event/<name>`` and keep it for the events sinks (the loop's
@@ -634,49 +657,17 @@ class Collector:
         self._commit_pass()
 
     def _scan_pass(self, now: int, *, final: bool) -> PassCounts:
-        """Scan the segment at ``now`` (every window with data if ``final``), dispatch, publish, export and score
-        the rows; returns what the pass counted (the collector's counters are left to the caller). The caller then
-        hands the pass to :meth:`_commit_pass`."""
-        relay, dispatcher, exporter, job = self.relay, self.dispatcher, self.exporter, self.config.job
-        assert relay is not None
-        relay.update_subscriptions()  # first: rows nobody receives are never built
-        lines = _straggler_lines(dispatcher)
-        # straggler output: scores to our group, events to subscribers, lines to the console handlers
-        scored = not dispatcher.discards(PLATFORM_GROUP) or any(map(relay.wants, EVENT_TOPICS)) or any(
-            h is not None for h in lines.values())
-
-        def wanted(group: str) -> bool:
-            return (scored or exporter is not None or not dispatcher.discards(group)
-                    or relay.wants(wire.stat_topic(group, "")))
-
-        result = self.scanner.scan(now, final=final, want=wanted)
+        """Scan the segment at ``now`` (every window with data if ``final``) for the groups some consumer wants,
+        and hand the pass to every consumer (:attr:`fanout`); returns what the pass counted (the collector's
+        counters are left to the caller). The caller then hands the pass to :meth:`_commit_pass`."""
+        assert self.relay is not None
+        self.relay.update_subscriptions()  # first: rows nobody receives are never built
+        fanout = self.fanout
+        result = self.scanner.scan(now, final=final, want=lambda group: fanout.wants(group, "windows"))
         cols = result.columns
         if len(cols) and self.segment is not None:  # before any handler sees it: a successor knows (see scanner)
             self.segment.set_dispatched(result.dispatch_until_ns)
-        dispatcher.emit_columns(cols)
-        if len(cols) and relay.subscribed:
-            for group in cols.groups():
-                if relay.wants(wire.stat_topic(group, "")):
-                    _publish_rows(relay, cols.of_groups({group}))
-        if exporter is not None:
-            exporter.observe_columns(cols)
-        scores_wanted = not dispatcher.discards(PLATFORM_GROUP)
-        # scores to our group and to /metrics, events on event/<name>
-        found = self.stragglers.update_columns(cols, scores=scores_wanted or exporter is not None)
-        if found.scores and scores_wanted:
-            dispatcher.emit_points(PLATFORM_GROUP, [s.metric(PLATFORM_GROUP, job) for s in found.scores])
-        if found.scores and exporter is not None:
-            exporter.observe_scores(job, found.scores)
-        for ev in found.events:
-            data = ev.data
-            if self.gpu is not None and ev.name == STRAGGLER_EVENT:  # what the slow rank's GPU did meanwhile
-                end = int(data["window_start_ns"]) + int(data["window_ms"]) * 1_000_000
-                data = {**data, **self.gpu.describe(int(data["rank"]), int(data["since_ns"]), end)}
-            self.publish_event(ev.name, now, data)
-            group = str(data["group"])
-            say = lines[group] if group in lines else lines["*"]
-            if say is not None:
-                say.say_straggler(ev.name, job, data)
+        fanout.take(Pass(self.config.job, now, columns=cols))
         return PassCounts(windows=result.skipped_windows + int(np.count_nonzero(cols.rank < 0)),
                           rows=result.skipped_rows + len(cols), overwritten=result.overwritten, torn=result.torn)
 
@@ -686,8 +677,8 @@ class Collector:
         and whatever was dispatched after them, such as the counters of the windows it found lost."""
         self.commits.add(self.dispatcher.flush(), self.scanner.advance())
 
-    def _dispatch_put_metrics(self, msg: Received) -> None:
-        dispatch_put_metrics(self.config.job, msg, self.dispatcher, self.exporter, self.relay_counters)
+    def _puts_of(self, msg: Received) -> list[Put]:
+        return puts_of(self.config.job, msg, self.fanout, self.relay_counters)
 
     def _lifecycle(self, change: Lifecycle) -> None:
         self.lifecycle.append(change)
@@ -698,10 +689,12 @@ class Collector:
         _log.info("rank %d (pid %d, incarnation %d) %s", change.rank, change.pid, change.incarnation, change.state)
 
     def _emit_usage(self, now: int, ranks: list) -> None:
-        assert self.relay is not None
-        if self.dispatcher.discards_points(PLATFORM_GROUP) and not self.relay.wants(_USAGE_TOPIC):
+        if not self.fanout.wants(PLATFORM_GROUP, "usage"):
             return  # nobody would see a figure (a null or compact handler, no subscriber): none is made
-        emit_usage(self.config.job, now, ranks, self.liveness, self.counters, self.dispatcher, self.relay)
+        figures = usage_points(self.config.job, now, ranks, self.liveness,
+                               {**self.counters(), **{f"handler_dropped.{g}": n
+                                                      for g, n in self.dispatcher.dropped_by_group.items()}})
+        self.fanout.take(Pass(self.config.job, now, usage=figures))
 
     def print_status(self, ranks: list | None = None, *, final: bool = False) -> None:
         """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
@@ -797,80 +790,35 @@ class PassCounts(NamedTuple):
     """Windows flagged torn (a writer died in the middle of an ``add``)."""
 
 
-def _straggler_lines(dispatcher: ThreadedDispatcher) -> dict[str, StragglerLines | None]:
-    """Each configured group's handler if it prints straggler lines (else None), and ``*``: the default's."""
-    def says(handler: MetricHandler) -> StragglerLines | None:
-        handler = user_handler(handler)  # a torchelastic handler (the demo's table) sits behind an adapter
-        return handler if isinstance(handler, StragglerLines) else None
-
-    inner = dispatcher.inner
-    found = {group: says(handler) for group, handler in inner.handlers.items()}
-    found["*"] = says(inner.default)
-    return found
-
-
-def _publish_rows(relay: Relay, cols: Columns) -> None:
-    """Publish the rows of one group on their ``stat/<group>/<name>`` topics, to the topics someone wants."""
-    by_topic: dict[str, list[dict]] = {}
-    wants = relay.wants
-    for row in cols.to_rows():
-        topic = wire.stat_topic(row.group, row.name)
-        items = by_topic.get(topic)
-        if items is None:
-            items = by_topic[topic] = [] if wants(topic) else _NOBODY
-        if items is not _NOBODY:
-            items.append(row.to_wire())
-    for topic, items in by_topic.items():
-        if items is not _NOBODY:
-            relay.publish(topic, "stat", items)
-
-
-_NOBODY: list[dict] = []  # marks a topic no subscriber listens to
-_USAGE_TOPIC = wire.stat_topic(PLATFORM_GROUP, "usage")  # where emit_usage publishes
-
-
 # -- metrics that belong to no window: put metrics, the collector's own figures ----------------------------
-def dispatch_put_metrics(job: str, msg: Received, dispatcher: ThreadedDispatcher,
-                         exporter: PrometheusExporter | None, relay_counters: RelayCounters) -> None:
-    """Hand the points of one ``metric/`` message to the exporter and to the handlers of their groups (left
-    undecoded when nobody would see one); a message decode refuses is counted in ``relay_counters.rejected``."""
-    discards = dispatcher.discards_points
-    if exporter is None and all(map(discards, candidate_groups(msg.raw_topic))):
-        return  # nobody would see an item: they stay undecoded (the relay re-published the frames)
+def puts_of(job: str, msg: Received, fanout: FanOut, relay_counters: RelayCounters) -> list[Put]:
+    """The points of one ``metric/`` message, for a pass (none, left undecoded, when no consumer wants its
+    group's put metrics); a message decode refuses is counted in ``relay_counters.rejected``."""
+    if not any(fanout.wants(group, "puts") for group in candidate_groups(msg.raw_topic)):
+        return []  # nobody would see an item: they stay undecoded (the relay re-published the frames)
     try:
         items = msg.items
     except WireError:  # the C check let through what decode refuses (a bug): count it, never stop
         relay_counters.rejected += 1
         _log.error("a metric message on %r passed the intake check but not wire.decode", msg.topic)
-        return
-    for group, name, value, ts in items:
-        p = point(float(ts), group, name, value, msg.rank, job)
-        if exporter is not None:
-            exporter.observe_metric(job, p, msg.rank)
-        if not discards(group):
-            dispatcher.emit_points(group, [p])
+        return []
+    rank = msg.rank
+    return [Put(point(float(ts), group, name, value, rank, job), rank) for group, name, value, ts in items]
 
 
-def emit_usage(job: str, now: int, ranks: list[RankInfo], liveness: Liveness, counters: Callable[[], dict[str, int]],
-               dispatcher: ThreadedDispatcher, relay: Relay) -> None:
-    """Emit, in the platform group, every active rank's CPU and RSS, the collector's own and ``counters()``
-    (with each group's handler drops), to the handlers and on the ``stat/`` topic of ``usage``."""
+def usage_points(job: str, now: int, ranks: list[RankInfo], liveness: Liveness,
+                 counters: dict[str, int]) -> list[StatMetricData]:
+    """The collector's figures in the platform group at ``now``: every active rank's CPU and RSS, the
+    collector's own CPU and RSS, and ``counters``."""
     ts = now / 1e9
-    rows: list[MetricData] = []
+    rows: list[StatMetricData] = []
     for u in liveness.usage(ranks):
         rows.append(point(ts, PLATFORM_GROUP, "rank.cpu_percent", u.cpu_percent, u.rank, job))
         rows.append(point(ts, PLATFORM_GROUP, "rank.rss_bytes", u.rss_bytes, u.rank, job))
     cpu_s, rss = Liveness.self_usage()
-    figures = {**counters(), "cpu_seconds": cpu_s, "rss_bytes": rss}
-    figures.update({f"handler_dropped.{g}": n for g, n in dispatcher.dropped_by_group.items()})
-    for name, value in figures.items():
+    for name, value in {**counters, "cpu_seconds": cpu_s, "rss_bytes": rss}.items():
         rows.append(point(ts, PLATFORM_GROUP, f"collector.{name}", value, None, job))
-    items = []
-    dispatcher.emit_points(PLATFORM_GROUP, rows)
-    for md in rows:
-        items.append({"group": md.group_name, "name": md.name, "value": md.value,
-                      "rank": getattr(md, "rank", None), "timestamp": md.timestamp})
-    relay.publish(_USAGE_TOPIC, "stat", items)
+    return rows
 
 
 def relay_counts(c: RelayCounters) -> dict[str, int]:
@@ -939,21 +887,17 @@ class Submitted:
         """Queue an event stamped now (thread-safe); ``data`` is copied."""
         self._items.append((name, time.time_ns(), dict(data)))
 
-    def drain(self, job: str, dispatcher: ThreadedDispatcher, exporter: PrometheusExporter | None, relay: Relay,
-              publish_event: Callable[[str, int, dict[str, str | int | float | bool]], None]) -> None:
-        """On the loop's thread: dispatch every queued metric to its group's handlers, export it with no rank
-        label and publish it; hand every queued event to ``publish_event``."""
+    def drain(self, publish_event: Callable[[str, int, dict[str, str | int | float | bool]], None]) -> list[Put]:
+        """On the loop's thread: hand every queued event to ``publish_event``, and return every queued metric as
+        a put metric made here (no rank), in the order submitted, for the loop's next pass."""
+        puts: list[Put] = []
         while self._items:
             item = self._items.popleft()
             if isinstance(item, MetricData):
-                if not dispatcher.discards_points(item.group_name):
-                    dispatcher.emit_points(item.group_name, [item])
-                if exporter is not None:
-                    exporter.observe_metric(job, item, None)
-                topic = wire.metric_topic(item.group_name, item.name)
-                relay.publish(topic, "metric", [[item.group_name, item.name, item.value, item.timestamp]])
+                puts.append(Put(item, None, here=True))
             elif isinstance(item, tuple):
                 publish_event(*item)
+        return puts
 
 
 # -- the job's segment as its collector holds it: its lock, and its removal once done ---------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 import sys
 import threading
 import time
@@ -547,5 +546,5 @@ def release_entry(att: RankAttachment, owner_pid: int) -> None:
     with seg.locked():
         if seg.rank(att.local_rank).pid != att.pid:
             return  # taken over meanwhile
-        struct.pack_into("<q", seg.buf, seg.geometry.rank_offset(att.local_rank) + L.R_PID, owner_pid)
+        seg.set_rank_pid(att.local_rank, owner_pid)
         seg.set_rank_state(att.local_rank, RankState.EXITED)

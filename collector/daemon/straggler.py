@@ -12,11 +12,16 @@ events (for ``event/<name>``). Figures that are not finite leave their rank out 
 negative figure is not scored (a ratio of such figures means nothing). The collector's GPU figures
 (:mod:`collector.read.gpu_figures`) are not scored: a rank's GPU is not slower for being busier; the straggler
 event says instead what a slow rank's GPU did (:meth:`collector.daemon.gpu.JobGpu.describe`).
+
+:class:`StragglerScorer` is the detector as a consumer of every collector pass (on the loop, registered first):
+it publishes the events and adds the scores and flags to the pass, for the consumers after it (the handlers'
+dispatcher, the Prometheus exporter; the console lines on the console handler's thread).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,17 +30,21 @@ import numpy as np
 from elastic.metrics import StatMetricData
 from shmstat import wire
 from shmstat.errors import ConfigError
+from shmstat.shm.layout_records import WindowFigures
 
 from ..read.columns import COUNT_ONLY_MASK
-from ..read.rows import Summary, WindowSpan
+from ..read.passes import Flag
+from ..read.rows import WindowSpan
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
+    from ..read.passes import Pass, Wanted
 
 __all__ = [
     "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS",
     "RECOVERED_EVENT",
-    "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerUpdate",
+    "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerScorer",
+    "StragglerUpdate",
     "figure", "score_blocks", "score_ranks",
 ]
 
@@ -49,7 +58,7 @@ MAX_WINDOWS = 1000
 
 
 
-def figure(summary: Summary) -> float:
+def figure(summary: WindowFigures) -> float:
     """The figure a rank is scored on: the window's p50 when the stat keeps a histogram, else its mean."""
     p50 = summary.quantile(0.5)
     return summary.mean if p50 is None else p50
@@ -282,3 +291,45 @@ def _f_sorted_at(f: np.ndarray, start: np.ndarray, b: np.ndarray, offset: np.nda
         present = np.unique(b)
         out[present] = f[np.searchsorted(b, present) + offset[present]]
     return out
+
+
+class StragglerScorer:
+    """The straggler detector of one job as a consumer of its passes (:class:`collector.read.passes.PassConsumer`,
+    on the loop, registered before the consumers that read what it finds).
+
+    Each pass's windows are scored (:meth:`StragglerDetector.update_columns`; every score when ``all_scores()``,
+    else only those that can change a rank's state); the scores go into the pass (:attr:`Pass.scores`), and
+    each straggler flagged or recovered is published (``publish(name, ts_ns, data)``: on ``event/<name>`` and to
+    the events kept) and goes into the pass (:attr:`Pass.flags`) for the console lines. ``describe(rank,
+    since_ns, end_ns)`` adds what the flagged rank's GPU did meanwhile (None: no GPU figures). ``needed()`` says
+    whether anyone has a use for the scoring (then every group's windows are read)."""
+
+    on_loop = True
+    """It publishes on the relay, which only the loop's thread may use."""
+
+    def __init__(self, detector: StragglerDetector, *, needed: Callable[[], bool], all_scores: Callable[[], bool],
+                 publish: Callable[[str, int, EventData], None],
+                 describe: Callable[[int, int, int], EventData] | None = None) -> None:
+        self.detector = detector
+        self._needed = needed
+        self._all_scores = all_scores
+        self._publish = publish
+        self._describe = describe
+
+    def wants(self, group: str, what: Wanted) -> bool:
+        """Every group's windows, when someone has a use for the scores, events or console lines."""
+        return what == "windows" and self._needed()
+
+    def take(self, pass_: Pass) -> None:
+        """Score the pass's windows, publish the events found, add the scores and flags to the pass."""
+        if pass_.columns is None:
+            return
+        found = self.detector.update_columns(pass_.columns, scores=self._all_scores())
+        pass_.scores.extend(found.scores)
+        for ev in found.events:
+            data = ev.data
+            if self._describe is not None and ev.name == STRAGGLER_EVENT:  # what the slow rank's GPU did meanwhile
+                end = int(data["window_start_ns"]) + int(data["window_ms"]) * 1_000_000
+                data = {**data, **self._describe(int(data["rank"]), int(data["since_ns"]), end)}
+            self._publish(ev.name, pass_.now_ns, data)
+            pass_.flags.append(Flag(ev.name, data))

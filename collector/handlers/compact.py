@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING
 from elastic.metrics import MetricData
 from shmstat.aggregation import Aggregation, aggregation_key
 
-from .protocol import ColumnsHandler
+from .protocol import ColumnsHandler, StragglerLines
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -40,16 +40,6 @@ def short_job_ids(jobs: set[str] | frozenset[str]) -> dict[str, str]:
             n += 1
         out[job] = job[:n]
     return out
-
-
-class StragglerLines:
-    """A console handler that also prints a line when the collector flags a straggler (``shmstat.straggler``) or
-    sees one recover (``shmstat.straggler.recovered``): the collector scores ranks for it even when nobody asked
-    for scores or subscribed to those events."""
-
-    def say_straggler(self, name: str, job: str, data: dict[str, str | int | float | bool]) -> None:
-        """Print the line of straggler event ``name`` of ``job`` (its ``data`` as published)."""
-        raise NotImplementedError
 
 
 def straggler_line(name: str, data: dict[str, str | int | float | bool], job: str = "") -> str:

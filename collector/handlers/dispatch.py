@@ -11,6 +11,11 @@ a row, one window of one stat merged or of one rank, is ~200 bytes as columns; a
 as one row). A pass counts as its number of rows and is cut at the bound: its first rows are queued, the rest
 dropped, counted (``dropped``, and per group) and warned about once.
 
+The dispatcher is a consumer of every collector pass (:class:`collector.read.passes.PassConsumer`, on the loop:
+taking a pass only queues it): :meth:`ThreadedDispatcher.take` queues the pass's windows, its put metrics, the
+collector's own points and its straggler lines (after the windows, on the same handler's thread) for the
+handlers of their groups.
+
 Closing gives every handler a bounded time to finish (``close_budget_s`` in all); a handler still stuck then
 is left behind (its thread is a daemon), so SIGTERM always ends the collector within a few seconds.
 """
@@ -22,12 +27,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from elastic.metrics import MetricData, MetricHandler
+from shmstat.names import COLLECTOR_GROUP
 
 from .compact import CompactWindowHandler
 from .protocol import ColumnsHandler, RowsFailed, as_columns_handler
@@ -35,6 +41,7 @@ from .specs import build_handler
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
+    from ..read.passes import Flag, Pass, Wanted
 
 __all__ = ["DEFAULT_HANDLER_QUEUE", "Dispatcher", "PassTaken", "ThreadedDispatcher", "plan_pass"]
 
@@ -113,6 +120,12 @@ class _Pass(NamedTuple):
     columns: Columns
 
 
+class _Say(NamedTuple):
+    """A straggler line queued for a handler's ``say_straggler``."""
+
+    flag: Flag
+
+
 def plan_pass(handler_for: Callable[[str], ColumnsHandler], columns: Columns) -> list[tuple[ColumnsHandler, Columns]]:
     """How one pass reaches its handlers: ``(handler, its rows)`` per handler serving a group present; groups
     whose handler :attr:`~collector.handlers.protocol.ColumnsHandler.discards` everything get nothing."""
@@ -167,7 +180,7 @@ class _Worker:
                                        daemon=True)
         self.thread.start()
 
-    def put(self, group: str, rows: list[Any]) -> int:
+    def put(self, group: str, rows: Sequence[Any]) -> int:
         """Queue ``rows`` of ``group``; returns how many did not fit (dropped)."""
         with self.cond:
             room = self.limit - self.rows
@@ -189,6 +202,12 @@ class _Worker:
                 self.rows += take
                 self.cond.notify()
         return columns.take(slice(take, n)) if take < n else None
+
+    def say(self, job: str, flag: Flag) -> None:
+        """Queue a straggler line (after what was queued before: the rows of the pass that found it)."""
+        with self.cond:
+            self.queue.append((job, _Say(flag), 0))
+            self.cond.notify()
 
     def control(self, marker: Any) -> threading.Event:
         """Queue a control marker (flush, barrier, stop); the event is set once the worker reached it."""
@@ -217,6 +236,9 @@ class _Worker:
             if type(second) is _Pass:
                 if self._call(handler.emit_columns, f"(pass of job {first})", second.columns):
                     self.emitted += rows
+            elif type(second) is _Say:
+                self._call(handler.say_straggler, f"(straggler line of job {first})", second.flag.name, first,
+                           second.flag.data)
             else:
                 for metric in second:
                     if self._call(handler.emit, first, metric):
@@ -245,7 +267,13 @@ class _Worker:
 
 
 class ThreadedDispatcher:
-    """Routes metrics to their group's handler (as :class:`Dispatcher`), each handler in a thread of its own."""
+    """Routes metrics to their group's handler (as :class:`Dispatcher`), each handler in a thread of its own; a
+    consumer of every collector pass (:meth:`take`)."""
+
+    on_loop = True
+    """Taking a pass only queues it (:class:`collector.read.passes.PassConsumer`)."""
+    own_group = COLLECTOR_GROUP
+    """The group the collector's own points (its usage figures, the straggler scores) are dispatched to."""
 
     def __init__(self, inner: Dispatcher, *, handler_queue: int = DEFAULT_HANDLER_QUEUE,
                  close_budget_s: float = 2.0) -> None:
@@ -286,7 +314,37 @@ class ThreadedDispatcher:
         """The handler that receives metrics of ``group``."""
         return self.inner.handler_for(group)
 
-    def emit_points(self, group: str, metrics: list[MetricData]) -> None:
+    def wants(self, group: str, what: Wanted) -> bool:
+        """Whether ``group``'s handler has a use for its windows (:meth:`discards`) or its points, put or the
+        collector's (:meth:`discards_points`)."""
+        return not (self.discards(group) if what == "windows" else self.discards_points(group))
+
+    def says_stragglers(self) -> bool:
+        """Whether a handler prints straggler lines (then every pass is scored for it)."""
+        return any(h.says_stragglers for h in self.inner.all_handlers())
+
+    def take(self, pass_: Pass) -> None:
+        """Queue one pass for the handlers: its windows (:meth:`emit_columns`), its put metrics and the
+        collector's own points (:meth:`emit_points`, each group's to its handler unless it has no use for them),
+        then its straggler lines, each to the handler of the flagged stat's group if it says them, after the
+        pass's windows on that handler's thread."""
+        if pass_.columns is not None:
+            self.emit_columns(pass_.columns)
+        for put in pass_.puts:
+            group = put.metric.group_name
+            if not self.discards_points(group):
+                self.emit_points(group, [put.metric])
+        own = self.own_group
+        if pass_.usage:
+            self.emit_points(own, pass_.usage)
+        if pass_.scores and not self.discards(own):
+            self.emit_points(own, [s.metric(own, pass_.job) for s in pass_.scores])
+        for flag in pass_.flags:
+            handler = self.inner.handler_for(str(flag.data["group"]))
+            if handler.says_stragglers and not self._closed:
+                self._worker(handler).say(pass_.job, flag)
+
+    def emit_points(self, group: str, metrics: Sequence[MetricData]) -> None:
         """Queue metrics of one ``group`` that belong to no window (put by ranks, the collector's own figures)
         for its handler's ``emit`` (never blocks; past the bound they are dropped and counted)."""
         if metrics and not self._closed:
@@ -304,7 +362,7 @@ class ThreadedDispatcher:
                 for group, n in zip(groups.tolist(), counts.tolist(), strict=True):
                     self._count_lost(handler, group, n)
 
-    def _queue(self, group: str, handler: ColumnsHandler, rows: list[Any]) -> None:
+    def _queue(self, group: str, handler: ColumnsHandler, rows: Sequence[Any]) -> None:
         lost = self._worker(handler).put(group, rows)
         if lost:
             self._count_lost(handler, group, lost)

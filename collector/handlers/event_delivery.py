@@ -32,7 +32,7 @@ from shmstat.errors import WireError
 from shmstat.publish.item_sizes import item_bytes
 
 from ..wire.intake import Received
-from .events import EventRecord, GapRecord
+from .events import EventRecord, EventSink, GapRecord
 from .specs import build_event_handler
 
 __all__ = ["DEFAULT_EVENTS_QUEUE_BYTES", "MAX_BATCH_BYTES", "MAX_BATCH_EVENTS", "MAX_SUMMARIES", "EventDelivery"]
@@ -66,7 +66,7 @@ class _Entry(NamedTuple):
 class _Sink:
     """One sink's queue and thread."""
 
-    def __init__(self, handler: Any, limit_bytes: int, on_done: Any = None) -> None:
+    def __init__(self, handler: EventSink, limit_bytes: int, on_done: Any = None) -> None:
         self.handler = handler
         self.on_done = on_done  # called in this thread after a batch was taken (the delivery's listeners)
         self.limit = limit_bytes
@@ -275,7 +275,7 @@ def _records(job: str, msg: Received) -> list[EventRecord]:
 class EventDelivery:
     """The events sinks of a collector (or of a node collector's every job), each in a thread of its own."""
 
-    def __init__(self, handlers: list[Any], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES,
+    def __init__(self, handlers: list[EventSink], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES,
                  close_budget_s: float = 5.0) -> None:
         self.handlers = list(handlers)
         self.queue_bytes = queue_bytes
@@ -290,7 +290,7 @@ class EventDelivery:
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
         """The sinks ``specs`` name (:func:`collector.handlers.specs.build_event_handler`); a bad SPEC is a
         :class:`~shmstat.errors.ConfigError` and the sinks built before it are closed."""
-        built: list[Any] = []
+        built: list[EventSink] = []
         try:
             for spec in specs:
                 built.append(build_event_handler(spec))

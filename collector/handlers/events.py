@@ -1,10 +1,10 @@
 """Events kept: the records an events sink receives and the built-in sinks (``--events SPEC`` names one).
 
-A sink is any object with ``emit_events(batch)``: ``batch`` is a list of :class:`EventRecord` (one event) and
+A sink is an :class:`EventSink`: ``emit_events(batch)``, ``batch`` a list of :class:`EventRecord` (one event) and
 :class:`GapRecord` (numbered items that never reached the sink), in the order the collector took them. The
 collector calls it from a thread of the sink's own (:mod:`collector.handlers.event_delivery`), never from its
 loop; ``flush()`` and ``close()``, when the sink has them, are called at shutdown. :class:`EventHandler` is the
-documented base class (subclassing it is optional).
+documented base class, which has both (subclassing it is optional).
 
 SPECs (``shmstat collect --events SPEC``, repeatable): ``jsonl:PATH`` (:class:`JsonlEventHandler`), ``console``
 (:class:`ConsoleEventHandler`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`: OpenTelemetry logs over
@@ -23,13 +23,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 from shmstat.errors import ConfigError
 
 from .jsonl import REPAIR_BYTES, read_tail
 
-__all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "GapRecord", "JsonlEventHandler", "takes_events"]
+__all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "EventSink", "GapRecord", "JsonlEventHandler"]
 
 EventData = dict[str, str | int | float | bool]
 
@@ -106,9 +106,19 @@ class GapRecord:
                 "timestamp": self.timestamp}
 
 
+@runtime_checkable
+class EventSink(Protocol):
+    """What the collector calls of an events sink (``--events SPEC``): :meth:`emit_events`, on a thread of the
+    sink's own. A class is one if it defines it (:class:`EventHandler` does; subclassing it is optional)."""
+
+    def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
+        """Take a batch of records, in the order the collector took them (see :meth:`EventHandler.emit_events`)."""
+        ...
+
+
 class EventHandler:
-    """The interface of an events sink (``--events pkg.module:Class``); subclassing it is optional, defining
-    :meth:`emit_events` is what counts."""
+    """The base class of an events sink (``--events pkg.module:Class``): an :class:`EventSink` with a
+    :meth:`flush` and a :meth:`close` that do nothing; subclassing it is optional."""
 
     def emit_events(self, batch: list[EventRecord | GapRecord]) -> None:
         """Take a batch of records, in the order the collector took them. Called from one thread of this sink's
@@ -121,11 +131,6 @@ class EventHandler:
 
     def close(self) -> None:
         """Release what the sink holds (called once, at shutdown, if the sink finished its queue in time)."""
-
-
-def takes_events(obj: Any) -> bool:
-    """Whether ``obj`` (an object or a class) is an events sink: it has a callable ``emit_events``."""
-    return callable(getattr(obj, "emit_events", None))
 
 
 class JsonlEventHandler(EventHandler):

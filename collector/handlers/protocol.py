@@ -11,6 +11,9 @@ and it calls only these, each from the handler's own thread:
 - ``flush()``: once per pass, after its rows: the pass counts as taken when it returns (a no-op unless overridden);
 - ``close()``: once, when the collector stops (a no-op unless overridden).
 
+- ``say_straggler(name, job, data)``: a straggler flagged or recovered, after the rows of the pass that found it,
+  only for a handler that :attr:`~ColumnsHandler.says_stragglers` (a console handler: :class:`StragglerLines`).
+
 Two attributes say what the dispatcher need not build for a handler: :attr:`ColumnsHandler.takes_points` (False:
 no metric outside windows) and :attr:`ColumnsHandler.discards` (True: nothing at all).
 
@@ -39,8 +42,24 @@ from elastic.metrics import MetricData, MetricHandler, NullMetricHandler, StatMe
 if TYPE_CHECKING:
     from ..read.columns import Columns
 
-__all__ = ["AgentMetricData", "ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "as_columns_handler",
-           "user_handler"]
+__all__ = ["AgentMetricData", "ColumnsAdapter", "ColumnsHandler", "RowsAdapter", "RowsFailed", "StragglerLines",
+           "as_columns_handler"]
+
+EventData = dict[str, str | int | float | bool]
+
+
+class StragglerLines:
+    """A console handler that also prints a line when the collector flags a straggler (``shmstat.straggler``) or
+    sees one recover (``shmstat.straggler.recovered``): the collector scores ranks for it even when nobody asked
+    for scores or subscribed to those events. Its :meth:`say_straggler` is called on the handler's own thread,
+    after the rows of the pass that found the straggler."""
+
+    says_stragglers: bool = True
+    """Straggler lines are this handler's business (see :meth:`ColumnsHandler.say_straggler`)."""
+
+    def say_straggler(self, name: str, job: str, data: EventData) -> None:
+        """Print the line of straggler event ``name`` of ``job`` (its ``data`` as published)."""
+        raise NotImplementedError
 
 
 class ColumnsHandler(MetricHandler):
@@ -56,6 +75,9 @@ class ColumnsHandler(MetricHandler):
     """Whether the handler throws everything away (a null handler): the collector then builds nothing for its
     groups."""
 
+    says_stragglers: bool = False
+    """Whether the handler prints straggler lines (:meth:`say_straggler`; :class:`StragglerLines` sets it)."""
+
     @abc.abstractmethod
     def emit_columns(self, columns: Columns) -> None:
         """Take one pass of one job (``columns.job``): the rows of the groups this handler serves."""
@@ -63,6 +85,9 @@ class ColumnsHandler(MetricHandler):
     @abc.abstractmethod
     def emit(self, metric_data: MetricData) -> None:
         """Take one metric that belongs to no window."""
+
+    def say_straggler(self, name: str, job: str, data: EventData) -> None:
+        """Say straggler event ``name`` of ``job`` (called only when :attr:`says_stragglers`); does nothing here."""
 
     def flush(self) -> None:
         """Make what this pass gave durable (called once per pass, after its rows); does nothing here."""
@@ -89,12 +114,18 @@ class _Wrapped(ColumnsHandler):
         self.handler = handler
         """The wrapped handler (the user's object)."""
         self.takes_points = getattr(handler, "takes_points", True) is not False
+        self.says_stragglers = isinstance(handler, StragglerLines)
         self._flush: Callable[[], object] | None = _method(handler, "flush")
         self._close: Callable[[], object] | None = _method(handler, "close")
 
     def emit(self, metric_data: MetricData) -> None:
         """The wrapped handler's ``emit``."""
         self.handler.emit(metric_data)
+
+    def say_straggler(self, name: str, job: str, data: EventData) -> None:
+        """The wrapped handler's ``say_straggler`` (a :class:`StragglerLines`)."""
+        if isinstance(self.handler, StragglerLines):
+            self.handler.say_straggler(name, job, data)
 
     def flush(self) -> None:
         """The wrapped handler's ``flush``, if its class has one."""
@@ -159,11 +190,6 @@ def as_columns_handler(handler: MetricHandler) -> ColumnsHandler:
     if _method(handler, "emit_columns") is not None:
         return ColumnsAdapter(handler)
     return RowsAdapter(handler)
-
-
-def user_handler(handler: MetricHandler) -> MetricHandler:
-    """The handler the user gave: the one an adapter of :func:`as_columns_handler` wraps, else ``handler``."""
-    return handler.handler if isinstance(handler, _Wrapped) else handler
 
 
 def _method(handler: object, name: str) -> Callable[..., object] | None:

@@ -39,7 +39,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP, RULE_REFERENCE, group_problem
 
 from .compact import CompactWindowHandler
-from .events import ConsoleEventHandler, JsonlEventHandler, takes_events
+from .events import ConsoleEventHandler, EventSink, JsonlEventHandler
 from .jsonl import JsonlMetricHandler
 from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
@@ -239,7 +239,7 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def build_event_handler(spec: str) -> Any:
+def build_event_handler(spec: str) -> EventSink:
     """The events sink a SPEC names (``--events SPEC``, see the module docstring); :class:`ConfigError` with one
     sentence for a bad SPEC, before anything is started."""
     kind, _, arg = spec.partition(":")
@@ -258,7 +258,7 @@ def build_event_handler(spec: str) -> Any:
         kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
 
         def refusal(cls: Any) -> str | None:
-            if isinstance(cls, type) and takes_events(cls):
+            if isinstance(cls, type) and issubclass(cls, EventSink):
                 return None
             return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
 

@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
@@ -74,22 +74,7 @@ from .server import MetricsServer, RenderCache
 if TYPE_CHECKING:  # pragma: no cover
     from ..daemon.config import CollectorConfig
     from ..read.columns import Columns
-
-class _Score(Protocol):
-    """What the exporter reads of a straggler score (:class:`collector.daemon.straggler.Score`, a layer above)."""
-
-    @property
-    def group(self) -> str: ...
-
-    @property
-    def stat(self) -> str: ...
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def score(self) -> float: ...
-
+    from ..read.passes import Pass, RankScore, Wanted
 
 __all__ = ["BUCKET_BOUNDS", "RETIRE_AFTER_S", "PrometheusExporter", "parse_listen", "start_exporter"]
 
@@ -128,8 +113,13 @@ class _Series:
 
 
 class PrometheusExporter:
-    """Keeps what ``/metrics`` shows and serves it; ``observe`` is called by the collector's loop, the rendering
-    thread reads under a lock (only copies are made under it) and a scrape sends the cached rendering."""
+    """Keeps what ``/metrics`` shows and serves it; a consumer of every collector pass on the collector's loop
+    (:meth:`take`, so that a scrape sees each pass whole or not at all), the rendering thread reads under a lock
+    (only copies are made under it) and a scrape sends the cached rendering."""
+
+    on_loop = True
+    """Passes are folded in on the loop (:class:`collector.read.passes.PassConsumer`): cheap, and consistent with
+    what the loop did."""
 
     def __init__(self, listen: str, *, node: str | None = None, sd_file: str | None = None,
                  clock: Callable[[], float] = time.monotonic, max_put_bytes: int = MAX_SERIES_BYTES,
@@ -214,6 +204,23 @@ class PrometheusExporter:
             raise ConfigError(f"--prometheus-sd cannot write {self.sd_file!r}: {exc.strerror}") from None
 
     # -- what the collector feeds ----------------------------------------------------------------------------
+    def wants(self, group: str, what: Wanted) -> bool:
+        """Every group's windows and put metrics are exported (the collector's usage figures are not: its
+        counters are, read at a scrape)."""
+        return what != "usage"
+
+    def take(self, pass_: Pass) -> None:
+        """Fold one pass in: its windows (:meth:`observe_columns`), its put metrics (:meth:`observe_metric`, the
+        ones made in the collector's process with no rank label) and its straggler scores (:meth:`observe_scores`).
+        The collector's usage figures are not series here (its counters are: :meth:`add_job`)."""
+        job = pass_.job
+        if pass_.columns is not None:
+            self.observe_columns(pass_.columns)
+        for put in pass_.puts:
+            self.observe_metric(job, put.metric, put.rank)
+        if pass_.scores:
+            self.observe_scores(job, pass_.scores)
+
     def observe_columns(self, cols: Columns) -> None:
         """Fold one pass (merged and per-rank rows) into the series, as the collector hands it over: columns (no
         row objects are built; histogram objects only for the merged rows, whose buckets are exported)."""
@@ -239,7 +246,7 @@ class PrometheusExporter:
                 self._fold_gpu(cols)
         self._fold(job, updates)
 
-    def observe_scores(self, job: str, scores: Iterable[_Score]) -> None:
+    def observe_scores(self, job: str, scores: Iterable[RankScore]) -> None:
         """The collector's straggler scores of a pass (:class:`collector.daemon.straggler.StragglerDetector`'s, in
         window order), each kept on its rank's series as ``shmstat_stat_straggler_score``: what the dashboard
         plots, so no surface scores a rank by a rule of its own."""

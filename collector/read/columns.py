@@ -36,10 +36,11 @@ import numpy as np
 
 from elastic.metrics import StatMetricData
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregation_key
+from shmstat.shm.layout_records import WindowFigures
 
 from .gpu_figures import GPU_GROUP, is_gpu_stat
 from .hist_batch import HistBatch
-from .rows import Summary, WindowRow, ordered_aggregations
+from .rows import WindowRow, ordered_aggregations
 
 __all__ = ["COUNT_ONLY_MASK", "PERCENTILE_COLUMNS", "Columns", "Parts", "StatTable", "merge_parts"]
 
@@ -213,7 +214,7 @@ class Columns:
         return WindowRow(
             self.group[i], self.stat[i], int(self.wid[i]), int(self.window_ms[i]), int(self.agg_mask[i]),
             None if rank < 0 else rank,
-            Summary(int(self.count[i]), float(self.sum[i]), float(self.min[i]), float(self.max[i]),
+            WindowFigures(int(self.count[i]), float(self.sum[i]), float(self.min[i]), float(self.max[i]),
                     float(self.value[i]), int(self.last_ts[i]), bool(self.torn[i]), self.hist[i]),
             ranks=int(self.ranks[i]), higher_is_better=bool(self.higher_is_better[i]), wait=bool(self.wait[i]),
         )
@@ -225,8 +226,8 @@ class Columns:
                    self.min.tolist(), self.max.tolist(), self.value.tolist(), self.last_ts.tolist(),
                    self.torn.tolist(), self.hist.tolist(), self.ranks.tolist(), self.higher_is_better.tolist(),
                    self.wait.tolist(), strict=True)
-        return [WindowRow(g, s, w, ms, m, None if r < 0 else r, Summary(n, t, lo, hi, v, ts, torn, h), ranks=k,
-                          higher_is_better=hib, wait=wt)
+        return [WindowRow(g, s, w, ms, m, None if r < 0 else r, WindowFigures(n, t, lo, hi, v, ts, torn, h),
+                          ranks=k, higher_is_better=hib, wait=wt)
                 for g, s, w, ms, m, r, n, t, lo, hi, v, ts, torn, h, k, hib, wt in cols]
 
     def __iter__(self) -> Iterator[WindowRow]:

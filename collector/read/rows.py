@@ -1,6 +1,8 @@
-"""A window's figures as one record: :class:`Summary` and the row it belongs to (:class:`WindowRow`).
+"""A collector row: a stat's window with its labels (:class:`WindowRow`), whose figures are the one record of a
+window's figures, :class:`shmstat.shm.layout_records.WindowFigures` (the same the writer's ``Stat.last`` and a bank
+read out of the segment are).
 
-These are the records a pass's rows become when one is wanted as an object (:meth:`collector.read.columns.Columns.row`,
+Rows are what a pass's columns become when one is wanted as an object (:meth:`collector.read.columns.Columns.row`,
 ``to_rows``: ``stat/`` subscribers, the OTLP sink, ``shmstat top``). Merging is not done here: the one merge is
 :func:`collector.read.columns.merge_parts`, on arrays (COUNT and SUM add up, MEAN = SUM / COUNT, MIN and MAX
 are the extremes of the parts, VALUE is the value with the latest timestamp, the percentiles come from the parts'
@@ -12,39 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregate, aggregation_key, from_mask
-from shmstat.histogram import Histogram
+from shmstat.shm.layout_records import WindowFigures
 
-__all__ = ["Summary", "WindowRow", "WindowSpan", "ordered_aggregations"]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Count, sum, extremes and latest value of a set of samples (and their histogram, for stats that keep
-    percentiles)."""
-
-    count: int
-    sum: float
-    min: float
-    max: float
-    last: float
-    last_ts: int
-    torn: bool = False
-    hist: Histogram | None = None
-
-    def quantile(self, q: float) -> float | None:
-        """The ``q``-quantile from the histogram (clamped to the exact min/max); None if none is kept."""
-        if self.hist is None:
-            return None
-        return self.hist.quantile(q, self.min, self.max) if self.count else 0.0
-
-    @property
-    def mean(self) -> float:
-        """SUM / COUNT (0 for an empty summary, as torch.monitor reports)."""
-        return self.sum / self.count if self.count else 0.0
-
-    def value(self, agg: Aggregation) -> float:
-        """The figure for one aggregation, as a float."""
-        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
+__all__ = ["WindowRow", "WindowSpan", "ordered_aggregations"]
 
 
 class WindowSpan:
@@ -66,7 +38,7 @@ class WindowSpan:
 
 @dataclass(frozen=True)
 class WindowRow(WindowSpan):
-    """One emitted row: a stat's window, merged (``rank`` None) or of one rank."""
+    """One emitted row: a stat's window, merged (``rank`` None) or of one rank, with its labels and figures."""
 
     group: str
     name: str
@@ -74,7 +46,8 @@ class WindowRow(WindowSpan):
     window_ms: int
     agg_mask: int
     rank: int | None
-    summary: Summary
+    summary: WindowFigures
+    """The window's figures (merged over the ranks for a merged row)."""
     ranks: int = 1
     """How many ranks contributed (1 for a per-rank row)."""
     higher_is_better: bool = False

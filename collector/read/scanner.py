@@ -50,8 +50,21 @@ from .columns import Columns, Parts, StatTable, merge_parts
 from .hist_batch import HistBatch
 from .rows import WindowRow
 
-__all__ = ["DurableMarks", "MergeKey", "ScanResult", "Scanner", "Slot", "SlotTable", "distinct", "long_slots_to_read",
-           "read_banks", "read_hist", "read_histograms", "retry_torn"]
+__all__ = [
+    "DurableMarks",
+    "MergeKey",
+    "ScanResult",
+    "Scanner",
+    "Slot",
+    "SlotTable",
+    "consistent_banks",
+    "distinct",
+    "long_slots_to_read",
+    "read_banks",
+    "read_histograms",
+    "read_window_hist",
+    "retry_torn",
+]
 
 _LONG_NS = L.LONG_WINDOW_MS * 1_000_000
 _LONG_POLL_NS = L.LONG_POLL_MS * 1_000_000
@@ -200,16 +213,7 @@ class Scanner:
         bank = np.concatenate([(newest[p] - d) % banks for d, p in enumerate(parts)]) if parts else pos
         grow = t.row0[idx[pos]] + bank  # bank numbers counted from BANK_BASE
         first, data, second = read_banks(self.segment, grow)
-        seq_bits = data[:, L.B_SEQ]
-        seq = seq_bits.view(np.float64)
-        with np.errstate(invalid="ignore"):
-            sane = (seq >= 0) & (seq < 2.0**62)  # not NaN, not negative, not absurd: what a writer can produce
-        count = np.where(sane, seq, 0.0).astype(np.int64)  # a bank of garbage reads as empty
-        ok = ~sane | (
-            (first[:, 0] == second[:, 0]) & (first[:, 1] == second[:, 1]) & (first[:, 0] == seq_bits)
-            & (first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
-        )
-        count >>= 1
+        ok, count = consistent_banks(first, data, second)
         slow = is_long.copy()  # slots left to read_slot (long windows; a bank stayed torn holding a candidate)
         wid = data[:, L.B_WID]
         if not ok.all():
@@ -367,10 +371,10 @@ class Scanner:
         pieces = [(sel, hist)]
         need = sel[~hist.present]  # read again one by one
         if len(need):
-            again = [read_hist(self.segment, t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]), int(fcount[k]))
-                     for k in need.tolist()]
+            again = [read_window_hist(self.segment, t.slots[int(slot_idx[k])].desc, int(fdata[k, L.B_WID]),
+                                      int(fcount[k])) for k in need.tolist()]
             pieces = [(sel[hist.present], hist[hist.present]), (need, HistBatch.from_histograms(again))]
-        f = fdata.view(np.float64)
+        f = fdata.view(L.FLOAT_WORD_DTYPE)
         return Parts(t.key_id[slot_idx], rank_of[t.lr[slot_idx]], slot_idx, fdata[:, L.B_WID], fcount,
                      f[:, L.B_SUM], f[:, L.B_MIN], f[:, L.B_MAX], f[:, L.B_LAST], fdata[:, L.B_TS],
                      np.zeros(n, bool), HistBatch.assemble(n, pieces))
@@ -412,14 +416,14 @@ class Scanner:
             result.torn += w.torn
             if wanted:
                 collected.append(Parts(
-                    t.key_id[i:i + 1], np.array([w.rank], np.int64), np.array([i], np.int64),
+                    t.key_id[i:i + 1], np.array([info.rank], np.int64), np.array([i], np.int64),
                     np.array([w.wid], np.int64), np.array([w.count], np.int64), np.array([w.sum], np.float64),
                     np.array([w.min], np.float64), np.array([w.max], np.float64), np.array([w.last], np.float64),
                     np.array([w.last_ts], np.int64), np.array([w.torn], bool),
                     HistBatch.from_histograms([w.hist])))
             else:
                 skipped.append((np.array([t.key_id[i]], np.int64), np.array([w.wid], np.int64),
-                                np.array([w.rank], np.int64)))
+                                np.array([info.rank], np.int64)))
         if read.safe_wid > after:
             pend_idx.append(np.array([i], np.int64))
             pend_wid.append(np.array([read.safe_wid], np.int64))
@@ -626,7 +630,7 @@ class DurableMarks(NamedTuple):
         if not len(self.words):
             return
         buf = segment.buf
-        words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        words = np.frombuffer(buf, L.WORD_DTYPE, len(buf) // 8)
         try:
             words[self.words] = self.wids
         finally:
@@ -634,9 +638,11 @@ class DurableMarks(NamedTuple):
 
 
 # ---- Reading banks ----
-# The seqlock reads of banks that the scanner's pass makes: many banks at once (:func:`read_banks`), those found
-# torn again one by one (:func:`retry_torn`), and one window's histogram with its bank (:func:`read_hist`). They
-# hold no scanner state: each reads the segment it is given.
+# The seqlock reads of banks that the scanner's pass makes: many banks at once (:func:`read_banks`, checked by
+# :func:`consistent_banks`), those found torn again one by one (:func:`retry_torn`), and one window's histogram with
+# its bank (:func:`read_window_hist`). They hold no scanner state: each reads the segment it is given. The bytes are
+# those of :mod:`shmstat.shm.layout` (offsets, word indices and NumPy dtypes from there); one bank or histogram is
+# decoded by :mod:`shmstat.shm.layout_codec`.
 
 
 _WORDS = L.BANK_WORDS
@@ -646,7 +652,7 @@ def read_banks(segment: Segment, grow: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """(seq, wid) of the banks numbered ``grow``, then those banks whole, then (seq, wid) again: three
     copies out of the segment, in this order (the seqlock reader's order, for all banks at once)."""
     geo = segment.geometry
-    view = np.frombuffer(segment.buf, np.int64, geo.max_ranks * geo.max_stats * geo.banks * _WORDS,
+    view = np.frombuffer(segment.buf, L.WORD_DTYPE, geo.max_ranks * geo.max_stats * geo.banks * _WORDS,
                          geo.bank_base).reshape(-1, _WORDS)
     try:
         first = view[grow, :2]
@@ -655,6 +661,26 @@ def read_banks(segment: Segment, grow: np.ndarray) -> tuple[np.ndarray, np.ndarr
     finally:
         del view  # no array may keep the mapping exported (the segment must stay closable)
     return first, data, second
+
+
+def consistent_banks(first: np.ndarray, data: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The seqlock check of the copies :func:`read_banks` made, for every bank at once: whether each copy is
+    consistent (both ``(seq, wid)`` gathers and the copy agree and ``seq`` is even), and the samples it holds.
+
+    A bank whose ``seq`` no writer can produce (NaN, negative, 2**62 or more: garbage written into the segment) is
+    consistent and empty: it holds no window, and it is never read again (no retry can make it consistent, and a
+    live writer's bank that stays torn would hold its stat's windows back pass after pass).
+    """
+    seq_bits = data[:, L.B_SEQ]
+    seq = seq_bits.view(L.FLOAT_WORD_DTYPE)
+    with np.errstate(invalid="ignore"):
+        sane = (seq >= 0) & (seq < 2.0**62)  # not NaN, not negative, not absurd: what a writer can produce
+    count = np.where(sane, seq, 0.0).astype(np.int64)
+    ok = ~sane | (
+        (first[:, 0] == second[:, 0]) & (first[:, 1] == second[:, 1]) & (first[:, 0] == seq_bits)
+        & (first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
+    )
+    return ok, count >> 1
 
 
 def retry_torn(segment: Segment, retry: np.ndarray, grow: np.ndarray, pos: np.ndarray, data: np.ndarray,
@@ -669,7 +695,7 @@ def retry_torn(segment: Segment, retry: np.ndarray, grow: np.ndarray, pos: np.nd
             stuck.add(int(pos[j]))
             continue
         row = data[j]
-        f = row.view(np.float64)
+        f = row.view(L.FLOAT_WORD_DTYPE)
         row[L.B_WID], row[L.B_TS] = snap.wid, snap.last_ts
         f[L.B_SEQ], f[L.B_SUM], f[L.B_MIN], f[L.B_MAX], f[L.B_LAST] = (
             2.0 * snap.count, snap.sum, snap.min, snap.max, snap.last)
@@ -677,7 +703,7 @@ def retry_torn(segment: Segment, retry: np.ndarray, grow: np.ndarray, pos: np.nd
     return sorted(stuck)
 
 
-def read_hist(segment: Segment, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
+def read_window_hist(segment: Segment, d: StatDescriptor, wid: int, count: int) -> Histogram | None:
     """The histogram of window ``wid`` of a slot, read with its bank under the bank's seqlock; None if the
     bank no longer holds that window as it was read (overwritten since: reported without percentiles)."""
     geo = segment.geometry
@@ -716,19 +742,13 @@ def long_slots_to_read(read_banks: Callable[[np.ndarray], tuple[np.ndarray, np.n
     if not m:
         return np.zeros(0, bool)
     first, data, second = read_banks((row0[:, None] + np.arange(banks)).ravel())
-    seq_bits = data[:, L.B_SEQ]
-    seq = seq_bits.view(np.float64)
-    with np.errstate(invalid="ignore"):
-        sane = (seq >= 0) & (seq < 2.0**62)
-    count = np.where(sane, seq, 0.0).astype(np.int64)
-    ok = sane & (first[:, 0] == second[:, 0]) & (first[:, 1] == second[:, 1]) & (first[:, 0] == seq_bits) & (
-        first[:, 1] == data[:, L.B_WID]) & ((count & 1) == 0)
+    ok, count = consistent_banks(first, data, second)
     wid = data[:, L.B_WID].reshape(m, banks)
     rows = np.arange(m)
     top_bank = wid.argmax(axis=1)
     top = wid[rows, top_bank]
     top_at = rows * banks + top_bank
-    full = ok[top_at] & ((count[top_at] >> 1) >= max_samples)
+    full = ok[top_at] & (count[top_at] >= max_samples)
     # a writer never goes back to an older window: all but its newest are closed, that one too when full or gone
     closed = np.maximum(np.where(gone | full, top, np.maximum(top, _MIN + 1) - 1), newest)
     top_inc = data[:, L.B_INC][top_at] & np.int64(2**63 - 1)
@@ -762,17 +782,18 @@ def read_histograms(buf: memoryview, geometry: L.Geometry, hist_off: np.ndarray,
     if not len(hist_off):
         return HistBatch.empty(0)
     nblocks = geometry.max_ranks * geometry.hist_slots * geometry.banks
-    blocks = np.frombuffer(buf, np.uint32, nblocks * _BLOCK_WORDS, geometry.hist_base)
-    words = np.frombuffer(buf, np.int64, len(buf) // 8)
+    blocks = np.frombuffer(buf, L.HIST_COUNT_DTYPE, nblocks * _BLOCK_WORDS, geometry.hist_base)
+    words = np.frombuffer(buf, L.WORD_DTYPE, len(buf) // 8)
     try:  # whole blocks by row (one memcpy each), not element by element
         raw = blocks.reshape(-1, _BLOCK_WORDS)[(hist_off - geometry.hist_base) // L.HIST_SIZE]
-        again = words[(bank_off // 8)[:, None] + np.arange(2)]
+        again = words[(bank_off // 8)[:, None] + np.array([L.B_SEQ, L.B_WID])]
     finally:
         del words, blocks  # no array may keep the mapping exported (the segment must stay closable)
-    heads = raw[:, :_HEAD_WORDS].copy().view(np.int64)
+    heads = raw[:, :_HEAD_WORDS].copy().view(L.WORD_DTYPE)
     counts = raw[:, _COUNTS_FROM:_COUNTS_FROM + 2 * _M]  # the positive ring, then the negative
-    scale, zero = heads[:, 0], heads[:, 1]
-    pos_lo, pos_hi, neg_lo, neg_hi = heads[:, 2], heads[:, 3], heads[:, 4], heads[:, 5]
+    scale, zero = heads[:, L.HI_SCALE // 8], heads[:, L.HI_ZERO // 8]
+    pos_lo, pos_hi = heads[:, L.HI_POS_LO // 8], heads[:, L.HI_POS_HI // 8]
+    neg_lo, neg_hi = heads[:, L.HI_NEG_LO // 8], heads[:, L.HI_NEG_HI // 8]
     pos_inf, neg_inf = heads[:, L.HI_POS_INF // 8], heads[:, L.HI_NEG_INF // 8]
     with np.errstate(over="ignore"):  # a span past 2**63 wraps negative: refused like any span over M
         pos_span, neg_span = pos_hi - pos_lo, neg_hi - neg_lo

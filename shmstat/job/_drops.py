@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 from typing import TYPE_CHECKING
 
 from .._backend import backend
 from ..errors import ConfigError
 from ..shm import layout as L
+from ..shm import layout_codec as codec
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..shm.segment import Segment
@@ -76,10 +76,10 @@ def warn_once(kind: str, message: str, segment: Segment | None = None, job: str 
     bit = KINDS.get(kind, 0)
     if segment is not None and bit:
         try:
-            (seen,) = struct.unpack_from("<Q", segment.buf, L.H_WARNED)
+            seen = codec.read_warned(segment.buf)
             if seen & bit:
                 return False
-            struct.pack_into("<Q", segment.buf, L.H_WARNED, seen | bit)
+            codec.write_warned(segment.buf, seen | bit)
         except (ValueError, TypeError):
             pass
     _log.warning("shmstat: %s", message)

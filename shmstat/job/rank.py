@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -48,9 +47,6 @@ class SlotKey(NamedTuple):
     window_ms: int
     max_samples: int
     agg_mask: int
-
-
-_ENTRY = struct.Struct("<qQqqqqq")  # pid, incarnation, rank, local_rank, world_size, start_ns, heartbeat_ns
 
 
 @dataclass
@@ -215,12 +211,9 @@ class RankAttachment:
     def _take(cls, segment: Segment, i: int, info: RankInfo, rank: int, world_size: int, pid: int, now: int,
               *, writer_of: int) -> RankAttachment:
         """Write entry ``i`` for this process (job lock held) and index the descriptors it already has."""
-        off = segment.geometry.rank_offset(i)
         incarnation = (info.incarnation + 1) & (2**63 - 1)
-        _ENTRY.pack_into(segment.buf, off + L.R_PID, pid, incarnation, rank, i, world_size, now, now)
-        struct.pack_into("<Q", segment.buf, off + L.R_WRITER_OF, writer_of + 1)
-        struct.pack_into("<QQ", segment.buf, off + L.R_EVENTS_END, 0, 0)  # the last occupant's: not this process's
-        struct.pack_into("<Q", segment.buf, off + L.R_STATE, L.RankState.ACTIVE)
+        codec.write_rank_entry(segment.buf, segment.geometry, i, pid=pid, incarnation=incarnation, rank=rank,
+                               world_size=world_size, now_ns=now, writer_of=writer_of)
         segment.bump_entries_epoch()
         att = cls(segment, i, rank, world_size, pid, incarnation, writer_of)
         for d in segment.descriptors(i):  # an earlier incarnation's stats: reused under the same key
@@ -273,21 +266,20 @@ class RankAttachment:
                 )
             hist = -1
             if agg_mask & L.PERCENTILE_BITS:
-                entry = geo.rank_offset(self.local_rank)
-                (hist,) = struct.unpack_from("<Q", seg.buf, entry + L.R_NHIST)
+                hist = codec.rank_nhist(seg.buf, geo, self.local_rank)
                 if hist >= geo.hist_slots:
                     raise CapacityError(
                         f"rank {self.rank} keeps percentiles for {geo.hist_slots} stats of job {seg.job!r} "
                         f"already; start the job with SHMSTAT_MAX_PERCENTILE_STATS={max(2 * geo.hist_slots, 16)} "
                         f"(shmstat collect/run: --max-percentile-stats {max(2 * geo.hist_slots, 16)})"
                     )
-                struct.pack_into("<Q", seg.buf, entry + L.R_NHIST, hist + 1)
+                codec.write_rank_nhist(seg.buf, geo, self.local_rank, hist + 1)
             codec.write_descriptor(
                 seg.buf, geo, self.local_rank, nstats, name=name_b, group=group_b, window_ms=window_ms,
                 max_samples=max_samples, agg_mask=agg_mask, incarnation=self.incarnation, flags=flags, hist=hist,
                 emitted_wid=before,
             )
-            struct.pack_into("<Q", seg.buf, geo.rank_offset(self.local_rank) + L.R_NSTATS, nstats + 1)
+            codec.write_rank_nstats(seg.buf, geo, self.local_rank, nstats + 1)
             seg.bump_entries_epoch()
             self.index[key] = nstats
         return nstats
@@ -311,7 +303,7 @@ class RankAttachment:
     def hist_offset(self, index: int) -> int:
         """Byte offset of bank 0's histogram of descriptor ``index`` of this entry, -1 if it keeps none."""
         geo = self.segment.geometry
-        (hist,) = struct.unpack_from("<q", self.segment.buf, geo.desc_offset(self.local_rank, index) + L.D_HIST)
+        hist = codec.descriptor_hist(self.segment.buf, geo, self.local_rank, index)
         return geo.hist_offset(self.local_rank, hist - 1) if 0 < hist <= geo.hist_slots else -1
 
     def word(self, field_offset: int) -> int:
@@ -342,14 +334,13 @@ def _unemitted_banks(segment: Segment, info: RankInfo) -> list[tuple[int, int]]:
     """(byte offset of the bank, samples it holds) of every bank of a gone writer's entry that holds data no
     collector emitted (the writer is gone: nothing changes these banks meanwhile)."""
     geo = segment.geometry
-    f64, i64 = segment.f64, segment.i64
     out = []
     for d in segment.descriptors(info.local_rank):
         slot = geo.slot_offset(info.local_rank, d.index)
         for b in range(geo.banks):
             off = slot + b * L.BANK_SIZE
-            seq = f64[off // 8 + L.B_SEQ]
-            if seq >= 1.0 and seq == seq and i64[off // 8 + L.B_WID] > d.emitted_wid:
+            seq, wid = codec.bank_seq_wid(segment.buf, off)
+            if seq >= 1.0 and seq == seq and wid > d.emitted_wid:
                 out.append((off, int(seq) >> 1 if seq < 2.0**62 else 0))
     return out
 
@@ -364,7 +355,7 @@ def _forget_unemitted(segment: Segment, info: RankInfo) -> None:
     """Empty the banks of a gone writer whose entry is taken over (their samples were counted as dropped), so a
     collector never emits them under the new writer's rank."""
     for off, _n in _unemitted_banks(segment, info):
-        segment.f64[off // 8 + L.B_SEQ] = 0.0
+        codec.empty_bank(segment.buf, off)
 
 
 def _parent(pid: int) -> int:

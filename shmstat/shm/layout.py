@@ -159,7 +159,6 @@ Concurrency guarantees:
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 from .. import names as _names
@@ -258,32 +257,33 @@ PERCENTILE_BITS = 0xF << 10  # P50, P90, P99, P999: a stat with any keeps a hist
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
 H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT, H_HIST_SLOTS = 48, 56, 64, 72
 H_DROPPED, H_RANKS_REFUSED, H_WARNED, H_DISPATCHED, H_ENTRIES_EPOCH = 80, 88, 96, 104, 112
-_HEADER = struct.Struct("<8sQQQQQqqqQQQ")
 
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
 R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
 R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED, R_EVENTS_END, R_EVENTS_INC = 104, 112, 120, 128, 136
-_RANK = struct.Struct("<QqQqqqqqQQQQ")
-_RANK_DROPS = struct.Struct("<QQQQQ")  # dropped, stats_refused, writers_refused, events_end, events_inc
 R_PHASE_SEQ, R_PHASE, PHASE_COPY_SIZE = 144, 152, 24  # the phase word (shmstat.shm.phase)
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32
 D_NAME_LEN, D_GROUP_LEN, D_INCARNATION, D_FLAGS, D_HIST, D_NAME, D_GROUP = 40, 48, 56, 64, 72, 80, 160
-_DESC_HEAD = struct.Struct("<QQqQqQQQQq")
 assert D_NAME + MAX_NAME_BYTES == D_GROUP and D_GROUP + MAX_GROUP_BYTES == DESC_SIZE  # the fields hold the rule
 
 # Histogram header fields (byte offsets inside a histogram).
 HI_SCALE, HI_ZERO, HI_POS_LO, HI_POS_HI, HI_NEG_LO, HI_NEG_HI, HI_POS_INF, HI_NEG_INF = 0, 8, 16, 24, 32, 40, 48, 56
-_HIST_HEAD = struct.Struct("<qQqqqqQQ")
-_COUNTS = struct.Struct(f"<{HIST_BUCKETS}I")
 
 # Bank fields, in units of 8 bytes (indices into a float64/int64 view of the bank).
 B_SEQ, B_WID, B_SUM, B_MIN, B_MAX, B_LAST, B_TS, B_INC = range(8)
 BANK_WORDS = BANK_SIZE // 8
-_BANK = struct.Struct("<dqddddqQ")
-_SEQ_WID = struct.Struct("<dq")
+
+# NumPy dtypes of the fields, for readers that view many records at once (the collector's pass): every 8-byte field
+# as its 64 bits, the float ones (a bank's seq, sum, min, max, last) viewed as floats, a histogram's bucket counts.
+WORD_DTYPE = "<i8"
+FLOAT_WORD_DTYPE = "<f8"
+HIST_COUNT_DTYPE = "<u4"
+
+# Delivered mark fields (byte offsets inside a mark).
+M_PID, M_RANK, M_INCARNATION, M_DELIVERED, M_ORIGIN = 0, 8, 16, 24, 32
 
 
 class RankState:

@@ -1,13 +1,23 @@
-"""Reading and writing the records of a job's segment as :mod:`shmstat.shm.layout` draws them: the header, rank
-entries, descriptors (publishing one, and the collector's watermark in it), banks under their seqlock and
-histograms; the checks a reader applies to records a rank could never have written (garbage in the segment);
-and the encoding of stat names. The layout itself (offsets, sizes, record formats) stays in
-:mod:`shmstat.shm.layout`; this module owns only the code that moves bytes in and out of it.
+"""Reading and writing the records of a job's segment as :mod:`shmstat.shm.layout` draws them: the header (and the
+words the collector and the ranks set in it), rank entries (registering one, its counters and ``events_end``),
+descriptors (publishing one, and the collector's watermark in it), banks under their seqlock, histograms and
+delivered marks; the checks a reader applies to records a rank could never have written (garbage in the segment);
+and the encoding of stat names.
+
+With :mod:`shmstat.shm.layout` (where each field is: offsets and sizes) and :mod:`shmstat.shm.layout_records` (what
+a record read out is, as a value), this module is the one home of the segment's bytes: it holds the records'
+binary formats, and every pack and unpack of segment bytes is one of its functions. Nothing outside these three
+modules uses ``struct`` on a segment (the collector's vectorised reads of many banks at once,
+:mod:`collector.read.scanner`, view the same words as NumPy arrays, with the offsets and word indices of
+:mod:`shmstat.shm.layout`). The functions take the segment's byte view (``buf``) and, where a record is found by
+its index, the :class:`~shmstat.shm.layout.Geometry`; they take no lock (the callers hold the job lock where the
+layout asks for it).
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from itertools import compress
 from typing import TYPE_CHECKING
 
@@ -16,28 +26,36 @@ from ..histogram import MAX_SCALE as _MAX_SCALE
 from ..histogram import MIN_SCALE as _MIN_SCALE
 from ..histogram import Histogram as _Histogram
 from .layout import (
-    _BANK,
-    _COUNTS,
-    _DESC_HEAD,
-    _HEADER,
-    _HIST_HEAD,
-    _RANK,
-    _RANK_DROPS,
-    _SEQ_WID,
     D_EMITTED,
     D_GROUP,
+    D_HIST,
     D_NAME,
     D_STATE,
+    H_COLLECTOR_PID,
+    H_DISPATCHED,
+    H_ENTRIES_EPOCH,
     H_MAGIC,
+    H_WARNED,
     HIST_BUCKETS,
     HIST_COUNTS,
     LAYOUT_VERSION,
+    M_PID,
+    M_RANK,
     MAGIC,
     MAX_GROUP_BYTES,
     MAX_NAME_BYTES,
     MAX_WINDOW_MS,
     PERCENTILE_BITS,
+    PHASE_COPY_SIZE,
     R_DROPPED,
+    R_EVENTS_END,
+    R_NHIST,
+    R_NSTATS,
+    R_PHASE,
+    R_PHASE_SEQ,
+    R_PID,
+    R_STATE,
+    R_WRITER_OF,
     VALID_AGG_MASK,
     Geometry,
     RankState,
@@ -48,18 +66,62 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..histogram import Histogram
 
 __all__ = [
+    "bank_seq_wid",
+    "bump_entries_epoch",
+    "clear_events_end",
+    "decode_hist",
+    "descriptor_hist",
     "descriptor_problem",
+    "empty_bank",
     "encode_name",
+    "phase_publisher",
+    "rank_nhist",
     "rank_problem",
     "read_bank",
+    "read_delivered_marks",
     "read_descriptor",
+    "read_dispatched_ns",
+    "read_entries_epoch",
     "read_header",
-    "read_hist",
+    "read_phase_seq",
+    "read_phase_word",
     "read_rank",
+    "read_warned",
+    "write_collector",
+    "write_delivered",
+    "write_delivered_mark",
     "write_descriptor",
+    "write_dispatched_ns",
     "write_emitted_wid",
+    "write_events_end",
     "write_header",
+    "write_rank_entry",
+    "write_rank_nhist",
+    "write_rank_nstats",
+    "write_rank_pid",
+    "write_rank_state",
+    "write_warned",
 ]
+
+# The records' binary formats (little-endian; the fields' offsets and meanings are :mod:`shmstat.shm.layout`'s).
+_HEADER = struct.Struct("<8sQQQQQqqqQQQ")  # magic .. ranks_refused
+_RANK = struct.Struct("<QqQqqqqqQQQQ")  # state .. writer_of
+_RANK_DROPS = struct.Struct("<QQQQQ")  # dropped, stats_refused, writers_refused, events_end, events_inc
+_RANK_ID = struct.Struct("<qQqqqqq")  # pid, incarnation, rank, local_rank, world_size, start_ns, heartbeat_ns
+_EVENTS_END = struct.Struct("<QQ")  # events_end, events_inc
+_DESC_HEAD = struct.Struct("<QQqQqQQQQq")  # state .. hist
+_HIST_HEAD = struct.Struct("<qQqqqqQQ")
+_COUNTS = struct.Struct(f"<{HIST_BUCKETS}I")
+_BANK = struct.Struct("<dqddddqQ")
+_SEQ_WID = struct.Struct("<dq")
+_MARK = struct.Struct("<qqQQQ")  # pid, rank, incarnation, delivered, origin
+_MARK_TAIL = struct.Struct("<qQQQ")  # rank, incarnation, delivered, origin
+_MAGIC = struct.Struct("<8s")
+_I64 = struct.Struct("<q")
+_F64 = struct.Struct("<d")
+_U64 = struct.Struct("<Q")
+_PAIR_I64 = struct.Struct("<qq")
+_write_u64 = _U64.pack_into
 
 
 def read_header(buf: memoryview) -> Header:
@@ -73,7 +135,42 @@ def write_header(buf: memoryview, geometry: Geometry, created_ns: int) -> None:
         buf, 0, b"\x00" * 8, LAYOUT_VERSION, geometry.max_ranks, geometry.max_stats, geometry.banks,
         geometry.total_size, created_ns, 0, 0, geometry.hist_slots, 0, 0,
     )
-    struct.pack_into("<8s", buf, H_MAGIC, MAGIC)
+    _MAGIC.pack_into(buf, H_MAGIC, MAGIC)
+
+
+def write_collector(buf: memoryview, pid: int, beat_ns: int) -> None:
+    """Record the serving collector's pid and heartbeat in the header."""
+    _PAIR_I64.pack_into(buf, H_COLLECTOR_PID, pid, beat_ns)
+
+
+def read_dispatched_ns(buf: memoryview) -> int:
+    """The header's ``dispatched_ns``: windows ended by then may have reached a collector's handlers (0: none)."""
+    return int(_I64.unpack_from(buf, H_DISPATCHED)[0])
+
+
+def write_dispatched_ns(buf: memoryview, ns: int) -> None:
+    """Set the header's ``dispatched_ns`` (the collector, before it dispatches a pass)."""
+    _I64.pack_into(buf, H_DISPATCHED, ns)
+
+
+def read_entries_epoch(buf: memoryview) -> int:
+    """The header's ``entries_epoch`` (moves whenever an entry is taken or a descriptor published)."""
+    return int(_U64.unpack_from(buf, H_ENTRIES_EPOCH)[0])
+
+
+def bump_entries_epoch(buf: memoryview) -> None:
+    """Move the header's ``entries_epoch`` on by one (the job lock is held)."""
+    _U64.pack_into(buf, H_ENTRIES_EPOCH, (read_entries_epoch(buf) + 1) & ((1 << 64) - 1))
+
+
+def read_warned(buf: memoryview) -> int:
+    """The header's ``warned`` bit mask (kinds of degradation a process of the job reported already)."""
+    return int(_U64.unpack_from(buf, H_WARNED)[0])
+
+
+def write_warned(buf: memoryview, mask: int) -> None:
+    """Set the header's ``warned`` bit mask (the job lock is held)."""
+    _U64.pack_into(buf, H_WARNED, mask)
 
 
 def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
@@ -83,6 +180,101 @@ def read_rank(buf: memoryview, geometry: Geometry, local_rank: int) -> RankInfo:
     dropped, stats_refused, writers_refused, events_end, events_inc = _RANK_DROPS.unpack_from(buf, off + R_DROPPED)
     return RankInfo(local_rank, state, pid, inc, rank, world, start, beat, nstats, nan, disc, writer_of, dropped,
                     stats_refused, writers_refused, events_end, events_inc)
+
+
+def write_rank_entry(buf: memoryview, geometry: Geometry, local_rank: int, *, pid: int, incarnation: int, rank: int,
+                     world_size: int, now_ns: int, writer_of: int) -> None:
+    """Take entry ``local_rank`` for a process (job lock held): its identity, start and heartbeat ``now_ns``,
+    ``writer_of`` (-1 for a rank's own entry, else the local rank it writes for), ``events_end`` cleared (the last
+    occupant's is not this process's), and ``state = active`` written last."""
+    off = geometry.rank_offset(local_rank)
+    _RANK_ID.pack_into(buf, off + R_PID, pid, incarnation, rank, local_rank, world_size, now_ns, now_ns)
+    _U64.pack_into(buf, off + R_WRITER_OF, writer_of + 1)
+    _EVENTS_END.pack_into(buf, off + R_EVENTS_END, 0, 0)
+    _U64.pack_into(buf, off + R_STATE, RankState.ACTIVE)
+
+
+_PHASE = struct.Struct("<QqQ")  # a phase copy: word, since_ns, step
+
+
+def read_phase_seq(buf: memoryview, geometry: Geometry, local_rank: int) -> int:
+    """Entry ``local_rank``'s ``phase_seq`` (0: no phase word written yet)."""
+    return int(_U64.unpack_from(buf, geometry.rank_offset(local_rank) + R_PHASE_SEQ)[0])
+
+
+def read_phase_word(buf: memoryview, geometry: Geometry, local_rank: int,
+                    retries: int = 64) -> tuple[int, int, int] | None:
+    """Entry ``local_rank``'s published phase copy ``(word, since_ns, step)`` (double-buffered seqlock, see
+    :mod:`shmstat.shm.phase`); None for a free entry, one never written, or one whose writer kept moving it."""
+    base = geometry.rank_offset(local_rank)
+    if _U64.unpack_from(buf, base + R_STATE)[0] == RankState.FREE:
+        return None
+    for _ in range(retries):
+        (seq,) = _U64.unpack_from(buf, base + R_PHASE_SEQ)
+        if seq == 0:
+            return None
+        copy = _PHASE.unpack_from(buf, base + R_PHASE + ((seq >> 1) & 1) * PHASE_COPY_SIZE)
+        if _U64.unpack_from(buf, base + R_PHASE_SEQ)[0] == seq:
+            return copy
+    return None
+
+
+def phase_publisher(buf: memoryview, geometry: Geometry, local_rank: int) -> Callable[[int, int, int, int], None]:
+    """``publish(seq, word, since_ns, step)`` for entry ``local_rank``: fills copy ``(seq >> 1) & 1`` (the one
+    ``phase_seq`` does not name while ``seq`` is the previous sequence + 2), then stores ``seq`` (one aligned 8-byte
+    store). The caller (the entry's one writing process, serialised) keeps ``seq`` even and increasing."""
+    base = geometry.rank_offset(local_rank)
+    copies = (base + R_PHASE, base + R_PHASE + PHASE_COPY_SIZE)
+    seq_at = base + R_PHASE_SEQ
+    pack, pack_seq = _PHASE.pack_into, _U64.pack_into
+
+    def publish(seq: int, word: int, since_ns: int, step: int) -> None:
+        pack(buf, copies[(seq >> 1) & 1], word, since_ns, step)
+        pack_seq(buf, seq_at, seq)
+
+    return publish
+
+
+def write_rank_state(buf: memoryview, geometry: Geometry, local_rank: int, state: int) -> None:
+    """Set entry ``local_rank``'s state (a :class:`~shmstat.shm.layout.RankState` value)."""
+    _U64.pack_into(buf, geometry.rank_offset(local_rank) + R_STATE, state)
+
+
+def write_rank_pid(buf: memoryview, geometry: Geometry, local_rank: int, pid: int) -> None:
+    """Set entry ``local_rank``'s pid (a writer entry handed back to its rank's process; job lock held)."""
+    _I64.pack_into(buf, geometry.rank_offset(local_rank) + R_PID, pid)
+
+
+def write_rank_nstats(buf: memoryview, geometry: Geometry, local_rank: int, nstats: int) -> None:
+    """Set entry ``local_rank``'s ``nstats`` (descriptors handed out; job lock held)."""
+    _U64.pack_into(buf, geometry.rank_offset(local_rank) + R_NSTATS, nstats)
+
+
+def rank_nhist(buf: memoryview, geometry: Geometry, local_rank: int) -> int:
+    """Entry ``local_rank``'s ``nhist`` (histograms handed out so far)."""
+    return int(_U64.unpack_from(buf, geometry.rank_offset(local_rank) + R_NHIST)[0])
+
+
+def write_rank_nhist(buf: memoryview, geometry: Geometry, local_rank: int, nhist: int) -> None:
+    """Set entry ``local_rank``'s ``nhist`` (job lock held)."""
+    _U64.pack_into(buf, geometry.rank_offset(local_rank) + R_NHIST, nhist)
+
+
+def write_events_end(buf: memoryview, geometry: Geometry, local_rank: int, end: int, incarnation: int) -> None:
+    """Set entry ``local_rank``'s ``events_end`` and ``events_inc`` (its process, as its publisher closes)."""
+    _EVENTS_END.pack_into(buf, geometry.rank_offset(local_rank) + R_EVENTS_END, end, incarnation)
+
+
+def clear_events_end(buf: memoryview, geometry: Geometry, local_rank: int, pid: int, end: int) -> bool:
+    """Set entry ``local_rank``'s ``events_end`` to 0 if the entry still holds ``pid`` and ``end``; True if it did
+    (the collector, under the job lock)."""
+    off = geometry.rank_offset(local_rank)
+    (held,) = _I64.unpack_from(buf, off + R_PID)
+    (now,) = _U64.unpack_from(buf, off + R_EVENTS_END)
+    if held != pid or now != end:
+        return False
+    _U64.pack_into(buf, off + R_EVENTS_END, 0)
+    return True
 
 
 def rank_problem(info: RankInfo, geometry: Geometry) -> str | None:
@@ -149,12 +341,17 @@ def write_descriptor(
     buf[off + D_GROUP : off + D_GROUP + MAX_GROUP_BYTES] = group.ljust(MAX_GROUP_BYTES, b"\x00")
     _DESC_HEAD.pack_into(buf, off, 0, window_ms, max_samples, agg_mask, emitted_wid, len(name), len(group), incarnation,
                          flags, hist + 1)
-    struct.pack_into("<Q", buf, off + D_STATE, 1)
+    _U64.pack_into(buf, off + D_STATE, 1)
+
+
+def descriptor_hist(buf: memoryview, geometry: Geometry, local_rank: int, stat: int) -> int:
+    """The histogram index of a descriptor as stored (``1 +`` the index in its rank's table; 0 for none)."""
+    return int(_I64.unpack_from(buf, geometry.desc_offset(local_rank, stat) + D_HIST)[0])
 
 
 def write_emitted_wid(buf: memoryview, geometry: Geometry, local_rank: int, stat: int, wid: int) -> None:
     """Record (collector only) that every window up to ``wid`` of this slot has been emitted."""
-    struct.pack_into("<q", buf, geometry.desc_offset(local_rank, stat) + D_EMITTED, wid)
+    _I64.pack_into(buf, geometry.desc_offset(local_rank, stat) + D_EMITTED, wid)
 
 
 def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int | None = None) -> BankSnapshot:
@@ -169,21 +366,34 @@ def read_bank(buf: memoryview, offset: int, retries: int = 64, hist_offset: int 
     fields = unpack(buf, offset)
     for _ in range(retries):
         seq, wid, total, lo, hi, last, ts, inc = fields
-        hist = read_hist(buf, hist_offset) if hist_offset is not None and seq >= 2.0 else None
+        hist = decode_hist(buf, hist_offset) if hist_offset is not None and seq >= 2.0 else None
         seq2, wid2 = seq_wid(buf, offset)
         if seq == seq2 and wid == wid2 and not (int(seq) & 1):
-            return BankSnapshot(wid, int(seq) >> 1, total, lo, hi, last, ts, inc, hist=hist)
+            return BankSnapshot(count=int(seq) >> 1, sum=total, min=lo, max=hi, last=last, last_ts=ts, hist=hist,
+                                wid=wid, incarnation=inc)
         fields = unpack(buf, offset)
     seq, wid, total, lo, hi, last, ts, inc = fields
     count = int(seq) >> 1 if seq == seq else 0
     if count == 0:
         # Caught in the reset for a new window: the data words may still be the previous window's (or hold
         # the one sample being written); no complete sample is known, so no figure is reported.
-        return BankSnapshot(wid, 0, 0.0, 0.0, 0.0, 0.0, 0, inc, torn=True)
-    return BankSnapshot(wid, count, total, lo, hi, last, ts, inc, torn=True)
+        return BankSnapshot(torn=True, wid=wid, incarnation=inc)
+    return BankSnapshot(count=count, sum=total, min=lo, max=hi, last=last, last_ts=ts, torn=True, wid=wid,
+                        incarnation=inc)
 
 
-def read_hist(buf: memoryview, offset: int) -> Histogram | None:
+def bank_seq_wid(buf: memoryview, offset: int) -> tuple[float, int]:
+    """A bank's ``(seq, wid)`` as they are, with no seqlock (for a bank whose writer is gone: nothing moves it)."""
+    seq, wid = _SEQ_WID.unpack_from(buf, offset)
+    return seq, wid
+
+
+def empty_bank(buf: memoryview, offset: int) -> None:
+    """Set a bank's ``seq`` to 0 (no samples; a gone writer's bank whose samples were counted as dropped)."""
+    _F64.pack_into(buf, offset, 0.0)
+
+
+def decode_hist(buf: memoryview, offset: int) -> Histogram | None:
     """Decode the histogram at ``offset`` (the caller holds the seqlock's copy discipline); None if its
     header is not one a writer can produce (garbage: the window is then reported without percentiles)."""
     scale, zero, pos_lo, pos_hi, neg_lo, neg_hi, pos_inf, neg_inf = _HIST_HEAD.unpack_from(buf, offset)
@@ -203,6 +413,33 @@ def read_hist(buf: memoryview, offset: int) -> Histogram | None:
         run = counts[start : start + n] if start + n <= m else counts[start:] + counts[: start + n - m]
         side.update(compress(zip(range(lo, hi + 1), run, strict=True), run))  # the nonzero counts, at C speed
     return h
+
+
+def read_delivered_marks(buf: memoryview, geometry: Geometry) -> list[tuple[int, int, int, int, int, int]]:
+    """Every delivered mark in use: ``(index, pid, rank, incarnation, delivered, origin)``."""
+    out = []
+    unpack = _MARK.unpack_from
+    for index in range(geometry.max_marks):
+        pid, rank, incarnation, delivered, origin = unpack(buf, geometry.mark_offset(index))
+        if pid > 0:
+            out.append((index, pid, rank, incarnation, delivered, origin))
+    return out
+
+
+def write_delivered_mark(buf: memoryview, geometry: Geometry, index: int, pid: int, rank: int, incarnation: int,
+                         delivered: int, origin: int) -> None:
+    """(Re)use mark ``index``: its pid is cleared first and written last, so a writer killed mid-write leaves a
+    free mark, never a torn one."""
+    offset = geometry.mark_offset(index)
+    _I64.pack_into(buf, offset + M_PID, 0)
+    _MARK_TAIL.pack_into(buf, offset + M_RANK, rank, incarnation, delivered, origin)
+    _I64.pack_into(buf, offset + M_PID, pid)
+
+
+def write_delivered(buf: memoryview, word_offset: int, delivered: int) -> None:
+    """Store a mark's ``delivered`` word at byte ``word_offset`` (``mark_offset(index) + M_DELIVERED``: callers on
+    the event path keep it computed); one aligned 8-byte store."""
+    _write_u64(buf, word_offset, delivered)
 
 
 def encode_name(text: str, limit: int, what: str) -> bytes:

@@ -1,5 +1,14 @@
 """The decoded records of a job's segment: what :mod:`shmstat.shm.layout_codec` reads out of the bytes that
-:mod:`shmstat.shm.layout` draws (the header, a rank entry, a stat descriptor, a bank), as plain values.
+:mod:`shmstat.shm.layout` draws (the header, a rank entry, a stat descriptor, a bank), as plain values, and the one
+record of a window's figures that the writer, the reader and the collector share.
+
+- :class:`WindowFigures`: a window's figures (count, sum, extremes, latest value, histogram), whoever holds them: a
+  Stat's last closed window (``Stat.last``, the writer), a bank read out of the segment, and the figures of one
+  collector row (:class:`collector.read.rows.WindowRow` carries them with the row's labels), merged or per rank;
+- :class:`BankSnapshot`: a window as its bank holds it, the figures plus which window (``wid``) and which
+  incarnation wrote it: what :func:`~shmstat.shm.layout_codec.read_bank` copies and what
+  :meth:`shmstat.shm.reader.SegmentReader.read_slot` returns for a slot;
+- :class:`Header`, :class:`RankInfo`, :class:`StatDescriptor`: the other records.
 
 The fields' meanings, offsets and formats are those of :mod:`shmstat.shm.layout`; this module defines no offset or
 constant of its own.
@@ -10,12 +19,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..aggregation import Aggregation, aggregate
 from .layout import DEFAULT_HIST_SLOTS, FLAG_HIGHER_IS_BETTER, FLAG_WAIT, LONG_WINDOW_MS, Geometry, RankState
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..histogram import Histogram
 
-__all__ = ["BankSnapshot", "Header", "RankInfo", "StatDescriptor"]
+__all__ = ["BankSnapshot", "Header", "RankInfo", "StatDescriptor", "WindowFigures"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFigures:
+    """Count, sum, extremes and latest value of a window's samples (and their histogram, for stats that keep
+    percentiles); all zeros for an empty window, as torch.monitor reports one."""
+
+    count: int = 0
+    sum: float = 0.0
+    min: float = 0.0
+    max: float = 0.0
+    last: float = 0.0
+    last_ts: int = 0
+    """Wall-clock ns of the latest sample (0 where not known: the writer's own ``Stat.last``)."""
+    torn: bool = False
+    """The writer died in the middle of an add: the figures may miss (part of) that one sample."""
+    hist: Histogram | None = None
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile from the histogram (clamped to the exact min/max); None if none is kept."""
+        if self.hist is None:
+            return None
+        return self.hist.quantile(q, self.min, self.max) if self.count else 0.0
+
+    @property
+    def mean(self) -> float:
+        """SUM / COUNT (0 for an empty window, as torch.monitor reports)."""
+        return self.sum / self.count if self.count else 0.0
+
+    def value(self, agg: Aggregation) -> float:
+        """The figure for one aggregation, as a float."""
+        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
 
 
 @dataclass(frozen=True)
@@ -122,17 +164,12 @@ class StatDescriptor:
         return self.window_ms > LONG_WINDOW_MS
 
 
-@dataclass(frozen=True)
-class BankSnapshot:
-    """A consistent copy of one bank (or, if ``torn``, the last inconsistent copy seen)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BankSnapshot(WindowFigures):
+    """A window as its bank holds it: a consistent copy of the bank (or, if ``torn``, the last inconsistent copy
+    seen), its figures and which window and incarnation they are of."""
 
     wid: int
-    count: int
-    sum: float
-    min: float
-    max: float
-    last: float
-    last_ts: int
+    """The window id (wall-clock ns // window ns)."""
     incarnation: int
-    torn: bool = False
-    hist: Histogram | None = None
+    """The incarnation of the rank entry that wrote the window."""

@@ -1,7 +1,8 @@
 """The phase word of a rank entry: what the process holding the entry is doing now (its innermost open section).
 
 Written by :mod:`shmstat.writer.sections` on every enter and exit (and by :func:`shmstat.advance_step`), read
-by the collector with :func:`read_phase`. Layout (rank entry offsets in :mod:`shmstat.shm.layout`):
+by the collector with :func:`read_phase`. Layout (rank entry offsets in :mod:`shmstat.shm.layout`; the bytes are
+moved by :mod:`shmstat.shm.layout_codec`):
 ``phase_seq`` then two copies of ``(word, since_ns, step)``; ``word`` is ``ident | depth << 32`` where ``ident``
 is 1 + the section Stat's descriptor index in the same entry (0: outside every section) — the descriptor names
 the section and says whether it is a wait section, so no other table is needed.
@@ -16,21 +17,18 @@ process serialise on a lock (the entry has one writer per process); no system ca
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import layout as L
-from .layout_codec import read_descriptor
+from .layout_codec import phase_publisher, read_descriptor, read_phase_seq, read_phase_word
 
 if TYPE_CHECKING:  # pragma: no cover
     from .segment import Segment
 
 __all__ = ["Phase", "PhaseWriter", "phase_writer", "read_phase"]
 
-_COPY = struct.Struct("<QqQ")  # word, since_ns, step
 _DEPTH_SHIFT = 32
 _IDENT_MASK = (1 << 32) - 1
 
@@ -59,24 +57,14 @@ def read_phase(segment: Segment, local_rank: int, retries: int = 64) -> Phase | 
     geo = segment.geometry
     if not 0 <= local_rank < geo.max_ranks:
         return None
-    base = geo.rank_offset(local_rank)
-    i64, buf = segment.i64, segment.buf
-    seq_w = (base + L.R_PHASE_SEQ) // 8
-    if i64[(base + L.R_STATE) // 8] == L.RankState.FREE:
+    copy = read_phase_word(segment.buf, geo, local_rank, retries)
+    if copy is None:
         return None
-    for _ in range(retries):
-        seq = i64[seq_w]
-        if seq <= 0:
-            return None
-        word, since, step = _COPY.unpack_from(buf, base + L.R_PHASE + ((seq >> 1) & 1) * L.PHASE_COPY_SIZE)
-        if i64[seq_w] == seq:
-            break
-    else:
-        return None
+    word, since, step = copy
     ident, depth = word & _IDENT_MASK, word >> _DEPTH_SHIFT
     name, wait = None, False
     if ident:
-        desc = read_descriptor(buf, geo, local_rank, ident - 1)
+        desc = read_descriptor(segment.buf, geo, local_rank, ident - 1)
         if desc is not None:
             name, wait = desc.name, desc.wait
     return Phase(name, wait, depth, since, step, ident)
@@ -86,17 +74,14 @@ class PhaseWriter:
     """This process's writer of the phase word of its entry (see the module's docstring)."""
 
     def __init__(self, segment: Segment, local_rank: int) -> None:
-        base = segment.geometry.rank_offset(local_rank)
         self.segment = segment
-        self.seq_word = (base + L.R_PHASE_SEQ) // 8
+        self.local_rank = local_rank
         self.pid = os.getpid()
-        buf, i64, seq_w = segment.buf, segment.i64, self.seq_word
-        copies = (base + L.R_PHASE, base + L.R_PHASE + L.PHASE_COPY_SIZE)
-        pack = _COPY.pack_into
+        publish = phase_publisher(segment.buf, segment.geometry, local_rank)
         lock = threading.Lock()
         acquire, release = lock.acquire, lock.release
         offset = time.time_ns() - time.monotonic_ns()  # monotonic ns + offset = wall-clock ns
-        seq = i64[seq_w]
+        seq = read_phase_seq(segment.buf, segment.geometry, local_rank)
         # seq, step, word, since; an entry taken over from an earlier process goes on from its sequence
         state = [seq + (seq & 1), 0, 0, 0]
 
@@ -106,8 +91,7 @@ class PhaseWriter:
                 state[0] = seq = state[0] + 2
                 state[2] = word = ident | depth << _DEPTH_SHIFT
                 state[3] = since = mono_ns + offset
-                pack(buf, copies[(seq >> 1) & 1], word, since, state[1])
-                i64[seq_w] = seq
+                publish(seq, word, since, state[1])
             finally:
                 release()
 
@@ -116,8 +100,7 @@ class PhaseWriter:
             try:
                 state[0] = seq = state[0] + 2
                 state[1] += 1
-                pack(buf, copies[(seq >> 1) & 1], state[2], state[3], state[1])
-                i64[seq_w] = seq
+                publish(seq, state[2], state[3], state[1])
             finally:
                 release()
 
@@ -152,7 +135,7 @@ def phase_writer(segment: Segment | None, local_rank: int | None) -> PhaseWriter
     with _writer_lock:
         current = _writer[0] if _writer else None
         if (isinstance(current, PhaseWriter) and current.pid == os.getpid() and current.segment is segment
-                and current.seq_word == (segment.geometry.rank_offset(local_rank) + L.R_PHASE_SEQ) // 8):
+                and current.local_rank == local_rank):
             return current
         writer = PhaseWriter(segment, local_rank)
         _writer[:] = [writer]

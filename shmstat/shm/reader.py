@@ -4,7 +4,9 @@ A window ``W`` of a stat with window length ``w`` ends at ``(W + 1) * w`` ns; it
 past its end plus a grace period, or, for a window longer than an hour, once its writer closed it (by
 ``max_samples``, by moving to a later window, or by ending: see :mod:`shmstat.shm.layout`). Only closed windows are
 returned, each at most once per ``after_wid`` watermark the caller keeps (the collector keeps it in the
-descriptor's ``emitted_wid``).
+descriptor's ``emitted_wid``). A window read is a :class:`~shmstat.shm.layout_records.BankSnapshot` (its figures, its
+window id and the incarnation that wrote it); the slot it is of is the caller's (the rank entry and descriptor it
+passed). :class:`SlotRead` is what one read of a slot found.
 """
 
 from __future__ import annotations
@@ -12,13 +14,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..histogram import Histogram
 from . import layout as L
 from . import layout_codec as codec
 from .layout_records import BankSnapshot, RankInfo, StatDescriptor
 from .segment import Segment, pid_alive
 
-__all__ = ["SegmentReader", "SlotRead", "WindowRead", "windows_of_bank"]
+__all__ = ["SegmentReader", "SlotRead", "windows_of_bank"]
 
 _log = logging.getLogger("shmstat")
 _MAX_WARNED = 10_000  # entries remembered for count-once and warn-once
@@ -26,42 +27,11 @@ _MAX_COUNT = 1 << 61  # samples a bank's seq (a float64, 2 * count) can count ex
 
 
 @dataclass(frozen=True)
-class WindowRead:
-    """One closed window of one rank's stat, as read from its bank."""
-
-    local_rank: int
-    rank: int
-    stat_index: int
-    wid: int
-    window_ns: int
-    count: int
-    sum: float
-    min: float
-    max: float
-    last: float
-    last_ts: int
-    incarnation: int
-    torn: bool = False
-    """The writer died in the middle of an add: the numbers may miss (part of) that one sample."""
-    hist: Histogram | None = None
-    """The window's histogram, for a stat that keeps percentiles (read under the same seqlock)."""
-
-    @property
-    def start_ns(self) -> int:
-        """Start of the window, wall-clock ns."""
-        return self.wid * self.window_ns
-
-    @property
-    def end_ns(self) -> int:
-        """End of the window (exclusive), wall-clock ns."""
-        return (self.wid + 1) * self.window_ns
-
-
-@dataclass(frozen=True)
 class SlotRead:
     """What one pass over a slot found: closed windows in order, how far it is safe to advance, and losses."""
 
-    windows: list[WindowRead]
+    windows: list[BankSnapshot]
+    """The slot's closed windows, oldest first (``torn``: the writer died mid-add)."""
     safe_wid: int
     """Every window up to here is settled: emitted above, empty, or lost. Windows after it wait for later."""
     overwritten: int
@@ -164,14 +134,7 @@ class SegmentReader:
         if after_wid >= 0:
             for b, snap in enumerate(snaps):
                 overwritten += windows_of_bank(after_wid + 1, min(safe, snap.wid - 1), b, banks)
-        windows = [
-            WindowRead(
-                info.local_rank, info.rank, desc.index, snap.wid, wns, snap.count, snap.sum, snap.min,
-                snap.max, snap.last, snap.last_ts, snap.incarnation, snap.torn, snap.hist,
-            )
-            for snap in sorted(found, key=lambda s: s.wid)
-            if snap.wid <= safe
-        ]
+        windows = [snap for snap in sorted(found, key=lambda s: s.wid) if snap.wid <= safe]
         return SlotRead(windows, safe, overwritten)
 
 

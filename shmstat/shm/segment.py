@@ -15,7 +15,6 @@ import fcntl
 import logging
 import mmap
 import os
-import struct
 import time
 from collections.abc import Iterator
 
@@ -32,7 +31,6 @@ from .shm_entries import SHM_DIR, check_segment_path, scan_shm
 __all__ = ["Segment", "pid_alive"]
 
 _log = logging.getLogger("shmstat")
-_PACK_U64 = struct.Struct("<Q").pack_into
 
 
 def pid_alive(pid: int) -> bool:
@@ -67,7 +65,7 @@ class Segment:
         self._lock: JobLock | None = None
         self.inode = -1
         """Inode of the segment file this maps (tells it from one created again under the same name)."""
-        self._delivered_at = geometry.mark_offset(0) + 24  # a mark's delivered word (moved per relayed message)
+        self._delivered_at = geometry.mark_offset(0) + L.M_DELIVERED  # mark 0's delivered word (moved per message)
 
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
@@ -234,71 +232,59 @@ class Segment:
     # -- fields written by the collector -----------------------------------------------------------------------
     def set_collector(self, pid: int, beat_ns: int) -> None:
         """Record the serving collector's pid and heartbeat in the header."""
-        struct.pack_into("<qq", self.buf, L.H_COLLECTOR_PID, pid, beat_ns)
+        codec.write_collector(self.buf, pid, beat_ns)
 
     def dispatched_ns(self) -> int:
         """Wall-clock ns by which every window that ended may have reached a collector's handlers (0: none yet)."""
-        return int(struct.unpack_from("<q", self.buf, L.H_DISPATCHED)[0])
+        return codec.read_dispatched_ns(self.buf)
 
     def set_dispatched(self, ns: int) -> None:
         """Record, before a pass is dispatched, that windows ended by ``ns`` may reach the handlers (only moves
         forward)."""
         if ns > self.dispatched_ns():
-            struct.pack_into("<q", self.buf, L.H_DISPATCHED, ns)
+            codec.write_dispatched_ns(self.buf, ns)
 
     def entries_epoch(self) -> int:
         """A number that changes whenever a rank or writer entry is taken or a stat descriptor published."""
-        return int(self.i64[L.H_ENTRIES_EPOCH // 8])
+        return codec.read_entries_epoch(self.buf)
 
     def bump_entries_epoch(self) -> None:
         """Say that an entry was taken or a descriptor published (the job lock is held)."""
-        self.i64[L.H_ENTRIES_EPOCH // 8] += 1
+        codec.bump_entries_epoch(self.buf)
+
+    def set_rank_pid(self, local_rank: int, pid: int) -> None:
+        """Give entry ``local_rank`` to process ``pid`` (a writer entry handed back to its rank; job lock held)."""
+        codec.write_rank_pid(self.buf, self.geometry, local_rank, pid)
 
     def set_rank_state(self, local_rank: int, state: int) -> None:
         """Set a rank entry's state (collector: died; rank: exited)."""
-        struct.pack_into("<Q", self.buf, self.geometry.rank_offset(local_rank) + L.R_STATE, state)
+        codec.write_rank_state(self.buf, self.geometry, local_rank, state)
 
     def record_events_end(self, local_rank: int, end: int, incarnation: int) -> None:
         """(The entry's process, as its publisher closes.) Its items numbered below ``end`` under ``incarnation``
         were not all acknowledged by a collector: the next collector counts what it did not receive."""
-        struct.pack_into("<QQ", self.buf, self.geometry.rank_offset(local_rank) + L.R_EVENTS_END, end, incarnation)
+        codec.write_events_end(self.buf, self.geometry, local_rank, end, incarnation)
 
     def clear_events_end(self, local_rank: int, pid: int, end: int) -> bool:
         """(The collector, once it counted what a gone process did not deliver.) Set entry ``local_rank``'s
         ``events_end`` to 0, under the job lock, if the entry still holds ``pid`` and ``end``; True if it did."""
-        off = self.geometry.rank_offset(local_rank)
         with self.locked():
-            (held,) = struct.unpack_from("<q", self.buf, off + L.R_PID)
-            (now,) = struct.unpack_from("<Q", self.buf, off + L.R_EVENTS_END)
-            if held != pid or now != end:
-                return False
-            struct.pack_into("<Q", self.buf, off + L.R_EVENTS_END, 0)
-        return True
+            return codec.clear_events_end(self.buf, self.geometry, local_rank, pid, end)
 
     def delivered_marks(self) -> list[tuple[int, int, int, int, int, int]]:
         """Every delivered mark in use (see :mod:`shmstat.shm.layout`): ``(index, pid, rank, incarnation,
         delivered, origin)``."""
-        geo = self.geometry
-        out = []
-        for index in range(geo.max_marks):
-            pid, rank, incarnation, delivered, origin = struct.unpack_from("<qqQQQ", self.buf,
-                                                                           geo.mark_offset(index))
-            if pid > 0:
-                out.append((index, pid, rank, incarnation, delivered, origin))
-        return out
+        return codec.read_delivered_marks(self.buf, self.geometry)
 
     def set_delivered_mark(self, index: int, pid: int, rank: int, incarnation: int, delivered: int,
                            origin: int) -> None:
         """(Re)use mark ``index`` for sender (``rank``, ``pid``, ``incarnation``, ``origin``): its pid is written
         last, so a collector killed mid-write leaves a free mark, never a torn one (collector only)."""
-        offset = self.geometry.mark_offset(index)
-        struct.pack_into("<q", self.buf, offset, 0)
-        struct.pack_into("<qQQQ", self.buf, offset + 8, rank, incarnation, delivered, origin)
-        struct.pack_into("<q", self.buf, offset, pid)
+        codec.write_delivered_mark(self.buf, self.geometry, index, pid, rank, incarnation, delivered, origin)
 
     def move_delivered_mark(self, index: int, delivered: int) -> None:
         """Advance mark ``index`` to ``delivered`` (one aligned 8-byte store; collector only)."""
-        _PACK_U64(self.buf, self._delivered_at + index * L.MARK_SIZE, delivered)
+        codec.write_delivered(self.buf, self._delivered_at + index * L.MARK_SIZE, delivered)
 
     # -- lifetime -------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -3,11 +3,11 @@
 Every Stat of one key in a process, and every ``add`` a user kept bound after the Stat was gone, writes through
 one :class:`SlotBinding`, so their samples land in one window (re-created or closed Stats lose nothing).
 Threads: the C add runs without giving up the GIL (Python callbacks such as the window report run after the
-bank is consistent), the Python add under a lock, so concurrent adds to one Stat reconcile exactly. Creating a
-binding is idempotent under any concurrency: finding, creating and re-binding one run under one process-wide lock
-(:data:`_binding_lock`), so threads creating the same Stat at once get one binding and one slot. Forks: a
-binding taken before a fork re-binds, in the child, to a slot of the child's own writer entry on its first
-add (a fork generation checked per add), so a child never writes its parent's slot.
+bank is consistent), the Python add one thread at a time (a turn, see ``PySlotWriter``), so concurrent adds to one
+Stat reconcile exactly. Creating a binding is idempotent under any concurrency: finding, creating and re-binding one
+run under one process-wide lock (:data:`_binding_lock`), so threads creating the same Stat at once get one binding
+and one slot. Forks: a binding taken before a fork re-binds, in the child, to a slot of the child's own writer
+entry on its first add (a fork generation checked per add), so a child never writes its parent's slot.
 No slot (the stat or percentile table is full, or the process holds no entry of the job): the writer is in *drop
 mode*: ``add`` still checks the value, then only counts the sample as dropped in the segment (its rank's entry,
 or the header) with an atomic add, so nothing raises and ``shmstat ls`` and a collector can show the loss.
@@ -23,18 +23,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._backend import backend
-from ..aggregation import Aggregation, aggregate
 from ..errors import CapacityError, SegmentError
 from ..histogram import Histogram
 from ..job import _state
 from ..shm import layout as L
 from ..shm import layout_codec as codec
-from ._pywriter import python_writer
+from ..shm.layout_records import WindowFigures
+from ._pywriter import PySlotWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..job.rank import RankAttachment, SlotKey
 
-__all__ = ["SlotBinding", "WindowSummary"]
+__all__ = ["SlotBinding"]
 
 Clock = Callable[[], int]
 
@@ -48,21 +48,6 @@ without it two threads creating one key could both allocate (two slots, or two w
 by ``add`` itself, except on a forked child's first add."""
 
 
-class WindowSummary:
-    """Values of one closed window, as torch.monitor reports them (zeros for an empty window), and its
-    histogram for a stat with percentiles."""
-
-    __slots__ = ("count", "hist", "last", "max", "min", "sum")
-
-    def __init__(self, count: int = 0, total: float = 0.0, lo: float = 0.0, hi: float = 0.0, last: float = 0.0,
-                 hist: Histogram | None = None):
-        self.count, self.sum, self.min, self.max, self.last, self.hist = count, total, lo, hi, last, hist
-
-    def value(self, agg: Aggregation) -> float:
-        """The figure of one aggregation."""
-        return aggregate(agg, self.count, self.sum, self.min, self.max, self.last, self.hist)
-
-
 class SlotBinding:
     """This process's writer of one stat key's slot: ``add``, the last closed window, the Stats it reports to."""
 
@@ -72,7 +57,7 @@ class SlotBinding:
         self.window_ns = window_ns
         self.want_last = want_last
         self.clock = clock
-        self.last = WindowSummary()
+        self.last = WindowFigures()
         self.stats: weakref.WeakSet[Any] = weakref.WeakSet()
         """Live Stats of this key: a closed window is logged to local handlers once, through one of them."""
         self.job = att.segment.job
@@ -83,28 +68,26 @@ class SlotBinding:
         """The slot's descriptor index in ``att``'s entry; -1 in drop mode (no slot)."""
         self.hist0 = att.hist_offset(self.index) if self.index >= 0 else -1
         self._gen = _generation[0]
-        self.add: Callable[[float], None]
-        self.count: Callable[[], int]
-        self._c: Any = None
-        c_writer = backend().SlotWriter  # None: the pure-Python twin (_pywriter)
-        if c_writer is not None:
-            slot0, nan_w, disc_w, beat_w = self._slot_words(att)
-            self._c = c_writer(
-                att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key.max_samples,
-                want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll,
-                None if clock is time.time_ns else clock, self.rebind, self.hist0,
-            )
-            if self.index < 0:
-                self._c.drop(att.drop_offset)
-            guard = self._guard_offsets(att)
-            if guard is not None:
-                self._c.guard(*guard)
-            self.add = self._c.add
-            self.count = lambda: self._c.count
-        else:
-            self.add, self.count, self._repoint = python_writer(self, att, _generation)
+        slot0, nan_w, disc_w, beat_w = self._slot_words(att)
+        writer_class = backend().SlotWriter or PySlotWriter  # C, or its pure-Python twin: one constructor
+        self._writer: Any = writer_class(
+            att.segment.buf, slot0 * 8, att.segment.geometry.banks, window_ns, att.incarnation, key.max_samples,
+            want_last, nan_w * 8, disc_w * 8, beat_w * 8, self.on_roll, None if clock is time.time_ns else clock,
+            self.rebind, self.hist0,
+        )
+        self._protect(att)
+        self.add: Callable[[float], None] = self._writer.add
+        self.count: Callable[[], int] = lambda: self._writer.count
         _all.add(self)
         att.writers[key] = self
+
+    def _protect(self, att: RankAttachment) -> None:
+        """Drop mode without a slot; the guard for a window the ring cannot hold at the collector's pace."""
+        if self.index < 0:
+            self._writer.drop(att.drop_offset)
+        guard = self._guard_offsets(att)
+        if guard is not None:
+            self._writer.guard(*guard)
 
     @property
     def dropping(self) -> bool:
@@ -136,7 +119,7 @@ class SlotBinding:
         if time.monotonic() >= _next_check[0]:
             check_removed(self.att)
         hist = self._closed_hist(t, n >= self.key.max_samples) if n and self.hist0 >= 0 else None
-        self.last = WindowSummary(n, total, lo, hi, lastv, hist) if n else WindowSummary()
+        self.last = WindowFigures(n, total, lo, hi, lastv, hist=hist) if n else WindowFigures()
         if n and _state.STATE.handler_tuple:
             for stat in list(self.stats):
                 stat._log_window(self.last, t)
@@ -155,7 +138,7 @@ class SlotBinding:
             wid = seg.i64[(slot0 + b * L.BANK_SIZE) // 8 + L.B_WID]
             if wid < open_wid and (best is None or wid > best[0]):
                 best = (wid, b)
-        return None if best is None else codec.read_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
+        return None if best is None else codec.decode_hist(seg.buf, self.hist0 + best[1] * L.HIST_SIZE)
 
     def rebind(self) -> None:
         """In a forked child, on the first add: write a slot of the child's own writer entry from now on (once,
@@ -207,17 +190,10 @@ def adopt(binding: SlotBinding, att: RankAttachment) -> None:
     binding.index = _allocate(att, binding.key, binding.flags, _window_before(binding.clock, binding.window_ns))
     binding.hist0 = att.hist_offset(binding.index) if binding.index >= 0 else -1
     binding._gen = _generation[0]
-    binding.last = WindowSummary()
+    binding.last = WindowFigures()
     slot0, nan_w, disc_w, beat_w = binding._slot_words(att)
-    if binding._c is not None:
-        binding._c.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
-        if binding.index < 0:
-            binding._c.drop(att.drop_offset)
-        guard = binding._guard_offsets(att)
-        if guard is not None:
-            binding._c.guard(*guard)
-    else:
-        binding._repoint(att, slot0, nan_w, disc_w, beat_w)
+    binding._writer.rebind(slot0 * 8, att.incarnation, nan_w * 8, disc_w * 8, beat_w * 8, binding.hist0)
+    binding._protect(att)
     att.writers[binding.key] = binding
 
 
@@ -233,12 +209,8 @@ def _drop_mode(binding: SlotBinding) -> None:
     binding.index = -1
     binding.hist0 = -1
     binding._gen = _generation[0]
-    binding.last = WindowSummary()
-    if binding._c is not None:
-        binding._c.drop(binding.att.drop_offset)
-    else:
-        slot0, nan_w, disc_w, beat_w = binding._slot_words(binding.att)
-        binding._repoint(binding.att, slot0, nan_w, disc_w, beat_w)
+    binding.last = WindowFigures()
+    binding._writer.drop(binding.att.drop_offset)
 
 
 _next_check = [0.0]  # time.monotonic() of the next check that the segment is still in /dev/shm

@@ -22,7 +22,6 @@ import contextlib
 import datetime as _dt
 import math
 import mmap
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -31,13 +30,15 @@ from typing import TYPE_CHECKING, Any
 from .._backend import backend
 from ..aggregation import PERCENTILES, Aggregation, aggregation_key, from_mask, to_mask
 from ..errors import ConfigError
-from ..histogram import Histogram
 from ..names import MAX_STAT_NAME_BYTES, check_group, check_name
 from ..shm import layout as L
-from ._pywriter import coerce_value
-from ._writer import WindowSummary, binding_for
+from ..shm import layout_codec as codec
+from ..shm.layout_records import WindowFigures
+from ._pywriter import PySlotWriter
+from ._writer import binding_for
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..histogram import Histogram
     from ..publish.events import data_value_t
 
 __all__ = ["DEFAULT_GROUP", "Stat"]
@@ -126,18 +127,18 @@ class Stat:
         self._aggs = from_mask(to_mask(aggregations))
         self._window_ns = _window_ns(window_size)
         self._flags = (L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0) | (L.FLAG_WAIT if wait else 0)
-        self._core: _LocalCore | _CLocalCore | _SharedCore | _ClosedCore = self._open_core(clock)
+        self._core: _PrivateCore | _SharedCore | _ClosedCore = self._open_core(clock)
         self.add: Callable[[float], None] = self._core.add
 
-    def _open_core(self, clock: Clock) -> _LocalCore | _CLocalCore | _SharedCore:
+    def _open_core(self, clock: Clock) -> _PrivateCore | _SharedCore:
         """The core this Stat writes through: the job's shared memory when the process is (or now becomes)
-        attached, else in-process windows (by the C writer where it applies)."""
+        attached, else in-process windows (:class:`_PrivateCore`)."""
         from ..job.attach import ensure_init  # late: attach imports the publisher
 
         attachment = ensure_init()
         if attachment is not None:
             return _SharedCore(self, attachment, clock)
-        return _CLocalCore.make(self, clock) or _LocalCore(self, clock)
+        return _PrivateCore(self, clock)
 
     @property
     def name(self) -> str:
@@ -176,7 +177,7 @@ class Stat:
         return f"Stat(name={self._name!r}, window_ms={self._window_ns // 1_000_000}, group={self._group!r})"
 
     # -- shared by both cores ----------------------------------------------------------------------------
-    def _log_window(self, summary: WindowSummary, now_ns: int) -> None:
+    def _log_window(self, summary: WindowFigures, now_ns: int) -> None:
         from ..publish.events import STAT_EVENT, Event, _dispatch_local
 
         data: dict[str, data_value_t] = {}
@@ -192,7 +193,7 @@ def _closed_add(v: float) -> None:
 
 class _ClosedCore:
     def __init__(self) -> None:
-        self.last = WindowSummary()
+        self.last = WindowFigures()
 
     def add(self, v: float) -> None:
         pass
@@ -204,136 +205,42 @@ class _ClosedCore:
         pass
 
 
-class _LocalCore:
-    """In-process windows with torch.monitor's lazy closing; adds from several threads are serialised."""
+class _PrivateCore:
+    """In-process windows: the slot writer (C, or its pure-Python twin :class:`PySlotWriter`) on a buffer private to
+    this process, laid out like a slot with one bank, so a window is written by the same code in process and in a
+    job. On top of it, torch.monitor's lazy closing: the window is reported by the first add after it ended (and
+    logged if it held samples), by ``max_samples`` at once, or by :meth:`close`. Thread-safe: the C add runs
+    without giving up the GIL, the Python one takes its turn (one thread at a time). A stat with percentiles has
+    the writer keep each reported window's histogram (``keep_closed_hist``) before the one bank is reused."""
+
+    # the bank, then nan_count, discarded, heartbeat; then the bank's histogram (a stat with percentiles)
+    _NAN, _DISCARDED, _BEAT, _HIST = L.BANK_SIZE, L.BANK_SIZE + 8, L.BANK_SIZE + 16, L.BANK_SIZE + 24
 
     def __init__(self, stat: Stat, clock: Clock) -> None:
-        self.last = WindowSummary()
-        self.nan_count = 0
-        stat_ref = weakref.ref(stat)
-        window_ns, max_samples = stat._window_ns, stat._max_samples
-        samples = 0  # in the open window
-        total = minimum = maximum = last_value = 0.0
-        window_end = 0  # end of the open window, ns (0: none yet)
-        full = False  # the open window reached max_samples (and was logged then)
-        core = self
-        lock = threading.Lock()
-        keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
-        hist = Histogram() if keeps_hist else None
-
-        def close_window() -> WindowSummary:
-            nonlocal samples, hist
-            core.last = WindowSummary(samples, total, minimum, maximum, last_value, hist)
-            samples = 0
-            hist = Histogram() if keeps_hist else None
-            return core.last
-
-        def start_window(now: int) -> list[tuple[WindowSummary, int]]:
-            # the window of ``now`` opens: the one left is closed (to be logged if it held samples)
-            nonlocal window_end, full
-            logged = []
-            window_end = (now // window_ns + 1) * window_ns
-            if samples:
-                logged.append((close_window(), now))
-            elif window_end:
-                core.last = WindowSummary()
-            full = False
-            return logged
-
-        def slow_add(v: float, now: int) -> list[tuple[WindowSummary, int]]:
-            # the slow cases of add, under the lock: a new window, the window's first sample, a full window, a NaN;
-            # returns the windows to log
-            nonlocal samples, total, minimum, maximum, last_value, full
-            logged = start_window(now) if now >= window_end else []
-            if full:
-                return logged
-            if v != v:
-                core.nan_count += 1
-                return logged
-            if samples:
-                total += v
-                if v < minimum:
-                    minimum = v
-                if v > maximum:
-                    maximum = v
-            else:
-                total = minimum = maximum = v
-            last_value = v
-            samples += 1
-            if hist is not None:
-                hist.add(v)
-            if samples >= max_samples:
-                full = True  # torch.monitor logs the window the moment it is full
-                logged.append((close_window(), now))
-            return logged
-
-        def log_window(summary: WindowSummary, at: int) -> None:
-            stat = stat_ref()
-            if stat is not None:
-                stat._log_window(summary, at)
-
-        def add(v: float) -> None:
-            nonlocal samples, total, minimum, maximum, last_value
-            if type(v) is not float:
-                v = coerce_value(v)
-            with lock:
-                now = clock()
-                if now < window_end and samples and not full and v == v and samples + 1 < max_samples:
-                    total += v
-                    if v < minimum:
-                        minimum = v
-                    elif v > maximum:
-                        maximum = v
-                    last_value = v
-                    samples += 1
-                    if hist is not None:
-                        hist.add(v)
-                    return
-                logged = slow_add(v, now)
-            for summary, at in logged:  # local handlers run outside the lock (they may add to this Stat)
-                log_window(summary, at)
-
-        def count() -> int:
-            return samples
-
-        def close() -> None:
-            with lock:
-                logged = (close_window(), clock()) if samples else None
-            if logged is not None:
-                log_window(*logged)
-
-        self.add, self.count, self.close = add, count, close
-
-
-class _CLocalCore:
-    """In-process windows written by the C writer into a private buffer (one bank): torch.monitor's lazy
-    closing, and thread-safe at C speed (the C add runs without giving up the GIL). Used when the C path is
-    built and ``max_samples`` is unlimited (torch logs a full window at once, which the Python core does)."""
-
-    _BUF_BYTES = L.BANK_SIZE + 3 * 8  # the bank, then nan_count, discarded, heartbeat
-
-    @classmethod
-    def make(cls, stat: Stat, clock: Clock) -> _CLocalCore | None:
-        """The C-backed core, or None when the C path is not available or does not apply."""
-        c_writer = backend().SlotWriter
-        if c_writer is None or stat._max_samples != _UNLIMITED or any(agg in PERCENTILES for agg in stat._aggs):
-            return None
-        return cls(stat, clock, c_writer)
-
-    def __init__(self, stat: Stat, clock: Clock, c_writer: Any) -> None:
-        self.last = WindowSummary()
+        self.last = WindowFigures()
         self._stat_ref = weakref.ref(stat)
         self._clock = clock
-        self._buf = mmap.mmap(-1, self._BUF_BYTES)  # page-aligned, private to this process
-        bank = L.BANK_SIZE
-        self._writer = c_writer(
-            self._buf, 0, 1, stat._window_ns, 0, _UNLIMITED, Aggregation.VALUE in stat._aggs, bank, bank + 8,
-            bank + 16, self._on_roll, None if clock is time.time_ns else clock,
+        self._max_seq = 2.0 * stat._max_samples  # seq of a full window (reported when it filled)
+        self._keeps_hist = keeps_hist = any(agg in PERCENTILES for agg in stat._aggs)
+        self._buf = mmap.mmap(-1, self._HIST + (L.HIST_SIZE if keeps_hist else 0))  # anonymous: this process's
+        writer_class = backend().SlotWriter or PySlotWriter
+        self._writer: Any = writer_class(
+            self._buf, 0, 1, stat._window_ns, 0, stat._max_samples, Aggregation.VALUE in stat._aggs, self._NAN,
+            self._DISCARDED, self._BEAT, self._on_roll, None if clock is time.time_ns else clock, None,
+            self._HIST if keeps_hist else -1, keep_closed_hist=keeps_hist,
         )
         self.add = self._writer.add
 
     def _on_roll(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int) -> None:
-        self.last = WindowSummary(count, total, minimum, maximum, last_value) if count else WindowSummary()
+        hist = None
+        if count and self._keeps_hist:
+            hist = codec.decode_hist(memoryview(self._writer.closed_hist), 0)
+        self._closed(count, total, minimum, maximum, last_value, at, hist)
+
+    def _closed(self, count: int, total: float, minimum: float, maximum: float, last_value: float, at: int,
+                hist: Histogram | None) -> None:
+        # a window closed: it becomes get()'s, and is logged if it held samples
+        self.last = WindowFigures(count, total, minimum, maximum, last_value, hist=hist) if count else WindowFigures()
         stat = self._stat_ref()
         if count and stat is not None:
             stat._log_window(self.last, at)
@@ -341,17 +248,20 @@ class _CLocalCore:
     @property
     def nan_count(self) -> int:
         """NaN samples ignored so far."""
-        return int.from_bytes(self._buf[L.BANK_SIZE : L.BANK_SIZE + 8], "little")
+        return int.from_bytes(self._buf[self._NAN : self._NAN + 8], "little")
 
     def count(self) -> int:
-        """Samples in the open window (torch's lazy count: until the next add, the window that ended)."""
-        return int(self._writer.state()[0]) >> 1
+        """Samples in the open window (torch's lazy count: until the next add, the window that ended; 0 once it was
+        logged full)."""
+        seq = self._writer.state()[0]
+        return int(seq) >> 1 if seq < self._max_seq else 0
 
     def close(self) -> None:
-        """Log what the open window holds."""
+        """Log what the open window holds (unless it was logged full)."""
         seq, total, minimum, maximum, last_value = self._writer.state()
-        if seq:
-            self._on_roll(int(seq) >> 1, total, minimum, maximum, last_value, self._clock())
+        if seq and seq < self._max_seq:
+            hist = codec.decode_hist(memoryview(self._buf), self._HIST) if self._keeps_hist else None
+            self._closed(int(seq) >> 1, total, minimum, maximum, last_value, self._clock(), hist)
 
 
 class _SharedCore:
@@ -370,7 +280,7 @@ class _SharedCore:
         self.count = binding.count
 
     @property
-    def last(self) -> WindowSummary:
+    def last(self) -> WindowFigures:
         """The last window this process closed on the slot (whichever Stat of the key added to it)."""
         return self.binding.last
 

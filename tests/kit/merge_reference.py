@@ -1,5 +1,5 @@
 """Merging summaries the slow way, for tests: :func:`merge` (two summaries) and :func:`merge_all`, the per-object
-fold over :class:`collector.read.rows.Summary` parts that the collector's one merge, the columnar
+fold over :class:`shmstat.shm.layout_records.WindowFigures` parts that the collector's one merge, the columnar
 :func:`collector.read.columns.merge_parts`, must equal, bit for bit when the parts come in the same order."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from collector.read.rows import Summary
 from shmstat.histogram import Histogram, merge_histograms
+from shmstat.shm.layout_records import WindowFigures
 
 
-def merge(a: Summary, b: Summary) -> Summary:
+def merge(a: WindowFigures, b: WindowFigures) -> WindowFigures:
     """Combine two summaries; empty ones are the identity (an empty torn one only passes its flag on)."""
     if a.count == 0:
         return b if not a.torn or b.torn else replace(b, torn=True)
@@ -24,13 +24,13 @@ def merge(a: Summary, b: Summary) -> Summary:
         hist = a.hist
     else:
         hist = a.hist.merge(b.hist)
-    return Summary(
+    return WindowFigures(
         a.count + b.count, a.sum + b.sum, min(a.min, b.min), max(a.max, b.max), later.last, later.last_ts,
         a.torn or b.torn, hist,
     )
 
 
-def merge_all(parts: Iterable[Summary]) -> Summary:
+def merge_all(parts: Iterable[WindowFigures]) -> WindowFigures:
     """Merge any number of summaries in order (empty input gives the empty summary): counts and sums added in
     order, min/max over the non-empty parts (folded in order, NaN included), the value of the first part with the
     latest timestamp, torn if any part is, the non-empty parts' histograms merged in one pass."""
@@ -51,4 +51,4 @@ def merge_all(parts: Iterable[Summary]) -> Summary:
         if p.hist is not None:
             hists.append(p.hist)
     hist = hists[0] if len(hists) == 1 else merge_histograms(hists)
-    return Summary(count, total, lo, hi, last, last_ts, torn, hist)
+    return WindowFigures(count, total, lo, hi, last, last_ts, torn, hist)

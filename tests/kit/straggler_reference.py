@@ -10,7 +10,8 @@ from collections.abc import Iterable
 
 from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
 from collector.read.columns import Columns
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
+from shmstat.shm.layout_records import WindowFigures
 
 
 def update_rows(det: StragglerDetector, rows: Iterable[WindowRow]) -> StragglerUpdate:
@@ -59,7 +60,7 @@ def columns_of(rows: Iterable[WindowRow], job: str = "job") -> Columns:
         merged = [r for r in mine if r.rank is None]
         first = mine[0]
         laid += merged[:1] or [WindowRow(first.group, first.name, first.wid, first.window_ms, first.agg_mask, None,
-                                         Summary(0, 0.0, 0.0, 0.0, 0.0, 0), ranks=len(mine),
+                                         WindowFigures(0, 0.0, 0.0, 0.0, 0.0, 0), ranks=len(mine),
                                          higher_is_better=first.higher_is_better)]
         laid += sorted((r for r in mine if r.rank is not None), key=lambda r: r.rank)
 

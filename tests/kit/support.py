@@ -72,6 +72,7 @@ def step_and_wait(collector) -> None:
 
     def stepped(*args, **kwargs) -> None:
         step(*args, **kwargs)
-        assert collector.wait_handlers(10), "a handler did not take its rows within 10 s"
+        assert collector.dispatcher.wait(10), "a handler did not take its rows within 10 s"
+        collector.commits.apply(collector.segment)  # the watermarks of the passes they took
 
     collector.step = stepped

@@ -21,6 +21,7 @@ from shmstat.publish.events import register_event_handler, unregister_event_hand
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
+from shmstat.writer._pywriter import PySlotWriter
 from shmstat.writer.stat import Stat
 
 pytestmark = pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
@@ -82,7 +83,7 @@ def _drive(att, steps: list, aggs, max_samples: int, window_ms: int, pure: bool)
     handle = register_event_handler(events.append)
     stat = Stat("lat", aggs, window_ms / 1000, max_samples, clock=clock)
     try:
-        assert (stat._core.binding._c is None) is pure
+        assert isinstance(stat._core.binding._writer, PySlotWriter) is pure
         trace = []
         for advance_ns, value in steps:
             clock.now += advance_ns
@@ -138,6 +139,53 @@ def test_c_and_python_paths_write_identical_bytes(jobs, aggs, max_samples, seed)
     nan, discarded = struct.unpack("<QQ", c_trace[-1][1][8:])
     assert nan > 0 and len(c_events) > 10
     assert discarded > 0 or max_samples > 300
+
+
+def _run_private(pure: bool, steps: list, aggs, max_samples: int, window_ms: int) -> tuple:
+    """Drive one in-process Stat (its writer on a private one-bank buffer) through ``steps`` with the C writer or
+    (``pure``) its Python twin; return every step's buffer bytes, kept histogram, count, get() and error, and the
+    events."""
+    clock = FakeClock()
+    clock.to_window(window_ms)
+    events: list = []
+    handle = register_event_handler(events.append)
+    with _backend.use("python" if pure else "c"):
+        stat = Stat("lat", aggs, window_ms / 1000, max_samples, clock=clock)
+    try:
+        writer = stat._core._writer
+        assert isinstance(writer, PySlotWriter) is pure and writer.keep_closed_hist
+        trace = []
+        for advance_ns, value in steps:
+            clock.now += advance_ns
+            error = None
+            try:
+                stat.add(value)
+            except Exception as exc:
+                error = type(exc)
+            got = tuple((agg, _bits(v)) for agg, v in stat.get().items())
+            trace.append((bytes(stat._core._buf), writer.closed_hist, stat.count, got, error))
+        stat.close()
+        trace.append(tuple((agg, _bits(v)) for agg, v in stat.get().items()))
+        return trace, [_event_key(e) for e in events]
+    finally:
+        unregister_event_handler(handle)
+
+
+@pytest.mark.parametrize("max_samples", [2**63 - 1, 1, 5])
+@pytest.mark.parametrize("seed", range(3))
+def test_in_process_percentiles_c_and_python_writers_keep_identical_histograms(max_samples, seed):
+    """An in-process Stat with percentiles runs on the C writer too: it keeps each reported window's histogram
+    (``keep_closed_hist``) byte for byte as PySlotWriter does, before the one bank is reused."""
+    window_ms = 100
+    steps = _random_steps(random.Random(seed * 1000 + max_samples + 7), 300, window_ms)
+    aggs = [*WITH_VALUE, A.P50, A.P99]
+    pure_trace, pure_events = _run_private(True, steps, aggs, max_samples, window_ms)
+    c_trace, c_events = _run_private(False, steps, aggs, max_samples, window_ms)
+    for i, (p, c) in enumerate(zip(pure_trace, c_trace, strict=True)):
+        assert c == p, f"step {i} ({steps[i] if i < len(steps) else 'close'!r}) differs"
+    assert c_events == pure_events
+    assert len(c_events) > 10 and any("lat.p99" in dict(e[2]) for e in c_events)
+    assert c_trace[-2][1] is not None  # windows with samples were reported and their histograms kept
 
 
 def test_nan_at_a_window_boundary_does_not_roll(jobs):
@@ -339,7 +387,7 @@ def test_the_writer_keeps_the_mapping_alive(jobs):
     att = init(jobs(), rank=0, publish=False, **GEOMETRY)
     with _backend.use("c"):
         stat = Stat("lat", WITH_VALUE, 0.1, clock=FakeClock())
-    assert stat._core.binding._c is not None
+    assert not isinstance(stat._core.binding._writer, PySlotWriter)
     att.segment.close()  # cannot unmap while the writer holds the buffer: writing stays safe
     stat.add(1.0)
     assert stat.count == 1
@@ -351,7 +399,8 @@ def test_default_clock_is_the_c_clock_and_each_writer_keeps_the_backend_it_was_b
         pure = Stat("a", WITH_VALUE, 60)
     with _backend.use("c"):
         fast = Stat("b", WITH_VALUE, 60)
-    assert pure._core.binding._c is None and fast._core.binding._c is not None
+    assert isinstance(pure._core.binding._writer, PySlotWriter)
+    assert not isinstance(fast._core.binding._writer, PySlotWriter)
     for s in (pure, fast):
         s.add(1.5)
         s.add(2.5)
@@ -365,7 +414,7 @@ def test_interpreter_exit_with_a_live_writer_is_clean():
         "import gc, shmstat\n"
         f"shmstat.init({job!r}, rank=0, publish=False, max_ranks=1, max_stats=2, banks=3)\n"
         "s = shmstat.Stat('x', [shmstat.Aggregation.MEAN], 60)\n"
-        "assert s._core.binding._c is not None\n"
+        "assert type(s._core.binding._writer).__name__ == 'SlotWriter'\n"
         "s.add(1.0)\n"
         "gc.collect()\n"
     )

@@ -106,7 +106,7 @@ def test_the_c_and_pure_python_writers_count_infinities_apart_in_the_same_bytes(
     rng.shuffle(values)
     c_bytes = histogram_bytes(job + "c", False, values)
     assert c_bytes == histogram_bytes(job + "p", True, values)
-    h = codec.read_hist(memoryview(c_bytes), 0)
+    h = codec.decode_hist(memoryview(c_bytes), 0)
     assert h is not None and h == _hist(values) and (h.pos_inf, h.neg_inf, h.count) == (7, 4, len(values))
     assert int.from_bytes(c_bytes[L.HI_POS_INF:L.HI_POS_INF + 8], "little") == 7
     assert int.from_bytes(c_bytes[L.HI_NEG_INF:L.HI_NEG_INF + 8], "little") == 4

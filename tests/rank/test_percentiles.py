@@ -110,7 +110,7 @@ def test_the_c_and_pure_python_writers_write_the_same_histogram_bytes(job):
     c_bytes = histogram_bytes(job + "c", False, values)
     py_bytes = histogram_bytes(job + "p", True, values)
     assert c_bytes == py_bytes
-    h = codec.read_hist(memoryview(c_bytes), 0)
+    h = codec.decode_hist(memoryview(c_bytes), 0)
     assert h is not None and h.count == len(values)
 
 
@@ -203,7 +203,8 @@ def test_four_ranks_merged_and_per_rank_percentiles_are_those_of_all_their_sampl
 
 
 def test_percentile_keys_in_the_stat_event_and_on_the_stat_stream():
-    from collector.read.rows import Summary, WindowRow
+    from collector.read.rows import WindowRow
+    from shmstat.shm.layout_records import WindowFigures
 
     events = []
     handle = shmstat.register_event_handler(events.append)
@@ -225,6 +226,6 @@ def test_percentile_keys_in_the_stat_event_and_on_the_stat_stream():
     h = Histogram()
     for v in (1.0, 2.0, 3.0, 4.0):
         h.add(v)
-    wire = WindowRow("g", "lat", 7, 100, 1 << 10, None, Summary(4, 10.0, 1.0, 4.0, 4.0, 0, hist=h)).to_wire()
+    wire = WindowRow("g", "lat", 7, 100, 1 << 10, None, WindowFigures(4, 10.0, 1.0, 4.0, 4.0, 0, hist=h)).to_wire()
     assert wire["p50"] == h.quantile(0.5, 1.0, 4.0) and wire["p999"] == h.quantile(0.999, 1.0, 4.0)
     assert wire["hist"]["scale"] == h.scale and sum(wire["hist"]["pos"][1]) == 4

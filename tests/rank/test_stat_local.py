@@ -185,3 +185,14 @@ def test_same_event_data_as_torch_monitor_on_close():
         s.add(v)
     s.close()
     assert ours == seen
+
+
+def test_a_nan_after_the_window_ended_is_counted_and_closes_nothing_on_either_backend(events, backend):
+    clock = FakeClock()
+    s = make(clock, aggs=[A.COUNT])
+    s.add(1.0)
+    clock.advance_ms(100)
+    s.add(float("nan"))  # counted; the ended window stays open until a sample comes
+    assert events == [] and s.count == 1 and s._core.nan_count == 1
+    s.add(2.0)
+    assert [e.data for e in events] == [{"lat.count": 1.0}] and s.count == 1

@@ -9,10 +9,13 @@ import datetime as dt
 import decimal
 import fractions
 import json
+import mmap
+import sys
 import threading
 
 import numpy as np
 import pytest
+from kit.support import MS, FakeClock, wait_for
 from kit.writers import (
     as_rank,
     creators_racing_on_one_stat,
@@ -24,7 +27,7 @@ from kit.writers import (
 
 import shmstat
 from shmstat import Aggregation as A
-from shmstat.writer._pywriter import coerce_value
+from shmstat.writer._pywriter import PySlotWriter, coerce_value
 
 
 def _collect(make_job, tmp_path, stat: str, target, *args):
@@ -101,6 +104,41 @@ def test_threads_on_one_in_process_stat_reconcile_exactly():
     assert sum(e.data["local.sum"] for e in events) == 20_000 * (1 + 2 + 3 + 4)
 
 
+def _waiting_in(thread: threading.Thread, function: str) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_an_add_that_finds_another_threads_add_in_progress_waits_its_turn():
+    """PySlotWriter: thread b's add, finding thread a's add in progress (held inside an injected clock, where a
+    thread switch is certain), waits for its turn and then adds; both samples count, b's after a's."""
+    fake, inside, release = FakeClock(), threading.Event(), threading.Event()
+
+    def clock() -> int:
+        if threading.current_thread() is a and not inside.is_set():
+            inside.set()
+            assert release.wait(30)
+        return fake()
+
+    w = PySlotWriter(mmap.mmap(-1, 4096), 1024, 3, 100 * MS, 7, 2**63 - 1, True, 8, 16, 24, None, clock)
+    a = threading.Thread(target=w.add, args=(1.0,))
+    b = threading.Thread(target=w.add, args=(2.0,))
+    a.start()
+    assert inside.wait(30)
+    b.start()
+    wait_for(lambda: _waiting_in(b, "_wait_turn"), 30, what="b waiting for its turn")
+    assert w.state() == (0.0, 0.0, 0.0, 0.0, 0.0)  # a is still before its write, b is not past the turn
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert not a.is_alive() and not b.is_alive()
+    assert w.state() == (4.0, 3.0, 1.0, 2.0, 2.0)  # (seq, sum, min, max, last): two samples, 2.0 the last
+
+
 class _Floaty:
     def __float__(self) -> float:
         return 2.5
@@ -121,7 +159,7 @@ def test_sample_types_follow_one_rule_on_every_path_and_a_refused_sample_changes
         shmstat.init(job, rank=0, publish=False)
     stat = shmstat.Stat("typed", [A.COUNT, A.SUM], 3600.0)
     if mode != "in-process":
-        assert (stat._core.binding._c is None) == (backend == "python")
+        assert isinstance(stat._core.binding._writer, PySlotWriter) == (backend == "python")
     count, total = 0, 0.0
     for v in SAMPLES:
         try:

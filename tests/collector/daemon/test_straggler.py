@@ -21,10 +21,11 @@ from collector.daemon.straggler import (
     StragglerEvent,
     StragglerUpdate,
 )
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
 from shmstat import Aggregation as A
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
+from shmstat.shm.layout_records import WindowFigures
 
 WMS = 50
 
@@ -36,7 +37,7 @@ def _row(rank: int | None, value: float, wid: int, *, name: str = "step", group:
         h = Histogram()
         for _ in range(count):
             h.add(value)
-    summary = Summary(count, value * count, value, value, value, wid, hist=h)
+    summary = WindowFigures(count, value * count, value, value, value, wid, hist=h)
     mask = (1 << A.COUNT) | (1 << A.MEAN) | ((1 << A.P50) if hist else 0)  # a stat that asked for a figure
     return WindowRow(group, name, wid, WMS, mask, rank, summary, higher_is_better=higher_is_better)
 

@@ -15,26 +15,27 @@ from collector.handlers.jsonl import JsonlMetricHandler
 from collector.handlers.protocol import ColumnsAdapter, RowsAdapter
 from collector.handlers.specs import build_handler, parse_handler_args
 from collector.read.columns import Columns
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
 from elastic.metrics import ConsoleMetricHandler, MetricData, MetricHandler, NullMetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
 from shmstat.errors import ConfigError
+from shmstat.shm.layout_records import WindowFigures
 
 
-def _summary(rng: random.Random) -> Summary:
+def _summary(rng: random.Random) -> WindowFigures:
     values = [rng.uniform(-5, 5) for _ in range(rng.randint(1, 6))]
-    return Summary(len(values), sum(values), min(values), max(values), values[-1], rng.randint(0, 10**6))
+    return WindowFigures(len(values), sum(values), min(values), max(values), values[-1], rng.randint(0, 10**6))
 
 
 def test_merge_rules():
-    a = Summary(2, 3.0, 1.0, 2.0, 2.0, 10)
-    b = Summary(3, 12.0, 0.5, 6.0, 4.0, 20)
+    a = WindowFigures(2, 3.0, 1.0, 2.0, 2.0, 10)
+    b = WindowFigures(3, 12.0, 0.5, 6.0, 4.0, 20)
     m = merge(a, b)
     assert (m.count, m.sum, m.min, m.max, m.last, m.last_ts) == (5, 15.0, 0.5, 6.0, 4.0, 20)
     assert m.mean == 3.0
     assert merge_all([]) .count == 0 and merge_all([]).mean == 0.0
-    assert merge(Summary(0, 0.0, 0.0, 0.0, 0.0, 0), a) == a
+    assert merge(WindowFigures(0, 0.0, 0.0, 0.0, 0.0, 0), a) == a
 
 
 def test_merge_is_associative_and_commutative_on_counts_and_extremes():
@@ -50,7 +51,8 @@ def test_merge_is_associative_and_commutative_on_counts_and_extremes():
 
 
 def test_window_row_values_follow_the_requested_aggregations():
-    row = WindowRow("g", "lat", 5, 100, to_mask([A.MEAN, A.MAX, A.VALUE]), None, Summary(2, 6.0, 1.0, 5.0, 1.0, 3))
+    row = WindowRow("g", "lat", 5, 100, to_mask([A.MEAN, A.MAX, A.VALUE]), None,
+                    WindowFigures(2, 6.0, 1.0, 5.0, 1.0, 3))
     assert row.values() == {"lat.mean": 3.0, "lat.max": 5.0, "lat.value": 1.0}
     assert (row.start_ns, row.end_ns) == (500_000_000, 600_000_000)
     wire = row.to_wire()
@@ -90,7 +92,7 @@ def test_a_user_class_with_emit_columns_gets_passes_as_columns_and_its_own_flush
     built = build_handler(f"kit.handlers.columns:Recorder,path={tmp_path / 'rec.jsonl'}")
     assert isinstance(built, ColumnsAdapter) and type(built.handler).__name__ == "Recorder"
     built.emit_columns(Columns.from_rows("j", [WindowRow("g", "lat", 5, 100, to_mask([A.COUNT]), None,
-                                                         Summary(2, 3.0, 1.0, 2.0, 2.0, 7), ranks=2)]))
+                                                         WindowFigures(2, 3.0, 1.0, 2.0, 2.0, 7), ranks=2)]))
     built.flush()  # Recorder has no flush: nothing to call
     built.close()  # its own close
     (line,) = (tmp_path / "rec.jsonl").read_text().splitlines()
@@ -111,7 +113,7 @@ class _Picky(MetricHandler):
 
 def test_a_rows_handler_raising_on_some_rows_gets_the_others_and_each_failure_is_counted(caplog):
     mask = to_mask([A.COUNT, A.MEAN])
-    rows = [WindowRow("g", name, 5, 100, mask, rank, Summary(1, 1.0, 1.0, 1.0, 1.0, 1))
+    rows = [WindowRow("g", name, 5, 100, mask, rank, WindowFigures(1, 1.0, 1.0, 1.0, 1.0, 1))
             for name in ("a", "b", "c") for rank in (None, 0)]
     picky = _Picky()
     d = ThreadedDispatcher(Dispatcher({"g": picky}))

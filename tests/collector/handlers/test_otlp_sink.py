@@ -173,14 +173,15 @@ def test_totals_carry_over_failed_exports_and_a_signed_sum_is_not_monotonic():
 
     from collector.handlers.otlp import OtlpExportError, OtlpMetricHandler
     from collector.read.columns import Columns
-    from collector.read.rows import Summary, WindowRow
+    from collector.read.rows import WindowRow
     from shmstat import Aggregation as A
     from shmstat.aggregation import to_mask
+    from shmstat.shm.layout_records import WindowFigures
 
     mask = to_mask([A.COUNT, A.SUM, A.MIN, A.P50])
 
     def row(wid: int, xs: list[float], name: str = "lat", rank: int | None = 0) -> WindowRow:
-        s = Summary(len(xs), sum(xs), min(xs), max(xs), xs[-1], wid, hist=_hist(xs))
+        s = WindowFigures(len(xs), sum(xs), min(xs), max(xs), xs[-1], wid, hist=_hist(xs))
         return WindowRow("g", name, wid, WINDOW_MS, mask, rank, s)
 
     now = [100.0]

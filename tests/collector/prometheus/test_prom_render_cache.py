@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.server import MetricsServer, RenderCache
 from collector.read.columns import Columns
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
+from shmstat.shm.layout_records import WindowFigures
 
 
 class _Source:
@@ -114,7 +115,7 @@ def test_the_exporter_serves_figures_right_after_observe():
     url = ex.start()
     try:
         for n in (1, 2, 3):
-            row = WindowRow("g", "g.s", 1, 1000, 0b100, None, Summary(5, 5.0, 1.0, 1.0, 1.0, 1))
+            row = WindowRow("g", "g.s", 1, 1000, 0b100, None, WindowFigures(5, 5.0, 1.0, 1.0, 1.0, 1))
             ex.observe_columns(Columns.from_rows("j", [row]))
             with urllib.request.urlopen(url, timeout=10) as r:
                 fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}

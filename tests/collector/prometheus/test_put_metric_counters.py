@@ -17,9 +17,10 @@ from kit.support import wait_for
 from collector.prometheus.exporter import PrometheusExporter
 from collector.prometheus.put_metrics import SERIES_OVERHEAD_BYTES
 from collector.read.columns import Columns
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
 from elastic import metrics
 from elastic.metrics import MetricData
+from shmstat.shm.layout_records import WindowFigures
 
 RANKS, CALLS, FAIL_EVERY = 3, 200, 7
 SUCCESSES, FAILURES = CALLS - CALLS // FAIL_EVERY, CALLS // FAIL_EVERY
@@ -142,9 +143,9 @@ def test_put_series_are_bounded_per_job_in_bytes_and_every_value_past_the_bound_
 
 def test_counts_are_ints_in_the_exporter():
     ex = PrometheusExporter("127.0.0.1:0", node="n")
-    row = WindowRow("g", "lat", 100, 50, 0b111, None, Summary(3, 6.0, 1.0, 3.0, 3.0, 5, hist=None), ranks=2)
+    row = WindowRow("g", "lat", 100, 50, 0b111, None, WindowFigures(3, 6.0, 1.0, 3.0, 3.0, 5, hist=None), ranks=2)
     for _ in range(2):
-        per_rank = WindowRow("g", "lat", 100, 50, 0b111, 0, Summary(3, 6.0, 1.0, 3.0, 3.0, 5))
+        per_rank = WindowRow("g", "lat", 100, 50, 0b111, 0, WindowFigures(3, 6.0, 1.0, 3.0, 3.0, 5))
         ex.observe_columns(Columns.from_rows("j", [row, per_rank]))
     for value in (1, 1, True):
         ex.observe_metric("j", MetricData(1.0, "g", "calls.success", value), rank=0)

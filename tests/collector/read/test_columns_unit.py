@@ -14,11 +14,11 @@ from collector.daemon.straggler import StragglerDetector
 from collector.handlers.protocol import ColumnsAdapter, as_columns_handler
 from collector.read.columns import Parts, StatTable, merge_parts
 from collector.read.hist_batch import HistBatch
-from collector.read.rows import Summary
 from elastic.metrics import MetricHandler, StatMetricData
 from shmstat.aggregation import Aggregation as A
 from shmstat.aggregation import to_mask
 from shmstat.histogram import Histogram
+from shmstat.shm.layout_records import WindowFigures
 
 MASKS = (to_mask([A.COUNT, A.SUM, A.MEAN]), to_mask([A.MEAN, A.P50, A.P99]))
 
@@ -83,7 +83,7 @@ def test_columns_helpers():
     assert metrics == built and [vars(m) for m in metrics] == [vars(b) for b in built]
     assert [pickle.loads(pickle.dumps(m)) for m in metrics[:5]] == metrics[:5]
     assert len(Columns.empty("j")) == 0 and Columns.empty("j").to_metrics() == []
-    assert Summary(1, 1.0, 1.0, 1.0, 1.0, 1).count == 1
+    assert WindowFigures(1, 1.0, 1.0, 1.0, 1.0, 1).count == 1
 
 
 def test_a_handler_is_wrapped_once_by_what_its_class_defines():

@@ -208,7 +208,7 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
              (3, -1, 0, 1, 1, 0, 0, 0), (3, 0, 0, 1, 1, 0, -1, 0), (3, 0, 0, 1, 1, 0, 0, -(2**62) * 2)]
     for k, head in enumerate(heads, start=1):
         bad[hist_off[k]:hist_off[k] + 64] = np.array(head, np.int64).tobytes()
-        assert codec.read_hist(memoryview(bad), hist_off[k]) is None
+        assert codec.decode_hist(memoryview(bad), hist_off[k]) is None
     got = read_histograms(memoryview(bad), geo, *args)
     nbad = len(heads) + 1
     assert got.present.tolist() == [False] * nbad + [True] * (len(want) - nbad)

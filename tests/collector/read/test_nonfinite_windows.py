@@ -21,10 +21,11 @@ from kit.procs import spawn, start_collector, wait_file
 from kit.support import wait_for
 
 from collector.read.columns import Columns
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
 from collector.read.scanner import Scanner
 from shmstat.aggregation import to_mask
 from shmstat.histogram import error_bound
+from shmstat.shm.layout_records import WindowFigures
 from shmstat.shm.segment import Segment
 
 _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (
@@ -168,7 +169,7 @@ def test_the_otlp_point_of_a_window_of_infinities_only_is_empty_but_valid():
     from shmstat import Aggregation as A
 
     xs = [INF, -INF, INF]
-    s = Summary(3, math.nan, -INF, INF, INF, 0, hist=_hist(xs))
+    s = WindowFigures(3, math.nan, -INF, INF, INF, 0, hist=_hist(xs))
     with receiver() as rx:
         h = OtlpMetricHandler(rx.endpoint, host="node-a", timeout_s=2.0)
         row = WindowRow("g", "lat", 10, 100, to_mask([A.COUNT, A.P50, A.P99]), None, s)

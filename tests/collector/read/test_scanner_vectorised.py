@@ -16,10 +16,11 @@ import pytest
 from kit.merge_reference import merge_all
 from kit.support import unique_job
 
-from collector.read.rows import Summary, WindowRow
+from collector.read.rows import WindowRow
 from collector.read.scanner import Scanner
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec
+from shmstat.shm.layout_records import WindowFigures
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment
 
@@ -89,7 +90,7 @@ def _reference(seg: Segment, now_ns: int, grace_ns: int, final: bool):
         for w in read.windows:
             if w.wid >= limit:
                 continue
-            by_key.setdefault((key, w.wid), []).append(w)
+            by_key.setdefault((key, w.wid), []).append((info.rank, w))
             windows += 1
             torn += w.torn
         if min(read.safe_wid, limit - 1) > desc.emitted_wid:
@@ -98,9 +99,9 @@ def _reference(seg: Segment, now_ns: int, grace_ns: int, final: bool):
     for (key, wid) in sorted(by_key, key=lambda k: (k[1], k[0])):
         group, name, window_ms, mask = key
         parts = by_key[(key, wid)]
-        by_rank: dict[int, list[Summary]] = {}  # slots of one rank (its writers) are summed into its row
-        for w in sorted(parts, key=lambda w: w.rank):
-            by_rank.setdefault(w.rank, []).append(Summary(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn))
+        by_rank: dict[int, list[WindowFigures]] = {}  # slots of one rank (its writers) are summed into its row
+        for rank, w in sorted(parts, key=lambda part: part[0]):
+            by_rank.setdefault(rank, []).append(WindowFigures(w.count, w.sum, w.min, w.max, w.last, w.last_ts, w.torn))
         per_rank = [WindowRow(group, name, wid, window_ms, mask, rank, ss[0] if len(ss) == 1 else merge_all(ss))
                     for rank, ss in by_rank.items()]
         rows.append(WindowRow(group, name, wid, window_ms, mask, None,
