@@ -638,7 +638,7 @@ def worker_node_proxy(job: str, args: argparse.Namespace) -> None:
     chores); stops at stdin's EOF."""
     import zmq
 
-    from collector.wire.subscriptions import bind_owner_only, remove_ipc_file
+    from collector.relay.subscriptions import bind_owner_only, remove_ipc_file
     from shmstat.shm.runtime import ingest_endpoint
 
     ctx = zmq.Context()
@@ -715,7 +715,7 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
     the collector, the bottleneck at 100,000 events/s)."""
     import zmq
 
-    from collector.wire.intake import inspect
+    from collector.relay.intake import inspect
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)

@@ -244,7 +244,7 @@ def _check_curve(key_dir: str, publish: str | None) -> None:
     if publish is None or not publish.startswith("tcp://"):
         raise ConfigError(f"--curve secures a TCP publish endpoint; add --publish tcp://ADDRESS:PORT "
                           f"(got {'no --publish' if publish is None else repr(publish)})")
-    from ..wire.curve import check_server_dir
+    from ..relay.curve import check_server_dir
 
     check_server_dir(key_dir)
 

@@ -68,8 +68,8 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
 from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
-from ..wire.intake import Received
-from ..wire.outlet import Outlet
+from ..relay.intake import Received
+from ..relay.publish_socket import Outlet
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
@@ -81,7 +81,7 @@ from .stat_topics import StatTopics
 from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
 
 if TYPE_CHECKING:
-    from ..wire.relay import Relay, RelayCounters
+    from ..relay.relay import Relay, RelayCounters
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
 
@@ -226,7 +226,7 @@ class Collector:
 
     def _open_relay(self, config: CollectorConfig, segment: Segment, node_outlet: Outlet | None) -> Relay:
         """A step of :meth:`__init__`: the relay of the ranks' messages, and the marks of what its sinks took."""
-        from ..wire.relay import Relay
+        from ..relay.relay import Relay
 
         self.relay = relay = Relay(config.ingest or ingest_endpoint(config.job),
                                    config.publish or publish_endpoint(config.job),

@@ -47,7 +47,7 @@ class CollectorConfig:
     none; each job has its own endpoint either way)."""
     curve: str | None = None
     """A key directory (``shmstat keys DIR``): the XPUB is a CURVE server that lets in only subscribers whose public
-    key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.wire.curve`); None: no CURVE."""
+    key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.relay.curve`); None: no CURVE."""
     handlers: dict[str, str] = field(default_factory=dict)
     """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
     window)."""
@@ -58,7 +58,7 @@ class CollectorConfig:
     publish_queue: int = 128
     """Messages queued per subscriber at most (libzmq's ``SNDHWM``: it counts messages, not bytes); past them a
     subscriber that does not keep up loses messages. Each message is at most
-    :data:`collector.wire.outlet.MAX_MESSAGE_BYTES` (2 MiB), so a queue holds at most ``publish_queue`` times
+    :data:`collector.relay.publish_socket.MAX_MESSAGE_BYTES` (2 MiB), so a queue holds at most ``publish_queue`` times
     that (256 MiB by default), and far less for smaller messages (a rank's message batches up to 1,024 items or
     256 KiB). The subscriber learns exactly what it lost from the heartbeats; ``shmstat subscribe`` reports it to
     the collector, counted in ``subscriber_items_lost`` (a plain ``SUB`` cannot report: it counts its own losses

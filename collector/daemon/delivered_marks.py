@@ -8,7 +8,7 @@ lost there with its gap record written, a gap's record written). :class:`Deliver
 take what was queued (:meth:`collector.handlers.event_delivery.EventDelivery.completed`), writes it into the
 sender's delivered mark in the segment (:mod:`shmstat.shm.layout`) *before* acknowledging it, and sends the
 acknowledgements batched, once per :data:`ACK_INTERVAL_S`. A restarted collector reads the marks at start
-(:meth:`collector.wire.relay.Relay.restore`): what a rank re-sends below its mark is dropped, a hole above it is a
+(:meth:`collector.relay.relay.Relay.restore`): what a rank re-sends below its mark is dropped, a hole above it is a
 gap. A sender whose mark cannot be kept (every mark held by a live sender) is acknowledged all the same and is
 followed as before: its loss across a collector crash is then counted from its first message on.
 
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from shmstat.shm.layout_records import RankInfo
     from shmstat.shm.segment import Segment
 
-    from ..wire.intake import Received
-    from ..wire.relay import Relay
+    from ..relay.intake import Received
+    from ..relay.relay import Relay
 
 __all__ = ["ACK_INTERVAL_S", "DeliveredMarks", "KeptEvents"]
 
@@ -219,7 +219,7 @@ class DeliveredMarks:
     def _frozen(self, key: Key, done: int | None) -> bool:
         """Whether ``key``'s mark must not move now: not a re-syncing sender (it re-sends nothing), or items
         below its mark are still on their way (a window of re-sent items, see
-        :attr:`collector.wire.relay.Relay.windows`, open or not yet taken by the sinks)."""
+        :attr:`collector.relay.relay.Relay.windows`, open or not yet taken by the sinks)."""
         relay = self.relay
         if key not in relay.origins or key in relay.windows or key in relay.closed_windows:
             return True

@@ -16,8 +16,8 @@ rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
 streams are on its own publish endpoint (``shmstat subscribe --job JOB``). With ``publish`` set (``--publish
 ENDPOINT``: ipc:// or tcp://, for subscribers on other hosts) the node collector also binds one publish socket
-(:class:`~collector.wire.outlet.Outlet`, bounded as a job's) that carries every message of every job it serves —
-ranks' events and metrics, windows, rank lifecycle, heartbeats, its own events — each followed by a frame naming
+(:class:`~collector.relay.publish_socket.Outlet`, bounded as a job's) that carries every message of every job it serves
+— ranks' events and metrics, windows, rank lifecycle, heartbeats, its own events — each followed by a frame naming
 its job (:mod:`shmstat.wire`); a subscriber of it keeps its accounting per job. ``ready_file`` gets the node's
 endpoints as JSON once it serves (:meth:`NodeCollector.write_ready_file`).
 """
@@ -46,8 +46,8 @@ from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.gpu_figures import GPU_GROUP
-from ..wire.curve import CurveServer
-from ..wire.outlet import Outlet
+from ..relay.curve import CurveServer
+from ..relay.publish_socket import Outlet
 from .collector import (
     CHORE_SLACK_S,
     Collector,

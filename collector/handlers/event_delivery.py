@@ -31,7 +31,7 @@ from shmstat import wire
 from shmstat.errors import WireError
 from shmstat.publish.item_sizes import item_bytes
 
-from ..wire.intake import Received
+from ..relay.intake import Received
 from .events import EventRecord, EventSink, GapRecord
 from .specs import build_event_handler
 

@@ -16,9 +16,9 @@ import pytest
 import zmq
 from kit.support import wait_for
 
-from collector.wire.outlet import MAX_MESSAGE_BYTES
-from collector.wire.relay import Relay
-from collector.wire.sender_book import SenderBook
+from collector.relay.heartbeats import SenderBook
+from collector.relay.publish_socket import MAX_MESSAGE_BYTES
+from collector.relay.relay import Relay
 from shmstat import wire
 from shmstat.wire.heartbeat import ITEMS_PER_MESSAGE, MAX_LISTED, SENDER_STREAM, GapTracker, followed_kinds
 
