@@ -17,8 +17,8 @@ from shmstat.shm.layout import (
 )
 
 from ..daemon.config import CollectorConfig
-from ..daemon.gpu import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..daemon.straggler import MAX_WINDOWS
+from ..gpu.sampler import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..handlers.specs import parse_handler_args
 from ..prometheus.tls import TLSFiles
 

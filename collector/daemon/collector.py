@@ -61,21 +61,28 @@ from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
+from ..gpu.figures import GPU_GROUP
+from ..gpu.sampler import GpuSampler, JobGpu
 from ..handlers.compact import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
-from ..read.gpu_figures import GPU_GROUP
 from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
 from ..relay.intake import Received
 from ..relay.publish_socket import Outlet
 from .commits import PendingCommits
-from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
+from .config import (
+    PLATFORM_GROUP,
+    CollectorConfig,
+    build_dispatcher,
+    build_event_delivery,
+    start_sampler,
+    write_ready_file,
+)
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .delivered_marks import DeliveredMarks, KeptEvents
 from .fanout import FanOut
-from .gpu import GpuSampler, JobGpu, start_sampler
 from .liveness import Lifecycle, Liveness
 from .stat_topics import StatTopics
 from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
@@ -137,7 +144,7 @@ class Collector:
     :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job.
     ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
     frame: :mod:`shmstat.wire`). ``gpu_sampler``: a node collector's GPU sampler, shared by its jobs (without one,
-    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.gpu.start_sampler`)."""
+    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.config.start_sampler`)."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,

@@ -1,20 +1,25 @@
 """What a collector is configured with (:class:`CollectorConfig`), the name of its own metric group, and the
-handlers a configuration asks for (:func:`build_dispatcher`)."""
+handlers and the GPU sampler a configuration asks for (:func:`build_dispatcher`, :func:`start_sampler`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from elastic.metrics import MetricHandler
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.shm.layout import Geometry
 
+from ..gpu.figures import GPU_GROUP
+from ..gpu.nvml import RECORDING_ENV, driver_present, open_devices
+from ..gpu.sampler import GpuSampler
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, Dispatcher, ThreadedDispatcher
 from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from ..prometheus.tls import TLSFiles
@@ -22,7 +27,7 @@ from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
 __all__ = ["PLATFORM_GROUP", "SERVING_RANK_LOOK_S", "CollectorConfig", "build_dispatcher", "build_event_delivery",
-           "write_ready_file"]
+           "start_sampler", "write_ready_file"]
 
 PLATFORM_GROUP = COLLECTOR_GROUP
 """The collector's own metric group, ``shmstat`` (rank CPU/RSS and the collector's counters), as torchelastic's agent
@@ -95,10 +100,10 @@ class CollectorConfig:
     """Serve ``/metrics`` over HTTPS with these PEM files (a client CA among them: client certificates required);
     None: plain HTTP."""
     gpu: str = "auto"
-    """GPU telemetry (:mod:`collector.daemon.gpu`): ``auto`` (on where an NVIDIA driver is loaded, silent where
+    """GPU telemetry (:mod:`collector.gpu.sampler`): ``auto`` (on where an NVIDIA driver is loaded, silent where
     none is), ``on`` (one line saying why when it cannot be), ``off``."""
     gpu_interval_s: float = 1.0
-    """Seconds between GPU samples (at least :data:`collector.daemon.gpu.MIN_INTERVAL_S`)."""
+    """Seconds between GPU samples (at least :data:`collector.gpu.sampler.MIN_INTERVAL_S`)."""
     gpu_extra: tuple[str, ...] = ()
     """Expensive GPU figures to sample too: ``energy``, ``pcie``."""
     geometry: Geometry | None = None
@@ -150,3 +155,32 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise ConfigError(f"cannot write the ready file {path!r}: {exc.strerror}") from None
+
+
+def start_sampler(config: CollectorConfig, out: IO[str], err: IO[str] | None = None) -> GpuSampler | None:
+    """The GPU sampler ``config`` asks for, sampling; None when GPU telemetry is off. ``config.gpu``: ``off``;
+    ``on`` (off with one line on ``err`` saying why when there is nothing to sample); ``auto`` (the default:
+    as ``on`` where an NVIDIA driver is loaded or :data:`~collector.gpu.nvml.RECORDING_ENV` is set, else off
+    without a word). Never raises for a missing GPU or NVML."""
+    err = err if err is not None else sys.stderr
+    if config.gpu == "off":
+        return None
+    if config.gpu == "auto" and not os.environ.get(RECORDING_ENV) and not driver_present():
+        return None
+    try:
+        devices = open_devices()
+    except ConfigError as exc:
+        print(f"shmstat collector: GPU telemetry off: {exc}", file=err, flush=True)
+        return None
+    try:
+        sampler = GpuSampler(devices, interval_s=config.gpu_interval_s, extra=tuple(config.gpu_extra),
+                             clock=config.clock, err=err)
+    except BaseException:
+        devices.close()
+        raise
+    sampler.start()
+    names = sorted(set(sampler.names))
+    print(f"shmstat collector: GPU telemetry: {len(sampler.uuids)} GPU{'s' if len(sampler.uuids) != 1 else ''} "
+          f"({', '.join(names)}; driver {devices.driver}) every {sampler.interval_s:g} s, group {GPU_GROUP}",
+          file=out, flush=True)
+    return sampler

@@ -41,11 +41,12 @@ from shmstat.shm.layout import RankState
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import other_users_line, own_skipped_lines, scan_shm
 
+from ..gpu.figures import GPU_GROUP
+from ..gpu.sampler import GpuSampler
 from ..handlers.compact import CompactWindowHandler, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
-from ..read.gpu_figures import GPU_GROUP
 from ..relay.curve import CurveServer
 from ..relay.publish_socket import Outlet
 from .collector import (
@@ -58,8 +59,7 @@ from .collector import (
     stop_signals,
     wait_quietly,
 )
-from .config import SERVING_RANK_LOOK_S, build_event_delivery, write_ready_file
-from .gpu import GpuSampler, start_sampler
+from .config import SERVING_RANK_LOOK_S, build_event_delivery, start_sampler, write_ready_file
 from .node_lock import NodeLock
 from .sweep import Verdict, remove_if_dead
 
@@ -110,7 +110,7 @@ class NodeCollector:
         self.events: EventDelivery | None = None
         self.exporter: PrometheusExporter | None = None
         self.gpu: GpuSampler | None = None
-        """One GPU sampler for every job of the node (:mod:`collector.daemon.gpu`), or None."""
+        """One GPU sampler for every job of the node (:mod:`collector.gpu.sampler`), or None."""
         try:
             if config.publish is not None:
                 if config.curve is not None:
