@@ -21,12 +21,12 @@ deque's appends and pops being atomic, and taken by the loop each turn, :meth:`S
 collector's own figures in the platform group, every rank's CPU and RSS and the collector's counters
 (:func:`usage_points`; those the segment holds: :func:`drop_counters`).
 
-What one job's collector hands its events sinks (``--events``), as :class:`collector.daemon.delivered_marks.KeptEvents`.
+What one job's collector hands its events sinks (``--events``), as :class:`collector.sinks.kept_events.KeptEvents`.
 Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
 backlog a rank held before the collector started included (it arrives through the relay once the collector
 subscribes); the collector's own events (``rank/joined|exited|died`` as they are published on ``rank/``,
 ``shmstat.straggler[.recovered]``, the launcher's ``torchelastic.worker.status.<STATE>``), numbered per job;
-and every gap the relay finds in a rank's stream (:class:`~collector.handlers.events.GapRecord`, ``at="rank"``).
+and every gap the relay finds in a rank's stream (:class:`~collector.sinks.events.GapRecord`, ``at="rank"``).
 Not kept: put metrics (``metric/`` topics go to the metric handlers) and stat windows.
 
 The job's segment as its collector holds it: the exclusive lock that makes a collector the job's only one on
@@ -65,12 +65,13 @@ from ..gpu.figures import GPU_GROUP
 from ..gpu.sampler import GpuSampler, JobGpu
 from ..handlers.compact import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
 from ..relay.intake import Received
 from ..relay.publish_socket import Outlet
+from ..sinks.delivery import EventDelivery
+from ..sinks.kept_events import KeptEvents
 from .commits import PendingCommits
 from .config import (
     PLATFORM_GROUP,
@@ -81,7 +82,7 @@ from .config import (
     write_ready_file,
 )
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
-from .delivered_marks import DeliveredMarks, KeptEvents
+from .delivered_marks import DeliveredMarks
 from .fanout import FanOut
 from .liveness import Lifecycle, Liveness
 from .stat_topics import StatTopics

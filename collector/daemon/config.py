@@ -21,8 +21,8 @@ from ..gpu.figures import GPU_GROUP
 from ..gpu.nvml import RECORDING_ENV, driver_present, open_devices
 from ..gpu.sampler import GpuSampler
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, Dispatcher, ThreadedDispatcher
-from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from ..prometheus.tls import TLSFiles
+from ..sinks.delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
@@ -82,7 +82,7 @@ class CollectorConfig:
     (counted in ``collector.passes_not_taken``; :mod:`collector.daemon.commits`)."""
     events: list[str] = field(default_factory=list)
     """Events sinks, one SPEC each (``--events``: ``jsonl:PATH``, ``console``, ``otlp:ENDPOINT``,
-    ``pkg.module:Class``; :mod:`collector.handlers.events`); none: events are relayed to subscribers only."""
+    ``pkg.module:Class``; :mod:`collector.sinks.events`); none: events are relayed to subscribers only."""
     events_queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES
     """Bytes queued per events sink (each runs in a thread of its own) before events for it are dropped, counted
     and written as gap records."""

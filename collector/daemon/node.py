@@ -45,10 +45,10 @@ from ..gpu.figures import GPU_GROUP
 from ..gpu.sampler import GpuSampler
 from ..handlers.compact import CompactWindowHandler, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..relay.curve import CurveServer
 from ..relay.publish_socket import Outlet
+from ..sinks.delivery import EventDelivery
 from .collector import (
     CHORE_SLACK_S,
     Collector,
