@@ -301,7 +301,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .launcher import run_job
+    from .run import run_job
 
     return run_job(args)
 

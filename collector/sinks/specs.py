@@ -29,7 +29,7 @@ def build_event_handler(spec: str) -> EventSink:
             raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
         return JsonlEventHandler(arg)
     if kind == "otlp":
-        from ..sinks.otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
+        from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
 
         return build_otlp_event_handler(arg)
     class_name, comma, arguments = arg.partition(",")
