@@ -36,7 +36,7 @@ def run_job(args: argparse.Namespace) -> int:
     """``shmstat run``: collector in a thread, agent in the main thread; returns the workers' exit status (128 +
     the signal's number when a signal stopped the run). The job's segment and lock file are removed on every
     exit once the collector emitted every window; otherwise one line says what was not emitted and how to look."""
-    from ..cli.options import collector_config  # options imports the daemon: late, as cli does
+    from .options import collector_config  # options imports the daemon: late, as cli does
 
     job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
     if args.module:
