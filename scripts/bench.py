@@ -486,7 +486,7 @@ def ack_cost_ns(number: int, repeat: int, per_ack: int = 16) -> float:
     message until a collector acknowledges it, then forgets it (one acknowledgement per ``per_ack`` messages, as
     the collector's ~20 ms batching gives at a few hundred messages a second). The publisher's own sender, off its
     thread (no socket: only the keeping)."""
-    from shmstat.publish.xpub import _Sender
+    from shmstat.publish.sender import _Sender
     from shmstat.wire.delivered import encode_delivered
 
     sender = _Sender.__new__(_Sender)

@@ -1,7 +1,7 @@
 """The delivered watermark of every sender, kept where the next collector finds it and acknowledged to the ranks
 (:class:`DeliveredMarks`), as a job's events reach the sinks (:class:`collector.sinks.kept_events.KeptEvents`).
 
-A rank keeps each message it sent until a collector acknowledges it (:mod:`shmstat.publish.xpub`). Per sender
+A rank keeps each message it sent until a collector acknowledges it (:mod:`shmstat.publish.sender`). Per sender
 ``(rank, pid, incarnation)`` the collector's watermark is the first sequence number not yet delivered: below it
 every item was handed on (a put metric to the metric handlers, an event taken by every events sink or counted
 lost there with its gap record written, a gap's record written). :class:`DeliveredMarks` moves it as the sinks
