@@ -5,7 +5,7 @@ from __future__ import annotations
 from shmstat.shm.layout_records import WindowFigures
 
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers.compact import CompactWindowHandler
+from .handlers.console import CompactWindowHandler
 from .handlers.dispatch import Dispatcher
 from .handlers.jsonl import JsonlMetricHandler
 from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter

@@ -63,7 +63,7 @@ from shmstat.shm.segment import Segment, pid_alive
 
 from ..gpu.figures import GPU_GROUP
 from ..gpu.sampler import GpuSampler, JobGpu
-from ..handlers.compact import status_line, stopping_line
+from ..handlers.console import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..read.passes import Pass, Put
@@ -355,7 +355,7 @@ class Collector:
 
     def say_stopping(self) -> None:
         """Say on stderr, when ranks still run as this collector stops, what a successor must be started within
-        (:func:`collector.handlers.compact.stopping_line`)."""
+        (:func:`collector.handlers.console.stopping_line`)."""
         line = stopping_line({self.config.job: self.ranks_running()}, self.ring_slack_s(), self.banks)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
@@ -705,7 +705,7 @@ class Collector:
         self.fanout.take(Pass(self.config.job, now, usage=figures))
 
     def print_status(self, ranks: list | None = None, *, final: bool = False) -> None:
-        """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
+        """Print the one-line status (:func:`collector.handlers.console.status_line`) on stderr; ``ranks`` as the
         scanner last read them. ``final``: the last line, after :meth:`shutdown`, with the ranks still running."""
         alive = self.ranks_running() if final else sum(
             1 for r in ranks or () if r.state_name == "active" and not r.is_writer)

@@ -59,7 +59,7 @@ class CollectorConfig:
     grace_ms: int = 20
     usage_interval_s: float = 1.0
     status_interval_s: float = 10.0
-    """Seconds between one-line status reports on stderr (:func:`collector.handlers.compact.status_line`; 0: none)."""
+    """Seconds between one-line status reports on stderr (:func:`collector.handlers.console.status_line`; 0: none)."""
     publish_queue: int = 128
     """Messages queued per subscriber at most (libzmq's ``SNDHWM``: it counts messages, not bytes); past them a
     subscriber that does not keep up loses messages. Each message is at most

@@ -43,7 +43,7 @@ from shmstat.shm.shm_entries import other_users_line, own_skipped_lines, scan_sh
 
 from ..gpu.figures import GPU_GROUP
 from ..gpu.sampler import GpuSampler
-from ..handlers.compact import CompactWindowHandler, status_line, stopping_line
+from ..handlers.console import CompactWindowHandler, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
 from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..relay.curve import CurveServer
@@ -444,7 +444,7 @@ class NodeCollector:
 
 class _NodeStatus:
     """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
-    (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
+    (:func:`collector.handlers.console.status_line`); and its compact default handler names each line's job."""
 
     _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
                "samples_dropped", "subscriber_items_lost", "subscription_resets")

@@ -7,7 +7,7 @@
   (``build_handler``, a user's own class loaded by ``pkg.module:Class``);
 - :mod:`~collector.handlers.dispatch`: which handler serves each group (``Dispatcher``), and each handler behind a
   bounded queue and a thread of its own (``ThreadedDispatcher``);
-- :mod:`~collector.handlers.compact`: the default output, one line per merged window, and the status line;
+- :mod:`~collector.handlers.console`: the default output, one line per merged window, and the status line;
 - :mod:`~collector.handlers.jsonl`, :mod:`~collector.handlers.tensorboard_sink` and :mod:`~collector.handlers.otlp`:
   the ``jsonl:PATH``, ``tensorboard:DIR`` and ``otlp:ENDPOINT`` handlers;
 - :mod:`~collector.handlers.otlp_export`: what the two OTLP exporters share (this handler and the events sink of

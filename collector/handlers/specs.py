@@ -1,7 +1,7 @@
 """The SPECs that name handlers, and the objects they build, a user's own classes included.
 
 ``--handler GROUP=SPEC`` (:func:`parse_handler_args`, :func:`build_handler`), as torchelastic's
-``configure(handler, group)``: a SPEC names a handler: ``compact`` (:mod:`collector.handlers.compact`: one line
+``configure(handler, group)``: a SPEC names a handler: ``compact`` (:mod:`collector.handlers.console`: one line
 per merged window), ``console``, ``null``, ``jsonl:PATH`` (:mod:`collector.handlers.jsonl`), ``tensorboard:DIR``
 (see :mod:`collector.handlers.tensorboard_sink`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp`), or
 ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword arguments after commas:
@@ -37,7 +37,7 @@ from elastic.metrics import ConsoleMetricHandler, MetricHandler, NullMetricHandl
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP, RULE_REFERENCE, group_problem
 
-from .compact import CompactWindowHandler
+from .console import CompactWindowHandler
 from .jsonl import JsonlMetricHandler
 from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
