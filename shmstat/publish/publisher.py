@@ -66,6 +66,7 @@ from .. import wire
 from ..errors import ConfigError
 from . import _pubprocess
 from ._pubprocess import after_fork_in_child
+from .item_encoding import check_topic, encode_item
 from .item_sizes import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
@@ -75,7 +76,6 @@ from .item_sizes import (
 )
 from .outbox import KIND_CODES, Outbox, new_outbox
 from .sender import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
-from .slow_path import check_topic, encode_item
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",

@@ -216,7 +216,7 @@ def test_a_rank_cannot_forge_a_heartbeat(rig):
         list(rig.relay.receive())
     assert rig.relay.counters.rejected == 1 and not sub.poll(100)
     from shmstat.errors import ConfigError
-    from shmstat.publish.slow_path import check_topic
+    from shmstat.publish.item_encoding import check_topic
 
     with pytest.raises(ConfigError, match="kind"):  # and a rank's own publisher refuses the kind
         check_topic("heartbeat/", "heartbeat", {})
