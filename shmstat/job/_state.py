@@ -111,6 +111,6 @@ def reset() -> None:
         with contextlib.suppress(Exception):
             old.attachment.detach()
     GlobalState.__init__(STATE)  # in place: other modules hold a reference to STATE
-    from ._drops import reset_warnings
+    from ._degrade import reset_warnings
 
     reset_warnings()
