@@ -15,7 +15,7 @@ from typing import NoReturn
 from shmstat.errors import ShmstatError, see_docs
 
 from .options import add_collector_options, collector_config
-from .streams import keep_writing
+from .unbreakable_output import keep_writing
 
 __all__ = ["COMMANDS", "main"]
 
