@@ -300,7 +300,7 @@ class Collector:
         """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
-        self._chores_at = 0.0  # monotonic time when the next of step's chores falls due (see _chores)
+        self._due_work_at = 0.0  # monotonic time when the next of _due_work's looks falls due
         self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
 
@@ -413,7 +413,7 @@ class Collector:
         the loop sooner, and so does a new stat (:func:`wait_quietly` looks for one every :attr:`stat_look_s`)."""
         assert self.relay is not None
         mono = time.monotonic()
-        # the periodic looks may be late by CHORE_SLACK_S (and early: see _chores), so that they share turns
+        # the periodic looks may be late by CHORE_SLACK_S (and early: see _due_work), so that they share turns
         due = min(self._next_rank_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
@@ -457,14 +457,14 @@ class Collector:
             self.fanout.take(Pass(self.config.job, self.clock(), puts=puts))
         mono = time.monotonic()
         self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
-        if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
+        if mono < self._due_work_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
             return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
-        self._chores(mono)
+        self._due_work(mono)
 
-    def _chores(self, mono: float) -> None:
+    def _due_work(self, mono: float) -> None:
         """The part of :meth:`step` that is not the relay: the rank look, the look for new stats, a pass when a
         window closed, commits, usage figures, the status line, acknowledgements and heartbeats, each when due;
-        then when the next of them falls due (:attr:`_chores_at`, and :attr:`_window_due_ns` on the clock)."""
+        then when the next of them falls due (:attr:`_due_work_at`, and :attr:`_window_due_ns` on the clock)."""
         assert self.relay is not None and self.segment is not None
         now = self.clock()
         soon = mono + CHORE_SLACK_S  # a periodic look due this soon is taken in this turn rather than its own
@@ -503,7 +503,7 @@ class Collector:
             due = min(due, self._next_status)
         if len(self.commits):
             due = min(due, mono + COMMIT_POLL_S)
-        self._chores_at = due
+        self._due_work_at = due
         self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def shutdown(self) -> None:
