@@ -19,7 +19,7 @@ C (``Backend`` field)                     Python twin                           
 ========================================  ===============================================  ========================
 ``SlotWriter`` (at each writer's birth,   ``shmstat.writer._pywriter.PySlotWriter``        test_fastpath.py,
   in a job and in process)                                                                 test_percentiles.py
-``add_u64`` (at each add)                 ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
+``add_u64`` (at each add)                 ``shmstat.job._degrade.add_counter``, locked     (one atomic add)
 ``Outbox`` (at each publisher's birth)    ``shmstat.publish.outbox.Outbox``                test_outbox.py
 ``EventBase``, ``set_event_checks``       ``shmstat.publish.events._PyEventStorage``       test_event_paths.py
 ``check_data``                            ``shmstat.publish._eventdata._check_data``       test_outbox.py

@@ -17,8 +17,8 @@ from shmstat.shm.layout import (
 )
 
 from ..daemon.config import CollectorConfig
-from ..daemon.gpu import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..daemon.straggler import MAX_WINDOWS
+from ..gpu.sampler import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..handlers.specs import parse_handler_args
 from ..prometheus.tls import TLSFiles
 
@@ -244,7 +244,7 @@ def _check_curve(key_dir: str, publish: str | None) -> None:
     if publish is None or not publish.startswith("tcp://"):
         raise ConfigError(f"--curve secures a TCP publish endpoint; add --publish tcp://ADDRESS:PORT "
                           f"(got {'no --publish' if publish is None else repr(publish)})")
-    from ..wire.curve import check_server_dir
+    from ..relay.curve import check_server_dir
 
     check_server_dir(key_dir)
 

@@ -21,12 +21,12 @@ deque's appends and pops being atomic, and taken by the loop each turn, :meth:`S
 collector's own figures in the platform group, every rank's CPU and RSS and the collector's counters
 (:func:`usage_points`; those the segment holds: :func:`drop_counters`).
 
-What one job's collector hands its events sinks (``--events``), as :class:`collector.daemon.delivered_marks.KeptEvents`.
+What one job's collector hands its events sinks (``--events``), as :class:`collector.sinks.kept_events.KeptEvents`.
 Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
 backlog a rank held before the collector started included (it arrives through the relay once the collector
 subscribes); the collector's own events (``rank/joined|exited|died`` as they are published on ``rank/``,
 ``shmstat.straggler[.recovered]``, the launcher's ``torchelastic.worker.status.<STATE>``), numbered per job;
-and every gap the relay finds in a rank's stream (:class:`~collector.handlers.events.GapRecord`, ``at="rank"``).
+and every gap the relay finds in a rank's stream (:class:`~collector.sinks.events.GapRecord`, ``at="rank"``).
 Not kept: put metrics (``metric/`` topics go to the metric handlers) and stat windows.
 
 The job's segment as its collector holds it: the exclusive lock that makes a collector the job's only one on
@@ -61,27 +61,35 @@ from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, segment_name, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..handlers.compact import status_line, stopping_line
+from ..gpu.figures import GPU_GROUP
+from ..gpu.sampler import GpuSampler, JobGpu
+from ..handlers.console import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
-from ..read.gpu_figures import GPU_GROUP
 from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
-from ..wire.intake import Received
-from ..wire.outlet import Outlet
+from ..relay.intake import Received
+from ..relay.publish_socket import Outlet
+from ..sinks.delivery import EventDelivery
+from ..sinks.kept_events import KeptEvents
 from .commits import PendingCommits
-from .config import PLATFORM_GROUP, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
+from .config import (
+    PLATFORM_GROUP,
+    CollectorConfig,
+    build_dispatcher,
+    build_event_delivery,
+    start_sampler,
+    write_ready_file,
+)
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
-from .delivered_marks import DeliveredMarks, KeptEvents
+from .delivered_marks import DeliveredMarks
 from .fanout import FanOut
-from .gpu import GpuSampler, JobGpu, start_sampler
 from .liveness import Lifecycle, Liveness
 from .stat_topics import StatTopics
 from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
 
 if TYPE_CHECKING:
-    from ..wire.relay import Relay, RelayCounters
+    from ..relay.relay import Relay, RelayCounters
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "build_dispatcher", "stop_signals"]
 
@@ -137,7 +145,7 @@ class Collector:
     :meth:`close`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job.
     ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
     frame: :mod:`shmstat.wire`). ``gpu_sampler``: a node collector's GPU sampler, shared by its jobs (without one,
-    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.gpu.start_sampler`)."""
+    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.config.start_sampler`)."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
@@ -226,7 +234,7 @@ class Collector:
 
     def _open_relay(self, config: CollectorConfig, segment: Segment, node_outlet: Outlet | None) -> Relay:
         """A step of :meth:`__init__`: the relay of the ranks' messages, and the marks of what its sinks took."""
-        from ..wire.relay import Relay
+        from ..relay.relay import Relay
 
         self.relay = relay = Relay(config.ingest or ingest_endpoint(config.job),
                                    config.publish or publish_endpoint(config.job),
@@ -292,7 +300,7 @@ class Collector:
         """What :meth:`shutdown` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
-        self._chores_at = 0.0  # monotonic time when the next of step's chores falls due (see _chores)
+        self._due_work_at = 0.0  # monotonic time when the next of _due_work's looks falls due
         self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
 
@@ -347,7 +355,7 @@ class Collector:
 
     def say_stopping(self) -> None:
         """Say on stderr, when ranks still run as this collector stops, what a successor must be started within
-        (:func:`collector.handlers.compact.stopping_line`)."""
+        (:func:`collector.handlers.console.stopping_line`)."""
         line = stopping_line({self.config.job: self.ranks_running()}, self.ring_slack_s(), self.banks)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
@@ -405,7 +413,7 @@ class Collector:
         the loop sooner, and so does a new stat (:func:`wait_quietly` looks for one every :attr:`stat_look_s`)."""
         assert self.relay is not None
         mono = time.monotonic()
-        # the periodic looks may be late by CHORE_SLACK_S (and early: see _chores), so that they share turns
+        # the periodic looks may be late by CHORE_SLACK_S (and early: see _due_work), so that they share turns
         due = min(self._next_rank_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
@@ -449,14 +457,14 @@ class Collector:
             self.fanout.take(Pass(self.config.job, self.clock(), puts=puts))
         mono = time.monotonic()
         self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
-        if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
+        if mono < self._due_work_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
             return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
-        self._chores(mono)
+        self._due_work(mono)
 
-    def _chores(self, mono: float) -> None:
+    def _due_work(self, mono: float) -> None:
         """The part of :meth:`step` that is not the relay: the rank look, the look for new stats, a pass when a
         window closed, commits, usage figures, the status line, acknowledgements and heartbeats, each when due;
-        then when the next of them falls due (:attr:`_chores_at`, and :attr:`_window_due_ns` on the clock)."""
+        then when the next of them falls due (:attr:`_due_work_at`, and :attr:`_window_due_ns` on the clock)."""
         assert self.relay is not None and self.segment is not None
         now = self.clock()
         soon = mono + CHORE_SLACK_S  # a periodic look due this soon is taken in this turn rather than its own
@@ -495,7 +503,7 @@ class Collector:
             due = min(due, self._next_status)
         if len(self.commits):
             due = min(due, mono + COMMIT_POLL_S)
-        self._chores_at = due
+        self._due_work_at = due
         self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def shutdown(self) -> None:
@@ -697,7 +705,7 @@ class Collector:
         self.fanout.take(Pass(self.config.job, now, usage=figures))
 
     def print_status(self, ranks: list | None = None, *, final: bool = False) -> None:
-        """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
+        """Print the one-line status (:func:`collector.handlers.console.status_line`) on stderr; ``ranks`` as the
         scanner last read them. ``final``: the last line, after :meth:`shutdown`, with the ranks still running."""
         alive = self.ranks_running() if final else sum(
             1 for r in ranks or () if r.state_name == "active" and not r.is_writer)

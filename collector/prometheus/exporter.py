@@ -27,7 +27,7 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   ``shmstat_metric_sum_total`` (counters: values put and their sum), ``shmstat_metric_dropped_total`` (per job:
   values of series past the job's bound);
 - ``shmstat_collector_<counter>_total``: the collector's own counters per job;
-- the GPU figures (group ``gpu``, :mod:`collector.read.gpu_figures`), besides their ``shmstat_stat_*`` series, as
+- the GPU figures (group ``gpu``, :mod:`collector.gpu.figures`), besides their ``shmstat_stat_*`` series, as
   one gauge family per figure, ``shmstat_gpu_<figure>`` (``shmstat_gpu_util``, ``shmstat_gpu_fb_used``, ...: the
   unit of dcgm-exporter's ``DCGM_FI_DEV_*`` twin), labels ``job``, ``node``, ``gpu`` (NVML index), ``uuid`` and,
   per rank, ``rank``: the newest window's mean (a mask or a running total: its latest sample). The series
@@ -67,7 +67,7 @@ from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
-from ..read.gpu_figures import FIGURES, figure_of
+from ..gpu.figures import FIGURES, figure_of
 from .put_metrics import MAX_SERIES_BYTES, PutMetrics, put_families
 from .server import MetricsServer, RenderCache
 

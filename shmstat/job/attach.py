@@ -3,7 +3,7 @@
 Telemetry never takes the job down: the lazy attach (a Stat, ``log_event``, ``put_metric`` or ``@prof`` in a
 rank configured by the environment, a forked or spawned worker) never raises because of the segment's state.
 A rank or worker that finds no entry gets one without (its samples are dropped and counted in the segment), a
-segment that cannot be opened leaves the process in-process; each is reported once (:mod:`shmstat.job._drops`).
+segment that cannot be opened leaves the process in-process; each is reported once (:mod:`shmstat.job._degrade`).
 Only a bad environment value raises (:class:`~shmstat.errors.ConfigError`).
 
 Nothing left behind: the last process of a job that no collector serves removes the job's segment and lock
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import CapacityError, ConfigError, ShmstatError
 from ..shm.runtime import ingest_endpoint, validate_job
 from . import _state
-from ._drops import geometry_from_env, reported, warn_once
+from ._degrade import geometry_from_env, reported, warn_once
 from .identity import Identity, identity_from_env, identity_variables, start_environ
 
 if TYPE_CHECKING:  # pragma: no cover

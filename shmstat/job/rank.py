@@ -10,7 +10,7 @@ Room runs out: a writer takes a free entry, or that of a writer that exited whos
 there is neither, that of a writer that exited before a collector emitted its windows (non-persistent DataLoader
 workers with no collector: a new writer every epoch), counting the samples it held as dropped in its rank's
 entry. A process that finds no entry at all gets an attachment *without* one (``local_rank == -1``): its Stats
-count their samples as dropped (:func:`shmstat.job._drops.add_counter`) and nothing raises.
+count their samples as dropped (:func:`shmstat.job._degrade.add_counter`) and nothing raises.
 
 Within one process a :class:`SlotKey` (name, group, window, max_samples, aggregations) has one slot and one writer:
 a Stat re-created under the same key continues it, so closing and re-creating Stats loses nothing, and a slot
@@ -31,7 +31,7 @@ from ..shm import layout as L
 from ..shm import layout_codec as codec
 from ..shm.layout_records import RankInfo
 from ..shm.segment import Segment, pid_alive
-from ._drops import add_counter, warn_once
+from ._degrade import add_counter, warn_once
 
 __all__ = ["EntryHeldError", "RankAttachment", "SlotKey"]
 
