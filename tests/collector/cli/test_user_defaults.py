@@ -345,9 +345,9 @@ def test_a_wait_sections_rows_say_so_and_no_surface_flags_the_ranks_that_wait_lo
     """In a synchronous job the healthy ranks wait longest in the collective: a wait section's jsonl rows carry
     ``"wait": true`` and neither the collector nor the report (from the rows alone) flags a rank on it, while the
     slow rank's compute section is flagged."""
-    from collector.cli.report import load_report
-
     import json
+
+    from collector.cli.report import load_report
 
     rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
     script = _script(tmp_path, WAITING_RANKS)
