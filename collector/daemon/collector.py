@@ -84,6 +84,7 @@ from .config import (
 from .config import SERVING_RANK_LOOK_S as SERVING_RANK_LOOK_S
 from .delivered_marks import DeliveredMarks
 from .fanout import FanOut
+from .hangs import HangWatcher
 from .liveness import Lifecycle, Liveness
 from .stat_topics import StatTopics
 from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
@@ -165,6 +166,8 @@ class Collector:
             raise
         self._init_counters(config)
         self.fanout = self._fan_out(config, relay)
+        self.hangs = HangWatcher(config.job, segment, hang_after_s=config.hang_after_s, fanout=self.fanout,
+                                 publish=self.publish_event, exporter=self.exporter, clock=self.clock)
         self._serve_the_job(config, segment, relay)
 
     def _init_state(self, config: CollectorConfig, out: IO[str] | None, exporter: PrometheusExporter | None,
@@ -478,6 +481,7 @@ class Collector:
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
             self.marks.settle(self.last_ranks)  # what gone senders could not deliver: counted
+            self.hangs.look(self.last_ranks)  # every phase word: a hang named while it happens
             if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
                 self.gpu.step(self.last_ranks)
         elif mono >= self._next_stat_look:  # a stat made since is found before its first windows leave the ring

@@ -90,6 +90,9 @@ class CollectorConfig:
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
     (collector.daemon.straggler)."""
+    hang_after_s: float = 30.0
+    """A job whose ranks made no progress (no section left, no step) for this long while one is in a section hangs
+    (:mod:`collector.daemon.hangs`); 0: hangs are not watched."""
     prometheus: str | None = None
     """``HOST:PORT`` to serve ``/metrics`` on (None: no Prometheus endpoint)."""
     prometheus_node: str | None = None

@@ -48,6 +48,7 @@ def init(
     publish: bool = True,
     backlog_mb: float | None = None,
     section_window_s: float | None = None,
+    hang_stacks: bool | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
@@ -60,7 +61,8 @@ def init(
     and metrics are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
     ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     ``section_window_s`` is the window of :func:`shmstat.section` Stats (default ``SHMSTAT_SECTION_WINDOW_S`` or
-    5 s), in a job or not.
+    5 s), in a job or not. ``hang_stacks`` (default ``SHMSTAT_HANG_STACKS``) lets the collector ask a rank it
+    finds hung for its Python stacks (:mod:`shmstat.job.hang_stacks`).
     Calling ``init`` again for another job detaches from the first.
 
     A process whose rank comes from the environment (``rank`` left out) and that took that environment unchanged
@@ -72,6 +74,9 @@ def init(
     if section_window_s is not None:
         _state.STATE.section_window_s = _state.check_window_s(section_window_s, "section_window_s")
         _state.rebind_sections()
+    from . import hang_stacks as stacks
+
+    want_stacks = stacks.wanted(hang_stacks)
     env = identity_from_env()
     inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
@@ -121,6 +126,12 @@ def init(
             pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True
         _state.rebind_sections()
+        if want_stacks and att.has_entry and att.writer_of < 0:
+            try:
+                stacks.enable(job)
+            except (OSError, ShmstatError) as exc:  # telemetry never stops the job: it goes on without stacks
+                warn_once("stacks", f"cannot register hang stacks ({exc}); the collector gets none",
+                          job=job)
     return att
 
 
@@ -245,6 +256,9 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     st.attachment = None
     if att is not None:
         _state.rebind_sections()
+        from .hang_stacks import disable
+
+        disable()
     if att is not None and att.pid == os.getpid():
         from ..shm.segment import Segment
 
