@@ -285,14 +285,16 @@ def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
                                ["step", False, 1, 1], [None, False, 0, 1]]
     # the same words, steps and sequence numbers, byte for byte (the second rank process of one entry goes on from
     # the sequence the first left: the same number of writes, so a constant difference)
-    assert [r[1] for r in c["raw"]] == [r[1] for r in py["raw"]] and [r[3] for r in c["raw"]] == [r[3] for r in py["raw"]]
-    assert len({p[0] - q[0] for p, q in zip(py["raw"], c["raw"])}) == 1
+    assert [r[1] for r in c["raw"]] == [r[1] for r in py["raw"]]
+    assert [r[3] for r in c["raw"]] == [r[3] for r in py["raw"]]
+    assert len({p[0] - q[0] for p, q in zip(py["raw"], c["raw"], strict=True)}) == 1
     assert _same_instants(c["raw"]) == _same_instants(py["raw"])
 
 
 @pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 def test_the_c_phase_writer_writes_the_bytes_of_the_python_one(job):
     from shmstat._fastpath import PhaseWriter as CPhaseWriter
+
     from shmstat.shm.layout_codec import read_phase_seq, read_phase_word
     from shmstat.shm.phase import PhaseWriter
 
