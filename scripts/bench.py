@@ -1192,7 +1192,9 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
          "ours.add.percentiles_varied"),
         ("shmstat Stat.add with P50/P99, attached", "ours.add.percentiles"),
         ("torch.monitor Stat.add", "torch.add"),
-        ("shmstat section enter + exit, attached (Stat and phase word; pure Python)", "ours.section.attached"),
+        ("shmstat section enter + exit, attached (Stat and phase word; C path)" if calls.get("ours.add.c_path")
+         else "shmstat section enter + exit, attached (Stat and phase word; C path not built: Python)",
+         "ours.section.attached"),
         ("torch.profiler.record_function enter + exit, no profiler running", "torch.record_function"),
         ("prometheus_client multiprocess Counter.inc", "prom.inc"),
         ("prometheus_client multiprocess Histogram.observe", "prom.observe"),
