@@ -229,6 +229,8 @@ class Collector:
         self.scanner = Scanner(segment, config.grace_ms * 1_000_000)
         self.banks = segment.geometry.banks
         """The banks of every slot's ring in the job's segment."""
+        self.running_at_stop = 0
+        """The job's ranks still running as :meth:`shutdown` began (for the collector's last lines)."""
         self.commits = PendingCommits(config.commit_wait_s)
         self.liveness = Liveness(segment)
         self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
@@ -515,6 +517,8 @@ class Collector:
         alive, every window that holds data), flush handlers, release everything."""
         if self.relay is None:
             return
+        with contextlib.suppress(Exception):  # what the stopping line and the last status say (as it stopped)
+            self.running_at_stop = self.ranks_running()
         if self.gpu is not None:  # first: its entries are the collector's own, not processes of the job
             with contextlib.suppress(Exception):
                 self.gpu.close()
@@ -717,8 +721,12 @@ class Collector:
               flush=True)
 
     def ranks_running(self) -> int:
-        """The job's ranks (not their workers) found at the last look at the rank table whose process lives now."""
-        return sum(1 for r in self.last_ranks if r.state_name == "active" and not r.is_writer and pid_alive(r.pid))
+        """The job's ranks (not their workers) whose process lives now: in the rank table as it is while the segment
+        is open (the last look may predate ranks that joined since), else as it was when :meth:`shutdown` began."""
+        if self.segment is None:  # closed: as it was when the collector stopped
+            return self.running_at_stop
+        ranks = self.scanner.refresh()
+        return sum(1 for r in ranks if r.state_name == "active" and not r.is_writer and pid_alive(r.pid))
 
     def ring_slack_s(self) -> float:
         """How long after now a window a rank closes stays in its ring for a successor: the ring's banks less two
