@@ -34,6 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ensure_init", "init", "shutdown"]
 
+_REOPENS = 3
+"""Times a process opens the job's segment again when it was removed between its opening and the registration."""
+
 
 def init(
     job: str | None = None,
@@ -97,7 +100,7 @@ def init(
     from ..publish.publisher import Publisher
     from ..shm.layout import Geometry
     from ..shm.segment import Segment
-    from .rank import RankAttachment
+    from .rank import RankAttachment, SegmentRemoved
 
     geometry = None
     if max_ranks is not None or max_stats is not None or banks is not None:
@@ -106,15 +109,22 @@ def init(
     create_geometry = geometry_from_env() if geometry is None else None
     with _state.STATE.lock:
         shutdown()
-        segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
-        try:
-            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
-                                          inherited=inherited)
-        except CapacityError:
-            att = _no_room_for_rank(segment, rank, local_rank, world_size)
-        except BaseException:
-            segment.close()
-            raise
+        for tries_left in range(_REOPENS, -1, -1):
+            segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
+            try:
+                att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
+                                              inherited=inherited)
+            except SegmentRemoved:
+                segment.close()
+                if not tries_left:
+                    raise
+                continue  # removed between its opening and the registration: the job's segment is made anew
+            except CapacityError:
+                att = _no_room_for_rank(segment, rank, local_rank, world_size)
+            except BaseException:
+                segment.close()
+                raise
+            break
         _state.STATE.attachment = att
         if publish:
             target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
