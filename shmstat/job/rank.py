@@ -38,7 +38,7 @@ __all__ = ["EntryHeldError", "RankAttachment", "SegmentRemoved", "SlotKey"]
 
 class SegmentRemoved(SegmentError):
     """The job's segment this process opened was removed before it registered in it (a node collector let the job
-    go meanwhile, every process of it gone): :func:`shmstat.job.attach.attach` opens it again."""
+    go meanwhile, every process of it gone): :func:`shmstat.job.attach.init` opens it again."""
 
 
 class EntryHeldError(ConfigError):
