@@ -133,6 +133,9 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
     """``shmstat top``'s arguments: what to show, how to sort it, how often."""
     command.add_argument("--job", default=None, help="the job to show (default: every job of this user on this node)")
     command.add_argument("--stat", default=None, metavar="GROUP/NAME", help="one row per rank of this stat")
+    command.add_argument("--sections", action="store_true",
+                         help="one row per rank: its time split across its sections (shmstat.section), the section "
+                              "it is in now and for how long")
     command.add_argument("--sort", default="name", metavar="KEY",
                          help="name, or count, mean, p99, spread (descending); default name")
     command.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
@@ -320,7 +323,7 @@ def _top(args: argparse.Namespace) -> int:
     from .top_live import run_top
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
-                   iterations=args.iterations, history=args.history)
+                   iterations=args.iterations, history=args.history, sections=args.sections)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -4,8 +4,10 @@ Two steps, so that a frame can be tested without a terminal: :func:`snapshot` re
 closed window of every stat, merged across ranks, each rank's figure and straggler score in that window) into
 small frozen dataclasses (:mod:`collector.cli.top_snapshot`, which says how the windows are merged and scored),
 and :func:`render` turns a :class:`TopSnapshot` into a ``rich`` renderable (a pure function of the snapshot).
-The live loop and ``--once`` are in :mod:`collector.cli.top_live`; the history under the table (sparklines of
-the last windows, straggler marks over time) is kept by :class:`collector.cli.top_history.History`.
+``view="sections"`` shows each rank's time split across its sections (:func:`shmstat.section`) and what it is
+doing now (its phase word). The live loop and ``--once`` are in :mod:`collector.cli.top_live`; the history under
+the table (sparklines of the last windows, straggler marks over time) is kept by
+:class:`collector.cli.top_history.History`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,22 @@ from rich.table import Table
 from rich.text import Text
 
 from .top_history import History, marks, sparkline
-from .top_snapshot import JobView, RankFigure, RankGpu, StatView, TopSnapshot, snapshot
+from .top_snapshot import JobView, RankFigure, RankGpu, RankPhase, StatView, TopSnapshot, snapshot
 
-# JobView, RankFigure, RankGpu, StatView, TopSnapshot and snapshot are defined in top_snapshot
+# JobView, RankFigure, RankGpu, RankPhase, StatView, TopSnapshot and snapshot are defined in top_snapshot
 __all__ = [
-    "SORTS", "VIEWS", "JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "abbreviate", "gpu_cell",
-    "render", "snapshot", "window_label",
+    "SORTS", "VIEWS", "WAIT_MARK", "JobView", "RankFigure", "RankGpu", "RankPhase", "StatView", "TopSnapshot",
+    "abbreviate", "gpu_cell", "render", "snapshot", "window_label",
 ]
 
 SORTS = ("name", "count", "mean", "p99", "spread")
 """Sort keys of ``--sort``: ``name`` ascending, the numbers descending (unknown values last)."""
-VIEWS = ("stats", "ranks")
-"""``stats``: one row per stat of each job; ``ranks``: one row per rank of one stat."""
+VIEWS = ("stats", "ranks", "sections")
+"""``stats``: one row per stat of each job; ``ranks``: one row per rank of one stat; ``sections``: one row per rank,
+its time split across its sections and its current section."""
+SECTION_GROUP = "section"  # the group of every section's Stat (shmstat.writer.sections)
+WAIT_MARK = "~"
+"""Marks a wait section (a collective, a barrier): its column's header and a rank waiting in it now."""
 
 # -- rendering ----------------------------------------------------------------------------------------------------
 
@@ -271,10 +277,83 @@ def _ranks_history(job: JobView, stat: StatView, history: History, width: int, m
     return t
 
 
+def _sections_label(sections: list[StatView], now_ns: int) -> str:
+    if not sections:
+        return "no section with a closed window yet"
+    return f"{_windows_label(sections, now_ns)} · mean ms, % of window, {WAIT_MARK} wait"
+
+
+def _section_columns(job: JobView, width: int) -> tuple[list[StatView], int]:
+    """The sections shown (their newest window each; the compute sections by name, then the wait sections) and
+    how many more did not fit ``width``."""
+    newest: dict[str, StatView] = {}
+    for s in job.stats:
+        if s.group == SECTION_GROUP and (s.name not in newest or s.start_ns > newest[s.name].start_ns):
+            newest[s.name] = s
+    ordered = sorted(newest.values(), key=lambda s: (s.wait, s.name))
+    room = max(1, (min(width, 120) - 36) // 13)
+    if len(ordered) <= room:
+        return ordered, 0
+    kept = sorted(ordered, key=lambda s: -s.merged.sum)[:room]  # the sections that take the most time
+    return [s for s in ordered if s in kept], len(ordered) - room
+
+
+def _section_cell(stat: StatView, rank: int) -> Text:
+    part = next((r for r in stat.ranks if r.rank == rank), None)
+    if part is None or not part.summary.count:
+        return Text("-")
+    share = 100.0 * part.summary.sum / (stat.window_ns / 1e6) if stat.window_ns else math.nan
+    return Text(f"{'!' if part.straggler else ''}{abbreviate(part.summary.mean)} {share:.0f}%",
+                style="bold red" if part.straggler else "")
+
+
+def _phase_cells(p: RankPhase | None, now_ns: int) -> tuple[Text, str]:
+    if p is None or not p.since_ns:
+        return Text("-" if p is None or p.state == "active" else p.state), "-"
+    if p.state != "active":
+        return Text(p.state), "-"
+    if not p.section:
+        return Text("(outside)", style="dim"), _age(now_ns - p.since_ns)
+    return Text(p.section + (WAIT_MARK if p.wait else ""), style="" if p.wait else "bold"), \
+        _age(now_ns - p.since_ns)
+
+
+def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int | None) -> tuple[Table, str]:
+    sections, more = _section_columns(job, width)
+    t = _table(width)
+    t.expand = False  # columns as wide as their text: a short frame reads left to right
+    t.add_column("RANK", justify="right", no_wrap=True)
+    t.add_column("NOW", no_wrap=True, overflow="ellipsis", min_width=6, max_width=16)
+    t.add_column("FOR", justify="right", no_wrap=True, max_width=6)
+    t.add_column("STEP", justify="right", no_wrap=True, max_width=9)
+    for s in sections:
+        header = s.name + (WAIT_MARK if s.wait else "")
+        t.add_column(Text(header), justify="right", no_wrap=True, overflow="ellipsis",
+                     min_width=min(len(header), 12), max_width=12)
+    phases = {p.rank: p for p in job.phases}
+    ranks = sorted(set(phases) | {r.rank for s in sections for r in s.ranks})
+    for rank in ranks[:max_rows]:
+        p = phases.get(rank)
+        now, age = _phase_cells(p, snap.now_ns)
+        slow = any(r.rank == rank and r.straggler for s in sections for r in s.ranks)
+        _add_row(t, str(rank), now, age, "-" if p is None or not p.since_ns else str(p.step),
+                 *(_section_cell(s, rank) for s in sections), style="bold red" if slow else None)
+    if max_rows is not None and len(ranks) > max_rows:
+        _add_row(t, Text(f"… {len(ranks) - max_rows} more ranks", style="dim"))
+    label = _sections_label(sections, snap.now_ns)
+    return t, label + (f" (+{more} more sections)" if more else "")
+
+
 def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, sort: str = "name", width: int = 80,
            height: int | None = None, history: History | None = None) -> RenderableType:
     """One frame of ``shmstat top`` for ``snap``: per job, a header (job, clock, ranks alive, the window shown:
     local start and length) and a table; ``view="ranks"`` shows one row per rank of ``stat`` (``group/name``).
+
+    ``view="sections"`` shows one row per rank: its current section (``NOW``, from its phase word; wait sections
+    marked :data:`WAIT_MARK`), for how long (``FOR``), its step counter (``STEP``), and per section of group
+    ``section`` in its newest closed window the rank's mean duration (ms) and share of the window (its sum over
+    the window's length: the split of the rank's time; nested sections count in their parent too); a cell of a
+    straggler is marked ``!``.
 
     ``sort`` is one of :data:`SORTS`; ``width`` the columns to fit (80 over ssh); ``height``, if given, bounds
     the rows so the frame fits a screen. Straggler rows are bold red and marked (``!`` / ``SLOW``), so the
@@ -288,6 +367,8 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
     parts: list[RenderableType] = []
     if not snap.jobs:
         return Text("no shmstat segments of this user on this node (start a job, or see 'shmstat ls')")
+    if view == "sections":
+        history = None  # the sections view has no history table
     budget = None if height is None else max(3, (height - 1) // len(snap.jobs) - 4)
     if budget is not None and history is not None:  # two tables share the rows
         budget = max(2, (budget - 2) // 2)
@@ -296,6 +377,11 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
             parts.append(Text(""))
         if job.error is not None:
             parts.append(Text.assemble(("job ", "dim"), (job.job, "bold cyan"), "  ", (job.error, "yellow")))
+            continue
+        if view == "sections":
+            table, label = _sections_table(job, snap, width, budget)
+            parts.append(_header(job, snap, label))
+            parts.append(table)
             continue
         if view == "ranks":
             chosen = [s for s in job.stats if s.key == stat]

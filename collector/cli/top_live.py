@@ -29,7 +29,9 @@ _MAX_HISTORY = 1000
 __all__ = ["run_top"]
 
 
-def _check(stat: str | None, sort: str, interval_s: float, iterations: int | None) -> None:
+def _check(stat: str | None, sort: str, interval_s: float, iterations: int | None, sections: bool = False) -> None:
+    if sections and stat is not None:
+        raise ConfigError("--sections and --stat are two views: give one of them")
     if not 0 < interval_s <= 3600:
         raise ConfigError(f"--interval must be more than 0 and at most 3600 seconds, got {interval_s:g}")
     if iterations is not None and iterations < 1:
@@ -75,18 +77,19 @@ class _Segments:
 
 def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "name", interval_s: float = 1.0,
             once: bool = False, iterations: int | None = None, console: Console | None = None,
-            clock: Callable[[], int] = time.time_ns, history: int = DEFAULT_WINDOWS) -> int:
+            clock: Callable[[], int] = time.time_ns, history: int = DEFAULT_WINDOWS, sections: bool = False) -> int:
     """Show ``shmstat top`` until Ctrl-C (exit status 0), for ``iterations`` frames, or one frame (``once``).
 
     ``job`` None shows every job of this user on the node; ``stat`` (``GROUP/NAME``) switches to the per-rank
-    view of that stat. Frames after the first show the last ``history`` windows seen (sparklines, straggler
+    view of that stat; ``sections`` to the sections view (each rank's time split across its sections, its current
+    section and for how long). Frames after the first show the last ``history`` windows seen (sparklines, straggler
     marks; :mod:`collector.cli.top_history`). Raises :class:`ConfigError` / :class:`SegmentError` for a bad
     option or a missing job.
     """
-    _check(stat, sort, interval_s, iterations)
+    _check(stat, sort, interval_s, iterations, sections)
     if not 1 <= history <= _MAX_HISTORY:
         raise ConfigError(f"--history must be between 1 and {_MAX_HISTORY} windows, got {history}")
-    view = "stats" if stat is None else "ranks"
+    view = "sections" if sections else "stats" if stat is None else "ranks"
     console = console or Console()
     segments = _Segments(job)
     past = None if once else History(history)

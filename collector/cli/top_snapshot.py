@@ -10,7 +10,8 @@ rank's figure. A rank's *figure* and *score* are the collector's straggler rule
 (:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean; ``median /
 figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the threshold in the
 window shown. The collector's GPU figures (:mod:`collector.gpu.figures`) are shown but not scored, and give
-each rank its GPU summary (:class:`RankGpu`).
+each rank its GPU summary (:class:`RankGpu`). Each rank's phase word (:func:`shmstat.shm.phase.read_phase`, the
+word the collector's hang detector reads) gives its current section and since when (:class:`RankPhase`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shmstat.shm.layout_records import BankSnapshot, WindowFigures
+from shmstat.shm.layout_records import BankSnapshot, RankInfo, WindowFigures
+from shmstat.shm.phase import Phase, read_phase
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
@@ -30,7 +32,7 @@ from ..read.columns import Parts, StatTable, merge_parts
 from ..read.hist_batch import HistBatch
 from ..read.rows import WindowRow
 
-__all__ = ["JobView", "RankFigure", "RankGpu", "StatView", "TopSnapshot", "snapshot"]
+__all__ = ["JobView", "RankFigure", "RankGpu", "RankPhase", "StatView", "TopSnapshot", "snapshot"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class StatView:
     """Ranks with samples in this window, by rank."""
     median: float
     higher_is_better: bool = False
+    wait: bool = False
+    """A wait section (a collective, a barrier): shown, never scored."""
 
     @property
     def key(self) -> str:
@@ -108,6 +112,24 @@ class RankGpu:
 
 
 @dataclass(frozen=True)
+class RankPhase:
+    """What one rank is doing now, from its phase word (its own entry's, else a live worker's when the rank itself
+    is outside every section)."""
+
+    rank: int
+    section: str
+    """The innermost open section; "" outside every section."""
+    wait: bool
+    """Whether that section is a wait section."""
+    since_ns: int
+    """Wall-clock ns since when it is there (0: no phase word: the rank never entered a section)."""
+    step: int
+    """Steps the rank counted (:func:`shmstat.advance_step`)."""
+    state: str
+    """The rank entry's state (``active``, ``exited``, ...); ``dead`` when its process is gone."""
+
+
+@dataclass(frozen=True)
 class JobView:
     """One job's segment: its ranks and stats, or why it could not be read."""
 
@@ -118,6 +140,8 @@ class JobView:
     error: str | None = None
     gpus: tuple[RankGpu, ...] = ()
     """Per rank, its GPUs (when the collector samples GPUs)."""
+    phases: tuple[RankPhase, ...] = ()
+    """Per rank (by rank), its phase word."""
 
     def gpu_of(self, rank: int) -> RankGpu | None:
         """Rank ``rank``'s GPU summary, if any."""
@@ -190,10 +214,38 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, alive: dict[
         if not scores:  # one rank: it is the median
             median = next(iter(figures.values()), 0.0)
         stats.append(StatView(merged.group, merged.name, merged.wid, merged.window_ms * 1_000_000, merged.summary,
-                              ranks, median, merged.higher_is_better))
+                              ranks, median, merged.higher_is_better,
+                              (merged.group, merged.name, merged.window_ms) in waits))
     stats.sort(key=lambda s: (s.key, s.window_ns))
     roots = [i for i in infos if not i.is_writer]
-    return JobView(reader.segment.job, tuple(stats), n_alive, len(roots), gpus=_rank_gpus(stats))
+    return JobView(reader.segment.job, tuple(stats), n_alive, len(roots), gpus=_rank_gpus(stats),
+                   phases=_phases(reader.segment, infos, alive))
+
+
+def _phases(segment: Segment, infos: list[RankInfo], alive: dict[int, bool]) -> tuple[RankPhase, ...]:
+    """Each rank's phase word; a rank outside every section shows the section of a live worker of it, as the
+    collector's hang detector reads it (:mod:`collector.daemon.hangs`)."""
+    workers: dict[int, list[Phase]] = {}
+    for info in infos:
+        if info.is_writer and info.state_name == "active" and alive.setdefault(info.pid, pid_alive(info.pid)):
+            phase = read_phase(segment, info.local_rank)
+            if phase is not None and phase.depth:
+                workers.setdefault(info.writer_of - 1, []).append(phase)
+    out = []
+    for info in sorted((i for i in infos if not i.is_writer), key=lambda i: i.rank):
+        phase = read_phase(segment, info.local_rank)
+        if (phase is None or not phase.depth) and workers.get(info.local_rank):
+            phase = max(workers[info.local_rank], key=lambda p: p.since_ns)
+        state = info.state_name
+        if state == "active" and not alive.setdefault(info.pid, pid_alive(info.pid)):
+            state = "dead"
+        if phase is None:
+            out.append(RankPhase(info.rank, "", False, 0, 0, state))
+        else:
+            section = (phase.section or "(unnamed)") if phase.depth else ""
+            out.append(RankPhase(info.rank, section, phase.wait and bool(phase.depth), phase.since_ns, phase.step,
+                                 state))
+    return tuple(out)
 
 
 def _rank_gpus(stats: list[StatView]) -> tuple[RankGpu, ...]:
