@@ -280,7 +280,7 @@ def _ranks_history(job: JobView, stat: StatView, history: History, width: int, m
 def _sections_label(sections: list[StatView], now_ns: int) -> str:
     if not sections:
         return "no section with a closed window yet"
-    return f"{_windows_label(sections, now_ns)} · mean ms, % of window, {WAIT_MARK} wait"
+    return f"{_windows_label(sections, now_ns)}\nper section: mean ms, % of the window; {WAIT_MARK} a wait"
 
 
 def _section_columns(job: JobView, width: int) -> tuple[list[StatView], int]:
@@ -291,7 +291,7 @@ def _section_columns(job: JobView, width: int) -> tuple[list[StatView], int]:
         if s.group == SECTION_GROUP and (s.name not in newest or s.start_ns > newest[s.name].start_ns):
             newest[s.name] = s
     ordered = sorted(newest.values(), key=lambda s: (s.wait, s.name))
-    room = max(1, (min(width, 120) - 36) // 13)
+    room = max(1, (min(width, 120) - 36) // 10)
     if len(ordered) <= room:
         return ordered, 0
     kept = sorted(ordered, key=lambda s: -s.merged.sum)[:room]  # the sections that take the most time
@@ -321,15 +321,15 @@ def _phase_cells(p: RankPhase | None, now_ns: int) -> tuple[Text, str]:
 def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int | None) -> tuple[Table, str]:
     sections, more = _section_columns(job, width)
     t = _table(width)
-    t.expand = False  # columns as wide as their text: a short frame reads left to right
+    t.expand, t.width = False, None  # columns as wide as their text: a short frame reads left to right
     t.add_column("RANK", justify="right", no_wrap=True)
-    t.add_column("NOW", no_wrap=True, overflow="ellipsis", min_width=6, max_width=16)
+    t.add_column("NOW", no_wrap=True, overflow="ellipsis", min_width=6, max_width=14)
     t.add_column("FOR", justify="right", no_wrap=True, max_width=6)
     t.add_column("STEP", justify="right", no_wrap=True, max_width=9)
     for s in sections:
         header = s.name + (WAIT_MARK if s.wait else "")
         t.add_column(Text(header), justify="right", no_wrap=True, overflow="ellipsis",
-                     min_width=min(len(header), 12), max_width=12)
+                     min_width=min(len(header), 16), max_width=16)
     phases = {p.rank: p for p in job.phases}
     ranks = sorted(set(phases) | {r.rank for s in sections for r in s.ranks})
     for rank in ranks[:max_rows]:
@@ -341,7 +341,7 @@ def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int |
     if max_rows is not None and len(ranks) > max_rows:
         _add_row(t, Text(f"… {len(ranks) - max_rows} more ranks", style="dim"))
     label = _sections_label(sections, snap.now_ns)
-    return t, label + (f" (+{more} more sections)" if more else "")
+    return t, label + (f"; {more} more do not fit" if more else "")
 
 
 def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, sort: str = "name", width: int = 80,
