@@ -181,6 +181,9 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     job = cluster.ops.call(query, base, "shmstat:straggler_score")[0]["metric"]["job"]
     healthy_for = INTERVAL_S * WINDOWS + 4
     time.sleep(healthy_for)  # a clean job, noise and all, fires nothing
+    for which in ('rank!=""', 'rank=""'):  # the series a node exports (the page's "how it scales")
+        print(f"[series] {which}: " + ", ".join(f"{r['metric']['node']} {r['value'][1]}" for r in cluster.ops.call(
+            query, base, f'count by (node) ({{__name__=~"shmstat_.*", node!="", {which}}})')))
     assert firing(cluster, base) == [], cluster.tails()
 
     # 1. every rank of host 3 slowed 1.4x: the node alert names host 3; no rank alert for the healthy hosts

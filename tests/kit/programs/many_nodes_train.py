@@ -1,7 +1,7 @@
 """A DDP training job (gloo) for the three-host alert scenarios (tests/system/test_many_nodes_alerts.py), as
 torchrun starts it on each node, with no shmstat option: ``shmstat.torch.instrument(model)`` times each step's
 ``forward``, ``backward`` and DDP's ``allreduce`` (a wait section). The model's compute is simulated: a layer
-sleeps ``FORWARD_MS`` in its forward and ``BACKWARD_MS`` in its backward (real sections of a steady length, so a
+sleeps ``FORWARD_MS`` (80) in its forward and ``BACKWARD_MS`` (40) in its backward (sections of a steady length, so a
 healthy rank's figures agree within a few percent even on a loaded machine).
 
 The test steers every rank through the JSON file ``CONTROL`` (read when it changes): ``{"slow": {"RANK":
@@ -23,8 +23,8 @@ import shmstat
 import shmstat.job._state
 import shmstat.torch
 
-FORWARD_MS = float(os.environ.get("FORWARD_MS", "40"))
-BACKWARD_MS = float(os.environ.get("BACKWARD_MS", "20"))
+FORWARD_MS = float(os.environ.get("FORWARD_MS", "80"))
+BACKWARD_MS = float(os.environ.get("BACKWARD_MS", "40"))
 CONTROL = os.environ["CONTROL"]
 rank = int(os.environ["RANK"])
 _control: dict = {}
