@@ -158,6 +158,9 @@ def main() -> int:
                         group = line.split('rule_group="', 1)[1].split('"', 1)[0].rsplit(";", 1)[-1]
                         durations.setdefault(group, []).append(float(line.rsplit(" ", 1)[1]))
             firing = query(base, 'ALERTS{alertstate="firing"}')
+            with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=30) as r:
+                per_rule = [(g["name"], rule.get("name", ""), rule["evaluationTime"])
+                            for g in json.load(r)["data"]["groups"] for rule in g["rules"]]
             scrape = query(base, 'scrape_duration_seconds{job="shmstat"}')
         except OSError:
             print((Path(tmp) / "prometheus.log").read_text()[-2000:], file=sys.stderr)
@@ -181,6 +184,9 @@ def main() -> int:
         if values:
             print(f"| {group} | {len(values)} | {statistics.median(values) * 1000:.1f} | "
                   f"{max(values) * 1000:.1f} |")
+    print("\n| group | rule | its last evaluation, ms |\n|---|---|---|")
+    for group, name, seconds in per_rule:
+        print(f"| {group} | `{name}` | {seconds * 1000:.1f} |")
     return 0
 
 
