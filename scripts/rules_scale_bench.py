@@ -171,18 +171,18 @@ def main() -> int:
             server.shutdown()
     print(f"## Rules at scale: {args.nodes} nodes x {args.ranks} ranks, {args.stats} scored sections + allreduce "
           f"({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
-          f"{platform.python_version()}, prometheus {prometheus})\n")
+          f"{platform.python_version()}, prometheus {prometheus}, load average {os.getloadavg()[0]:.1f})\n")
     print(f"- series the rules read: {series} ({series / args.nodes:.0f} per node); head series with the "
           f"recorded ones: {head}")
     print(f"- one scrape of all of them: {float(scrape[0]['value'][1]) * 1000:.0f} ms" if scrape else "- no scrape")
     print(f"- firing after {args.seconds:.0f} s: "
           + (", ".join(sorted({f"{r['metric']['alertname']}({r['metric'].get('node', '')})" for r in firing}))
              or "none"))
-    print("\n| group | evaluations | median ms | max ms |\n|---|---|---|---|")
+    print("\n| group | evaluations | min ms | median ms | max ms |\n|---|---|---|---|---|")
     for group, values in sorted(durations.items()):
         values = [v for v in values if v > 0]
         if values:
-            print(f"| {group} | {len(values)} | {statistics.median(values) * 1000:.1f} | "
+            print(f"| {group} | {len(values)} | {min(values) * 1000:.1f} | {statistics.median(values) * 1000:.1f} | "
                   f"{max(values) * 1000:.1f} |")
     print("\n| group | rule | its last evaluation, ms |\n|---|---|---|")
     for group, name, seconds in per_rule:

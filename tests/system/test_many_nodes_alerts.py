@@ -95,11 +95,14 @@ def steer(control: Path, **what: object) -> None:
 
 
 def wait_alert(cluster: Cluster, base: str, until: Callable[[list[dict]], bool], timeout_s: float,
-               what: str) -> list[dict]:
-    """Wait until ``until(firing alerts)``; returns those alerts, or fails with what was firing and pending."""
+               what: str, seen: list[dict] | None = None) -> list[dict]:
+    """Wait until ``until(firing alerts)``; returns those alerts, or fails with what was firing and pending.
+    Every firing alert met on the way is appended to ``seen``."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = firing(cluster, base)
+        if seen is not None:
+            seen.extend(now)
         if until(now):
             return now
         if time.monotonic() > deadline:
@@ -189,13 +192,14 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     # 1. every rank of host 3 slowed 1.4x: the node alert names host 3; no rank alert for the healthy hosts
     slow_host = hosts[2].name
     steer(control, slow={str(r): [SLOW, SLOW] for r in ranks[slow_host]})
+    seen: list[dict] = []
     now = wait_alert(cluster, base, lambda f: {a["node"] for a in f if a["alertname"] == "ShmstatStragglerNode"}
-                     == {slow_host}, 60, f"ShmstatStragglerNode for {slow_host}")
+                     == {slow_host}, 60, f"ShmstatStragglerNode for {slow_host}", seen)
     node_alerts = [a for a in now if a["alertname"] == "ShmstatStragglerNode"]
     assert {(a["job"], a["node"], a["group"], a.get("rank", "")) for a in node_alerts} == {
         (job, slow_host, "section", "")}, node_alerts
     assert {a["stat"] for a in node_alerts} <= {"forward", "backward"}
-    assert {a["node"] for a in now if a["alertname"] == "ShmstatStragglerRank"} <= {slow_host}, now
+    assert {a["node"] for a in seen if a["alertname"] == "ShmstatStragglerRank"} <= {slow_host}, seen
     assert not [a for a in now if a["alertname"] in ("ShmstatHang", "ShmstatDataLost", "ShmstatCollectorDown")]
     check_top_nodes(cluster, "slow-node", {"node": slow_host})
     show(cluster, base, "slow node")
@@ -205,8 +209,11 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     # 2. one rank of host 2 slowed in its forward section: the rank alert names it, its host and the section
     slow_rank = ranks[hosts[1].name][1]
     steer(control, slow={str(slow_rank): [SLOW, 1.0]})
+    seen = []
     now = wait_alert(cluster, base, lambda f: any(a["alertname"] == "ShmstatStragglerRank" for a in f), 60,
-                     f"ShmstatStragglerRank for rank {slow_rank}")
+                     f"ShmstatStragglerRank for rank {slow_rank}", seen)
+    assert named([a for a in seen if a["alertname"].startswith("ShmstatStraggler")], "alertname", "node", "rank") \
+        == {("ShmstatStragglerRank", hosts[1].name, str(slow_rank))}, seen
     assert named(firing(cluster, base, "ShmstatStragglerRank"), "job", "node", "rank", "group", "stat") == {
         (job, hosts[1].name, str(slow_rank), "section", "forward")}, now
     assert firing(cluster, base, "ShmstatStragglerNode") == [], "one slow rank of two is no slow node"
@@ -233,8 +240,10 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     # 4. host 2 killed mid-job: its collector is down, nothing false fires for the others, their series exact
     dead = hosts[1]
     assert dead.crash(), "host 2 ran nothing"
+    seen = []
     now = wait_alert(cluster, base, lambda f: any(a["alertname"] == "ShmstatCollectorDown" for a in f), 60,
-                     f"ShmstatCollectorDown for {dead.name}")
+                     f"ShmstatCollectorDown for {dead.name}", seen)
+    assert named(seen, "alertname", "node") == {("ShmstatCollectorDown", dead.name)}, seen
     assert named(firing(cluster, base, "ShmstatCollectorDown"), "node", "instance") == {
         (dead.name, f"{dead.address}:9464")}, now
     survivors = [h for h in hosts if h is not dead]
