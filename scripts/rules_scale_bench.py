@@ -143,9 +143,12 @@ def main() -> int:
         durations: dict[str, list[float]] = {}
         head = "?"
         try:
-            deadline = time.monotonic() + args.seconds
+            began = time.monotonic()
+            deadline = began + args.seconds
             while time.monotonic() < deadline:
                 time.sleep(args.evaluation)
+                if time.monotonic() - began < args.interval + 2 * args.scrape:
+                    continue  # until a whole rate window is stored, the rules have (almost) nothing to compute
                 try:
                     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
                         own = r.read().decode()

@@ -117,6 +117,7 @@ def quiet(cluster: Cluster, base: str, timeout_s: float = 30) -> None:
                timeout_s, "quiet (every alert resolved)")
 
 
+# ---- PLACE FOR `shmstat top --nodes` (issue 43 item 2, built in parallel): fill in check_top_nodes ----------------
 def check_top_nodes(cluster: Cluster, scenario: str, expect: dict) -> None:
     """TOP --NODES GOES HERE: ``shmstat top --nodes tcp://<host>:5557 ...`` (item 2 of issue 43, built
     elsewhere) run on the ops side must show ``expect`` in ``scenario``: host 3 marked slow ("slow-node"),
@@ -201,7 +202,7 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     assert {a["stat"] for a in node_alerts} <= {"forward", "backward"}
     assert {a["node"] for a in seen if a["alertname"] == "ShmstatStragglerRank"} <= {slow_host}, seen
     assert not [a for a in now if a["alertname"] in ("ShmstatHang", "ShmstatDataLost", "ShmstatCollectorDown")]
-    check_top_nodes(cluster, "slow-node", {"node": slow_host})
+    check_top_nodes(cluster, "slow-node", {"node": slow_host})  # <- `shmstat top --nodes` (issue 43 item 2)
     show(cluster, base, "slow node")
     steer(control)
     quiet(cluster, base)
@@ -232,7 +233,7 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     assert {(r["metric"]["node"], r["metric"]["rank"], r["metric"]["section"], r["metric"]["wait"])
             for r in waiting} == {(h, r, "allreduce", "1") for h, r in every_rank - {(hosts[0].name, str(held))}} | {
         (hosts[0].name, str(held), "forward", "0")}
-    check_top_nodes(cluster, "hang", {"node": hosts[0].name, "rank": held})
+    check_top_nodes(cluster, "hang", {"node": hosts[0].name, "rank": held})  # <- `shmstat top --nodes`
     show(cluster, base, "hang")
     steer(control)
     quiet(cluster, base)

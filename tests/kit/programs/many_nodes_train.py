@@ -1,14 +1,14 @@
-"""A DDP training job (gloo) for the three-host alert scenarios (tests/system/test_many_nodes_alerts.py), as
-torchrun starts it on each node, with no shmstat option: ``shmstat.torch.instrument(model)`` times each step's
-``forward``, ``backward`` and DDP's ``allreduce`` (a wait section). The model's compute is simulated: a layer
-sleeps ``FORWARD_MS`` (80) in its forward and ``BACKWARD_MS`` (40) in its backward (sections of a steady length, so a
-healthy rank's figures agree within a few percent even on a loaded machine).
+"""A DDP training job (gloo) for the three-host alert scenarios (tests/system/test_many_nodes_alerts.py), as torchrun
+starts it on each node, with no shmstat option: ``shmstat.torch.instrument(model, optimizer=)`` times each step's
+``forward``, ``backward``, ``optimizer`` and DDP's ``allreduce`` (a wait section). The model's compute is simulated:
+a layer sleeps ``FORWARD_MS`` (80) in its forward and ``BACKWARD_MS`` (40) in its backward (sections of a steady
+length, so a healthy rank's figures agree within a few percent even on a loaded machine).
 
-The test steers every rank through the JSON file ``CONTROL`` (read when it changes): ``{"slow": {"RANK":
-[forward factor, backward factor]}, "hold": RANK, "end": true}``: a slowed rank sleeps that much longer, the held
-rank stays inside its ``forward`` until the file no longer holds it, ``end`` ends the loop. With ``GO_FILE`` set
-it waits for that file before its first step. At the end, or when a collective fails (another host died), it
-writes ``$OUT_DIR/rank<RANK>.json``: its host, the job, the forward passes it completed and how it ended."""
+The test steers every rank through the JSON file ``CONTROL`` (read when it changes): ``{"slow": {"RANK": [forward
+factor, backward factor]}, "hold": RANK, "end": true}``: a slowed rank sleeps that much longer, the held rank stays
+inside its ``forward`` until the file no longer holds it, ``end`` ends the loop. At the end, or when a collective
+fails (another host died), it writes ``$OUT_DIR/rank<RANK>.json``: its host, the job, the forward passes it
+completed and how it ended."""
 
 import json
 import os
@@ -78,14 +78,9 @@ class Compute(torch.nn.Module):
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = DistributedDataParallel(Compute())
-handle = shmstat.torch.instrument(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+handle = shmstat.torch.instrument(model, optimizer=optimizer)
 data = torch.Generator().manual_seed(rank)
-go = os.environ.get("GO_FILE")
-deadline = time.monotonic() + 120
-while go and not os.path.exists(go):
-    assert time.monotonic() < deadline, f"{go} not made within 120 s"
-    time.sleep(0.02)
 forwards = 0
 ended = "end"
 try:
