@@ -206,7 +206,8 @@ class Host:
         killed: list[int] = []
         for _ in range(50):  # until none is left: a process may start another while we kill
             left = [pid for pid in _pids() if _netns(pid) == self.netns and pid not in keep]
-            keep |= {pid for pid in left if _ppid(pid) in keep and _holder_part(pid)}
+            while more := {pid for pid in left if pid not in keep and _ppid(pid) in keep and _holder_part(pid)}:
+                keep |= more  # the holder's shell, then its sleep (killing that would end the shell: set -e)
             left = [pid for pid in left if pid not in keep]
             if not left:
                 return killed
