@@ -35,8 +35,6 @@ from kit.procs import REPO
 from kit.prometheus import file_sd_job, needs_prometheus, prometheus_command, query
 from kit.support import wait_for
 
-from collector.cli.prometheus_rules import ALERTS
-
 RANKS_PER_HOST = 2
 HOSTS = 3
 INTERVAL_S = 3  # --interval: the rules' rate window
@@ -273,7 +271,6 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
         assert named(now, "node") == {(dead.name,)}, now
         time.sleep(0.5)
     assert counted() == exact
-    assert set(ALERTS) >= {"ShmstatStragglerNode", "ShmstatStragglerRank", "ShmstatHang", "ShmstatCollectorDown"}
     for coll in collectors:
         if coll.popen.poll() is None:
             assert coll.stop() == 0, coll.tail()
