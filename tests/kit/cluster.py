@@ -198,6 +198,26 @@ class Host:
                                                 initializer=_enter_netns, initargs=(self.holder.pid,))
         return self._executor.submit(fn, *args).result(timeout)
 
+    def crash(self) -> list[int]:
+        """SIGKILL every process running in this host but the kit's own holder of its namespaces (the host dies
+        as a machine losing power would, its network staying up for the others): the processes it started and
+        whatever they started, in any process group. Returns the ids killed."""
+        keep = {self.holder.pid}
+        killed: list[int] = []
+        for _ in range(50):  # until none is left: a process may start another while we kill
+            left = [pid for pid in _pids() if _netns(pid) == self.netns and pid not in keep]
+            while more := {pid for pid in left if pid not in keep and _ppid(pid) in keep and _holder_part(pid)}:
+                keep |= more  # the holder's shell, then its sleep (killing that would end the shell: set -e)
+            left = [pid for pid in left if pid not in keep]
+            if not left:
+                return killed
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.02)
+        raise AssertionError(f"processes of {self.name} survive SIGKILL")
+
     def shm(self) -> list[str]:
         """What is in this host's ``/dev/shm`` now."""
         return sorted(os.listdir(f"/proc/{self.holder.pid}/root/dev/shm"))
@@ -341,6 +361,23 @@ def _kill_rest(namespaces: set[str]) -> None:
             finally:
                 os.close(fd)
         time.sleep(0.02)
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _holder_part(pid: int) -> bool:
+    """Whether ``pid`` is the holder's shell or its ``sleep`` (the commands of :data:`_HOLDER`)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip() in ("sh", "sleep")
+    except OSError:
+        return False
 
 
 def _pids() -> list[int]:

@@ -42,11 +42,14 @@ def static_job(targets: list[str], name: str = "shmstat") -> str:
             f"    static_configs:\n      - targets: {json.dumps(targets)}\n")
 
 
-def prometheus_command(tmp_path: Path, scrape_configs: str, listen: str) -> list[str]:
-    """The command line of a Prometheus listening on ``listen`` (``HOST:PORT``) and scraping every second with
-    ``scrape_configs`` (YAML list items); its configuration and TSDB go in ``tmp_path``."""
-    return _command(tmp_path, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
-                    + scrape_configs, listen)
+def prometheus_command(tmp_path: Path, scrape_configs: str, listen: str,
+                       rule_files: list[Path] | None = None) -> list[str]:
+    """The command line of a Prometheus listening on ``listen`` (``HOST:PORT``), scraping and evaluating
+    ``rule_files`` every second with ``scrape_configs`` (YAML list items); its configuration and TSDB go in
+    ``tmp_path``."""
+    rules = f"rule_files: {json.dumps([str(p) for p in rule_files])}\n" if rule_files else ""
+    return _command(tmp_path, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n" + rules
+                    + "scrape_configs:\n" + scrape_configs, listen)
 
 
 def _command(tmp_path: Path, config: str, listen: str) -> list[str]:

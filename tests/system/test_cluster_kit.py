@@ -86,6 +86,30 @@ def test_a_failing_test_leaves_nothing_not_even_a_process_that_left_its_group(tm
     assert not os.path.exists(run_dir), "the runtime directory's mount point is removed"
 
 
+def test_a_crashed_host_runs_nothing_and_the_cluster_stays_up(tmp_path):
+    with simulated_cluster(tmp_path, hosts=2) as c:
+        dead, alive = c.hosts
+        server = dead.popen([sys.executable, "-c", _SERVER, dead.address], name="server")
+        dead.popen(["setsid", "-f", "sleep", "600"], name="escapee")  # outside every group the kit knows
+        wait_for(lambda: alive.call(_ask, dead.address) == dead.name, 30, 0.05, what="the server to answer")
+        killed = dead.crash()
+        assert server.popen.wait(10) != 0 and len(killed) >= 2, killed
+        assert [p for p in _pids() if _netns(p) == dead.netns and _comm(p) not in ("sh", "sleep")
+                and p != str(dead.holder.pid)] == []
+        assert not [p for p in _pids() if _netns(p) == dead.netns and _comm(p) == "sleep"
+                    and "600" in _cmdline(p)], "the escapee survived"
+        assert alive.call(_ask, dead.address) == ""  # nothing answers there any more
+        assert dead.run(["hostname"]).strip() == dead.name  # the host itself (its namespaces) is still there
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_without_root_or_tools_the_reason_is_said(monkeypatch):
     from kit import cluster
 
