@@ -17,9 +17,13 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from kit.procs import REPO, collector_env, read_jsonl, start_collector
 from kit.support import wait_for
+
+from shmstat.shm.phase import read_phase
+from shmstat.shm.segment import Segment
 
 HANG_AFTER = 2
 RANKS = 3
@@ -129,6 +133,77 @@ def test_a_sigstopped_ddp_rank_is_named_stopped_in_its_forward_and_the_hang_reso
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+        run.finish()
+
+
+def _stop_in(job: str, local_rank: int, section: str) -> int:
+    """SIGSTOP the rank of ``local_rank`` (once it counted a few steps) at a moment it is in ``section``, from
+    outside, as an operator or a neighbour's OOM-killer would: its pid, once stopped there."""
+    seg = wait_for(lambda: _segment(job), 120, 0.05, what=f"the segment of {job}")
+    try:
+        wait_for(lambda: (p := read_phase(seg, local_rank)) is not None and p.step >= 5, 120, 0.01, what="5 steps")
+        pid = seg.rank(local_rank).pid
+        proc = psutil.Process(pid)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            phase = read_phase(seg, local_rank)
+            if phase is None or phase.section != section:
+                time.sleep(0.0005)
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda: proc.status() == psutil.STATUS_STOPPED, 10, 0.001, what="stopped")
+            phase = read_phase(seg, local_rank)  # stopped: its word holds still
+            if phase is not None and phase.section == section:
+                return pid
+            os.kill(pid, signal.SIGCONT)
+        raise AssertionError(f"local rank {local_rank} not seen in {section} within 60 s")
+    finally:
+        seg.close()
+
+
+def _segment(job: str) -> Segment | None:
+    try:
+        return Segment.open(job, create=False)
+    except Exception:
+        return None
+
+
+def test_a_ddp_rank_sigstopped_inside_its_allreduce_is_named_stopped_not_another_nodes(job, tmp_path):
+    """The stopped rank waits in ``allreduce`` as the others do: its state, not its section, makes it the one."""
+    run = Job(job, str(tmp_path), HANG_AFTER, STEPS=300, STEP_MS=5, NOISE_MS=10)
+    pid = None
+    try:
+        pid = _stop_in(job, 1, "allreduce")
+        stopped_at = time.time()
+        events = wait_for(lambda: run.named("shmstat.hang"), HANG_AFTER + 5 + 2, 0.02, what="shmstat.hang")
+        data = events[0]["data"]
+        assert events[0]["timestamp"] - stopped_at <= HANG_AFTER + 5, data
+        assert re.fullmatch(rf"hang: job {job}: ranks 0,2 in allreduce for \d+ s; rank 1 in allreduce for \d+ s "
+                            rf"\(pid {pid}, stopped, 0% CPU\)", data["line"]), data
+        assert (data["suspects"], data["rank.1.status"], data["elsewhere"]) == ("1", "stopped", False), data
+        os.kill(pid, signal.SIGCONT)
+        wait_for(lambda: run.named("shmstat.hang.resolved"), 10, 0.02, what="shmstat.hang.resolved")
+        out = run.finish()
+        run.ended_whole(300)
+        assert len(run.named("shmstat.hang")) == 1 and len(run.named("shmstat.hang.resolved")) == 1
+        assert len([ln for ln in out.splitlines() if "hang:" in ln]) == 1, out
+    finally:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        run.finish()
+
+
+def test_a_ddp_rank_blocked_on_a_lock_is_named_and_the_hang_resolves_when_the_lock_is_released(job, tmp_path):
+    run = Job(job, str(tmp_path), HANG_AFTER, STEPS=30, FAULT="lock", FAULT_RANK=0, FAULT_STEP=10,
+              FAULT_SECTION="forward")
+    release = os.path.join(str(tmp_path), "release")
+    try:
+        data = _hang_named(run, "forward", "sleeping")
+        open(release, "w").close()
+        _resolves(run, data["line"])
+    finally:
+        open(release, "w").close()
         run.finish()
 
 
