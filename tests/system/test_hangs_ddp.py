@@ -229,4 +229,4 @@ def test_a_clean_ddp_job_with_noisy_steps_raises_no_straggler_and_no_hang(job, t
 
 @pytest.mark.slow
 def test_a_clean_ddp_job_with_noisy_steps_raises_no_straggler_and_no_hang_for_10_minutes(job, tmp_path):
-    _clean(job, str(tmp_path), int(os.environ.get("SHMSTAT_CLEAN_STEPS", "8000")))
+    _clean(job, str(tmp_path), int(os.environ.get("SHMSTAT_CLEAN_STEPS", "12000")))
