@@ -109,9 +109,12 @@ def _resolves(run: Job, line: str) -> None:
     assert len([ln for ln in out.splitlines() if "hang:" in ln]) == 1, out
 
 
-def test_a_ddp_rank_sleeping_in_its_data_loader_is_named_and_the_hang_resolves_when_the_sleep_ends(job, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_ddp_rank_sleeping_in_its_data_loader_is_named_and_the_hang_resolves_when_the_sleep_ends(job, tmp_path,
+                                                                                                   workers):
+    """With ``workers`` DataLoader processes the sleep is in one of them: the rank waits for it in ``data``."""
     run = Job(job, str(tmp_path), HANG_AFTER, STEPS=30, FAULT="sleep", FAULT_RANK=1, FAULT_STEP=10,
-              FAULT_SECTION="data", SLEEP_S=HANG_AFTER + 5 + 4)
+              FAULT_SECTION="data", SLEEP_S=HANG_AFTER + 5 + 4, WORKERS=workers)
     try:
         data = _hang_named(run, "data", "sleeping")
         _resolves(run, data["line"])

@@ -10,7 +10,9 @@ configuration beyond the job's name; a fault is injected on request. The test's 
   forward). First it writes ``$OUT_DIR/fault.json`` (its rank, pid, section and the wall-clock time), then
   ``sleep`` sleeps ``SLEEP_S`` seconds, ``stop`` sends itself SIGSTOP (the test sends SIGCONT), ``lock`` blocks
   on a lock that another thread of it holds until the file ``$OUT_DIR/release`` exists (the thread then lets it
-  go); once past the fault it writes ``$OUT_DIR/resumed.json`` (the time).
+  go); once past the fault it writes ``$OUT_DIR/resumed.json`` (the time). ``WORKERS``: the DataLoader's
+  worker processes (0: the rank loads its batches itself); a ``data`` fault then happens in a worker (the pid
+  written is its rank's).
 
 At the end each rank writes ``$OUT_DIR/rank<RANK>.json`` (steps done)."""
 
@@ -55,7 +57,9 @@ def _noise() -> None:
 def _fault(step: int, where: str) -> None:
     if not fault or step != fault_step or where != fault_section:
         return
-    _write("fault.json", {"rank": rank, "pid": os.getpid(), "section": where, "at": time.time()})
+    in_worker = torch.utils.data.get_worker_info() is not None  # a DataLoader worker: its rank is its parent
+    _write("fault.json", {"rank": rank, "pid": os.getppid() if in_worker else os.getpid(), "section": where,
+                          "at": time.time()})
     if fault == "sleep":
         time.sleep(float(os.environ.get("SLEEP_S", "10")))
     elif fault == "stop":
@@ -112,7 +116,8 @@ net = Net()
 model = DistributedDataParallel(net)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 handle = shmstat.torch.instrument(model, optimizer=optimizer,
-                                  loader=DataLoader(Samples(), batch_size=BATCH, shuffle=False))
+                                  loader=DataLoader(Samples(), batch_size=BATCH, shuffle=False,
+                                                    num_workers=int(os.environ.get("WORKERS", "0"))))
 done = 0
 for x, y in handle.loader:
     loss = torch.nn.functional.mse_loss(model(x), y)
