@@ -7,9 +7,11 @@ when at least one live rank is in a section and no live rank made progress for `
 episode, the event ``shmstat.hang`` is published (``publish_event``: subscribers and events sinks) and one console
 line goes to the handler of the ``section`` group if it says straggler lines (the default output), e.g.
 ``hang: job 1f2e: ranks 0,1,3 in allreduce for 31 s; rank 2 in data for 31 s (pid 812, sleeping, 0% CPU)``.
-The suspects are the ranks not in a wait section while another waits (every rank when none waits) and every rank
-whose process is gone; each is named with its process state and its CPU since it went quiet (psutil). When every
-rank of the node waits in one wait section, the line says the rank holding the job is elsewhere (another node).
+The suspects are the ranks not in a wait section while another waits (every rank when none waits), every rank
+whose process is gone and every rank whose process is stopped (SIGSTOP, a tracer), whatever its section: a rank
+stopped inside a collective waits there as the others do, and only its state tells it from them. Each suspect is
+named with its process state and its CPU since it went quiet (psutil). When every rank of the node waits in one
+wait section (none stopped), the line says the rank holding the job is elsewhere (another node).
 A suspect that opted in (:mod:`shmstat.job.hang_stacks`) is sent ``SIGUSR2`` and the event is published a moment
 later (:data:`STACKS_WAIT_S`) with the innermost frames of its stacks. When progress resumes (or no live rank is
 left in a section), ``shmstat.hang.resolved`` is published (no console line: one line per episode).
@@ -57,6 +59,7 @@ MAX_STACK_CHARS = 2000
 FRAMES_PER_THREAD = 4
 EXPORT_EVERY_S = 1.0
 _QUIET_S = 1.0  # a rank quiet this long (or half of hang_after) has its CPU time noted: the episode's CPU from there
+_STOPPED = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 EventData = dict[str, str | int | float | bool]
 
 
@@ -239,8 +242,9 @@ class HangWatcher:
     def _start(self, table: list[RankPhase], now: int, mono: float) -> _Episode:
         """The hang's event data and line, its suspects asked for their stacks."""
         live = [r for r in table if r.alive]
-        waiting = [r for r in live if r.waits]
-        suspects = [r for r in table if not r.alive or (not r.waits if waiting else True)]
+        stopped = {r.rank for r in live if self._stopped(r)}
+        waiting = [r for r in live if r.waits and r.rank not in stopped]
+        suspects = [r for r in table if not r.alive or r.rank in stopped or (not r.waits if waiting else True)]
         data: EventData = {"group": LINE_GROUP, "ranks": _ranks(table), "suspects": _ranks(suspects),
                            "hang_after_s": self.hang_after_ns / 1e9}
         offsets: dict[int, tuple[str, int]] = {}
@@ -280,6 +284,14 @@ class HangWatcher:
         since = max(r.progress_ns for r in live)
         return _Episode(now, since, data, mono + (STACKS_WAIT_S if offsets else 0.0), False, offsets)
 
+    def _stopped(self, r: RankPhase) -> bool:
+        """Whether a live rank's process is stopped (it runs none of its code, whatever its phase word says)."""
+        proc = self._proc(r.pid)
+        try:
+            return proc is not None and proc.status() in _STOPPED
+        except psutil.Error:
+            return False
+
     def _state(self, r: RankPhase, mono: float) -> tuple[str, float]:
         """A live suspect's process state (psutil's: sleeping, stopped, running, disk-sleep, ...) and its CPU
         percent since it went quiet."""
@@ -296,7 +308,7 @@ class HangWatcher:
     def _ask_stacks(self, r: RankPhase, status: str) -> tuple[str, int] | None:
         """Send a suspect that opted in (its stacks file, ours, made after its process started) ``SIGUSR2``;
         its file and size before, or None."""
-        if status in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_TRACING_STOP):
+        if status in (*_STOPPED, psutil.STATUS_ZOMBIE):
             return None  # it would dump only once it runs again
         try:
             path = stacks_path(self.job, r.pid)

@@ -136,6 +136,21 @@ def test_a_sigstopped_rank_is_named_stopped(job, tmp_path):
         _finish(coll, procs, tmp)
 
 
+def test_a_rank_sigstopped_in_a_wait_section_is_named_stopped_not_another_nodes(job, tmp_path):
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["waits", "waits", "waits"])
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    try:
+        data = _hang(f"{tmp}/events.jsonl", HANG_AFTER + 5)
+        assert re.fullmatch(rf"hang: job {job}: ranks 0,2 in allreduce for \d+ s; rank 1 in allreduce for \d+ s "
+                            rf"\(pid {procs[1].pid}, stopped, 0% CPU\)", data["line"]), data
+        assert (data["suspects"], data["elsewhere"]) == ("1", False)
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        _finish(coll, procs, tmp)
+
+
 def test_a_rank_that_died_in_its_section_is_named_died(job, tmp_path):
     tmp = str(tmp_path)
     coll = _collector(job, tmp)
