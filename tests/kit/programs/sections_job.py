@@ -1,9 +1,9 @@
 """A synchronous training loop in sections, for the report across nodes: run by ``shmstat run`` on each simulated
 host (tests/kit/cluster.py) with the same job id, so ranks of different nodes have the same rank numbers.
 
-Each step is ``data`` (4 ms), ``forward`` (6 ms; 12 ms on the rank ``SLOW`` names as ``host/rank``) and the wait
-section ``allreduce``, which lasts what the slow rank's forward takes more (plus 1 ms): every rank's step takes
-the same time, the healthy ranks wait longest. Once, ``HANG_AT_S`` seconds in, the rank ``STUCK`` names creates
+Each step is ``data`` (4 ms), ``forward`` (15 ms; 30 ms on the rank ``SLOW`` names as ``host/rank``) and the
+wait section ``allreduce``, which lasts what the slow rank's forward takes more (plus 1 ms): every rank's step
+takes the same time, the healthy ranks wait longest. Once, ``HANG_AT_S`` seconds in, the rank ``STUCK`` names creates
 ``$SYNC_DIR/stuck``, sleeps ``HANG_S`` seconds in ``data`` and then creates ``$SYNC_DIR/released``; meanwhile
 every other rank, on every host, waits in ``allreduce``. The job runs ``SECONDS_TO_RUN`` seconds of steps."""
 
@@ -33,9 +33,9 @@ while time.monotonic() - start < seconds + (hang_s if hung else 0.0):
             time.sleep(hang_s)
             open(released, "w").close()
     with shmstat.section("forward"):
-        time.sleep(0.012 if slow else 0.006)
+        time.sleep(0.030 if slow else 0.015)
     with shmstat.section("allreduce", wait=True):
-        time.sleep(0.001 if slow else 0.007)
+        time.sleep(0.001 if slow else 0.016)
         if os.path.exists(stuck_file) and not os.path.exists(released) and not stuck:
             hung = True
             while not os.path.exists(released):
