@@ -105,8 +105,9 @@ class StatSeries:
         return next((a for a in ("mean", "value", "sum", "count") if a in have), None)
 
     def has_percentiles(self) -> bool:
-        """Whether the merged rows carry percentiles."""
-        return any(p in figures for figures in self.merged.values() for p in PERCENTILES)
+        """Whether the stat keeps percentiles: its rows carry them (a rank's, or a node's merged rows)."""
+        return any(p in figures for per in (*self.node_merged.values(), *self.ranks.values())
+                   for figures in per.values() for p in PERCENTILES)
 
     def figure(self, figures: Figures) -> float | None:
         """A rank's straggler figure in one window: its p50 when the stat keeps percentiles, else its mean
@@ -585,8 +586,8 @@ def _over_time(s: StatSeries) -> dict[str, Any] | None:
 
 
 def _percentiles(s: StatSeries) -> dict[str, Any] | None:
-    if not s.has_percentiles():
-        return None
+    if not any(p in figures for figures in s.merged.values() for p in PERCENTILES):
+        return None  # across nodes the page merges no percentile
     windows = sorted(s.merged)
     x = [_ms(w) for w in windows]
     traces = [{"type": "scatter", "mode": "lines+markers", "name": p, "x": x,
@@ -694,7 +695,9 @@ def _sections(report: JobReport) -> dict[str, Any] | None:
                      "ranks)", "ms in the window")
     layout["barmode"] = "stack"
     layout["xaxis"] = {"type": "multicategory", "title": {"text": "window start (UTC) / rank"}}
-    layout["height"] = 420
+    layout["height"] = 480
+    layout["margin"] = {**layout["margin"], "b": 120}
+    layout["legend"] = {"orientation": "v"}  # beside the bars: under them are the two rows of the axis
     return {"kind": "sections", "data": traces, "layout": layout}
 
 

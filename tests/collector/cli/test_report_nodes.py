@@ -139,6 +139,7 @@ def test_two_nodes_files_make_one_job_with_its_nodes_sections_and_hangs(sim_clus
     assert [(n, r) for n, r, _ in ranks] == report.ranks() and [cell for *_, cell in ranks] == ["node0", "node0",
                                                                                               "node1", "node1"]
     # the rank x window heatmap across nodes: one row per node/rank, each window's p50 as written
+    assert by[("section/forward", "heatmap")]["layout"]["title"]["text"].startswith("section/forward p50 per rank")
     heat = {t["meta"]: t for t in by[("section/forward", "heatmap")]["traces"]}
     assert heat["figure"]["y"] == ["node0/0", "node0/1", "node1/0", "node1/1"]
     starts = sorted(forward)
