@@ -226,8 +226,9 @@ class JobReport:
         return sorted(nodes)
 
     def label(self, key: RankKey) -> str | int:
-        """How the page names a rank: its number in a one-node report, ``node/rank`` across nodes."""
-        return f"{key[0]}/{key[1]}" if len(self.nodes()) > 1 else key[1]
+        """How the page names a rank: its number in a one-node report, ``node/rank`` across nodes (escaped: plotly
+        reads its labels as markup, a node's name is text)."""
+        return _label(key, len(self.nodes()) > 1)
 
     def hangs(self) -> list[Hang]:
         """Each node's hang episodes, in time order: a ``shmstat.hang`` event to the node's next
@@ -410,11 +411,11 @@ def load_report(jsonl: str | Sequence[str], events: str | Sequence[str] | None =
     """
     paths = [jsonl] if isinstance(jsonl, str) else list(jsonl)
     event_paths = [] if events is None else [events] if isinstance(events, str) else list(events)
-    where = paths[0] if len(paths) == 1 else f"the {len(paths)} jsonl files"
+    where, holds = (paths[0], "holds") if len(paths) == 1 else (f"the {len(paths)} jsonl files", "hold")
     files = [[r if r is not None and _is_row(r) else None for r in _objects(path, "jsonl")] for path in paths]
     jobs = {r.get("job") for rows in files for r in rows if r is not None and r.get("job") is not None}
     if job is None and len(jobs) > 1:
-        raise ConfigError(f"{where} holds {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
+        raise ConfigError(f"{where} {holds} {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
                           "choose one with --job")
     if job is not None and job not in jobs:
         # the collector prints a job's id shortened to a prefix: take a prefix that names one job of the file
@@ -423,7 +424,7 @@ def load_report(jsonl: str | Sequence[str], events: str | Sequence[str] | None =
             raise ConfigError(f"--job {job!r} is the start of {len(matches)} jobs of {where} "
                               f"({', '.join(matches[:5])}{', ...' if len(matches) > 5 else ''}); give more of it")
         if not matches:
-            raise ConfigError(f"{where} holds no row of job {job!r} "
+            raise ConfigError(f"{where} {holds} no row of job {job!r} "
                               f"(jobs: {', '.join(sorted(map(str, jobs))) or 'none'})")
         job = matches[0]
     chosen = job if job is not None else next(iter(jobs), "")
@@ -606,7 +607,8 @@ def _heatmap(report: JobReport, s: StatSeries, threshold: float) -> dict[str, An
         return None
     windows = s.windows()
     ranks = sorted(s.ranks)
-    labels = [report.label(r) for r in ranks]
+    several = len(report.nodes()) > 1
+    labels = [_label(r, several) for r in ranks]
     x = [_ms(w) for w in windows]
     raw = [[s.figure(s.ranks[r][w]) if w in s.ranks[r] else None for w in windows] for r in ranks]
     medians = [_median(row[i] for row in raw) for i in range(len(windows))]
@@ -631,11 +633,10 @@ def _heatmap(report: JobReport, s: StatSeries, threshold: float) -> dict[str, An
         {"type": "heatmap", "name": figure_name, "x": x, "y": labels, "z": z, "customdata": raw, "meta": "figure",
          "showlegend": True, "hovertemplate": hover, **colour},
         {"type": "scatter", "mode": "markers", "name": f"straggler (score < {threshold:g})",
-         "x": [_ms(w) for w, _ in slow], "y": [report.label(r) for _, r in slow],
+         "x": [_ms(w) for w, _ in slow], "y": [_label(r, several) for _, r in slow],
          "text": [f"score {scores[(r, w)]:.3g}" for w, r in slow], "meta": "stragglers",
          "marker": {"symbol": "x", "size": 10, "color": "#222222", "line": {"width": 2, "color": "#ffffff"}}},
     ]
-    several = len(report.nodes()) > 1
     scale = (f"figure / the window's median across {'every node' if several else 'ranks'}" if relative
              else figure_name)
     layout = _layout(f"{s.key} {figure_name} per rank and window, coloured by {scale} (x: straggler windows)", "")
@@ -657,12 +658,17 @@ def _put_chart(report: JobReport, key: tuple[str, str],
     for node, rank in sorted(per_rank, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
         points = sorted(per_rank[(node, rank)])
         name = "no rank" if rank is None else f"rank {rank}"
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": f"{node}: {name}" if several else name,
+        traces.append({"type": "scatter", "mode": "lines+markers",
+                       "name": html.escape(f"{node}: {name}") if several else name,
                        "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
-                       "meta": None if rank is None else report.label((node, rank))})
+                       "meta": None if rank is None else _label((node, rank), several)})
     layout = _layout(f"{key[0]}/{key[1]} as put (each point its time), per rank", "")
     layout["xaxis"]["title"] = {"text": "time (UTC)"}
     return {"kind": "put", "data": traces, "layout": layout}
+
+
+def _label(key: RankKey, several: bool) -> str | int:
+    return html.escape(f"{key[0]}/{key[1]}") if several else key[1]
 
 
 def window_label(start: float) -> str:
@@ -679,7 +685,8 @@ def _sections(report: JobReport) -> dict[str, Any] | None:
     if not series:
         return None
     bars = sorted({(w, key) for s in series for key, per in s.ranks.items() for w in per})
-    x = [[window_label(w) for w, _ in bars], [str(report.label(key)) for _, key in bars]]
+    several = len(report.nodes()) > 1
+    x = [[window_label(w) for w, _ in bars], [str(_label(key, several)) for _, key in bars]]
     traces = []
     for s in series:
         figures = [s.ranks[key].get(w, {}) if key in s.ranks else {} for w, key in bars]

@@ -230,6 +230,11 @@ def test_bad_input_is_one_sentence(tmp_path):
     assert several.returncode == 2 and "choose one with --job" in several.stderr
     absent = report(str(two), "--job", "c")
     assert absent.returncode == 2 and "no row of job 'c'" in absent.stderr
+    nodes = report(str(two), str(two), "--job", "c")  # one file per node: the same sentences, of the files
+    assert nodes.returncode == 2 and nodes.stderr.count("\n") == 1 and "the 2 jsonl files hold no row of job 'c'" \
+        in nodes.stderr, nodes.stderr
+    one_missing = report(str(two), str(tmp_path / "nothing.jsonl"))
+    assert one_missing.returncode == 2 and "cannot read the jsonl" in one_missing.stderr
     prefixed = tmp_path / "prefixed.jsonl"
     prefixed.write_text(two.read_text().replace('"job": "a"', '"job": "bb132e7f-0"').replace('"job": "b"',
                                                                                               '"job": "bb1d"'))
