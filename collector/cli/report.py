@@ -43,6 +43,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.writer.sections import GPU_SUFFIX, SECTION_GROUP
 
+from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
 __all__ = ["AGGREGATIONS", "GPU_GROUP", "HANG_EVENT", "RELATIVE_RANGE", "RESOLVED_EVENT", "Hang", "JobReport",
@@ -60,9 +61,6 @@ _MAX_EVENT_ROWS = 1000  # events listed in the page's table (the timeline has al
 Figures = dict[str, float | None]
 RankKey = tuple[str, int]
 """A rank of the job: (node, rank number). The node is ``""`` in a one-file report whose rows name none."""
-HANG_EVENT = "shmstat.hang"
-RESOLVED_EVENT = "shmstat.hang.resolved"
-"""The hang watcher's events (:mod:`collector.daemon.hangs`), read from the events files."""
 
 
 @dataclass
