@@ -148,11 +148,14 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
 
 def _report_arguments(command: argparse.ArgumentParser) -> None:
     """``shmstat report``'s arguments: the job's files, where the page goes, the straggler threshold."""
-    command.add_argument("jsonl", metavar="JSONL", help="the job's windows, as the jsonl:PATH handler wrote them")
-    command.add_argument("--events", default=None, metavar="FILE",
-                         help="the job's events, as --events jsonl:FILE wrote them (a timeline, restarts and gaps)")
+    command.add_argument("jsonl", metavar="JSONL", nargs="+",
+                         help="the job's windows, as the jsonl:PATH handler wrote them; one file per node for a job "
+                              "across nodes")
+    command.add_argument("--events", action="append", default=None, metavar="FILE",
+                         help="the job's events, as --events jsonl:FILE wrote them (a timeline, hangs, restarts and "
+                              "gaps); repeatable, one per node")
     command.add_argument("-o", "--output", default=None, metavar="HTML",
-                         help="where the page goes (default: JSONL with the suffix .html)")
+                         help="where the page goes (default: the first JSONL with the suffix .html)")
     command.add_argument("--job", default=None,
                          help="the job to show, when JSONL holds several (a node collector's)")
     command.add_argument("--threshold", type=float, default=None, metavar="SCORE",

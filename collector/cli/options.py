@@ -126,7 +126,8 @@ def add_collector_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", default=config_default("prometheus"), metavar="HOST:PORT",
                    help="serve /metrics for Prometheus here (e.g. 127.0.0.1:9464; port 0 picks a free one)")
     p.add_argument("--prometheus-node", default=config_default("prometheus_node"), metavar="NAME",
-                   help="the node label of the Prometheus series (default: this host's name)")
+                   help="this node's name: the node label of the Prometheus series and the node of jsonl rows and "
+                        "events lines (default: this host's name)")
     p.add_argument("--prometheus-tls", default=None, metavar="CERT,KEY[,CLIENT_CA]",
                    help="serve /metrics over HTTPS with these PEM files (the key owner-only); with CLIENT_CA every "
                         "scraper must present a certificate that CA signed")

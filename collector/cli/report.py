@@ -1,4 +1,5 @@
-"""``shmstat report``: a finished job's jsonl output (and its ``--events`` file) as one self-contained HTML file.
+"""``shmstat report``: a finished job's jsonl output (and its ``--events`` file) as one self-contained HTML file;
+one node's files or several nodes' (``shmstat report n1.jsonl n2.jsonl --events e1.jsonl --events e2.jsonl``).
 
 Reading and drawing are two steps, so each can be tested on its own: :func:`load_report` reads the jsonl rows of
 the windows handler (:class:`collector.handlers.jsonl.JsonlMetricHandler`'s format) and the events sink's lines
@@ -13,9 +14,16 @@ percentiles over time (stats that keep them), and a rank x window heatmap of the
 p50 when the stat keeps percentiles, else its mean: the collector's rule, :mod:`collector.daemon.straggler`),
 coloured by figure / the window's median on a fixed scale (:data:`RELATIVE_RANGE`), with the windows where a rank
 scored under the threshold marked; the ``gpu`` group's stats in a section of their own; each put metric per rank
-over time; the events and gaps on a timeline. Every chart shows its legend. Scores are the collector's own when the
-jsonl holds them (the ``shmstat`` group was configured), otherwise they are computed from the rows with the same
-rule.
+over time; the events and gaps on a timeline, each hang (``shmstat.hang`` to its ``shmstat.hang.resolved``) a band
+on it and a line in words; the sections (group ``section``) as a stacked breakdown per window and rank, wait
+sections hatched. Every chart shows its legend. Scores are the collector's own when the jsonl holds them (the
+``shmstat`` group was configured) and the job has one node, otherwise they are computed from the rows with the
+same rule.
+
+Across nodes: a rank is ``(node, rank)`` (:data:`RankKey`), the node from each row's ``node`` (a file with rows that
+name none: its file name when several files are read), so ranks of different nodes with the same number stay
+apart; every rank is scored against the job-wide median of its window (the collector's scores, each against its
+own node's median, are left aside), and the heatmaps have a row per node/rank.
 """
 
 from __future__ import annotations
@@ -27,17 +35,20 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
+from shmstat.writer.sections import GPU_SUFFIX, SECTION_GROUP
 
+from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
-__all__ = ["AGGREGATIONS", "GPU_GROUP", "RELATIVE_RANGE", "JobReport", "StatSeries", "Straggler", "load_report",
-           "plotly_js", "render_html", "write_report"]
+__all__ = ["AGGREGATIONS", "GPU_GROUP", "HANG_EVENT", "RELATIVE_RANGE", "RESOLVED_EVENT", "Hang", "JobReport",
+           "RankKey", "StatSeries", "Straggler", "load_report", "plotly_js", "render_html", "window_label",
+           "write_report"]
 
 AGGREGATIONS = ("count", "sum", "mean", "max", "min", "value", "p50", "p90", "p99", "p999")
 """The ``<stat>.<aggregation>`` suffixes a window row can carry."""
@@ -48,6 +59,8 @@ _COUNTERS_PREFIX = "collector."
 _MAX_EVENT_ROWS = 1000  # events listed in the page's table (the timeline has all of them)
 
 Figures = dict[str, float | None]
+RankKey = tuple[str, int]
+"""A rank of the job: (node, rank number). The node is ``""`` in a one-file report whose rows name none."""
 
 
 @dataclass
@@ -57,9 +70,13 @@ class StatSeries:
     group: str
     name: str
     merged: dict[float, Figures] = field(default_factory=dict)
-    ranks: dict[int, dict[float, Figures]] = field(default_factory=dict)
-    scores: dict[tuple[int, float], float] = field(default_factory=dict)
-    """The collector's straggler scores, by (rank, window start), when the jsonl holds them."""
+    """Merged figures by window start: the node's merged rows; with several nodes, what adds up exactly across
+    them (count, sum, min, max, and the mean as sum / count), no percentile (those merge exactly in Prometheus)."""
+    node_merged: dict[str, dict[float, Figures]] = field(default_factory=dict)
+    """Each node's merged rows as written, by node and window start."""
+    ranks: dict[RankKey, dict[float, Figures]] = field(default_factory=dict)
+    scores: dict[tuple[RankKey, float], float] = field(default_factory=dict)
+    """The collector's straggler scores, by (rank, window start), when the jsonl holds them (one node only)."""
     torn: int = 0
     """Merged windows flagged torn (a writer died in the middle of an add)."""
     higher_is_better: bool = False
@@ -86,8 +103,9 @@ class StatSeries:
         return next((a for a in ("mean", "value", "sum", "count") if a in have), None)
 
     def has_percentiles(self) -> bool:
-        """Whether the merged rows carry percentiles."""
-        return any(p in figures for figures in self.merged.values() for p in PERCENTILES)
+        """Whether the stat keeps percentiles: its rows carry them (a rank's, or a node's merged rows)."""
+        return any(p in figures for per in (*self.node_merged.values(), *self.ranks.values())
+                   for figures in per.values() for p in PERCENTILES)
 
     def figure(self, figures: Figures) -> float | None:
         """A rank's straggler figure in one window: its p50 when the stat keeps percentiles, else its mean
@@ -97,19 +115,20 @@ class StatSeries:
         value = figures.get("p50") if "p50" in figures else figures.get("mean")
         return value if value is not None and math.isfinite(value) else None
 
-    def score_grid(self) -> dict[tuple[int, float], float]:
+    def score_grid(self) -> dict[tuple[RankKey, float], float]:
         """Every (rank, window start) score: the collector's where the jsonl has one, else the collector's rule
         applied to the rows in the stat's direction (:func:`collector.daemon.straggler.score_ranks`, the
         collector's own code)."""
         out = dict(self.scores)
         if self.wait:  # the healthy ranks wait longest: a wait is no rank's fault (collector.read.columns)
             return out
+        keys = sorted(self.ranks)
         for start in self.windows():
-            figures = {rank: f for rank, per in self.ranks.items()
-                       if start in per and (f := self.figure(per[start])) is not None}
+            figures = {i: f for i, key in enumerate(keys)
+                       if start in (per := self.ranks[key]) and (f := self.figure(per[start])) is not None}
             _, scores = score_ranks(figures, self.higher_is_better)
-            for rank, score in scores.items():
-                out.setdefault((rank, start), score)
+            for i, score in scores.items():
+                out.setdefault((keys[i], start), score)
         return out
 
 
@@ -127,6 +146,8 @@ class Straggler:
     """Windows of the stat that scored the rank."""
     stat_windows: list[float]
     """Every window of the stat, in time order (to tell runs of consecutive slow windows)."""
+    node: str = ""
+    """The rank's node (``""``: a one-file report whose rows name none)."""
 
     def runs(self) -> list[tuple[float, float]]:
         """The slow windows as runs of consecutive windows of the stat: (first start, last start) each."""
@@ -152,6 +173,27 @@ class Straggler:
 
 
 @dataclass
+class Hang:
+    """One hang episode of one node: its ``shmstat.hang`` event and when its ``shmstat.hang.resolved`` came."""
+
+    node: str
+    start: float
+    """When the node's collector named it (the event's time, unix seconds)."""
+    end: float | None
+    """When it resolved (unix seconds); None: the files hold no resolution."""
+    data: dict[str, Any]
+    """The hang event's data (:mod:`collector.daemon.hangs`: ranks, suspects, each suspect's section and state)."""
+    reason: str = ""
+    """The resolution's reason (``progress``, ``ended``), if it resolved."""
+
+    @property
+    def line(self) -> str:
+        """The collector's console line of the hang (the event's ``line``)."""
+        line = self.data.get("line")
+        return line if isinstance(line, str) else f"hang: ranks {self.data.get('ranks')}"
+
+
+@dataclass
 class JobReport:
     """What a report shows of one job: its stats, the collector's counters, events and gaps."""
 
@@ -160,17 +202,49 @@ class JobReport:
     counters: dict[str, float] = field(default_factory=dict)
     """The collector's own counters (``shmstat`` group, ``collector.<name>``), newest value of each."""
     window_s: dict[tuple[str, str], float] = field(default_factory=dict)
-    puts: dict[tuple[str, str], dict[int | None, list[tuple[float, float]]]] = field(default_factory=dict)
+    puts: dict[tuple[str, str], dict[tuple[str, int | None], list[tuple[float, float]]]] = field(
+        default_factory=dict)
     """The job's put metrics (rows with no window, of any group but the collector's own), by (group, name) and
-    rank (None: put by no rank, e.g. ``shmstat run``'s agent), as (timestamp, value) in file order."""
+    (node, rank) (rank None: put by no rank, e.g. ``shmstat run``'s agent), as (timestamp, value) in file
+    order."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    """Events in time order, each with its ``node`` (as its file names it, else as its rows' file does)."""
     gaps: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: int = 0
     """Lines of either file that were not a JSON object of the expected shape (skipped, counted)."""
 
-    def ranks(self) -> list[int]:
-        """Every rank with a per-rank window row."""
+    def ranks(self) -> list[RankKey]:
+        """Every (node, rank) with a per-rank window row."""
         return sorted({r for s in self.stats.values() for r in s.ranks})
+
+    def nodes(self) -> list[str]:
+        """Every node of a window row or an event."""
+        nodes = {node for node, _ in self.ranks()} | {str(e.get("node") or "") for e in self.events}
+        nodes |= {node for s in self.stats.values() for node in s.node_merged}
+        return sorted(nodes)
+
+    def label(self, key: RankKey) -> str | int:
+        """How the page names a rank: its number in a one-node report, ``node/rank`` across nodes (escaped: plotly
+        reads its labels as markup, a node's name is text)."""
+        return _label(key, len(self.nodes()) > 1)
+
+    def hangs(self) -> list[Hang]:
+        """Each node's hang episodes, in time order: a ``shmstat.hang`` event to the node's next
+        ``shmstat.hang.resolved`` (a resolution with no hang before it, one the collector never published, is
+        left out)."""
+        out: list[Hang] = []
+        open_: dict[str, Hang] = {}
+        for e in self.events:
+            node, data = str(e.get("node") or ""), e.get("data")
+            if e.get("name") == HANG_EVENT and isinstance(data, dict):
+                open_[node] = hang = Hang(node, float(e.get("timestamp") or 0.0), None, data)
+                out.append(hang)
+            elif e.get("name") == RESOLVED_EVENT and node in open_:
+                hang = open_.pop(node)
+                hang.end = float(e.get("timestamp") or 0.0)
+                reason = data.get("reason") if isinstance(data, dict) else None
+                hang.reason = reason if isinstance(reason, str) else ""
+        return out
 
     def windows(self) -> list[float]:
         """Every distinct window start (unix seconds) of any stat."""
@@ -189,15 +263,15 @@ class JobReport:
         collector's scores, else its rule), most slow windows first."""
         out = []
         for s in self.stats.values():
-            by_rank: dict[int, list[tuple[float, float]]] = defaultdict(list)
-            for (rank, start), score in s.score_grid().items():
-                by_rank[rank].append((start, score))
-            for rank, scored in by_rank.items():
+            by_rank: dict[RankKey, list[tuple[float, float]]] = defaultdict(list)
+            for (key, start), score in s.score_grid().items():
+                by_rank[key].append((start, score))
+            for (node, rank), scored in by_rank.items():
                 slow = sorted((start, score) for start, score in scored if score < threshold)
                 if slow:
                     out.append(Straggler(s.key, rank, [w for w, _ in slow], [sc for _, sc in slow], len(scored),
-                                         s.windows()))
-        return sorted(out, key=lambda g: (-len(g.windows), g.stat, g.rank))
+                                         s.windows(), node))
+        return sorted(out, key=lambda g: (-len(g.windows), g.stat, g.node, g.rank))
 
     def restarts(self) -> int:
         """Rank starts after each rank's first: per rank, the incarnations its ``rank/joined`` events name, less
@@ -207,12 +281,13 @@ class JobReport:
             data = e.get("data")
             if e.get("name") == "rank/joined" and isinstance(data, dict) and _int(data.get("rank")) \
                     and _int(data.get("incarnation")):
-                seen[data["rank"]].add(data["incarnation"])
+                seen[(e.get("node"), data["rank"])].add(data["incarnation"])
         return sum(len(incarnations) - 1 for incarnations in seen.values())
 
     def summary(self) -> dict[str, int]:
         """The job's figures at a glance (what the page's summary table shows, by the same names)."""
         return {
+            "nodes": len(self.nodes()),
             "ranks": len(self.ranks()),
             "stats": len(self.stats),
             "windows": len(self.windows()),
@@ -271,7 +346,7 @@ def _is_row(r: dict[str, Any]) -> bool:
     """Whether a jsonl object is a row: each field of the type and range a collector writes (see
     :func:`collector.handlers.jsonl._line`)."""
     name, value, rank = r.get("name"), r.get("value"), r.get("rank")
-    job_ok = r.get("job") is None or _text(r.get("job"))
+    job_ok = (r.get("job") is None or _text(r.get("job"))) and (r.get("node") is None or _text(r.get("node")))
     if not isinstance(name, str) or not (_text(r.get("group")) and _text(name) and job_ok
             and _time(r.get("timestamp")) and _time(r.get("window_start")) and _time(r.get("window_end"))
             and (rank is None or _int(rank, 0, _MAX_RANK)) and isinstance(r.get("torn", False), bool)
@@ -289,7 +364,8 @@ def _is_row(r: dict[str, Any]) -> bool:
 def _is_event(e: dict[str, Any]) -> bool:
     """Whether an events-file object is an event or a gap record of the shape the events sink writes."""
     rank = e.get("rank")
-    if not ((e.get("job") is None or _text(e.get("job"))) and _time(e.get("timestamp"))
+    if not ((e.get("job") is None or _text(e.get("job"))) and (e.get("node") is None or _text(e.get("node")))
+            and _time(e.get("timestamp"))
             and (rank is None or _int(rank, 0, _MAX_RANK))):
         return False
     return _int(e["gap"]) if "gap" in e else _text(e.get("name"))
@@ -318,40 +394,56 @@ def _objects(path: str, what: str) -> Iterator[dict[str, Any] | None]:
             yield obj if isinstance(obj, dict) else None
 
 
-def load_report(jsonl: str, events: str | None = None, *, job: str | None = None) -> JobReport:
-    """Read a job's jsonl windows (and ``events``, its events jsonl) into a :class:`JobReport`.
+def load_report(jsonl: str | Sequence[str], events: str | Sequence[str] | None = None, *,
+                job: str | None = None) -> JobReport:
+    """Read a job's jsonl windows (one file, or several: one per node) and ``events`` (its events jsonl files)
+    into a :class:`JobReport`.
 
-    A file holding several jobs (a node collector's) needs ``job``; rows of other jobs are left out. Lines that
-    are not a row (not UTF-8, not a JSON object, a field of the wrong type or out of range: see :func:`_is_row`) are
-    skipped and counted (:attr:`JobReport.bad_lines`). Raises :class:`ConfigError` with one
-    sentence for a file that cannot be read, a ``job`` it does not hold, or several jobs and no ``job``.
+    Files holding several jobs (a node collector's) need ``job``; rows of other jobs are left out. Each row's node
+    is its ``node``; a row that names none takes its file's name (without the suffix) when several files are read,
+    else ``""``; an event that names none, the node of the windows file given at its position when there are as
+    many of each. Lines that are not a row (not UTF-8, not a JSON object, a field of the wrong type or out of
+    range: see :func:`_is_row`) are skipped and counted (:attr:`JobReport.bad_lines`). Raises
+    :class:`ConfigError` with one sentence for a file that cannot be read, a ``job`` no file holds, or several
+    jobs and no ``job``.
     """
-    rows = [r if r is not None and _is_row(r) else None for r in _objects(jsonl, "jsonl")]
-    jobs = {r.get("job") for r in rows if r is not None and r.get("job") is not None}
+    paths = [jsonl] if isinstance(jsonl, str) else list(jsonl)
+    event_paths = [] if events is None else [events] if isinstance(events, str) else list(events)
+    where, holds = (paths[0], "holds") if len(paths) == 1 else (f"the {len(paths)} jsonl files", "hold")
+    files = [[r if r is not None and _is_row(r) else None for r in _objects(path, "jsonl")] for path in paths]
+    jobs = {r.get("job") for rows in files for r in rows if r is not None and r.get("job") is not None}
     if job is None and len(jobs) > 1:
-        raise ConfigError(f"{jsonl} holds {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
+        raise ConfigError(f"{where} {holds} {len(jobs)} jobs ({', '.join(sorted(map(str, jobs))[:5])}); "
                           "choose one with --job")
     if job is not None and job not in jobs:
         # the collector prints a job's id shortened to a prefix: take a prefix that names one job of the file
         matches = sorted(str(j) for j in jobs if str(j).startswith(job))
         if len(matches) > 1:
-            raise ConfigError(f"--job {job!r} is the start of {len(matches)} jobs of {jsonl} "
+            raise ConfigError(f"--job {job!r} is the start of {len(matches)} jobs of {where} "
                               f"({', '.join(matches[:5])}{', ...' if len(matches) > 5 else ''}); give more of it")
         if not matches:
-            raise ConfigError(f"{jsonl} holds no row of job {job!r} "
+            raise ConfigError(f"{where} {holds} no row of job {job!r} "
                               f"(jobs: {', '.join(sorted(map(str, jobs))) or 'none'})")
         job = matches[0]
     chosen = job if job is not None else next(iter(jobs), "")
-    report = JobReport(chosen or os.path.basename(jsonl))
-    for r in rows:
-        if r is None:
-            report.bad_lines += 1
-            continue
-        if r.get("job") not in (None, chosen):
-            continue
-        _take_row(report, r)
-    if events is not None:
-        for e in _objects(events, "events file"):
+    report = JobReport(chosen or os.path.basename(paths[0]))
+    file_nodes = [os.path.splitext(os.path.basename(path))[0] if len(paths) > 1 else "" for path in paths]
+    for rows, file_node in zip(files, file_nodes, strict=True):
+        for r in rows:
+            if r is None:
+                report.bad_lines += 1
+                continue
+            if r.get("job") not in (None, chosen):
+                continue
+            _take_row(report, r, r.get("node") or file_node)
+    for series in report.stats.values():
+        series.merged = _across_nodes(series.node_merged)
+    if len(report.nodes()) > 1:  # each node's collector scored its ranks against its node: the job's median here
+        for series in report.stats.values():
+            series.scores.clear()
+    for i, path in enumerate(event_paths):
+        file_node = file_nodes[i] if len(event_paths) == len(paths) else ""
+        for e in _objects(path, "events file"):
             if e is None or not _is_event(e):
                 report.bad_lines += 1
             elif e.get("job") not in (None, chosen):
@@ -359,12 +451,45 @@ def load_report(jsonl: str, events: str | None = None, *, job: str | None = None
             elif "gap" in e:
                 report.gaps.append(e)
             else:
-                report.events.append(e)
-        report.events.sort(key=lambda e: e.get("timestamp") or 0.0)
+                report.events.append({**e, "node": e.get("node") or file_node})
+    report.events.sort(key=lambda e: e.get("timestamp") or 0.0)
     return report
 
 
-def _take_row(report: JobReport, r: dict[str, Any]) -> None:
+_ADDS = ("count", "sum")
+
+
+def _across_nodes(per_node: dict[str, dict[float, Figures]]) -> dict[float, Figures]:
+    """One merged row per window from each node's: a node's own as written; across nodes what adds up exactly."""
+    if len(per_node) <= 1:
+        return next(iter(per_node.values()), {})
+    out: dict[float, Figures] = {}
+    for start in sorted({w for per in per_node.values() for w in per}):
+        rows = [per[start] for per in per_node.values() if start in per]
+        if len(rows) == 1:
+            out[start] = {a: v for a, v in rows[0].items() if a not in PERCENTILES}
+            continue
+        merged: Figures = {}
+        for agg in _ADDS:
+            values = [r.get(agg) for r in rows if agg in r]
+            if values:
+                merged[agg] = None if None in values else sum(v for v in values if v is not None)
+        lows = [v for r in rows if (v := r.get("min")) is not None]
+        highs = [v for r in rows if (v := r.get("max")) is not None]
+        if lows:
+            merged["min"] = min(lows)
+        if highs:
+            merged["max"] = max(highs)
+        count, total = merged.get("count"), merged.get("sum")
+        if count and total is not None:
+            merged["mean"] = total / count
+        elif count and all(r.get("mean") is not None and r.get("count") is not None for r in rows):
+            merged["mean"] = sum((r["mean"] or 0.0) * (r["count"] or 0.0) for r in rows) / count
+        out[start] = merged
+    return out
+
+
+def _take_row(report: JobReport, r: dict[str, Any], node: str) -> None:
     group, name, start, rank = r["group"], r["name"], r.get("window_start"), r.get("rank")
     value = _number(r.get("value"))
     if start is None:
@@ -372,7 +497,8 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
             if name.startswith(_COUNTERS_PREFIX) and value is not None:
                 report.counters[name[len(_COUNTERS_PREFIX):]] = value
         elif value is not None:
-            points = report.puts.setdefault((group, name), {}).setdefault(None if rank is None else int(rank), [])
+            points = report.puts.setdefault((group, name), {}).setdefault(
+                (node, None if rank is None else int(rank)), [])
             points.append((float(r.get("timestamp") or 0.0), value))
         return
     start = float(start)
@@ -380,7 +506,7 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
         stat_group, _, stat = name[len(SCORE_METRIC_PREFIX):].partition("/")
         if rank is not None and value is not None:
             series = _series(report, stat_group, stat)
-            series.scores[(int(rank), start)] = value
+            series.scores[((node, int(rank)), start)] = value
         return
     split = _split_name(name)
     if split is None:  # a window's row names an aggregation: this is no row a collector writes
@@ -396,11 +522,11 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
     if end is not None:
         report.window_s[(group, stat)] = float(end) - start
     if rank is None:
-        figures = series.merged.setdefault(start, {})
+        figures = series.node_merged.setdefault(node, {}).setdefault(start, {})
         if agg == "count" and r.get("torn"):
             series.torn += 1
     else:
-        figures = series.ranks.setdefault(int(rank), {}).setdefault(start, {})
+        figures = series.ranks.setdefault((node, int(rank)), {}).setdefault(start, {})
     figures[agg] = value
 
 
@@ -459,8 +585,8 @@ def _over_time(s: StatSeries) -> dict[str, Any] | None:
 
 
 def _percentiles(s: StatSeries) -> dict[str, Any] | None:
-    if not s.has_percentiles():
-        return None
+    if not any(p in figures for figures in s.merged.values() for p in PERCENTILES):
+        return None  # across nodes the page merges no percentile
     windows = sorted(s.merged)
     x = [_ms(w) for w in windows]
     traces = [{"type": "scatter", "mode": "lines+markers", "name": p, "x": x,
@@ -474,11 +600,13 @@ RELATIVE_RANGE = (0.5, 1.5)
 figures' own spread; a figure past either end takes that end's colour."""
 
 
-def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
+def _heatmap(report: JobReport, s: StatSeries, threshold: float) -> dict[str, Any] | None:
     if len(s.ranks) < 2:
         return None
     windows = s.windows()
     ranks = sorted(s.ranks)
+    several = len(report.nodes()) > 1
+    labels = [_label(r, several) for r in ranks]
     x = [_ms(w) for w in windows]
     raw = [[s.figure(s.ranks[r][w]) if w in s.ranks[r] else None for w in windows] for r in ranks]
     medians = [_median(row[i] for row in raw) for i in range(len(windows))]
@@ -500,16 +628,18 @@ def _heatmap(s: StatSeries, threshold: float) -> dict[str, Any] | None:
     scores = s.score_grid()
     slow = sorted((w, r) for (r, w), score in scores.items() if score < threshold)
     traces: list[dict[str, Any]] = [
-        {"type": "heatmap", "name": figure_name, "x": x, "y": ranks, "z": z, "customdata": raw, "meta": "figure",
+        {"type": "heatmap", "name": figure_name, "x": x, "y": labels, "z": z, "customdata": raw, "meta": "figure",
          "showlegend": True, "hovertemplate": hover, **colour},
         {"type": "scatter", "mode": "markers", "name": f"straggler (score < {threshold:g})",
-         "x": [_ms(w) for w, _ in slow], "y": [r for _, r in slow],
+         "x": [_ms(w) for w, _ in slow], "y": [_label(r, several) for _, r in slow],
          "text": [f"score {scores[(r, w)]:.3g}" for w, r in slow], "meta": "stragglers",
          "marker": {"symbol": "x", "size": 10, "color": "#222222", "line": {"width": 2, "color": "#ffffff"}}},
     ]
-    scale = "figure / the window's median across ranks" if relative else figure_name
+    scale = (f"figure / the window's median across {'every node' if several else 'ranks'}" if relative
+             else figure_name)
     layout = _layout(f"{s.key} {figure_name} per rank and window, coloured by {scale} (x: straggler windows)", "")
-    layout["yaxis"] = {"title": {"text": "rank"}, "dtick": 1, "autorange": "reversed"}
+    layout["yaxis"] = ({"title": {"text": "node/rank"}, "type": "category", "autorange": "reversed"} if several else
+                       {"title": {"text": "rank"}, "dtick": 1, "autorange": "reversed"})
     layout["height"] = max(260, 60 + 22 * len(ranks))
     return {"kind": "heatmap", "data": traces, "layout": layout}
 
@@ -519,16 +649,61 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
-def _put_chart(key: tuple[str, str], per_rank: dict[int | None, list[tuple[float, float]]]) -> dict[str, Any]:
+def _put_chart(report: JobReport, key: tuple[str, str],
+               per_rank: dict[tuple[str, int | None], list[tuple[float, float]]]) -> dict[str, Any]:
     traces = []
-    for rank in sorted(per_rank, key=lambda r: -1 if r is None else r):
-        points = sorted(per_rank[rank])
+    several = len(report.nodes()) > 1
+    for node, rank in sorted(per_rank, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+        points = sorted(per_rank[(node, rank)])
         name = "no rank" if rank is None else f"rank {rank}"
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": name, "x": [_ms(t) for t, _ in points],
-                       "y": _clean(v for _, v in points), "meta": None if rank is None else rank})
+        traces.append({"type": "scatter", "mode": "lines+markers",
+                       "name": html.escape(f"{node}: {name}") if several else name,
+                       "x": [_ms(t) for t, _ in points], "y": _clean(v for _, v in points),
+                       "meta": None if rank is None else _label((node, rank), several)})
     layout = _layout(f"{key[0]}/{key[1]} as put (each point its time), per rank", "")
     layout["xaxis"]["title"] = {"text": "time (UTC)"}
     return {"kind": "put", "data": traces, "layout": layout}
+
+
+def _label(key: RankKey, several: bool) -> str | int:
+    return html.escape(f"{key[0]}/{key[1]}") if several else key[1]
+
+
+def window_label(start: float) -> str:
+    """A window's name on the section breakdown's axis: its start, UTC, to the millisecond."""
+    return _utc(start)[11:]
+
+
+def _sections(report: JobReport) -> dict[str, Any] | None:
+    """The time split of each rank's windows across its sections: per window and rank a stacked bar, one part per
+    section (its ``sum``: milliseconds spent in it in the window), the wait sections hatched."""
+    series = sorted((s for s in report.stats.values() if s.group == SECTION_GROUP and not s.name.endswith(GPU_SUFFIX)
+                     and any("sum" in f for per in s.ranks.values() for f in per.values())),
+                    key=lambda s: (s.wait, s.name))
+    if not series:
+        return None
+    bars = sorted({(w, key) for s in series for key, per in s.ranks.items() for w in per})
+    several = len(report.nodes()) > 1
+    x = [[window_label(w) for w, _ in bars], [str(_label(key, several)) for _, key in bars]]
+    traces = []
+    for s in series:
+        figures = [s.ranks[key].get(w, {}) if key in s.ranks else {} for w, key in bars]
+        name = f"{s.name} (wait)" if s.wait else s.name
+        traces.append({
+            "type": "bar", "name": html.escape(name), "x": x, "y": _clean(f.get("sum") for f in figures),
+            "customdata": [[f.get("count"), f.get("mean")] for f in figures], "meta": {"section": s.name,
+                                                                                     "wait": s.wait},
+            "marker": {"pattern": {"shape": "/" if s.wait else ""}},
+            "hovertemplate": "%{fullData.name}<br>%{x}<br>%{y:.3g} ms in the window<br>"
+                             "%{customdata[0]} times, mean %{customdata[1]:.3g} ms<extra></extra>"})
+    layout = _layout("time in each section per window and rank (ms: the section's sum; hatched: waits for other "
+                     "ranks)", "ms in the window")
+    layout["barmode"] = "stack"
+    layout["xaxis"] = {"type": "multicategory", "title": {"text": "window start (UTC) / rank"}}
+    layout["height"] = 480
+    layout["margin"] = {**layout["margin"], "b": 120}
+    layout["legend"] = {"orientation": "v"}  # beside the bars: under them are the two rows of the axis
+    return {"kind": "sections", "data": traces, "layout": layout}
 
 
 def _timeline(report: JobReport) -> dict[str, Any] | None:
@@ -549,15 +724,21 @@ def _timeline(report: JobReport) -> dict[str, Any] | None:
                        "y": ["lost"] * len(report.gaps), "marker": {"symbol": "x", "color": "#d62728", "size": 10},
                        "text": [f"{g.get('gap')} lost at the {g.get('at')} (rank {g.get('rank')})"
                                 for g in report.gaps], "hoverinfo": "x+text"})
-    layout = _layout("events", "")
+    layout = _layout("events (shaded: hangs, from the hang named to its resolution)", "")
     layout["height"] = max(260, 80 + 26 * len(traces))
     layout["yaxis"] = {"type": "category", "automargin": True}
+    last = max([float(e.get("timestamp") or 0.0) for e in report.events] + report.windows())
+    layout["shapes"] = [{"type": "rect", "name": f"hang {h.node}".rstrip(), "xref": "x", "yref": "paper",
+                         "x0": _ms(h.start), "x1": _ms(h.end if h.end is not None else max(last, h.start)),
+                         "y0": 0, "y1": 1, "fillcolor": "rgba(214,39,40,0.15)", "line": {"width": 0},
+                         "layer": "below"} for h in report.hangs()]
     return {"kind": "events", "data": traces, "layout": layout}
 
 
 def _event_text(e: dict[str, Any]) -> str:
     who = "collector" if e.get("rank") is None else f"rank {e.get('rank')}"
-    return f"{who}: {json.dumps(e.get('data', {}), sort_keys=True)[:300]}"
+    node = e.get("node")
+    return f"{node + ' ' if node else ''}{who}: {json.dumps(e.get('data', {}), sort_keys=True)[:300]}"
 
 
 def _layout(title: str, y_title: str) -> dict[str, Any]:
@@ -590,13 +771,37 @@ def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: 
     windows = report.windows()
     span = (f"{_utc(windows[0])} to {_utc(windows[-1])} UTC" if windows else "no window")
     slow = report.stragglers(threshold)
-    said = ("".join(f'<li data-stat="{html.escape(g.stat)}" data-rank="{g.rank}" data-windows="{len(g.windows)}" '
-                    f'data-score="{statistics.median(g.scores)!r}">{html.escape(g.sentence(threshold))}</li>'
-                    for g in slow))
-    straggling = (f'<h3>Stragglers</h3><ul id="stragglers">{said}</ul>' if slow else
-                  f'<h3>Stragglers</h3><p id="stragglers">no rank scored under {threshold:g} in any window</p>')
+    nodes = report.nodes()
+    several = len(nodes) > 1
+
+    def on_node(node: str) -> str:  # across nodes, each sentence starts with the rank's node
+        return f"{node}: " if several else ""
+
+    said = ("".join(f'<li data-stat="{html.escape(g.stat)}" data-node="{html.escape(g.node)}" data-rank="{g.rank}" '
+                    f'data-windows="{len(g.windows)}" data-score="{statistics.median(g.scores)!r}">'
+                    f"{html.escape(on_node(g.node))}{html.escape(g.sentence(threshold))}</li>" for g in slow))
+    against = (f"<p>Every rank is scored against the job-wide median of its window, across the {len(nodes)} "
+               "nodes.</p>" if several else "")
+    straggling = (f'<h3>Stragglers</h3>{against}<ul id="stragglers">{said}</ul>' if slow else
+                  f'<h3>Stragglers</h3>{against}<p id="stragglers">no rank scored under {threshold:g} in any '
+                  "window</p>")
+    hangs = report.hangs()
+    hung = "".join(
+        f'<li data-node="{html.escape(h.node)}" data-start="{h.start!r}">{html.escape(on_node(h.node) + h.line)} '
+        + html.escape(f"({_utc(h.start)} UTC; " + ("not resolved in the files)" if h.end is None else
+                      f"resolved {h.end - h.start:.1f} s later{': ' + h.reason if h.reason else ''})")) + "</li>"
+        for h in hangs)
+    hanging = f'<h3>Hangs</h3><ul id="hangs">{hung}</ul>' if hangs else ""
+    samples: dict[RankKey, float] = defaultdict(float)
+    for s in report.stats.values():
+        for key, per in s.ranks.items():
+            samples[key] += sum(f.get("count") or 0 for f in per.values())
+    rank_rows = "".join(f'<tr data-node="{html.escape(node)}" data-rank="{rank}"><td>{html.escape(node)}</td>'
+                        f"<td>{rank}</td><td>{samples[(node, rank)]:g}</td></tr>" for node, rank in report.ranks())
+    rank_table = (f'<details{" open" if several else ""}><summary>Ranks by node</summary><table id="ranks">'
+                  f"<tr><th>node</th><th>rank</th><th>samples</th></tr>{rank_rows}</table></details>")
     sections.append(f"<section><h2>Job {html.escape(report.job)}</h2><p>{span}</p>"
-                    f'<table id="summary">{rows}</table>{straggling}'
+                    f'<table id="summary">{rows}</table>{rank_table}{straggling}{hanging}'
                     + (f'<details><summary>Collector counters (newest)</summary><table id="counters">{counters}'
                        "</table></details>" if counters else "") + "</section>")
 
@@ -608,6 +813,11 @@ def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: 
         return (f'<div class="chart" id="{ident}" data-stat="{html.escape(key)}" '
                 f'data-kind="{chart["kind"]}"></div>')
 
+    split = _sections(report)
+    if split is not None:
+        sections.append("<h2>Sections</h2><p>Each bar: one rank's window, split by the time spent in each section; "
+                        "hatched: wait sections (waiting for other ranks, never scored).</p>"
+                        + chart_div(SECTION_GROUP, split))
     ordered = sorted(report.stats.values(), key=lambda s: (s.group == GPU_GROUP, s.group, s.name))
     current = None
     for s in ordered:
@@ -619,12 +829,12 @@ def render_html(report: JobReport, *, threshold: float = DEFAULT_THRESHOLD, js: 
         about = f"{len(s.windows())} windows" + (f" of {window:g} s" if window else "") + f", {len(s.ranks)} ranks"
         sections.append(f'<section class="stat" data-stat="{html.escape(s.key)}"><h3>{html.escape(s.key)}</h3>'
                         f"<p>{about}</p>" + chart_div(s.key, _over_time(s)) + chart_div(s.key, _percentiles(s))
-                        + chart_div(s.key, _heatmap(s, threshold)) + "</section>")
+                        + chart_div(s.key, _heatmap(report, s, threshold)) + "</section>")
     if report.puts:
         sections.append("<h2>Put metrics</h2>" + "".join(
             f'<section class="put" data-stat="{html.escape(f"{g}/{n}")}"><h3>{html.escape(f"{g}/{n}")}</h3>'
             f"<p>{sum(len(p) for p in report.puts[(g, n)].values())} points</p>"
-            + chart_div(f"{g}/{n}", _put_chart((g, n), report.puts[(g, n)])) + "</section>"
+            + chart_div(f"{g}/{n}", _put_chart(report, (g, n), report.puts[(g, n)])) + "</section>"
             for g, n in sorted(report.puts)))
     timeline = _timeline(report)
     if timeline is not None:
@@ -663,13 +873,14 @@ def _utc(start: float) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(start))}.{ms:03d}"
 
 
-def write_report(jsonl: str, out: str | None = None, *, events: str | None = None, job: str | None = None,
-                 threshold: float = DEFAULT_THRESHOLD) -> str:
-    """Read ``jsonl`` (and ``events``), write the report page to ``out`` (default: ``jsonl`` with the suffix
-    ``.html``) and return its path. Raises :class:`ConfigError` with one sentence for a bad argument."""
+def write_report(jsonl: str | Sequence[str], out: str | None = None, *, events: str | Sequence[str] | None = None,
+                 job: str | None = None, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """Read ``jsonl`` (one file or each node's) and ``events``, write the report page to ``out`` (default: the
+    first jsonl file with the suffix ``.html``) and return its path. Raises :class:`ConfigError` with one sentence
+    for a bad argument."""
     report = load_report(jsonl, events, job=job)
     page = render_html(report, threshold=threshold)
-    out = out or (os.path.splitext(jsonl)[0] + ".html")
+    out = out or (os.path.splitext(jsonl if isinstance(jsonl, str) else jsonl[0])[0] + ".html")
     try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(page)

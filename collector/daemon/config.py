@@ -96,7 +96,8 @@ class CollectorConfig:
     prometheus: str | None = None
     """``HOST:PORT`` to serve ``/metrics`` on (None: no Prometheus endpoint)."""
     prometheus_node: str | None = None
-    """The ``node`` label of the Prometheus series (default: the host name)."""
+    """This node's name: the ``node`` label of the Prometheus series and the ``node`` of the jsonl handler's rows
+    and the events sink's lines (default: the host name)."""
     prometheus_sd: str | None = None
     """A Prometheus ``file_sd`` file to write for the endpoint."""
     prometheus_tls: TLSFiles | None = None
@@ -124,7 +125,7 @@ def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricH
     include it (its counters are on ``/metrics`` and the status line already). Nor do the groups in ``quiet``
     (the GPU figures' when the collector samples GPUs: a dozen figures per GPU are not for the default console
     line) unless a handler names them or ``*`` is configured."""
-    inner = Dispatcher.from_specs(config.handlers)
+    inner = Dispatcher.from_specs(config.handlers, node=config.prometheus_node)
     for group, handler in (handler_objects or {}).items():
         inner.bind(group, handler)
     from elastic.metrics import NullMetricHandler
@@ -142,7 +143,8 @@ def build_event_delivery(config: CollectorConfig) -> EventDelivery | None:
     :class:`ConfigError` before anything starts."""
     if not config.events:
         return None
-    return EventDelivery.from_specs(config.events, queue_bytes=config.events_queue_bytes)
+    return EventDelivery.from_specs(config.events, queue_bytes=config.events_queue_bytes,
+                                    node=config.prometheus_node)
 
 
 def write_ready_file(path: str, info: dict[str, object]) -> None:

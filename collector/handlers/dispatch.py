@@ -73,9 +73,10 @@ class Dispatcher:
             self.bind(group, handler)
 
     @classmethod
-    def from_specs(cls, specs: dict[str, str]) -> Dispatcher:
-        """Build every handler named in ``{group: spec}`` (``*`` = default)."""
-        built = {group: build_handler(spec) for group, spec in specs.items()}
+    def from_specs(cls, specs: dict[str, str], *, node: str | None = None) -> Dispatcher:
+        """Build every handler named in ``{group: spec}`` (``*`` = default); ``node``: the node their rows name
+        (:func:`collector.handlers.specs.build_handler`)."""
+        built = {group: build_handler(spec, node=node) for group, spec in specs.items()}
         default = built.pop("*", None)
         return cls(built, default)
 

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import socket
 import stat
 import sys
 from collections.abc import Iterable
@@ -119,19 +120,24 @@ def resume_jsonl(fd: int, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> Re
 
 
 class JsonlMetricHandler(ColumnsHandler):
-    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job.
+    """Appends one JSON object per metric to a file: timestamp, group, name, value, rank, window start/end, job,
+    node.
 
     ``rank`` is null for rows merged across ranks and for metrics put by ranks; ``window_start`` and
     ``window_end`` (unix seconds) are null for put metrics. Non-finite floats are written as the strings
-    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON. The file is opened 0600 in
-    append mode, and flushed after every collector pass.
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` so every line is strict JSON. ``node`` is the collector's node
+    (``node``, default the host name: the ``node`` label of its Prometheus series), so that the files of several
+    nodes make one job (``shmstat report n1.jsonl n2.jsonl``). The file is opened 0600 in append mode, and flushed
+    after every collector pass.
 
     Exactly once across collector crashes: on open, a last line cut by a kill is removed and the rows of the
     windows in the file's last ``tail_bytes`` are not written again (:func:`resume_jsonl`).
     """
 
-    def __init__(self, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
+    def __init__(self, path: str, tail_bytes: int = DEFAULT_TAIL_BYTES, *, node: str | None = None) -> None:
         self.path = path
+        self.node = node or socket.gethostname()
+        """The node every line names."""
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
@@ -169,7 +175,8 @@ class JsonlMetricHandler(ColumnsHandler):
         self._out.write(_line(metric_data.timestamp, metric_data.group_name, metric_data.name, metric_data.value,
                               getattr(metric_data, "rank", None), getattr(metric_data, "window_start", None),
                               getattr(metric_data, "window_end", None), getattr(metric_data, "torn", False),
-                              getattr(metric_data, "job", None), getattr(metric_data, "source_rank", None)) + "\n")
+                              getattr(metric_data, "job", None), getattr(metric_data, "source_rank", None),
+                              node=self.node) + "\n")
 
     def emit_columns(self, columns: Columns) -> None:
         """Write one line per figure of a pass, in the order of :meth:`collector.read.columns.Columns.flat`."""
@@ -186,9 +193,10 @@ class JsonlMetricHandler(ColumnsHandler):
         # collector does (collector.cli.report); a row's name is "<stat>.<aggregation>"
         rates = {(columns.group[i], columns.stat[i]) for i in np.flatnonzero(columns.higher_is_better).tolist()}
         waits = {(columns.group[i], columns.stat[i]) for i in np.flatnonzero(columns.wait).tolist()}
+        node = self.node
         lines = [_line(end, group, name, value, rank, start, end, torn, job, None,
                        bool(rates) and (group, name.rpartition(".")[0]) in rates,
-                       bool(waits) and (group, name.rpartition(".")[0]) in waits)
+                       bool(waits) and (group, name.rpartition(".")[0]) in waits, node)
                  for end, group, name, value, rank, start, torn in rows]
         if lines:
             lines.append("")
@@ -206,7 +214,7 @@ class JsonlMetricHandler(ColumnsHandler):
 
 def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
           end: float | None, torn: bool, job: str | None, source_rank: int | None,
-          higher_is_better: bool = False, wait: bool = False) -> str:
+          higher_is_better: bool = False, wait: bool = False, node: str | None = None) -> str:
     """The one JSON line of a figure (the only place the jsonl format is written)."""
     row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
            "window_start": start, "window_end": end}
@@ -218,6 +226,8 @@ def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None,
         row["wait"] = True
     if job is not None:
         row["job"] = job
+    if node is not None:
+        row["node"] = node
     if source_rank is not None:
         row["source_rank"] = source_rank
     return json.dumps(row, allow_nan=False)

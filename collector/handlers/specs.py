@@ -43,10 +43,11 @@ from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
 __all__ = ["build_handler", "is_user_class_spec", "load_user_class", "parse_handler_args", "parse_spec_kwargs"]
 
-def build_handler(spec: str) -> ColumnsHandler:
+def build_handler(spec: str, *, node: str | None = None) -> ColumnsHandler:
     """The handler a SPEC names, as the collector calls it (:func:`collector.handlers.protocol.as_columns_handler`:
     torchelastic handlers wrapped in a :class:`~collector.handlers.protocol.RowsAdapter`); raises
-    :class:`ConfigError` with one sentence for a bad SPEC."""
+    :class:`ConfigError` with one sentence for a bad SPEC. ``node`` is the node a ``jsonl:`` file's rows name
+    (default the host name)."""
     kind, _, arg = spec.partition(":")
     if spec == "compact":
         return CompactWindowHandler()
@@ -57,7 +58,7 @@ def build_handler(spec: str) -> ColumnsHandler:
     if kind == "jsonl":
         if not arg:
             raise ConfigError("handler spec 'jsonl:' needs a path, e.g. jsonl:/tmp/metrics.jsonl")
-        return JsonlMetricHandler(arg)
+        return JsonlMetricHandler(arg, node=node)
     if kind == "tensorboard":
         from .tensorboard_sink import TensorboardMetricHandler
 

@@ -287,13 +287,15 @@ class EventDelivery:
         self._keeps: dict[str, Any] = {}  # job -> whether a sender re-sends what no sink took (see resent_by)
 
     @classmethod
-    def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
-        """The sinks ``specs`` name (:func:`collector.sinks.specs.build_event_handler`); a bad SPEC is a
-        :class:`~shmstat.errors.ConfigError` and the sinks built before it are closed."""
+    def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES,
+                   node: str | None = None) -> EventDelivery:
+        """The sinks ``specs`` name (:func:`collector.sinks.specs.build_event_handler`; ``node``: the node their
+        lines name); a bad SPEC is a :class:`~shmstat.errors.ConfigError` and the sinks built before it are
+        closed."""
         built: list[EventSink] = []
         try:
             for spec in specs:
-                built.append(build_event_handler(spec))
+                built.append(build_event_handler(spec, node=node))
         except BaseException:
             for handler in built:
                 _close_quietly(handler)

@@ -19,6 +19,7 @@ import contextlib
 import json
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -139,10 +140,13 @@ class JsonlEventHandler(EventHandler):
     (the file cut back to its length before the batch) and raises, so each record of the batch is either in the
     file or counted as lost, never both, and a reader sees whole lines only. Exactly once across collector
     SIGKILLs: on open, a line a kill cut is removed and the ranks' events the file's tail holds are not written
-    again when re-sent."""
+    again when re-sent. Each line also names the collector's ``node`` (default the host name), so that the files of
+    several nodes make one job (``shmstat report``)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, node: str | None = None) -> None:
         self.path = path
+        self.node = node or socket.gethostname()
+        """The node every line names."""
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
@@ -165,7 +169,9 @@ class JsonlEventHandler(EventHandler):
                                               (r.job, r.rank, r.pid, r.incarnation, r.seq) in self._held)]
         if not batch or self._fd < 0:
             return
-        data = memoryview("".join(json.dumps(r.to_json(), allow_nan=False) + "\n" for r in batch).encode("utf-8"))
+        node = self.node
+        data = memoryview("".join(json.dumps({**r.to_json(), "node": node}, allow_nan=False) + "\n"
+                                  for r in batch).encode("utf-8"))
         start = os.fstat(self._fd).st_size
         try:
             while data:

@@ -18,16 +18,17 @@ from .events import ConsoleEventHandler, EventSink, JsonlEventHandler
 __all__ = ["build_event_handler"]
 
 
-def build_event_handler(spec: str) -> EventSink:
+def build_event_handler(spec: str, *, node: str | None = None) -> EventSink:
     """The events sink a SPEC names (``--events SPEC``, see the module docstring); :class:`ConfigError` with one
-    sentence for a bad SPEC, before anything is started."""
+    sentence for a bad SPEC, before anything is started. ``node`` is the node a ``jsonl:`` file's lines name
+    (default the host name)."""
     kind, _, arg = spec.partition(":")
     if spec == "console":
         return ConsoleEventHandler()
     if kind == "jsonl":
         if not arg:
             raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
-        return JsonlEventHandler(arg)
+        return JsonlEventHandler(arg, node=node)
     if kind == "otlp":
         from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
 

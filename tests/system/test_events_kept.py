@@ -82,7 +82,7 @@ def test_k_events_of_n_ranks_reach_jsonl_exactly_once_with_their_fields(job, tmp
         assert sorted((e["name"], e["data"]["i"]) for e in mine) == sorted(
             [("kept.log", i) for i in range(n_log)] + [("kept.rec", i) for i in range(n_rec)])
         for e in mine:
-            assert set(e) == {"name", "job", "rank", "timestamp", "data", "seq", "pid", "incarnation"}
+            assert set(e) == {"name", "job", "rank", "timestamp", "data", "seq", "pid", "incarnation", "node"}
             assert e["job"] == job and e["pid"] == rep["pid"] and e["data"]["rank"] == r
             assert began <= e["timestamp"] <= time.time()
         assert all(e["data"]["x"] == 0.5 for e in mine if e["name"] == "kept.log")

@@ -230,6 +230,11 @@ def test_bad_input_is_one_sentence(tmp_path):
     assert several.returncode == 2 and "choose one with --job" in several.stderr
     absent = report(str(two), "--job", "c")
     assert absent.returncode == 2 and "no row of job 'c'" in absent.stderr
+    nodes = report(str(two), str(two), "--job", "c")  # one file per node: the same sentences, of the files
+    assert nodes.returncode == 2 and nodes.stderr.count("\n") == 1 and "the 2 jsonl files hold no row of job 'c'" \
+        in nodes.stderr, nodes.stderr
+    one_missing = report(str(two), str(tmp_path / "nothing.jsonl"))
+    assert one_missing.returncode == 2 and "cannot read the jsonl" in one_missing.stderr
     prefixed = tmp_path / "prefixed.jsonl"
     prefixed.write_text(two.read_text().replace('"job": "a"', '"job": "bb132e7f-0"').replace('"job": "b"',
                                                                                               '"job": "bb1d"'))
@@ -269,7 +274,7 @@ def test_a_rates_straggler_is_its_slow_rank_with_and_without_the_collectors_scor
     series = report.stats[RATE]
     assert series.higher_is_better
     collector = dict(series.scores)
-    slow = {rank for (rank, _), score in collector.items() if score < THRESHOLD}
+    slow = {rank for ((_node, rank), _), score in collector.items() if score < THRESHOLD}
     assert slow == {SLOW_RANK}, collector
     series.scores.clear()
     assert series.score_grid() == collector  # the same code: the same floats
@@ -288,14 +293,14 @@ def _bad_lines() -> list[bytes]:
     """Lines that are not rows: every field of a good row given a wrong type or value, non-finite and huge numbers,
     non-UTF-8 bytes, JSON that is not an object, fields missing."""
     good = {"timestamp": 100.2, "group": "g", "name": "s.mean", "value": 2.5, "rank": 0, "window_start": 100.0,
-            "window_end": 100.2, "job": "j"}
+            "window_end": 100.2, "job": "j", "node": "n"}
     wrong = ["x", None, [1], {"a": 1}, True, float("nan"), float("inf"), -float("inf"), 10 ** 400, -1, 1.5, 1e300,
              "\ud800"]
     required = {"group", "name", "value"}
     lines = []
     for field in good:
         for w in wrong:
-            if (w is None and field not in required) or (w == "x" and field in ("group", "job")):
+            if (w is None and field not in required) or (w == "x" and field in ("group", "job", "node")):
                 continue  # a row: merged, a put metric, of one job; of group or job "x" (a window's "x": no row)
             if (field == "value" and (isinstance(w, float) or w in (-1, 1.5))) or (field == "timestamp" and w == 1.5) \
                     or (field in ("window_start", "window_end") and w == 1.5):
@@ -317,9 +322,10 @@ def _bad_lines() -> list[bytes]:
 
 def _bad_events() -> list[bytes]:
     good = {"timestamp": 100.1, "name": "train.checkpoint", "rank": 0, "job": "j", "data": {"step": 1}}
-    lines = [json.dumps({**good, f: w}).encode() for f in ("timestamp", "rank", "job", "name")
+    lines = [json.dumps({**good, f: w}).encode() for f in ("timestamp", "rank", "job", "name", "node")
              for w in ("x", [1], {"a": 1}, float("nan"), 10 ** 400, -1, "\ud800") if not (f in ("job", "name")
-                                                                                   and w in ("x", -1))]
+                                                                                   and w in ("x", -1))
+             and not (f == "node" and w == "x")]
     lines += [json.dumps({"gap": g, "at": "rank", "rank": 0, "timestamp": 100.0}).encode()
               for g in ("x", -1, float("nan"), None, [1], 1.5)]
     lines += [b"\xff", b"[]", b"{}"]
@@ -348,7 +354,7 @@ def test_every_kind_of_bad_line_is_skipped_and_counted_never_a_crash(tmp_path):
     assert summary["samples"] == 3 * 4 and summary["ranks"] == 2 and summary["windows"] == 3, summary
     assert summary["events"] == 2 and summary["events_lost"] == 3 and summary["restarts"] == 0
     assert {r: {w: f["mean"] for w, f in per.items()} for r, per in report.stats[("g", "s")].ranks.items()} == {
-        r: {100.0 + w: 2.5 + w for w in range(3)} for r in (0, 1)}
+        ("", r): {100.0 + w: 2.5 + w for w in range(3)} for r in (0, 1)}  # (node, rank): rows naming no node
     render_html(report, js="/* plotly.js left out */")
     done = subprocess.run([sys.executable, "-m", "collector", "report", str(windows), "--events", str(events),
                            "--job", "j", "-o", str(tmp_path / "page.html")], env=dict(os.environ, PYTHONPATH=REPO),

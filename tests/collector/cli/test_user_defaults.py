@@ -13,6 +13,7 @@ import argparse
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -320,6 +321,7 @@ def test_subscribe_prints_each_event_as_the_events_jsonl_writes_it(tmp_path):
 
     printed = [item for line in out.splitlines() for item in json.loads(line)["items"]]
     written = [r for r in read_jsonl(kept) if r.get("name") == "tick"]
+    assert {r.pop("node") for r in written} == {socket.gethostname()}  # the file's lines name the node that wrote them
     key = lambda r: (r["rank"], r["seq"])  # noqa: E731
     assert len(written) == 10 and sorted(printed, key=key) == sorted(written, key=key)
     assert {"name", "job", "rank", "timestamp", "data", "seq", "pid", "incarnation"} == set(printed[0])

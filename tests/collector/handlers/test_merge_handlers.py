@@ -153,14 +153,14 @@ def test_a_raising_handler_is_counted_and_the_others_still_run(caplog):
 
 def test_jsonl_rows_are_strict_json_with_rank_and_window(tmp_path):
     path = tmp_path / "out.jsonl"
-    h = JsonlMetricHandler(str(path))
+    h = JsonlMetricHandler(str(path), node="n1")
     h.emit(StatMetricData(2.0, "g", "lat.max", math.inf, rank=None, window_start=1.0, window_end=2.0))
     h.emit(StatMetricData(2.0, "g", "lat.count", 3.0, rank=1, window_start=1.0, window_end=2.0, torn=True))
     h.emit(MetricData(5.0, "trainer", "loss", 0.5))
     h.close()
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert rows[0] == {"timestamp": 2.0, "group": "g", "name": "lat.max", "value": "Infinity", "rank": None,
-                       "window_start": 1.0, "window_end": 2.0}
+                       "window_start": 1.0, "window_end": 2.0, "node": "n1"}
     assert rows[1]["rank"] == 1 and rows[1]["torn"] is True
     assert rows[2]["rank"] is None and rows[2]["window_start"] is None
     assert (path.stat().st_mode & 0o777) == 0o600
