@@ -78,7 +78,7 @@ TUNED: tuple[Tuned, ...] = (
           f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
           metavar="N"),
     Tuned("--event-latency", "event_latency_ms", float,
-          "the event path's latency budget: while events flow the collector turns every quarter of it; shmstat run "
+          "the event path's latency budget: while events flow the collector turns every half of it; shmstat run "
           "lets its ranks hold an event this long (SHMSTAT_EVENT_LATENCY_MS); longer costs less per event",
           metavar="MS"),
     Tuned("--hang-after", "hang_after_s", float,

@@ -131,9 +131,9 @@ COMMIT_POLL_S = 0.02
 
 
 def relay_turn_s(event_latency_ms: float) -> float:
-    """How often a serving loop turns while messages flow, for a latency budget of ``event_latency_ms``: a quarter
+    """How often a serving loop turns while messages flow, for a latency budget of ``event_latency_ms``: half
     of it, never more often than :data:`RELAY_TURN_S` (the loop's cost when the budget is short)."""
-    return max(RELAY_TURN_S, event_latency_ms / 4000)
+    return max(RELAY_TURN_S, event_latency_ms / 2000)
 
 
 def gather_pause(turn_started: float, turn_s: float = RELAY_TURN_S) -> int:

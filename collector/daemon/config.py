@@ -92,7 +92,7 @@ class CollectorConfig:
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
     (collector.daemon.straggler)."""
     event_latency_ms: float = DEFAULT_EVENT_LATENCY_MS
-    """The event path's latency budget in ms: while messages flow the loop turns every quarter of it (at least
+    """The event path's latency budget in ms: while messages flow the loop turns every half of it (at least
     :data:`collector.daemon.collector.RELAY_TURN_S`), and ``shmstat run`` gives it to its ranks
     (``SHMSTAT_EVENT_LATENCY_MS``: how long a rank may hold an event). The collector's own events go at once."""
     hang_after_s: float = 30.0
