@@ -101,7 +101,7 @@ def init(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
     from ..publish.publisher import Publisher
-    from ..publish.sender import event_latency_ms as latency_ms
+    from ..publish.publisher import event_latency_ms as latency_ms
     from ..shm.layout import Geometry
     from ..shm.segment import Segment
     from .rank import RankAttachment, SegmentRemoved

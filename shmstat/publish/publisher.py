@@ -78,6 +78,8 @@ from .outbox import KIND_CODES, Outbox, new_outbox
 from .sender import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
 from .sender import event_latency_ms as _latency_ms
 
+event_latency_ms = _latency_ms  # (for the job layer: this module is the one it may import)
+
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",
     "DEFAULT_SNDHWM",
@@ -85,6 +87,7 @@ __all__ = [
     "Publisher",
     "PublisherStats",
     "after_fork_in_child",
+    "event_latency_ms",
     "item_bytes",
 ]
 
