@@ -2,9 +2,10 @@
 
 Usage::
 
-    python scripts/bench.py            # the full run (about 8 minutes on 2 cores)
+    python scripts/bench.py            # the full run (about 20 minutes on 2 cores)
     python scripts/bench.py --quick    # the same tables in about 3 minutes (fewer rounds, shorter runs)
     python scripts/bench.py --md BENCHMARKS.md   # also write the printed report into BENCHMARKS.md
+    python scripts/bench.py --only node --only sections --only ddp --only scale   # issue 45's rows
 
 Everything is measured in this one run, on this machine, with this interpreter. Per-call figures are the
 median of repeated ``timeit`` rounds (ns per call, the loop of timeit included, GC off during a round, as
