@@ -2,9 +2,10 @@
 
 Usage::
 
-    python scripts/bench.py            # the full run (about 8 minutes on 2 cores)
+    python scripts/bench.py            # the full run (about 20 minutes on 2 cores)
     python scripts/bench.py --quick    # the same tables in about 3 minutes (fewer rounds, shorter runs)
     python scripts/bench.py --md BENCHMARKS.md   # also write the printed report into BENCHMARKS.md
+    python scripts/bench.py --only node --only sections --only ddp --only scale   # issue 45's rows
 
 Everything is measured in this one run, on this machine, with this interpreter. Per-call figures are the
 median of repeated ``timeit`` rounds (ns per call, the loop of timeit included, GC off during a round, as
@@ -631,7 +632,8 @@ def worker_node_collector(job: str, args: argparse.Namespace) -> None:
     from collector import CollectorConfig
     from collector.daemon.node import NodeCollector
 
-    config = CollectorConfig(job="", publish=args.endpoint, handlers={"*": "null"}, status_interval_s=0)
+    config = CollectorConfig(job="", publish=args.endpoint, handlers={"*": "null"}, status_interval_s=0,
+                             **({"publish_queue": args.publish_queue} if args.publish_queue else {}))
     node = NodeCollector(config, jobs=[job], out=open(os.devnull, "w"))  # noqa: SIM115
     threading.Thread(target=lambda: (sys.stdin.read(), node.stop_requested.set()), daemon=True).start()
     node.step(0)  # the job picked up now: its segment made and held before any rank attaches
@@ -663,7 +665,8 @@ def worker_node_proxy(job: str, args: argparse.Namespace) -> None:
 
 
 def worker_node_rank(job: str, args: argparse.Namespace) -> None:
-    """A rank with ``--stats`` stats of 1 s windows, each getting 200 samples/s, that logs events at the rate last
+    """A rank with ``--stats`` stats of 1 s windows, each getting a sample every ``--tick-ms`` (5: 200/s), that logs
+    events at the rate last
     read on stdin (``rate R``: R events/s, each carrying ``time.time_ns()`` and its index), on a fixed schedule;
     ``report`` prints what it logged; EOF ends it."""
     import shmstat
@@ -687,7 +690,7 @@ def worker_node_rank(job: str, args: argparse.Namespace) -> None:
     print("ready", flush=True)
     event, now, log_event, time_ns = shmstat.Event, dt.datetime.now, shmstat.log_event, time.time_ns
     logged, rate, since, base = 0, 0.0, time.monotonic(), 0
-    tick = 0.005  # 200 samples/s per stat
+    tick = args.tick_ms / 1000  # 200 samples/s per stat by default
     next_tick = time.monotonic()
     v = 0.0
     while not state["done"]:
@@ -784,6 +787,209 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
     ctx.term()
 
 
+# ============================================================================================ issue 45: the price of
+# instrumentation (sections beside their anchors, a DDP step with instrument() on and off) and the collector's cost
+# as the job grows (the pass and the relay at 8, 32 and 128 ranks)
+
+
+def worker_sections(job: str, args: argparse.Namespace) -> None:
+    """A section's enter + exit beside torch.profiler.record_function (no profiler running) and a hand-written
+    perf_counter pair plus ``Stat.add``, a round of each in turn; on this process's backend (the C path, or the
+    pure-Python one with ``SHMSTAT_PURE_PYTHON=1``)."""
+    import shmstat
+    from shmstat import Aggregation as A
+    from shmstat._backend import backend
+
+    shmstat.init(job, rank=0, publish=False)
+    env: dict[str, Any] = {"sec": shmstat.section("bench"), "pc": time.perf_counter,
+                           "add": shmstat.Stat("bench.pair", [getattr(A, a) for a in AGGS_NAMES], 3600.0).add}
+    stmts = {"section": "with sec:\n    pass", "pair": "t0 = pc()\nadd(pc() - t0)"}
+    with contextlib.suppress(ImportError):
+        from torch.profiler import record_function
+
+        env["rf"] = record_function
+        stmts["record_function"] = "with rf('bench'):\n    pass"
+    timers = {k: timeit.Timer(s, timer=TIMER[0], globals=env) for k, s in stmts.items()}
+    rounds: dict[str, list[float]] = {k: [] for k in stmts}
+    for _ in range(args.repeat):
+        for k, t in timers.items():
+            rounds[k].append(t.timeit(args.number) / args.number * 1e9)
+    res: dict[str, Any] = {k: statistics.median(v) for k, v in rounds.items()}
+    res["backend"] = backend().name
+    res["c_path"] = type(env["sec"]).__mro__[1].__name__ == "SectionCore"
+    print("result", json.dumps(res), flush=True)
+    shmstat.shutdown()
+
+
+def run_sections(quick: bool) -> list[dict[str, Any]]:
+    """The section rows on the C path and on the pure-Python one, each beside its anchors in one process."""
+    number, repeat = (20_000, 5) if quick else (100_000, 9)
+    out = []
+    for pure in (False, True):
+        job = new_job("sections")
+        env = clean_env(**({"SHMSTAT_PURE_PYTHON": "1"} if pure else {}))
+        try:
+            p = start_worker("sections", "--job", job, "--number", str(number), "--repeat", str(repeat),
+                             *(["--cpu"] if TIMER[0] is time.process_time else []), env=env)
+            out.append(json.loads(expect_line(p, "result", 300)))
+            finish(p)
+        finally:
+            unlink_job(job)
+    return out
+
+
+def section_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's table for :func:`run_sections`."""
+    out = ["", "## Instrumentation priced: a section's enter + exit beside its anchors (ns per call, lower is "
+           "better)", "",
+           "One process per path, a round of each statement in turn (median of the rounds); attached to a job "
+           "(the section's Stat in shared memory, its phase word written).", "",
+           "| path | `with shmstat.section(...)` | `torch.profiler.record_function`, no profiler | `perf_counter` "
+           "pair + `Stat.add` |", "|---|---:|---:|---:|"]
+    for r in runs:
+        path = "C (SectionCore)" if r.get("c_path") else f"pure Python ({r.get('backend')} backend)"
+        out.append(f"| {path} | {fmt_ns(r.get('section'))} | {fmt_ns(r.get('record_function'))} | "
+                   f"{fmt_ns(r.get('pair'))} |")
+    return out
+
+
+def worker_ddp_rank(job: str, args: argparse.Namespace) -> None:
+    """One rank of a 2-rank DDP job (CPU, gloo, a small MLP): ``--repeat`` rounds of ``--number`` steps, a fresh
+    model (same seed) each round, ``shmstat.torch.instrument()`` on in rounds 0, 3, 4, 7, 8, ... (ABBA: a drift
+    weighs on both alike); rank 0 prints every round's median step time."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import shmstat
+    from shmstat.torch import instrument
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=args.rank, world_size=2)
+    shmstat.init(job, rank=args.rank, local_rank=args.rank, world_size=2, publish=False)
+    gen = torch.Generator().manual_seed(args.rank)
+    x, y = torch.randn(64, 256, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rounds: list[tuple[bool, float]] = []
+    for r in range(args.repeat):
+        on = r % 4 in (0, 3)
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                                        torch.nn.ReLU(), torch.nn.Linear(256, 10)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        handle = instrument(model, opt) if on else None
+        times = []
+        for i in range(args.number + 5):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            if i >= 5:  # (the first steps build DDP's buckets)
+                times.append(time.perf_counter() - t0)
+        if handle is not None:
+            handle.remove()
+        rounds.append((on, statistics.median(times)))
+        dist.barrier()
+    if args.rank == 0:
+        print("result", json.dumps({"rounds": rounds, "steps": args.number}), flush=True)
+    dist.destroy_process_group()
+    shmstat.shutdown()
+
+
+def run_ddp(quick: bool) -> dict[str, Any]:
+    """A DDP step with instrument() on and off, alternating rounds in one run of 2 rank processes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    steps, rounds = (100, 8) if quick else (300, 16)
+    job = new_job("ddp")
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ranks = [start_worker("ddp-rank", "--job", job, "--rank", str(r), "--number", str(steps), "--repeat",
+                          str(rounds), env=env) for r in range(2)]
+    try:
+        got = json.loads(expect_line(ranks[0], "result", 900))
+    finally:
+        for p in ranks:
+            finish(p, 60)
+        unlink_job(job)
+    on = [t for flag, t in got["rounds"] if flag]
+    off = [t for flag, t in got["rounds"] if not flag]
+    mean = statistics.mean
+    sd = ((statistics.variance(on) * (len(on) - 1) + statistics.variance(off) * (len(off) - 1))
+          / (len(on) + len(off) - 2)) ** 0.5
+    se = sd * (1 / len(on) + 1 / len(off)) ** 0.5
+    return {"steps": got["steps"], "rounds": len(on) + len(off), "on_ms": mean(on) * 1e3, "off_ms": mean(off) * 1e3,
+            "diff_ms": (mean(on) - mean(off)) * 1e3, "sd_ms": sd * 1e3, "se_ms": se * 1e3}
+
+
+def ddp_lines(res: dict[str, Any]) -> list[str]:
+    """The report's table for :func:`run_ddp`."""
+    within = abs(res["diff_ms"]) <= 2 * res["se_ms"]
+    return ["", "## A DDP step with `shmstat.torch.instrument()` on and off (CPU, gloo, 2 ranks)", "",
+            f"A 256-256-256-10 MLP, batch 64, one torch thread per rank; {res['rounds']} rounds of {res['steps']} "
+            "steps, a fresh model (same seed) each round, instrument() on in rounds 0, 3, 4, 7, 8, ... (ABBA); a "
+            "round's figure is its median step on rank 0. Noise: the pooled standard deviation of the rounds, and "
+            "the standard error of the difference.", "",
+            "| instrument() | step (mean of rounds) |", "|---|---:|",
+            f"| on | {res['on_ms']:.3f} ms |", f"| off | {res['off_ms']:.3f} ms |",
+            f"| difference (on - off) | {res['diff_ms']:+.3f} ms ({res['diff_ms'] / res['off_ms'] * 100:+.1f}%) |",
+            f"| noise: round-to-round sd / se of the difference | {res['sd_ms']:.3f} ms / {res['se_ms']:.3f} ms |",
+            "", f"- the difference is {'within' if within else 'outside'} the run's noise (|difference| "
+            f"{'<=' if within else '>'} 2 standard errors)"]
+
+
+def worker_node_ranks(job: str, args: argparse.Namespace) -> None:
+    """``--ranks`` ranks forked from this one process (shmstat imported once, shared copy-on-write: 128 ranks fit a
+    small machine), each running :func:`worker_node_rank`'s loop with ``--tick-ms`` ticks; stdin's lines go to every
+    rank; ``ready`` once all are, and ``result`` with their sums."""
+    import shmstat  # noqa: F401  (imported before the forks: the ranks share it)
+
+    cmds, results = [], []
+    for r in range(args.ranks):
+        cmd_r, cmd_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (*cmds, *results, cmd_w, res_r):  # the pipes of the ranks before: their EOF is theirs
+                os.close(fd)
+            sys.stdin = os.fdopen(cmd_r)
+            sys.stdout = os.fdopen(res_w, "w")
+            args.rank = r
+            try:
+                worker_node_rank(job, args)
+            finally:
+                os._exit(0)
+        os.close(cmd_r)
+        os.close(res_w)
+        cmds.append(cmd_w)
+        results.append(res_r)
+    readers = [os.fdopen(fd) for fd in results]
+
+    def gather(prefix: str) -> list[str]:
+        out = []
+        for f in readers:
+            for line in f:
+                if line.startswith(prefix):
+                    out.append(line[len(prefix):].strip())
+                    break
+        return out
+
+    gather("ready")
+    print("ready", flush=True)
+    for line in sys.stdin:
+        for fd in cmds:
+            os.write(fd, line.encode())
+        if line.split()[:1] == ["report"]:
+            got = [json.loads(x) for x in gather("result")]
+            print("result", json.dumps({k: sum(g[k] for g in got) for k in ("logged", "dropped")}), flush=True)
+    for fd in cmds:
+        os.close(fd)
+    for _ in range(args.ranks):
+        os.wait()
+
+
 def run_worker(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker", required=True)
@@ -801,6 +1007,8 @@ def run_worker(argv: list[str]) -> None:
     ap.add_argument("--percentiles", action="store_true")
     ap.add_argument("--endpoint", default="")
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--tick-ms", type=float, default=5.0)
+    ap.add_argument("--publish-queue", type=int, default=0)
     args = ap.parse_args(argv)
     if args.cpu:
         TIMER[0] = time.process_time
@@ -829,6 +1037,12 @@ def run_worker(argv: list[str]) -> None:
         worker_node_rank(args.job, args)
     elif kind == "node-subscriber":
         worker_node_subscriber(args)
+    elif kind == "node-ranks":
+        worker_node_ranks(args.job, args)
+    elif kind == "sections":
+        worker_sections(args.job, args)
+    elif kind == "ddp-rank":
+        worker_ddp_rank(args.job, args)
     else:
         raise SystemExit(f"unknown worker {kind}")
 
@@ -952,12 +1166,13 @@ def _cpu_s(pid: int) -> float:
 
 
 def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup: float,
-             relay: str = "node-collector") -> dict[str, Any]:
+             relay: str = "node-collector", forked: bool = False, tick_ms: float = 5.0) -> dict[str, Any]:
     """A node collector serving one job of ``nranks`` ranks x ``stats`` stats (1 s windows, 200 samples/s each),
     with a subscriber on its node endpoint: per phase ``(events/s from all ranks, seconds)`` its CPU per wall
     second, the events and rank messages the subscriber received and their latency from ``log_event``; then sent
     vs received. ``relay="node-proxy"``: the same with libzmq's ``zmq_proxy`` in the collector's place
-    (:func:`worker_node_proxy`)."""
+    (:func:`worker_node_proxy`). ``forked``: the ranks are forked from one process (:func:`worker_node_ranks`),
+    each stat sampled every ``tick_ms``."""
     job = new_job(f"node{nranks}")
     tmp = tempfile.mkdtemp(prefix="bench-node-")
     os.chmod(tmp, 0o700)
@@ -967,13 +1182,19 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
     try:
         # the collector first: it holds the job's segment before any rank attaches, so that a node collector
         # already running on the machine (serving every job of this user) leaves the job to it
-        col = start_worker(relay, "--job", job, "--endpoint", endpoint)
+        # (forked: as many rank messages as events; a subscriber that falls behind on a loaded machine loses past the
+        # default queue of 128 messages, counted by the collector: the instrument must not lose them)
+        col = start_worker(relay, "--job", job, "--endpoint", endpoint,
+                           *(["--publish-queue", "100000"] if forked else []))
         pid = int(expect_line(col, "ready", 60))
-        for r in range(nranks):
+        if forked:
+            ranks.append(start_worker("node-ranks", "--job", job, "--ranks", str(nranks), "--stats", str(stats),
+                                      "--tick-ms", str(tick_ms)))
+        for r in range(0 if forked else nranks):
             ranks.append(start_worker("node-rank", "--job", job, "--rank", str(r), "--ranks", str(nranks),
-                                      "--stats", str(stats)))
+                                      "--stats", str(stats), "--tick-ms", str(tick_ms)))
         for p in ranks:
-            expect_line(p, "ready", 120)
+            expect_line(p, "ready", 300)
         sub = start_worker("node-subscriber", "--endpoint", endpoint,
                            *(["--ready-at-once"] if relay == "node-proxy" else []))
         expect_line(sub, "ready", 60)
@@ -1010,7 +1231,7 @@ def run_node(nranks: int, stats: int, phases: list[tuple[float, float]], warmup:
         unlink_job(job)
         shutil.rmtree(tmp, ignore_errors=True)
     return {"ranks": nranks, "stats": stats, "relay": relay, "phases": rows, "logged": logged, "dropped": dropped,
-            "received": final["total"], "gaps": final["gaps"]}
+            "received": final["total"], "gaps": final["gaps"], "tick_ms": tick_ms}
 
 
 _RELAY_NAMES = {"node-collector": "shmstat node collector", "node-proxy": "libzmq `zmq_proxy` (the floor)"}
@@ -1045,6 +1266,59 @@ def node_lines(runs: list[dict[str, Any]]) -> list[str]:
         lost = run["logged"] - run["dropped"] - run["received"]
         out.append(f"- {_RELAY_NAMES.get(run.get('relay', ''), 'shmstat node collector')}, {run['ranks']} ranks: "
                    f"{run['logged']:,} events logged, {run['received']:,} received by the subscriber, "
+                   f"{run['dropped']:,} dropped (counted), {lost:,} lost, {run['gaps']:,} in sequence gaps")
+    return out
+
+
+def target_lines(runs: list[dict[str, Any]], budget_ms: float) -> list[str]:
+    """The event path's targets (issue 45) read off :func:`run_node`'s runs of the node collector."""
+    out = ["", f"Targets, with the ranks' latency budget at {budget_ms:g} ms (`SHMSTAT_EVENT_LATENCY_MS`):", ""]
+    for run in runs:
+        if run.get("relay") != "node-collector" or run.get("tick_ms", 5.0) != 5.0:
+            continue
+        idle = next((p["cpu_per_s"] for p in run["phases"] if p["rate"] == 0), None)
+        for p in run["phases"]:
+            if p["rate"] == 0:
+                out.append(f"- idle collector, {run['ranks']} ranks: {p['cpu_per_s']:.4f} CPU-s/s (target <= 0.01)")
+            elif p["rate"] <= 10_000 and idle is not None and p["events_per_s"]:
+                per = (p["cpu_per_s"] - idle) / p["events_per_s"] * 1e6
+                lm, lx = p["lat_median_ms"], p["lat_p99_ms"]
+                out.append(f"- {p['rate']:,.0f} events/s from {run['ranks']} ranks: {per:.1f} us of collector CPU per "
+                           f"relayed event (target <= 10); latency median {lm:.1f} ms (target <= {budget_ms + 5:g}), "
+                           f"p99 {lx:.1f} ms (target < {4 * budget_ms:g})")
+            else:
+                out.append(f"- {p['rate']:,.0f} events/s from {run['ranks']} ranks: {p['events_per_s']:,.0f} "
+                           f"received per s with {p['cpu_per_s']:.2f} CPU-s/s (target: within one core)")
+    return out
+
+
+def scale_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The report's table for the collector's cost as the job grows (:func:`run_node` with forked ranks)."""
+    out = ["", "## The node collector's cost as the job grows (the pass and the relay at 8, 32 and 128 ranks)", "",
+           "One node collector serving one job; the ranks are processes forked from one (so that 128 fit this "
+           "machine), each with 8 stats of 1 s windows sampled every 50 ms; then 2,000 events/s from all the ranks. "
+           "The pass's cost is the idle phase's CPU per rank-stat window (every window of every stat of every rank "
+           "is read, merged and handed to the null handlers); the relay's is the CPU over idle per relayed event. "
+           "At 2,000 events/s a rank of 128 logs one event every 64 ms: each goes in a message of its own, so the "
+           "relay's cost there is the cost per message. The subscriber's queue is 100,000 messages (a loaded "
+           "machine's subscriber falls behind).",
+           "", "| ranks | windows/s | idle CPU s/s | per window | events/s received | CPU s/s | per relayed event | "
+           "latency median | p99 |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        idle = next((p["cpu_per_s"] for p in run["phases"] if p["rate"] == 0), 0.0)
+        windows = run["ranks"] * run["stats"]
+        for p in run["phases"]:
+            if p["rate"] == 0:
+                continue
+            per = f"{(p['cpu_per_s'] - idle) / p['events_per_s'] * 1e6:.1f} us" if p["events_per_s"] else "-"
+            lm = f"{p['lat_median_ms']:.1f} ms" if p["lat_median_ms"] is not None else "-"
+            lx = f"{p['lat_p99_ms']:.1f} ms" if p["lat_p99_ms"] is not None else "-"
+            out.append(f"| {run['ranks']} | {windows:,} | {idle:.4f} | {idle / windows * 1e6:.1f} us | "
+                       f"{p['events_per_s']:,.0f} | {p['cpu_per_s']:.4f} | {per} | {lm} | {lx} |")
+    out.append("")
+    for run in runs:
+        lost = run["logged"] - run["dropped"] - run["received"]
+        out.append(f"- {run['ranks']} ranks: {run['logged']:,} events logged, {run['received']:,} received, "
                    f"{run['dropped']:,} dropped (counted), {lost:,} lost, {run['gaps']:,} in sequence gaps")
     return out
 
@@ -1408,6 +1682,13 @@ def write_md(path: str, lines: list[str]) -> None:
         f.write(text)
 
 
+def _budget_ms() -> float:
+    """The ranks' latency budget in this run (they inherit ``SHMSTAT_EVENT_LATENCY_MS``)."""
+    from shmstat.publish.sender import event_latency_ms
+
+    return event_latency_ms()
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--worker"]:
         run_worker(argv)
@@ -1415,7 +1696,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds and shorter runs (about 3 minutes on 2 cores)")
     ap.add_argument("--md", metavar="PATH", help="also write the report into PATH (between bench markers)")
-    kinds = ("calls", "throughput", "collector", "node", "create", "scrape", "imports")
+    kinds = ("calls", "throughput", "collector", "node", "sections", "ddp", "scale", "create", "scrape", "imports")
     ap.add_argument("--only", choices=kinds, action="append",
                     help="run only these parts (repeatable; the default is everything)")
     ap.add_argument("--cpu", action="store_true",
@@ -1455,6 +1736,19 @@ def main(argv: list[str]) -> int:
                 nodes.append(run_node(nranks, 8, [(0, seconds), (rate, seconds)], warmup, relay))
                 print(f"  node {nranks} ranks, {relay} done ({time.monotonic() - started:.0f} s)", file=sys.stderr,
                       flush=True)
+    budget_ms = _budget_ms()
+    secs = run_sections(quick) if "sections" in parts else []
+    if secs:
+        print(f"  sections done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    ddp = run_ddp(quick) if "ddp" in parts else None
+    if ddp is not None:
+        print(f"  ddp done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+    scaled: list[dict[str, Any]] = []
+    if "scale" in parts:
+        seconds, warmup = (3.0, 2.0) if quick else (10.0, 3.0)
+        for nranks in (8, 32, 128):
+            scaled.append(run_node(nranks, 8, [(0, seconds), (2000.0, seconds)], warmup, forked=True, tick_ms=50.0))
+            print(f"  scale {nranks} ranks done ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
     created = None
     if "create" in parts:
         created = run_create(8, 2000 if quick else 8000)
@@ -1474,6 +1768,13 @@ def main(argv: list[str]) -> int:
                  f"- mode: {'--quick' if quick else 'full'}; parts: {', '.join(sorted(parts))}"]
     if nodes:
         lines.extend(node_lines(nodes))
+        lines.extend(target_lines(nodes, budget_ms))
+    if secs:
+        lines.extend(section_lines(secs))
+    if ddp is not None:
+        lines.extend(ddp_lines(ddp))
+    if scaled:
+        lines.extend(scale_lines(scaled))
     if imported is not None:
         lines.extend(import_lines(imported))
     if created is not None:

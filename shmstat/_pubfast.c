@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 /* MAX_OPEN, K_* (KIND_CODES), KIND_NAMES_INIT, ITEM_* (item_bytes), WIRE_VERSION: generated from
  * shmstat/publish/outbox.py, shmstat/publish/item_sizes.py and shmstat/wire/ */

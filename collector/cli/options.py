@@ -77,6 +77,10 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--straggler-windows", "straggler_windows", int,
           f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
           metavar="N"),
+    Tuned("--event-latency", "event_latency_ms", float,
+          "the event path's latency budget: while events flow the collector turns every half of it; shmstat run "
+          "lets its ranks hold an event this long (SHMSTAT_EVENT_LATENCY_MS); longer costs less per event",
+          metavar="MS"),
     Tuned("--hang-after", "hang_after_s", float,
           "name the ranks of a job that made no progress (no section left, no step) for SECONDS: event/shmstat.hang, "
           "a console line, /metrics; 0 = off", metavar="SECONDS"),
@@ -191,6 +195,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
     if not 1 <= args.straggler_windows <= MAX_WINDOWS:
         raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
+    if not 0.1 <= args.event_latency <= 60_000:
+        raise ConfigError(f"--event-latency must be between 0.1 and 60000 ms, got {args.event_latency:g}")
     if not 0 <= args.hang_after <= 86400:
         raise ConfigError(f"--hang-after must be between 0 (off) and 86400 seconds, got {args.hang_after}")
     check_interval(args.gpu_interval)

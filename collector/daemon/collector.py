@@ -130,12 +130,18 @@ COMMIT_POLL_S = 0.02
 """While a pass waits for its handlers (:class:`PendingCommits`), the loop looks this often whether it was taken."""
 
 
-def gather_pause(turn_started: float) -> int:
+def relay_turn_s(event_latency_ms: float) -> float:
+    """How often a serving loop turns while messages flow, for a latency budget of ``event_latency_ms``: half
+    of it, never more often than :data:`RELAY_TURN_S` (the loop's cost when the budget is short)."""
+    return max(RELAY_TURN_S, event_latency_ms / 2000)
+
+
+def gather_pause(turn_started: float, turn_s: float = RELAY_TURN_S) -> int:
     """After a loop turn (begun at ``turn_started``, :func:`time.monotonic`) that relayed messages: sleep until
-    :data:`RELAY_TURN_S` after its start, so that what arrives meanwhile is taken in one turn, and return the
-    poll timeout for that turn (0). Messages flowing steadily cost one turn per :data:`RELAY_TURN_S`, not one
+    ``turn_s`` (:func:`relay_turn_s`) after its start, so that what arrives meanwhile is taken in one turn, and
+    return the poll timeout for that turn (0). Messages flowing steadily cost one turn per ``turn_s``, not one
     per message; a message after a quiet spell is taken at once."""
-    rest = turn_started + RELAY_TURN_S - time.monotonic()
+    rest = turn_started + turn_s - time.monotonic()
     if rest > 0:
         time.sleep(rest)
     return 0
@@ -382,7 +388,8 @@ class Collector:
             self.step(0)
             while not self.stop_requested.is_set():
                 turn = time.monotonic()
-                self.step(self._poll_timeout_ms() if not self.relayed_last_step else gather_pause(turn))
+                self.step(self._poll_timeout_ms() if not self.relayed_last_step
+                          else gather_pause(turn, relay_turn_s(self.config.event_latency_ms)))
         finally:
             self.shutdown()
 

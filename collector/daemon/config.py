@@ -15,6 +15,7 @@ from typing import IO
 from elastic.metrics import MetricHandler
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
+from shmstat.publish.sender import DEFAULT_EVENT_LATENCY_MS
 from shmstat.shm.layout import Geometry
 
 from ..gpu.figures import GPU_GROUP
@@ -90,6 +91,10 @@ class CollectorConfig:
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
     (collector.daemon.straggler)."""
+    event_latency_ms: float = DEFAULT_EVENT_LATENCY_MS
+    """The event path's latency budget in ms: while messages flow the loop turns every half of it (at least
+    :data:`collector.daemon.collector.RELAY_TURN_S`), and ``shmstat run`` gives it to its ranks
+    (``SHMSTAT_EVENT_LATENCY_MS``: how long a rank may hold an event). The collector's own events go at once."""
     hang_after_s: float = 30.0
     """A job whose ranks made no progress (no section left, no step) for this long while one is in a section hangs
     (:mod:`collector.daemon.hangs`); 0: hangs are not watched."""

@@ -56,6 +56,7 @@ from .collector import (
     build_dispatcher,
     gather_pause,
     let_sinks_finish,
+    relay_turn_s,
     stop_signals,
     wait_quietly,
 )
@@ -168,7 +169,8 @@ class NodeCollector:
             while not self.stop_requested.is_set():
                 turn = time.monotonic()
                 relayed = any(c.relayed_last_step for c in self.collectors.values())
-                self.step(gather_pause(turn) if relayed else self._poll_timeout_ms())
+                self.step(gather_pause(turn, relay_turn_s(self.config.event_latency_ms)) if relayed
+                          else self._poll_timeout_ms())
         finally:
             self.close()
             if self.ready_file is not None:

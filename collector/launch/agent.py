@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from elastic import metrics
 from shmstat.errors import ConfigError
 from shmstat.names import check_name
+from shmstat.publish.sender import DEFAULT_EVENT_LATENCY_MS
 
 from ..daemon.collector import Collector
 from ..handlers.protocol import AgentMetricData
@@ -120,6 +121,9 @@ class Agent:
             "SHMSTAT_JOB": self.job, "SHMSTAT_RANK": str(local_rank), "SHMSTAT_LOCAL_RANK": str(local_rank),
             "SHMSTAT_WORLD_SIZE": str(self.nproc), "PYTHONUNBUFFERED": "1",
         })
+        latency = self.collector.config.event_latency_ms
+        if latency != DEFAULT_EVENT_LATENCY_MS or "SHMSTAT_EVENT_LATENCY_MS" not in env:
+            env["SHMSTAT_EVENT_LATENCY_MS"] = f"{latency:g}"  # --event-latency given wins over the environment
         return env
 
     @metrics.prof(group=AGENT_GROUP)

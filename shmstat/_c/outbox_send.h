@@ -191,7 +191,18 @@ Outbox_init(Outbox *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     self->open_kind = K_GAP;
+    self->wake_fd = -1;
     return 0;
+}
+
+/* wake_on_full(fd): write to eventfd ``fd`` (-1: none) whenever the items held reach a message's worth. */
+static PyObject *
+Outbox_wake_on_full(Outbox *self, PyObject *arg)
+{
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    self->wake_fd = fd < 0 ? -1 : (int)fd;
+    Py_RETURN_NONE;
 }
 
 static void
@@ -224,6 +235,7 @@ static PyMethodDef Outbox_methods[] = {
     {"close", (PyCFunction)Outbox_close, METH_NOARGS, "Count later publishes as late drops."},
     {"frontier", (PyCFunction)Outbox_frontier, METH_NOARGS, "Publish index of the first held item."},
     {"counters", (PyCFunction)Outbox_counters, METH_NOARGS, "The counters as a tuple."},
+    {"wake_on_full", (PyCFunction)Outbox_wake_on_full, METH_O, "The eventfd to write when a batch's worth is held."},
     {NULL, NULL, 0, NULL},
 };
 

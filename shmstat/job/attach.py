@@ -52,6 +52,7 @@ def init(
     backlog_mb: float | None = None,
     section_window_s: float | None = None,
     hang_stacks: bool | None = None,
+    event_latency_ms: float | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
@@ -65,7 +66,9 @@ def init(
     ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     ``section_window_s`` is the window of :func:`shmstat.section` Stats (default ``SHMSTAT_SECTION_WINDOW_S`` or
     5 s), in a job or not. ``hang_stacks`` (default ``SHMSTAT_HANG_STACKS``) lets the collector ask a rank it
-    finds hung for its Python stacks (:mod:`shmstat.job.hang_stacks`).
+    finds hung for its Python stacks (:mod:`shmstat.job.hang_stacks`). ``event_latency_ms`` is how long the rank
+    may hold an event or metric before sending it to the collector (default ``SHMSTAT_EVENT_LATENCY_MS`` or 20 ms; a
+    message's worth and the exit go at once): a longer budget costs the node's collector less per event.
     Calling ``init`` again for another job detaches from the first.
 
     A process whose rank comes from the environment (``rank`` left out) and that took that environment unchanged
@@ -98,10 +101,13 @@ def init(
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
     from ..publish.publisher import Publisher
+    from ..publish.publisher import event_latency_ms as latency_ms
     from ..shm.layout import Geometry
     from ..shm.segment import Segment
     from .rank import RankAttachment, SegmentRemoved
 
+    if publish:
+        event_latency_ms = latency_ms(event_latency_ms)  # a bad budget stops init before it attaches
     geometry = None
     if max_ranks is not None or max_stats is not None or banks is not None:
         default = Geometry()
@@ -132,6 +138,7 @@ def init(
             _state.STATE.publisher = pub = Publisher(
                 target[0], rank=rank, incarnation=att.incarnation,
                 backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=job,
+                event_latency_ms=event_latency_ms,
             )
             pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True

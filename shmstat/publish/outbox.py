@@ -22,6 +22,8 @@ atomic under the GIL; here a lock makes them so. :func:`new_outbox` builds the b
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from typing import Any, NamedTuple
 
@@ -92,6 +94,7 @@ class Outbox:
         self._wire_seq = 0
         self._sent_items = self._sent_messages = self._dropped = self._invalid = self._late = 0
         self._closed = False
+        self._wake_fd = -1
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------- caller side
@@ -215,6 +218,16 @@ class Outbox:
         self._held += 1
         self._held_bytes += size
         self._index += 1
+        if self._wake_fd >= 0 and (self._held == self.batch_max or
+                                   self._held_bytes >= self.max_batch_bytes > self._held_bytes - size):
+            with contextlib.suppress(OSError):  # full or closed: the sender wakes at the end of its budget anyway
+                os.eventfd_write(self._wake_fd, 1)
+
+    def wake_on_full(self, fd: int) -> None:
+        """Write to eventfd ``fd`` (-1: none) whenever the items held reach a message's worth (``batch_max``
+        items or ``max_batch_bytes`` estimated bytes), so that the sender goes at once rather than at the end of its
+        latency budget."""
+        self._wake_fd = fd
 
     # ------------------------------------------------------------------------------- thread side
 

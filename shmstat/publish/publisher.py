@@ -76,6 +76,9 @@ from .item_sizes import (
 )
 from .outbox import KIND_CODES, Outbox, new_outbox
 from .sender import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
+from .sender import event_latency_ms as _latency_ms
+
+event_latency_ms = _latency_ms  # (for the job layer: this module is the one it may import)
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",
@@ -84,6 +87,7 @@ __all__ = [
     "Publisher",
     "PublisherStats",
     "after_fork_in_child",
+    "event_latency_ms",
     "item_bytes",
 ]
 
@@ -114,8 +118,11 @@ class Publisher:
     """Publishes events and metrics of one rank to the collector at ``endpoint`` (see the module docstring).
 
     ``rank`` and ``incarnation`` go into every message, with ``pid`` (default: this process). At most
-    ``backlog_limit`` items are held here; a message carries at most ``batch_max`` items; the background
-    thread sleeps ``idle_sleep_s`` when idle, backing off to 20 ms after a while. ``context`` is a
+    ``backlog_limit`` items are held here; a message carries at most ``batch_max`` items. The background
+    thread holds an item up to ``event_latency_ms`` (default ``SHMSTAT_EVENT_LATENCY_MS`` or 20 ms, the latency
+    budget: at low rates one message carries many items) before sending it; a message's worth held, a flush and
+    the close go at once; when zmq's pipe took only part of what is held, it tries again after ``idle_sleep_s``
+    (or the budget, if shorter). An idle thread wakes once per budget. ``context`` is a
     ``zmq.Context`` to use (not terminated by :meth:`close`); by default the publisher makes its own.
     ``sndhwm`` is zmq's send high-water mark in messages. If no collector has subscribed within
     ``unacked_warning_s`` (default 10 s, ``SHMSTAT_UNCOLLECTED_WARNING_S``) of the first publish, one warning
@@ -138,6 +145,7 @@ class Publisher:
         backlog_bytes: int | None = None,
         job: str | None = None,
         unacked_warning_s: float | None = None,
+        event_latency_ms: float | None = None,
     ) -> None:
         if pid is None:
             pid = os.getpid()
@@ -154,6 +162,7 @@ class Publisher:
                 raise ConfigError(f"Publisher {label} must be an int >= {low}, got {value!r}")
         if not isinstance(idle_sleep_s, (int, float)) or not 0 < idle_sleep_s <= 1:
             raise ConfigError(f"Publisher idle_sleep_s must be in (0, 1] seconds, got {idle_sleep_s!r}")
+        latency_ms = _latency_ms(event_latency_ms)
         if not isinstance(endpoint, str) or not endpoint:
             raise ConfigError(f"Publisher endpoint must be a non-empty str, got {endpoint!r}")
 
@@ -192,7 +201,7 @@ class Publisher:
             raise ConfigError(f"cannot connect a publisher to {endpoint!r}: {exc}") from exc
         self._sender = _Sender(sock, self._outbox, job=job, rank=rank, pid=pid, incarnation=incarnation,
                                idle_sleep_s=idle_sleep_s, unacked_warning_s=unacked_warning_s,
-                               kept_bytes=self._backlog_bytes, endpoint=endpoint)
+                               kept_bytes=self._backlog_bytes, endpoint=endpoint, latency_s=latency_ms / 1000)
         self.on_undelivered: Callable[[int, int], None] | None = None
         """Called by :meth:`close` with (the sequence number after the last item numbered, the incarnation) when
         some of them no collector acknowledged: the job layer records it in this process's rank entry."""

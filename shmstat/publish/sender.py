@@ -39,7 +39,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import os
+import select
 import socket
 import threading
 import time
@@ -48,11 +50,13 @@ from typing import Any, cast
 import zmq
 
 from .. import wire
+from ..errors import ConfigError
 from ..shm.runtime import env_number, node_collector_running
 from ..wire.delivered import DELIVERED_PREFIX, SYNC_STATE, delivered_in
 from .outbox import Outbox, counters_of
 
-__all__ = ["DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "connect_xpub", "unacked_warning_from_env"]
+__all__ = ["DEFAULT_EVENT_LATENCY_MS", "DEFAULT_SNDHWM", "DEFAULT_UNCOLLECTED_WARNING_S", "MAX_EVENT_LATENCY_MS",
+           "connect_xpub", "event_latency_ms", "unacked_warning_from_env"]
 
 _log = logging.getLogger("shmstat")
 
@@ -61,7 +65,12 @@ DEFAULT_SNDHWM = 64
 large event, at most :data:`MAX_BATCH_BYTES`): what waits inside zmq stays within ~16 MiB, the rest is in the
 publisher's own byte-bounded backlog, where a drop is counted and numbered."""
 
-_MAX_IDLE_SLEEP_S = 0.02
+DEFAULT_EVENT_LATENCY_MS = 20.0
+"""The event path's latency budget: how long the publisher thread may hold an item before sending it, so that at low
+rates one message (and one turn of the collector) carries many items. Telemetry needs no millisecond latency: a
+Prometheus scrape is 15 s apart. A message's worth held, a flush and the exit go at once."""
+MAX_EVENT_LATENCY_MS = 60_000.0
+_MIN_EVENT_LATENCY_MS = 0.1
 
 _WARNED_UNCOLLECTED = False  # this process checked for the uncollected-events warning (said once per job)
 DEFAULT_UNCOLLECTED_WARNING_S = 10.0
@@ -75,6 +84,52 @@ def _job_segment(job: str | None) -> Any:
     if job is None or att is None or att.segment.job != job or att.segment.inode < 0:
         return None
     return att.segment
+
+
+def event_latency_ms(value: float | None = None) -> float:
+    """The latency budget in ms: ``value`` if given, else ``SHMSTAT_EVENT_LATENCY_MS``, else
+    :data:`DEFAULT_EVENT_LATENCY_MS`; one out of 0.1 to 60,000 ms is a ConfigError."""
+    if value is None:
+        env = env_number("SHMSTAT_EVENT_LATENCY_MS", _MIN_EVENT_LATENCY_MS, MAX_EVENT_LATENCY_MS, "milliseconds")
+        return DEFAULT_EVENT_LATENCY_MS if env is None else env
+    if type(value) not in (int, float) or not _MIN_EVENT_LATENCY_MS <= value <= MAX_EVENT_LATENCY_MS:
+        raise ConfigError(f"event_latency_ms must be a number of milliseconds from {_MIN_EVENT_LATENCY_MS:g} to "
+                          f"{MAX_EVENT_LATENCY_MS:,.0f}, got {value!r}")
+    return float(value)
+
+
+class _Wakeup:
+    """What the publisher thread sleeps on: an eventfd written by :meth:`set` (a flush, the close) and by the outbox
+    when a message's worth is held (:meth:`Outbox.wake_on_full`: from C too, with no Python call)."""
+
+    __slots__ = ("_poll", "fd")
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+
+    def set(self) -> None:
+        """Wake the thread (now, or at its next wait)."""
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self.fd, 1)
+
+    def clear(self) -> None:
+        """Forget the wake-ups so far."""
+        with contextlib.suppress(OSError):
+            os.eventfd_read(self.fd)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep up to ``timeout_s``; True (and cleared) if woken."""
+        if self._poll.poll(max(0, math.ceil(timeout_s * 1000))):
+            self.clear()
+            return True
+        return False
+
+    def close(self) -> None:
+        """Close the eventfd (the thread and the outbox no longer use it)."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def unacked_warning_from_env() -> float:
@@ -114,7 +169,8 @@ class _Sender:
 
     def __init__(self, sock: zmq.Socket[Any], outbox: Outbox, *, job: str | None, rank: int, pid: int,
                  incarnation: int, idle_sleep_s: float, unacked_warning_s: float,
-                 kept_bytes: int = 64 * 1024 * 1024, endpoint: str = "") -> None:
+                 kept_bytes: int = 64 * 1024 * 1024, endpoint: str = "",
+                 latency_s: float = DEFAULT_EVENT_LATENCY_MS / 1000) -> None:
         self.sock: zmq.Socket[Any] | None = sock  # used only by the thread once it runs
         self.thread: threading.Thread | None = None
         self._outbox = outbox  # or its C twin (the same methods)
@@ -126,8 +182,8 @@ class _Sender:
         self._rank = rank
         self._pid = pid
         self._incarnation = incarnation
-        self._idle_sleep_s = float(idle_sleep_s)
-        self._max_sleep_s = max(self._idle_sleep_s, _MAX_IDLE_SLEEP_S)
+        self._latency_s = float(latency_s)
+        self._retry_s = min(float(idle_sleep_s), self._latency_s)  # zmq's pipe took part of what is held
         self._unacked_warning_s = unacked_warning_s
         self._kept_limit = kept_bytes
         self.origin = int.from_bytes(os.urandom(8), "little") >> 1
@@ -159,7 +215,8 @@ class _Sender:
         # controls: set by the publisher's callers, read by the thread
         self._first_publish = 0.0  # monotonic time of the first publish (set when the thread starts)
         self._flush_requests: collections.deque[_FlushRequest] = collections.deque()
-        self._wake = threading.Event()
+        self._wake = _Wakeup()
+        self._outbox.wake_on_full(self._wake.fd)
         self._stop = False
         self._close_linger_ms = 0
 
@@ -215,6 +272,8 @@ class _Sender:
         elif self.sock is not None:
             self.sock.close(linger=0)  # never used by a thread; nothing was ever queued
         self.sock = None
+        self._outbox.wake_on_full(-1)
+        self._wake.close()
         return True
 
     def forget_in_child(self, outbox: Outbox) -> zmq.Socket[Any] | None:
@@ -223,7 +282,7 @@ class _Sender:
         sock, self.sock = self.sock, None
         self.thread = None
         self._outbox = outbox
-        self._reset_state()
+        self._reset_state()  # (the parent's eventfd stays open in the child, unused, as its socket does)
         return sock
 
     # ------------------------------------------------------------------------------------- the thread
@@ -231,8 +290,10 @@ class _Sender:
     def _run(self) -> None:
         sock = self.sock
         assert sock is not None
-        sleep_s = self._idle_sleep_s
         failures = 0
+        waiting = zmq.Poller()  # no subscriber yet with items held: the socket (a subscription) or a wake-up
+        waiting.register(sock, zmq.POLLIN)
+        waiting.register(self._wake.fd, zmq.POLLIN)
         try:
             while True:
                 try:
@@ -248,16 +309,16 @@ class _Sender:
                     self._check_uncollected()  # also as it stops: a short-lived rank still says it once
                 if self._stop:
                     return
-                if progressed:
-                    sleep_s = wait_s = self._idle_sleep_s  # items are flowing: let the next ones gather into batches
+                held = counters_of(self._outbox).held
+                # what comes next is held up to the latency budget, unless a message's worth, a flush or the close
+                # wakes the thread; zmq's pipe that took only part of what is held is tried again soon
+                wait_s = self._retry_s if progressed and held else self._latency_s
+                if not self._subscribed and held:
+                    # only a subscription frame can unblock the backlog: wait on the socket too
+                    if self._wake.fd in dict(waiting.poll(max(1, math.ceil(wait_s * 1000)))):
+                        self._wake.clear()
                 else:
-                    wait_s = sleep_s  # idle: back off up to _max_sleep_s
-                    sleep_s = min(sleep_s * 2, self._max_sleep_s)
-                if not self._subscribed and counters_of(self._outbox).held:
-                    # only a subscription frame can unblock the backlog: wait on the socket
-                    sock.poll(max(1, int(wait_s * 1000)), zmq.POLLIN)
-                elif self._wake.wait(wait_s):
-                    self._wake.clear()
+                    self._wake.wait(wait_s)
         finally:
             deadline = time.monotonic() + self._close_linger_ms / 1000
             if self._kept and self._close_linger_ms > 0:

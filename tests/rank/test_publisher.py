@@ -690,3 +690,102 @@ def test_what_no_collector_acknowledged_is_re_sent_behind_a_marker_within_the_bo
     c.receive_until(lambda: c.count() == n - first, what="the re-sent messages")
     assert [s for s, _i, _m in c.items()] == list(range(first, n))  # in order, each once
     assert pub._sender.kept_evicted > 0
+
+
+# ------------------------------------------------------------------------------------------- the latency budget
+
+
+def _arrival_of(c: Collector, i: int, timeout_s: float = 10.0) -> tuple[float, wire.WireMessage]:
+    """Receive until the event whose data is ``{"i": i}`` is there: (the monotonic time it was seen, its message)."""
+    def found() -> wire.WireMessage | None:
+        return next((m for _seq, item, m in c.items() if item[2] == {"i": i}), None)
+
+    c.receive_until(lambda: found() is not None, timeout_s, what=f"event {i}")
+    seen = time.monotonic()
+    msg = found()
+    assert msg is not None
+    return seen, msg
+
+
+def test_events_within_the_latency_budget_travel_in_few_messages(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a 1 s budget (SHMSTAT_EVENT_LATENCY_MS) the thread holds what comes after a send until the budget is
+    up: ten events 10 ms apart leave in at most 3 messages (the step that sent the one before may still be sending
+    when the first comes, and one end of the budget may fall among them), and the first still arrives within the
+    budget (plus slack for a loaded machine). Without the budget the thread looked every 2 to 20 ms: 5 messages or
+    more."""
+    monkeypatch.setenv("SHMSTAT_EVENT_LATENCY_MS", "1000")
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=0)
+    publishers.append(pub)
+    pub.publish_event("e", time.time_ns(), {"i": -1})
+    _arrival_of(c, -1)
+    t0 = time.monotonic()
+    for i in range(10):
+        pub.publish_event("e", time.time_ns(), {"i": i})
+        time.sleep(0.01)  # the spacing under test: half the thread's old longest sleep (20 ms)
+    seen0, _m = _arrival_of(c, 0)
+    _arrival_of(c, 9)
+    messages = {id(m) for _seq, item, m in c.items() if item[2]["i"] >= 0}
+    assert len(messages) <= 3, f"ten events 10 ms apart within a 1 s budget went in {len(messages)} messages"
+    assert seen0 - t0 < 1.0 + 1.0, f"held {seen0 - t0:.3f} s with a 1 s budget"
+
+
+def test_a_lone_event_arrives_within_the_budget(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    """An idle thread still looks once per budget: a lone event logged at any moment arrives within the budget
+    (measured from the publish to the receive, plus slack for a loaded machine), five times over."""
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=0, event_latency_ms=50)
+    publishers.append(pub)
+    pub.publish_event("e", time.time_ns(), {"i": -1})
+    _arrival_of(c, -1)
+    for i in range(5):
+        c.pump(37)  # the next event is published at another moment of the thread's cycle (and the collector idles)
+        t0 = time.monotonic()
+        pub.publish_event("e", time.time_ns(), {"i": i})
+        seen, _msg = _arrival_of(c, i)
+        assert seen - t0 < 0.05 + 0.25, f"a lone event took {seen - t0:.3f} s with a 50 ms budget"
+
+
+def test_a_full_batch_and_the_exit_do_not_wait_for_the_budget(
+    publishers: list[Publisher], collector_factory: Callable[[], Collector], endpoint: str
+) -> None:
+    """With a 60 s budget: a batch that fills (batch_max items) is sent at once, and so is what close() finds held;
+    neither waits anywhere near the budget."""
+    c = collector_factory()
+    pub = Publisher(endpoint, rank=0, batch_max=8, event_latency_ms=60_000)
+    publishers.append(pub)
+    pub.publish_event("e", time.time_ns(), {"i": -1})
+    _arrival_of(c, -1)  # the thread sent, and now sleeps for the budget
+    t0 = time.monotonic()
+    for i in range(8):
+        pub.publish_event("e", time.time_ns(), {"i": i})
+    seen, msg = _arrival_of(c, 7)
+    assert seen - t0 < 5.0 and len(msg.items) == 8
+    pub.publish_event("e", time.time_ns(), {"i": 100})
+    t0 = time.monotonic()
+    closer = threading.Thread(target=pub.close, kwargs={"linger_ms": 10_000})
+    closer.start()
+    try:
+        seen, _msg = _arrival_of(c, 100)
+    finally:
+        while closer.is_alive():
+            c.pump(10)  # the stand-in answers the closing marker as the collector does
+        closer.join()
+    assert seen - t0 < 5.0
+    assert pub.stats().sent_items == 10 and pub.stats().dropped == 0
+
+
+def test_the_latency_budget_is_checked(publishers: list[Publisher], endpoint: str,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget out of range is one ConfigError, from the argument or the environment."""
+    for bad in (0, -1, 60_001, True, "20"):
+        with pytest.raises(ConfigError, match="event_latency_ms"):
+            Publisher(endpoint, rank=0, event_latency_ms=bad)  # type: ignore[arg-type]
+    monkeypatch.setenv("SHMSTAT_EVENT_LATENCY_MS", "nope")
+    with pytest.raises(ConfigError, match="SHMSTAT_EVENT_LATENCY_MS"):
+        Publisher(endpoint, rank=0)

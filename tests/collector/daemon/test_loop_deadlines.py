@@ -17,6 +17,7 @@ from collector.daemon.collector import (
     RELAY_TURN_S,
     STAT_LOOK_S,
     gather_pause,
+    relay_turn_s,
     wait_quietly,
 )
 from collector.daemon.config import SERVING_RANK_LOOK_S
@@ -127,5 +128,16 @@ def test_a_turn_that_relayed_messages_is_followed_by_a_gathering_pause(job):
         assert gather_pause(started) == 0
         assert time.monotonic() - started >= RELAY_TURN_S  # what arrives meanwhile is taken in one turn
         assert gather_pause(time.monotonic() - 1.0) == 0  # a turn that took longer than the pause: none
+        started = time.monotonic()
+        assert gather_pause(started, relay_turn_s(100)) == 0  # a 100 ms budget: a turn every 50 ms while flowing
+        assert time.monotonic() - started >= 0.05
     finally:
         c.close()
+
+
+def test_the_relay_turn_follows_the_event_latency_budget() -> None:
+    """While messages flow the loop turns every half of the budget (--event-latency), never more often than
+    RELAY_TURN_S: a short budget costs what the loop cost before there was one."""
+    assert CollectorConfig(job="j").event_latency_ms == 20
+    assert relay_turn_s(20) == 0.01
+    assert relay_turn_s(1) == RELAY_TURN_S
