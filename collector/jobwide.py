@@ -179,6 +179,7 @@ class _Job:
     node_index: dict[str, int] = field(default_factory=dict)
     node_hangs: dict[str, dict[str, Any]] = field(default_factory=dict)  # node -> its shmstat.hang data
     hang: JobHang | None = None
+    hang_since_ns: int | None = None  # the first node's hang of this episode, on the clock
 
 
 class JobWatch:
@@ -274,6 +275,8 @@ class JobWatch:
                     continue
                 state.scored[(group, stat, ms)] = wid
                 out.extend(self._score(name, state, group, stat, ms, wid, win))
+            if state.node_hangs:
+                out.extend(self._hang_state(name, state))
         return out
 
     def _score(self, job: str, state: _Job, group: str, stat: str, ms: int, wid: int, win: _Window
@@ -335,13 +338,24 @@ class JobWatch:
             state.node_hangs.pop(node, None)
         else:
             state.node_hangs[node] = data
+            if state.hang_since_ns is None:
+                state.hang_since_ns = self.clock()
+        return self._hang_state(job, state)
+
+    def _hang_state(self, job: str, state: _Job) -> list[WatchEvent]:
+        """The job hangs once a node names the rank holding it and every node heard hangs too, or ``settle_s`` after
+        the first node's hang (nodes notice at their own looks); one event per holder, until no node hangs."""
         if not state.node_hangs:
+            state.hang_since_ns = None
             if state.hang is None:
                 return []
             state.hang = None
             return [WatchEvent(JOB_HANG_RESOLVED_EVENT, job, {"line": f"hang resolved: job {job}: no node hangs"})]
+        settled = state.hang_since_ns is not None and self.clock() - state.hang_since_ns >= self.settle_ns
+        if not settled and len(state.node_hangs) < len(state.nodes):
+            return []
         hang = _holder(job, state.node_hangs, list(state.nodes))
-        if hang is None or hang == state.hang:
+        if hang is None or (state.hang is not None and (hang.node, hang.rank) == (state.hang.node, state.hang.rank)):
             return []
         state.hang = hang
         return [WatchEvent(JOB_HANG_EVENT, job, {

@@ -1,6 +1,7 @@
 """``shmstat top --nodes ENDPOINT...``: the job across its nodes' collectors, live.
 
-The nodes' streams are followed by :class:`collector.jobwide.NodeStreams` and scored by :class:`collector.jobwide.JobWatch`
+The nodes' streams are followed by :class:`collector.jobwide.NodeStreams` and scored by
+:class:`collector.jobwide.JobWatch`
 (each rank and each node against the job-wide median, the one straggler rule); :func:`render_nodes` turns its
 :meth:`~collector.jobwide.JobWatch.views` into a frame (a pure function of them, testable without a terminal): per
 job a header (job, clock, nodes heard), the hang line while the job hangs (the rank holding it, its node and
