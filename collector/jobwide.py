@@ -198,6 +198,9 @@ class JobWatch:
         """Rows of a rank that arrived after their window was scored (not folded in)."""
         self.lost = 0
         """Items the nodes' heartbeats showed lost (:data:`GAP_EVENT`)."""
+        self.expected: tuple[str, ...] = ()
+        """The nodes every window waits for (up to ``settle_s``) besides those that sent its stat: the endpoints
+        followed (:class:`NodeStreams` sets them), so that a node whose ranks start late is not scored out."""
 
     def _job(self, job: str) -> _Job:
         state = self._jobs.get(job)
@@ -265,7 +268,8 @@ class JobWatch:
             for key, win in state.pending.items():
                 group, stat, ms, wid = key
                 senders = state.newest.get((group, stat, ms), {})
-                if all(w > wid for w in senders.values()) or now - win.first_ns >= self.settle_ns:
+                heard = all(n in senders for n in self.expected)  # a node not sending yet is waited for too
+                if (heard and all(w > wid for w in senders.values())) or now - win.first_ns >= self.settle_ns:
                     ready.append(key)
             for key in sorted(ready, key=lambda k: (k[3], k[0], k[1], k[2])):
                 win = state.pending.pop(key)
@@ -484,6 +488,7 @@ class NodeStreams:
             raise ConfigError("--curve-client NAME picks a key of a --curve DIR; add --curve DIR")
         self.jw = jw
         self.nodes = [n for n, _ in named]
+        jw.expected = tuple(self.nodes)
         self._ctx = zmq.Context()
         self._tracker = GapTracker(followed_kinds(TOPICS))
         self._socks: dict[zmq.Socket, str] = {}

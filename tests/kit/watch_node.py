@@ -5,10 +5,12 @@ with its own runtime directory. It starts a node collector (``shmstat collect --
 KEYDIR --hang-after 1``), writes its endpoint to ``WORKDIR/NODE.ready`` and starts ``RANKS`` ranks, global ranks
 ``FIRST`` .. ``FIRST + RANKS - 1`` of ``WORLD``, configured as torchrun configures them.
 
-``SLOW``: ``F`` (every rank of the node F times slower in its ``compute`` section: a slow node) or ``R:F`` (global
-rank R only); ``-`` none. Each rank steps (``compute``: :data:`COMPUTE_S` x its factor, then the wait section
-``allreduce``) until ``WORKDIR/hang`` exists; then global rank ``STUCK`` (``-``: none here) stays in ``compute``
-and every other rank waits in ``allreduce``, until ``WORKDIR/stop`` exists. Then the ranks end and the collector is
+Each rank steps (the section ``compute``: :data:`COMPUTE_S`, then the wait section ``allreduce``) and adds its
+step's time to the stat ``train/step_ms``: :data:`STEP_MS` times its factor, a known figure whatever the load does
+to sleeps. ``SLOW``: ``F`` (every rank of the node F times slower: a slow node) or ``R:F`` (global rank R only);
+``-`` none. The ranks start together (each waits for every rank of the job, as after a rendezvous) and step until
+``WORKDIR/hang`` exists; then global rank ``STUCK`` (``-``: none here) stays in ``compute`` and every other rank
+waits in ``allreduce``, until ``WORKDIR/stop`` exists. Then the ranks end and the collector is
 stopped; its stderr is kept in ``WORKDIR/NODE.err``."""
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 COMPUTE_S = 0.02
+STEP_MS = 20.0
 WAIT_S = 0.004
 SECTION_WINDOW_S = "0.25"
 
@@ -42,11 +45,17 @@ def rank(job: str, rank: int, local: int, ranks: int, world: int, factor: float,
                       LOCAL_WORLD_SIZE=str(ranks), GROUP_RANK="0", SHMSTAT_SECTION_WINDOW_S=SECTION_WINDOW_S)
     sys.path.insert(0, REPO)
     import shmstat
+    from shmstat import Aggregation as A
 
+    step = shmstat.Stat("step_ms", [A.COUNT, A.MEAN, A.P50], float(SECTION_WINDOW_S), group="train")
     hang, stop = os.path.join(work, "hang"), os.path.join(work, "stop")
+    open(os.path.join(work, f"rank.{rank}"), "w").close()  # every rank of every node starts together, as after
+    for r in range(world):  # a rendezvous
+        _wait_file(os.path.join(work, f"rank.{r}"))
     while not os.path.exists(hang):
         with shmstat.section("compute"):
-            time.sleep(COMPUTE_S * factor)
+            time.sleep(COMPUTE_S)
+        step.add(STEP_MS * factor)
         with shmstat.section("allreduce", wait=True):
             time.sleep(WAIT_S)
     if stuck:

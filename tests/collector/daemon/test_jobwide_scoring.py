@@ -51,3 +51,22 @@ def test_a_wait_section_and_a_count_alone_are_not_scored():
             jw.take(node, _msg([(r, wid, 10.0 * (r + 1)) for r in ranks], name="wait", wait=True), "j")
             jw.take(node, _msg([(r, wid, 10.0 * (r + 1)) for r in ranks], name="n", mask=to_mask([A.COUNT])), "j")
     assert jw.views()[0].stats == ()
+
+
+def test_a_node_followed_but_not_sending_yet_is_waited_for_up_to_settle_s():
+    """Ranks that start late on one node: their windows are not scored without them while it may still come (a rank
+    scored against the others only was seen recovered and flagged again under load)."""
+    clock = FakeClock()
+    jw = JobWatch(windows=1, settle_s=1.0, clock=clock)
+    jw.expected = ("a", "b", "c")
+    for wid in (7, 8):
+        jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
+        jw.take("b", _msg([(2, wid, 10.0), (3, wid, 40.0)]), "j")
+    assert jw.views()[0].stats == ()  # c's ranks have not started
+    jw.take("c", _msg([(4, 7, 40.0), (5, 7, 40.0)]), "j")
+    jw.take("c", _msg([(4, 8, 40.0), (5, 8, 40.0)]), "j")
+    (stat,) = jw.views()[0].stats
+    assert stat.wid == 7 and stat.median == 25.0 and len(stat.ranks) == 6
+    clock.advance_ms(1000)
+    jw.tick()
+    assert jw.views()[0].stats[0].wid == 8  # window 8 waited settle_s for nodes that sent no window 9
