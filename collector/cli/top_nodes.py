@@ -35,8 +35,8 @@ def _score(value: float) -> str:
 
 def _stat_table(s: StatScores, width: int, max_rows: int | None) -> Table:
     t = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False,
-              header_style="bold", width=min(width, 120), expand=True)
-    t.add_column("NODE", no_wrap=True, overflow="ellipsis", ratio=1, min_width=8)
+              header_style="bold", width=None if width >= 60 else width)
+    t.add_column("NODE", no_wrap=True, overflow="ellipsis", min_width=6, max_width=max(12, min(width, 120) - 40))
     t.add_column("RANK", justify="right", no_wrap=True)
     t.add_column("P50|MEAN", justify="right", no_wrap=True, min_width=7)
     t.add_column("SCORE", justify="right", no_wrap=True, min_width=5)
@@ -72,7 +72,7 @@ def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = No
         if parts:
             parts.append(Text(""))
         parts.append(Text.assemble(("job ", "dim"), (job.job or "(per-job endpoint)", "bold cyan"), f"  {clock}  ",
-                                   (f"nodes {len(job.nodes)}: {', '.join(job.nodes)}", "dim")))
+                                   (f"nodes {len(job.nodes)}: {', '.join(sorted(job.nodes))}", "dim")))
         if job.hang is not None:
             parts.append(Text(job.hang.line, style="bold red"))
         stats = [s for s in job.stats if stat is None or s.key == stat]
