@@ -10,7 +10,7 @@ from .handlers.dispatch import Dispatcher
 from .handlers.jsonl import JsonlMetricHandler
 from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter
 from .handlers.specs import build_handler
-from .jobwide import JobWatch, WatchEvent, watch
+from .jobwide.watch import JobWatch, WatchEvent, watch
 from .read.columns import Columns
 from .read.rows import WindowRow
 from .sinks.events import EventHandler, EventRecord, GapRecord

@@ -1,9 +1,9 @@
 """``shmstat top --nodes ENDPOINT...``: the job across its nodes' collectors, live.
 
-The nodes' streams are followed by :class:`collector.jobwide.NodeStreams` and scored by
-:class:`collector.jobwide.JobWatch`
+The nodes' streams are followed by :class:`collector.jobwide.watch.NodeStreams` and scored by
+:class:`collector.jobwide.watch.JobWatch`
 (each rank and each node against the job-wide median, the one straggler rule); :func:`render_nodes` turns its
-:meth:`~collector.jobwide.JobWatch.views` into a frame (a pure function of them, testable without a terminal): per
+:meth:`~collector.jobwide.watch.JobWatch.views` into a frame (a pure function of them, testable without a terminal): per
 job a header (job, clock, nodes heard), the hang line while the job hangs (the rank holding it, its node and
 section; the nodes that wait), then per stat its newest scored window: each node (its figure, the median of its
 ranks', and its score) followed by its ranks, a slow node marked ``SLOW NODE`` and a slow rank ``SLOW`` (bold red,
@@ -23,7 +23,7 @@ from rich.text import Text
 from shmstat.errors import ConfigError
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
-from ..jobwide import JobView, JobWatch, NodeStreams, StatScores
+from ..jobwide.watch import JobView, JobWatch, NodeStreams, StatScores
 from .top import abbreviate, window_label
 
 __all__ = ["render_nodes", "run_top_nodes"]
@@ -60,7 +60,7 @@ def _stat_table(s: StatScores, width: int, max_rows: int | None) -> Table:
 
 def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = None, width: int = 80,
                  height: int | None = None) -> RenderableType:
-    """One frame of ``shmstat top --nodes`` for ``views`` (:meth:`collector.jobwide.JobWatch.views`): per job, a
+    """One frame of ``shmstat top --nodes`` for ``views`` (:meth:`collector.jobwide.watch.JobWatch.views`): per job, a
     header, the hang line if the job hangs, then per stat (only ``stat``, ``GROUP/NAME``, if given) its newest
     window scored across the nodes, node rows (``NODE``, ``N ranks``, figure, score) each followed by its ranks'
     rows, slow nodes and ranks bold red and marked ``SLOW NODE`` / ``SLOW``. ``height`` bounds the rows."""

@@ -105,7 +105,7 @@ def score_against(median: np.ndarray, f: np.ndarray, higher_is_better: np.ndarra
     """The score of each figure ``f`` against its ``median`` (arrays of one length): ``median / figure``, or
     ``figure / median`` where higher is better; a figure of 0 scores inf (0.0 where higher is better), a median of 0
     gives 1.0. :func:`score_blocks` scores with it against each block's own median; the job-wide view
-    (:mod:`collector.jobwide`) scores a node's figure with it against the median of every rank of the job."""
+    (:mod:`collector.jobwide.watch`) scores a node's figure with it against the median of every rank of the job."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         safe = np.where(median == 0, 1.0, median)
         return np.where(median == 0, 1.0, np.where(higher_is_better, f / safe,
@@ -258,9 +258,9 @@ class StragglerDetector:
         return slow is not None and slow.reported
 
     def observe(self, scores: list[Score]) -> list[StragglerEvent]:
-        """Take scores made elsewhere (the job-wide view, :mod:`collector.jobwide`, scores across nodes), in window
-        order per stat, as :meth:`update_columns` takes its own: the events they give, a rank no window scored for
-        ``forget_after_ns`` forgotten."""
+        """Take scores made elsewhere (the job-wide view, :mod:`collector.jobwide.watch`, scores across nodes), in
+        window order per stat, as :meth:`update_columns` takes its own: the events they give, a rank no window scored
+        for ``forget_after_ns`` forgotten."""
         events: list[StragglerEvent] = []
         for s in scores:
             self._latest_ns = max(self._latest_ns, s.end_ns)

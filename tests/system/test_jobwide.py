@@ -21,7 +21,7 @@ from kit.support import unique_job, wait_for
 
 import collector
 from collector.cli.keys import make_keys
-from collector.jobwide import JOB_HANG_EVENT, JOB_STRAGGLER_EVENT, JobWatch
+from collector.jobwide.watch import JOB_HANG_EVENT, JOB_STRAGGLER_EVENT, JobWatch
 
 RANKS, NODES = 3, ("n0", "n1", "n2")
 SLOW = {"n0": "-", "n1": "4:2.0", "n2": "1.6"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kit.support import FakeClock
 
-from collector.jobwide import JOB_STRAGGLER_EVENT, JobWatch
+from collector.jobwide.watch import JOB_STRAGGLER_EVENT, JobWatch
 from collector.read.rows import WindowRow
 from shmstat import wire
 from shmstat.aggregation import Aggregation as A

@@ -44,8 +44,8 @@ from shmstat.errors import ConfigError, WireError
 from shmstat.wire.heartbeat import SENDER_STREAM, GapTracker, followed_kinds
 from shmstat.wire.records import item_record
 
-from .daemon.hangs import HANG_EVENT, RESOLVED_EVENT
-from .daemon.straggler import (
+from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
+from ..daemon.straggler import (
     DEFAULT_THRESHOLD,
     DEFAULT_WINDOWS,
     STRAGGLER_EVENT,
@@ -55,9 +55,9 @@ from .daemon.straggler import (
     score_against,
     score_blocks,
 )
-from .gpu.figures import is_gpu_stat
-from .read.columns import COUNT_ONLY_MASK
-from .relay.curve import CLIENT, CURVE_FRAME_OVERHEAD, load_client, secure_client
+from ..gpu.figures import is_gpu_stat
+from ..read.columns import COUNT_ONLY_MASK
+from ..relay.curve import CLIENT, CURVE_FRAME_OVERHEAD, load_client, secure_client
 
 __all__ = [
     "GAP_EVENT", "JOB_HANG_EVENT", "JOB_HANG_RESOLVED_EVENT", "JOB_RECOVERED_EVENT", "JOB_STRAGGLER_EVENT",
