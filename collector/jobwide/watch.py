@@ -296,14 +296,15 @@ class JobWatch:
         for i, (_, node, _) in enumerate(kept):
             by_node.setdefault(node, []).append(i)
         names = sorted(by_node)
-        node_fig = np.array([float(np.median(f[by_node[n]])) for n in names])
+        # each node's own median (its figure) and each rank's score against it, by the same rule: a rank of a node
+        # slow as a whole is scored against its node
+        order = [i for n in names for i in by_node[n]]  # by node, then figure (kept is sorted by figure)
+        blocks = np.array([k for k, n in enumerate(names) for _ in by_node[n]], np.int64)
+        node_median, local, _ = score_blocks(blocks, f[order], hib[order])
+        local_of = dict(zip(order, zip(local.tolist(), node_median.tolist(), strict=True), strict=True))
+        node_fig = np.array([local_of[by_node[n][0]][1] for n in names])
         node_score = score_against(np.full(len(names), job_median), node_fig, np.full(len(names),
                                                                                        win.higher_is_better))
-        # each node's own median: a rank of a node slow as a whole is scored against its node
-        order = [i for n in names for i in by_node[n]]
-        blocks = np.array([k for k, n in enumerate(names) for _ in by_node[n]], np.int64)
-        _, local, _ = score_blocks(blocks, f[order], hib[order])
-        local_of = dict(zip(order, local.tolist(), strict=True))
         node_slow_now = {n: s < self.threshold for n, s in zip(names, node_score.tolist(), strict=True)}
         assert state.nodes_slow is not None and state.ranks is not None
         out: list[WatchEvent] = []
@@ -318,15 +319,17 @@ class JobWatch:
                 out.append(_event(ev, job, node, -1, len(by_node.get(node, ()))))
         rank_scores = []
         node_of_rank = {}
+        on_slow_node: set[int] = set()
         for i, (fg, node, rank) in enumerate(kept):
-            s = float(score[i])
+            s, against = float(score[i]), job_median
             if node_slow_now[node] and len(names) >= 2:
-                s = local_of[i] if len(by_node[node]) >= 2 else 1.0
-            rank_scores.append(Score(group, stat, rank, wid, ms, s, fg, job_median))
+                s, against = local_of[i] if len(by_node[node]) >= 2 else (1.0, fg)
+                on_slow_node.add(rank)
+            rank_scores.append(Score(group, stat, rank, wid, ms, s, fg, against))
             node_of_rank[rank] = node
         for ev in state.ranks.observe(sorted(rank_scores, key=lambda x: x.rank)):
             rank = int(ev.data["rank"])
-            out.append(_event(ev, job, node_of_rank.get(rank, ""), rank, 1))
+            out.append(_event(ev, job, node_of_rank.get(rank, ""), rank, 1, rank in on_slow_node))
         nodes_slow, ranks_slow = state.nodes_slow, state.ranks
         state.views[(group, stat)] = StatScores(
             group, stat, wid, ms, job_median,
@@ -372,15 +375,17 @@ class JobWatch:
                 for job, state in sorted(self._jobs.items())]
 
 
-def _event(ev: StragglerEvent, job: str, node: str, rank: int, ranks: int) -> WatchEvent:
-    """A detector's event as a job-wide one: its node, its rank (-1: the node as a whole) and its line."""
+def _event(ev: StragglerEvent, job: str, node: str, rank: int, ranks: int, by_node: bool = False) -> WatchEvent:
+    """A detector's event as a job-wide one: its node, its rank (-1: the node as a whole) and its line;
+    ``by_node``: a rank of a slow node, scored against its node's median (``"against": "node"``)."""
     name = JOB_STRAGGLER_EVENT if ev.name == STRAGGLER_EVENT else JOB_RECOVERED_EVENT
-    data: dict[str, Any] = {**ev.data, "node": node, "rank": rank}
+    data: dict[str, Any] = {**ev.data, "node": node, "rank": rank, "against": "node" if by_node else "job"}
     who = f"node {node} ({ranks} ranks)" if rank < 0 else f"rank {rank} on node {node}"
     what = f"{data['group']}/{data['stat']}"
     if name == JOB_STRAGGLER_EVENT:
-        data["line"] = (f"straggler: job {job}: {who} scores {data['score']:.2f} on {what} against the job-wide "
-                        f"median {data['median']:.4g} for {data['windows']} windows")
+        median = "its node's median (a slow node)" if by_node else "the job-wide median"
+        data["line"] = (f"straggler: job {job}: {who} scores {data['score']:.2f} on {what} against {median} "
+                        f"{data['median']:.4g} for {data['windows']} windows")
     else:
         data["line"] = f"recovered: job {job}: {who} on {what} ({data.get('reason', 'recovered')})"
     return WatchEvent(name, job, data)

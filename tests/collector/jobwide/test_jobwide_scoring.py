@@ -70,3 +70,17 @@ def test_a_node_followed_but_not_sending_yet_is_waited_for_up_to_settle_s():
     clock.advance_ms(1000)
     jw.tick()
     assert jw.views()[0].stats[0].wid == 8  # window 8 waited settle_s for nodes that sent no window 9
+
+
+def test_a_slow_node_is_named_once_and_a_rank_slow_on_it_against_its_node():
+    jw = JobWatch(windows=2, settle_s=1.0, clock=FakeClock())
+    jw.expected = ("a", "b", "c")
+    found = []
+    for wid in (1, 2, 3):
+        found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0), (2, wid, 10.0)]), "j")
+        found += jw.take("b", _msg([(3, wid, 10.0), (4, wid, 10.0), (5, wid, 10.0)]), "j")
+        found += jw.take("c", _msg([(6, wid, 20.0), (7, wid, 20.0), (8, wid, 40.0)]), "j")
+    flagged = [(e.data["node"], e.data["rank"], e.data["against"], e.data["score"], e.data["median"])
+               for e in found if e.name == JOB_STRAGGLER_EVENT]
+    assert sorted(flagged) == [("c", -1, "job", 0.5, 10.0), ("c", 8, "node", 0.5, 20.0)], found
+    assert "against its node's median (a slow node) 20" in [e for e in found if e.data.get("rank") == 8][0].data["line"]
