@@ -83,4 +83,5 @@ def test_a_slow_node_is_named_once_and_a_rank_slow_on_it_against_its_node():
     flagged = [(e.data["node"], e.data["rank"], e.data["against"], e.data["score"], e.data["median"])
                for e in found if e.name == JOB_STRAGGLER_EVENT]
     assert sorted(flagged) == [("c", -1, "job", 0.5, 10.0), ("c", 8, "node", 0.5, 20.0)], found
-    assert "against its node's median (a slow node) 20" in [e for e in found if e.data.get("rank") == 8][0].data["line"]
+    (rank8,) = [e.data["line"] for e in found if e.data.get("rank") == 8]
+    assert "against its node's median (a slow node) 20 for 2 windows" in rank8, rank8
