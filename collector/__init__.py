@@ -10,6 +10,7 @@ from .handlers.dispatch import Dispatcher
 from .handlers.jsonl import JsonlMetricHandler
 from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter
 from .handlers.specs import build_handler
+from .jobwide.watch import JobWatch, WatchEvent, watch
 from .read.columns import Columns
 from .read.rows import WindowRow
 from .sinks.events import EventHandler, EventRecord, GapRecord
@@ -27,10 +28,13 @@ __all__ = [
     "EventHandler",
     "EventRecord",
     "GapRecord",
+    "JobWatch",
     "JsonlMetricHandler",
     "RowsAdapter",
+    "WatchEvent",
     "WindowFigures",
     "WindowRow",
     "build_event_handler",
     "build_handler",
+    "watch",
 ]

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from shmstat.errors import ShmstatError, see_docs
+from shmstat.errors import ConfigError, ShmstatError, see_docs
 
 from .options import add_collector_options, collector_config
 from .unbreakable_output import keep_writing
@@ -144,6 +144,13 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument("--history", type=int, default=20, metavar="N",
                          help="windows kept per stat for the sparklines and straggler marks under the table "
                               "(default 20)")
+    command.add_argument("--nodes", nargs="+", default=None, metavar="ENDPOINT",
+                         help="the job across nodes: their collectors' publish endpoints (tcp://HOST:PORT or "
+                              "NODE=tcp://HOST:PORT), each rank and node scored against the job-wide median")
+    command.add_argument("--curve", default=None, metavar="DIR",
+                         help="with --nodes: connect as subscribe --curve DIR does")
+    command.add_argument("--curve-client", default=None, metavar="NAME",
+                         help="with --nodes --curve: use DIR/NAME.key_secret")
 
 
 def _report_arguments(command: argparse.ArgumentParser) -> None:
@@ -323,6 +330,15 @@ def _subscribe(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
+    if args.nodes is not None:
+        from .top_nodes import run_top_nodes
+
+        if args.job is not None:
+            raise ConfigError("--nodes shows every job the nodes' collectors publish; leave out --job")
+        return run_top_nodes(args.nodes, curve=args.curve, curve_client=args.curve_client, stat=args.stat,
+                             interval_s=args.interval, once=args.once, iterations=args.iterations)
+    if args.curve is not None or args.curve_client is not None:
+        raise ConfigError("--curve connects to other nodes' collectors: add --nodes ENDPOINT...")
     from .top_live import run_top
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,

@@ -45,7 +45,7 @@ __all__ = [
     "RECOVERED_EVENT",
     "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerScorer",
     "StragglerUpdate",
-    "figure", "score_blocks", "score_ranks",
+    "figure", "score_against", "score_blocks", "score_ranks",
 ]
 
 DEFAULT_THRESHOLD = 0.75
@@ -98,11 +98,18 @@ def score_blocks(b: np.ndarray, f: np.ndarray, higher_is_better: np.ndarray
     hi_mid = _f_sorted_at(f, start, b, half)
     lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
     median = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)[b]
+    return median, score_against(median, f, higher_is_better), keep
+
+
+def score_against(median: np.ndarray, f: np.ndarray, higher_is_better: np.ndarray) -> np.ndarray:
+    """The score of each figure ``f`` against its ``median`` (arrays of one length): ``median / figure``, or
+    ``figure / median`` where higher is better; a figure of 0 scores inf (0.0 where higher is better), a median of 0
+    gives 1.0. :func:`score_blocks` scores with it against each block's own median; the job-wide view
+    (:mod:`collector.jobwide.watch`) scores a node's figure with it against the median of every rank of the job."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         safe = np.where(median == 0, 1.0, median)
-        score = np.where(median == 0, 1.0, np.where(higher_is_better, f / safe,
-                                                     np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
-    return median, score, keep
+        return np.where(median == 0, 1.0, np.where(higher_is_better, f / safe,
+                                                   np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
 
 
 STRAGGLER_EVENT = "shmstat.straggler"
@@ -244,6 +251,24 @@ class StragglerDetector:
                 out.events.append(event)
         self._forget(out.events)
         return out
+
+    def reported(self, group: str, stat: str, rank: int) -> bool:
+        """Whether ``rank`` is reported slow on ``group/stat`` now (its straggler event said, no recovery since)."""
+        slow = self._slow.get((group, stat, rank))
+        return slow is not None and slow.reported
+
+    def observe(self, scores: list[Score]) -> list[StragglerEvent]:
+        """Take scores made elsewhere (the job-wide view, :mod:`collector.jobwide.watch`, scores across nodes), in
+        window order per stat, as :meth:`update_columns` takes its own: the events they give, a rank no window scored
+        for ``forget_after_ns`` forgotten."""
+        events: list[StragglerEvent] = []
+        for s in scores:
+            self._latest_ns = max(self._latest_ns, s.end_ns)
+            event = self._observe(s)
+            if event is not None:
+                events.append(event)
+        self._forget(events)
+        return events
 
     def _observe(self, s: Score) -> StragglerEvent | None:
         key = (s.group, s.stat, s.rank)

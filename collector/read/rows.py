@@ -78,7 +78,7 @@ class WindowRow(WindowSpan):
             "window_ms": self.window_ms, "start_ns": self.start_ns, "end_ns": self.end_ns, "count": s.count,
             "sum": s.sum, "mean": s.mean, "min": s.min if s.count else 0.0, "max": s.max if s.count else 0.0,
             "value": s.last, "last_ts": s.last_ts, "torn": s.torn, "higher_is_better": self.higher_is_better,
-            "wait": self.wait,
+            "wait": self.wait, "agg_mask": self.agg_mask,
             **self._percentiles(),
         }
 

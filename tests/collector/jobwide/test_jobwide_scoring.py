@@ -1,0 +1,87 @@
+"""collector.jobwide.JobWatch's scoring on real wire messages (the ``stat/`` rows a node collector publishes,
+encoded and decoded as on the wire) with an injected clock: a window is scored once every node sent a later one,
+or after ``settle_s``; rows that come after their window was scored are counted, not folded in; what the collector
+does not score (a wait section, a count alone) is not scored here either; the slow node is named once."""
+
+from __future__ import annotations
+
+from kit.support import FakeClock
+
+from collector.jobwide.watch import JOB_STRAGGLER_EVENT, JobWatch
+from collector.read.rows import WindowRow
+from shmstat import wire
+from shmstat.aggregation import Aggregation as A
+from shmstat.aggregation import to_mask
+from shmstat.shm.layout_records import WindowFigures
+
+MASK = to_mask([A.COUNT, A.MEAN])
+
+
+def _msg(rows: list[tuple[int, int, float]], *, name: str = "step", mask: int = MASK, wait: bool = False):
+    """One ``stat/train/<name>`` message of per-rank rows ``(rank, wid, figure)`` (5 samples each)."""
+    items = [WindowRow("train", name, wid, 100, mask, rank, WindowFigures(5, 5 * f, f, f, f, 0), wait=wait).to_wire()
+             for rank, wid, f in rows]
+    return wire.decode(f"stat/train/{name}".encode(), wire.encode("stat", -1, 1, 0, 0, items))
+
+
+def test_a_window_waits_for_every_node_then_a_late_row_is_counted_not_scored():
+    clock = FakeClock()
+    jw = JobWatch(windows=1, settle_s=1.0, clock=clock)
+    assert jw.take("a", _msg([(0, 7, 10.0), (1, 7, 10.0)]), "j") == []
+    assert jw.take("b", _msg([(2, 7, 30.0), (3, 7, 30.0)]), "j") == []
+    clock.advance_ms(500)
+    assert jw.take("a", _msg([(0, 8, 10.0), (1, 8, 10.0)]), "j") == []  # b has not sent a later window yet
+    assert jw.views()[0].stats == ()
+    clock.advance_ms(500)  # settle_s: window 7 is scored without b's window 8, which waits on
+    found = jw.tick()
+    (stat,) = jw.views()[0].stats
+    assert stat.wid == 7 and stat.median == 20.0 and [n.score for n in stat.nodes] == [2.0, 20.0 / 30.0]
+    assert [(e.data["node"], e.data["rank"]) for e in found if e.name == JOB_STRAGGLER_EVENT] == [("b", -1)]
+    jw.take("b", _msg([(2, 7, 99.0)]), "j")
+    assert jw.late == 1 and jw.views()[0].stats[0].median == 20.0
+    jw.take("a", _msg([(0, 9, 10.0)]), "j")
+    jw.take("b", _msg([(2, 8, 30.0), (3, 8, 30.0), (2, 9, 30.0)]), "j")  # window 8: every node sent a later one
+    assert jw.views()[0].stats[0].wid == 8
+
+
+def test_a_wait_section_and_a_count_alone_are_not_scored():
+    jw = JobWatch(windows=1, settle_s=1.0, clock=FakeClock())
+    for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        for wid in (1, 2):
+            jw.take(node, _msg([(r, wid, 10.0 * (r + 1)) for r in ranks], name="wait", wait=True), "j")
+            jw.take(node, _msg([(r, wid, 10.0 * (r + 1)) for r in ranks], name="n", mask=to_mask([A.COUNT])), "j")
+    assert jw.views()[0].stats == ()
+
+
+def test_a_node_followed_but_not_sending_yet_is_waited_for_up_to_settle_s():
+    """Ranks that start late on one node: their windows are not scored without them while it may still come (a rank
+    scored against the others only was seen recovered and flagged again under load)."""
+    clock = FakeClock()
+    jw = JobWatch(windows=1, settle_s=1.0, clock=clock)
+    jw.expected = ("a", "b", "c")
+    for wid in (7, 8):
+        jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
+        jw.take("b", _msg([(2, wid, 10.0), (3, wid, 40.0)]), "j")
+    assert jw.views()[0].stats == ()  # c's ranks have not started
+    jw.take("c", _msg([(4, 7, 40.0), (5, 7, 40.0)]), "j")
+    jw.take("c", _msg([(4, 8, 40.0), (5, 8, 40.0)]), "j")
+    (stat,) = jw.views()[0].stats
+    assert stat.wid == 7 and stat.median == 25.0 and len(stat.ranks) == 6
+    clock.advance_ms(1000)
+    jw.tick()
+    assert jw.views()[0].stats[0].wid == 8  # window 8 waited settle_s for nodes that sent no window 9
+
+
+def test_a_slow_node_is_named_once_and_a_rank_slow_on_it_against_its_node():
+    jw = JobWatch(windows=2, settle_s=1.0, clock=FakeClock())
+    jw.expected = ("a", "b", "c")
+    found = []
+    for wid in (1, 2, 3):
+        found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0), (2, wid, 10.0)]), "j")
+        found += jw.take("b", _msg([(3, wid, 10.0), (4, wid, 10.0), (5, wid, 10.0)]), "j")
+        found += jw.take("c", _msg([(6, wid, 20.0), (7, wid, 20.0), (8, wid, 40.0)]), "j")
+    flagged = [(e.data["node"], e.data["rank"], e.data["against"], e.data["score"], e.data["median"])
+               for e in found if e.name == JOB_STRAGGLER_EVENT]
+    assert sorted(flagged) == [("c", -1, "job", 0.5, 10.0), ("c", 8, "node", 0.5, 20.0)], found
+    (rank8,) = [e.data["line"] for e in found if e.data.get("rank") == 8]
+    assert "against its node's median (a slow node) 20 for 2 windows" in rank8, rank8
