@@ -34,6 +34,7 @@ from typing import Any
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 
+from ..daemon.cause import SECTION_GROUP, SectionTimes, attribute
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
 __all__ = ["AGGREGATIONS", "GPU_GROUP", "RELATIVE_RANGE", "JobReport", "StatSeries", "Straggler", "load_report",
@@ -127,6 +128,9 @@ class Straggler:
     """Windows of the stat that scored the rank."""
     stat_windows: list[float]
     """Every window of the stat, in time order (to tell runs of consecutive slow windows)."""
+    cause: str | None = None
+    """What carries its excess, when its sections tell (:func:`collector.daemon.cause.attribute`, the collector's
+    own rule, over the section windows within its slow windows)."""
 
     def runs(self) -> list[tuple[float, float]]:
         """The slow windows as runs of consecutive windows of the stat: (first start, last start) each."""
@@ -148,7 +152,7 @@ class Straggler:
         worst, middle = min(self.scores), statistics.median(self.scores)
         return (f"rank {self.rank} was slow on {self.stat} in {len(self.windows)} of the {self.scored} windows that "
                 f"scored it ({shown} UTC): score {middle:.3g} (median of those windows; lowest {worst:.3g}; "
-                f"under {threshold:g} is slow, 1 is the median rank)")
+                f"under {threshold:g} is slow, 1 is the median rank)" + (f" \u2014 {self.cause}" if self.cause else ""))
 
 
 @dataclass
@@ -195,9 +199,26 @@ class JobReport:
             for rank, scored in by_rank.items():
                 slow = sorted((start, score) for start, score in scored if score < threshold)
                 if slow:
+                    length = self.window_s.get((s.group, s.name))
+                    end = slow[-1][0] + length if length else math.nextafter(slow[-1][0], math.inf)
                     out.append(Straggler(s.key, rank, [w for w, _ in slow], [sc for _, sc in slow], len(scored),
-                                         s.windows()))
+                                         s.windows(), self.cause(rank, slow[0][0], end)))
         return sorted(out, key=lambda g: (-len(g.windows), g.stat, g.rank))
+
+    def cause(self, rank: int, start: float, end: float) -> str | None:
+        """What carries ``rank``'s excess in the section windows that start from ``start`` to before ``end`` (unix s),
+        summed (:func:`collector.daemon.cause.attribute`), in words; None when its sections do not tell."""
+        ranks: dict[int, dict[str, SectionTimes]] = defaultdict(dict)
+        for s in self.stats.values():
+            if s.group != SECTION_GROUP:
+                continue
+            for r, per in s.ranks.items():
+                picked = [f for w, f in per.items() if start <= w < end and f.get("sum") is not None]
+                if picked:
+                    ranks[r][s.name] = SectionTimes(sum(f["sum"] or 0.0 for f in picked),
+                                                    int(sum(f.get("count") or 0 for f in picked)), s.wait)
+        found = attribute(ranks, rank)
+        return None if found is None else found.sentence()
 
     def restarts(self) -> int:
         """Rank starts after each rank's first: per rank, the incarnations its ``rank/joined`` events name, less

@@ -13,7 +13,8 @@ import pytest
 from kit.procs import REPO, collector_env, read_jsonl, start_collector
 from kit.support import wait_for
 
-from collector.daemon.cause import STEP_STAT
+from collector.cli.report import load_report
+from collector.daemon.cause import STEP_STAT, SectionTimes, attribute, step_figures, summed
 from collector.daemon.straggler import DEFAULT_THRESHOLD
 
 pytest.importorskip("torch", reason="the jobs are real torchrun DDP jobs (pip install torch==2.13.0)")
@@ -24,14 +25,17 @@ RANKS, SLOW, STEPS = 3, 1, 120
 
 def _steps_emitted(path: str) -> int:
     """Optimizer steps counted in the merged windows written so far (each rank's last window ends the job)."""
-    return int(sum(r["value"] for r in read_jsonl(path) if r["rank"] is None and r["name"] == "optimizer.count"))
+    return int(sum(r["value"] for r in read_jsonl(path)
+                   if r["group"] == "section" and r["rank"] is None and r["name"] == "optimizer.count"))
 
 
 def _run(job: str, tmp: str, **fault: str) -> tuple[list[dict], list[dict], list[dict], str]:
-    """Run the job under a collector: (its straggler events, its score rows, its section rows, its console)."""
+    """Run the job under a collector: (its straggler events, its score rows, its section rows, its console); its
+    rows are in ``tmp/rows.jsonl`` (the scores apart), its events in ``tmp/events.jsonl``."""
+    rows = f"{tmp}/rows.jsonl"
     coll = start_collector(job, "--status-interval", "0", "--grace-ms", "10", "--events", f"jsonl:{tmp}/events.jsonl",
-                           "--handler", f"shmstat=jsonl:{tmp}/scores.jsonl", "--handler",
-                           f"section=kit.handlers.saying_jsonl:SayingJsonl,path={tmp}/sections.jsonl")
+                           "--handler", f"*=kit.handlers.saying_jsonl:SayingJsonl,path={rows}",
+                           "--handler", f"shmstat=jsonl:{tmp}/scores.jsonl")  # the collector's own: every score
     env = collector_env()
     env.update(SHMSTAT_JOB=job, SHMSTAT_SECTION_WINDOW_S="0.5", SLOW_RANK=str(SLOW), STEPS=str(STEPS), **fault)
     try:
@@ -39,12 +43,12 @@ def _run(job: str, tmp: str, **fault: str) -> tuple[list[dict], list[dict], list
                                str(RANKS), "--monitor-interval", "0.1", SCRIPT], env=env, cwd=tmp,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
-        wait_for(lambda: _steps_emitted(f"{tmp}/sections.jsonl") == RANKS * STEPS, timeout_s=30)
+        wait_for(lambda: _steps_emitted(rows) == RANKS * STEPS, timeout_s=30)
     finally:
         _, out = coll.finish()
     events = [e["data"] for e in read_jsonl(f"{tmp}/events.jsonl") if e["name"] == "shmstat.straggler"]
     scores = [r for r in read_jsonl(f"{tmp}/scores.jsonl") if r["name"].startswith("straggler.score.")]
-    return events, scores, read_jsonl(f"{tmp}/sections.jsonl"), out
+    return events, scores, [r for r in read_jsonl(rows) if r["group"] == "section"], out
 
 
 def _per_step(sections: list[dict]) -> dict[int, dict[str, float]]:
@@ -58,7 +62,8 @@ def _per_step(sections: list[dict]) -> dict[int, dict[str, float]]:
             for rank, t in total.items()}
 
 
-def _check_named(events: list[dict], scores: list[dict], sections: list[dict], out: str, section: str) -> None:
+def _check_named(tmp: str, events: list[dict], scores: list[dict], sections: list[dict], out: str,
+                 section: str) -> None:
     assert events and {e["rank"] for e in events} == {SLOW}, events  # the slow rank, and only it
     for e in events:
         assert e["cause_section"] == section and e["cause_excess_ms"] > 0, e
@@ -75,11 +80,14 @@ def _check_named(events: list[dict], scores: list[dict], sections: list[dict], o
     waits = {rank: s["allreduce"] for rank, s in steps.items()}
     assert min(waits, key=waits.__getitem__) == SLOW  # the healthy ranks wait longest, and are not flagged
     assert any(s["name"] == f"straggler.score.section/{STEP_STAT}" for s in scores)
+    said = [g for g in load_report(f"{tmp}/rows.jsonl").stragglers() if g.rank == SLOW]
+    assert said and all(g.cause and g.cause.startswith(f"its {section} takes ") and
+                        f"\u2014 {g.cause}" in g.sentence(DEFAULT_THRESHOLD) for g in said), said  # the same cause
 
 
 def test_a_rank_whose_data_loading_is_slowed_2x_is_named_with_data(job, tmp_path):
     events, scores, sections, out = _run(job, str(tmp_path), SLOW_DATA="2")
-    _check_named(events, scores, sections, out, "data")
+    _check_named(str(tmp_path), events, scores, sections, out, "data")
 
 
 def test_a_rank_whose_forward_is_slowed_1_5x_in_ddp_is_named_with_forward_and_no_healthy_rank_is_flagged(
@@ -87,4 +95,31 @@ def test_a_rank_whose_forward_is_slowed_1_5x_in_ddp_is_named_with_forward_and_no
     events, scores, sections, out = _run(job, str(tmp_path), SLOW_FORWARD="1.5")
     steps = {rank: sum(s.values()) for rank, s in _per_step(sections).items()}
     assert max(steps.values()) < 1.05 * min(steps.values()), steps  # DDP: every rank's step takes as long
-    _check_named(events, scores, sections, out, "forward")
+    _check_named(str(tmp_path), events, scores, sections, out, "forward")
+
+
+def _times(**ms: tuple[float, int]) -> dict[str, SectionTimes]:
+    return {name: SectionTimes(total, n, name == "allreduce") for name, (total, n) in ms.items()}
+
+
+def test_the_cause_is_the_section_with_the_largest_excess_per_step_corroborated_by_the_shortest_wait():
+    ranks = {r: _times(data=(50.0, 10), forward=(200.0, 10), optimizer=(5.0, 10), allreduce=(220.0, 10))
+             for r in (0, 2)}
+    ranks[1] = _times(data=(52.0, 10), forward=(410.0, 10), optimizer=(6.0, 10), allreduce=(20.0, 10))
+    cause = attribute(ranks, 1)
+    assert cause is not None and cause.sentence() == (
+        "its forward takes 41 ms against a median of 20 (+21 ms a step), and it waits least in allreduce (2 ms "
+        "against 22)")
+    assert cause.fields()["cause_section"] == "forward" and cause.fields()["cause_excess_ms"] == 21.0
+    assert step_figures(ranks) == pytest.approx({0: 25.5, 1: 46.8, 2: 25.5})  # waits excepted
+    assert attribute(ranks, 0) is None or attribute(ranks, 0).wait_section is None  # a healthy rank waits long
+    assert attribute(summed([ranks, ranks]), 1) == cause  # windows summed: the same times per step
+
+
+def test_a_rank_with_no_section_over_the_median_has_no_cause_and_a_rank_that_does_not_wait_least_no_wait_clause():
+    ranks = {0: _times(forward=(100.0, 5), allreduce=(10.0, 5)), 1: _times(forward=(100.0, 5), allreduce=(50.0, 5)),
+             2: _times(forward=(150.0, 5), allreduce=(30.0, 5))}
+    assert attribute(ranks, 0) is None and attribute(ranks, 1) is None
+    cause = attribute(ranks, 2)
+    assert cause is not None and cause.wait_section is None and "waits" not in cause.sentence()
+    assert attribute({0: _times(forward=(1.0, 1))}, 0) is None  # one rank: no median to compare with
