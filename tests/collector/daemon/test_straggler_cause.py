@@ -74,10 +74,10 @@ def _check_named(tmp: str, events: list[dict], scores: list[dict], sections: lis
     assert len(lines) == len(events) and all(f"\u2014 its {section} takes" in ln and
                                              "it waits least in allreduce" in ln for ln in lines), out
     # no healthy rank is flagged (above: no event, no line, over the whole run), nor slow on the section that carries
-    # the fault or on its time per step in any window (another section of a healthy rank may be slow in a window
-    # on a loaded box: a 0.1 ms backward taking 0.2; that is no flag, the rank is not slow for 3 windows in a row)
-    healthy = [s for s in scores if s["rank"] != SLOW and s["name"] in (f"straggler.score.section/{section}",
-                                                                       f"straggler.score.section/{STEP_STAT}")]
+    # the fault in any window (in one window a healthy rank may be slow on another section or on its step on a
+    # loaded box: a 0.1 ms backward taking 0.2, a step of a rank the OS left waiting; seen at load 30 on 2 cores.
+    # That is no flag: the rank is not slow for 3 windows in a row)
+    healthy = [s for s in scores if s["rank"] != SLOW and s["name"] == f"straggler.score.section/{section}"]
     assert healthy and all(s["value"] >= DEFAULT_THRESHOLD for s in healthy), \
         [s for s in healthy if s["value"] < DEFAULT_THRESHOLD]
     assert not [s for s in scores if s["name"].endswith("/allreduce")]  # a wait is never scored
@@ -85,7 +85,10 @@ def _check_named(tmp: str, events: list[dict], scores: list[dict], sections: lis
     waits = {rank: s["allreduce"] for rank, s in steps.items()}
     assert min(waits, key=waits.__getitem__) == SLOW  # the healthy ranks wait longest, and are not flagged
     assert any(s["name"] == f"straggler.score.section/{STEP_STAT}" for s in scores)
-    said = [g for g in load_report(f"{tmp}/rows.jsonl").stragglers() if g.rank == SLOW]
+    # the report's sentence of the rank on the faulted section (a window of it may also be slow on another section
+    # on a loaded box: that sentence names the cause of that window)
+    said = [g for g in load_report(f"{tmp}/rows.jsonl").stragglers()
+            if g.rank == SLOW and g.stat == f"section/{section}"]
     if not all(g.cause and g.cause.startswith(f"its {section} takes ") for g in said):
         shutil.copy(f"{tmp}/rows.jsonl", f"/tmp/cause-{os.path.basename(tmp)}.jsonl")
     assert said and all(g.cause and g.cause.startswith(f"its {section} takes ") and
