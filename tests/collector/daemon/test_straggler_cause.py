@@ -68,11 +68,14 @@ def _check_named(tmp: str, events: list[dict], scores: list[dict], sections: lis
     assert events and {e["rank"] for e in events} == {SLOW}, events  # the slow rank, and only it
     for e in events:
         assert e["cause_section"] == section and e["cause_excess_ms"] > 0, e
-        assert e["cause_wait_section"] == "allreduce" and e["cause_wait_ms"] < e["cause_wait_median_ms"], e
+        # the corroboration, when the rank waited least in those windows (on a loaded box a healthy rank the OS left
+        # waiting may wait less in one of them: seen once in 10 runs); over the whole job it waits least (below)
+        if "cause_wait_section" in e:
+            assert e["cause_wait_section"] == "allreduce" and e["cause_wait_ms"] < e["cause_wait_median_ms"], e
         assert e["cause"].startswith(f"its {section} takes "), e
     lines = [ln for ln in out.splitlines() if "straggler:" in ln]
-    assert len(lines) == len(events) and all(f"\u2014 its {section} takes" in ln and
-                                             "it waits least in allreduce" in ln for ln in lines), out
+    assert len(lines) == len(events) and all(f"\u2014 its {section} takes" in ln for ln in lines), out
+    assert sum("it waits least in allreduce" in ln for ln in lines) == sum("cause_wait_section" in e for e in events)
     # no healthy rank is flagged (above: no event, no line, over the whole run), nor slow on the section that carries
     # the fault in any window (in one window a healthy rank may be slow on another section or on its step on a
     # loaded box: a 0.1 ms backward taking 0.2, a step of a rank the OS left waiting; seen at load 30 on 2 cores.
