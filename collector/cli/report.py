@@ -43,6 +43,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.writer.sections import GPU_SUFFIX, SECTION_GROUP
 
+from ..daemon.cause import SECTION_GROUP, SectionTimes, attribute
 from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
@@ -148,6 +149,9 @@ class Straggler:
     """Every window of the stat, in time order (to tell runs of consecutive slow windows)."""
     node: str = ""
     """The rank's node (``""``: a one-file report whose rows name none)."""
+    cause: str | None = None
+    """What carries its excess, when its sections tell (:func:`collector.daemon.cause.attribute`, the collector's
+    own rule, against the ranks of its node, over the section windows within its slow windows)."""
 
     def runs(self) -> list[tuple[float, float]]:
         """The slow windows as runs of consecutive windows of the stat: (first start, last start) each."""
@@ -169,7 +173,7 @@ class Straggler:
         worst, middle = min(self.scores), statistics.median(self.scores)
         return (f"rank {self.rank} was slow on {self.stat} in {len(self.windows)} of the {self.scored} windows that "
                 f"scored it ({shown} UTC): score {middle:.3g} (median of those windows; lowest {worst:.3g}; "
-                f"under {threshold:g} is slow, 1 is the median rank)")
+                f"under {threshold:g} is slow, 1 is the median rank)" + (f" \u2014 {self.cause}" if self.cause else ""))
 
 
 @dataclass
@@ -269,9 +273,30 @@ class JobReport:
             for (node, rank), scored in by_rank.items():
                 slow = sorted((start, score) for start, score in scored if score < threshold)
                 if slow:
+                    length = self.window_s.get((s.group, s.name))
+                    end = slow[-1][0] + length if length else math.nextafter(slow[-1][0], math.inf)
                     out.append(Straggler(s.key, rank, [w for w, _ in slow], [sc for _, sc in slow], len(scored),
-                                         s.windows(), node))
+                                         s.windows(), node, self.cause((node, rank), slow[0][0], end)))
         return sorted(out, key=lambda g: (-len(g.windows), g.stat, g.node, g.rank))
+
+    def cause(self, key: RankKey, start: float, end: float) -> str | None:
+        """What carries the excess of the rank ``key`` names against the ranks of its node in the section windows
+        that start from ``start`` to before ``end`` (unix s), summed (:func:`collector.daemon.cause.attribute`, the
+        collector's rule), in words; None when its sections do not tell."""
+        node, rank = key
+        ranks: dict[int, dict[str, SectionTimes]] = defaultdict(dict)
+        for s in self.stats.values():
+            if s.group != SECTION_GROUP:
+                continue
+            for (rank_node, r), per in s.ranks.items():
+                if rank_node != node:
+                    continue
+                picked = [f for w, f in per.items() if start <= w < end and f.get("sum") is not None]
+                if picked:
+                    ranks[r][s.name] = SectionTimes(sum(f["sum"] or 0.0 for f in picked),
+                                                    int(sum(f.get("count") or 0 for f in picked)), s.wait)
+        found = attribute(ranks, rank)
+        return None if found is None else found.sentence()
 
     def restarts(self) -> int:
         """Rank starts after each rank's first: per rank, the incarnations its ``rank/joined`` events name, less

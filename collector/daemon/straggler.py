@@ -35,6 +35,7 @@ from shmstat.shm.layout_records import WindowFigures
 from ..read.columns import COUNT_ONLY_MASK
 from ..read.passes import Flag
 from ..read.rows import WindowSpan
+from .cause import SECTION_GROUP, STEP_STAT, Ranks, SectionTimes, attribute, step_figures, summed
 
 if TYPE_CHECKING:
     from ..read.columns import Columns
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
 __all__ = [
     "COUNT_ONLY_MASK", "DEFAULT_FORGET_NS", "DEFAULT_THRESHOLD", "DEFAULT_WINDOWS", "EVENT_TOPICS", "MAX_WINDOWS",
     "RECOVERED_EVENT",
-    "SCORE_METRIC_PREFIX", "STRAGGLER_EVENT", "Score", "StragglerDetector", "StragglerEvent", "StragglerScorer",
+    "SCORE_METRIC_PREFIX", "SECTION_WINDOWS_KEPT", "STRAGGLER_EVENT", "Score", "StragglerDetector",
+    "StragglerEvent", "StragglerScorer",
     "StragglerUpdate",
     "figure", "score_against", "score_blocks", "score_ranks",
 ]
@@ -54,6 +56,8 @@ DEFAULT_WINDOWS = 3
 """Consecutive slow windows before a rank is reported a straggler."""
 MAX_WINDOWS = 1000
 """The most consecutive windows one may ask for."""
+SECTION_WINDOWS_KEPT = 1000
+"""The most section windows a detector keeps to name a straggler's cause (within ``forget_after_ns`` too)."""
 
 
 
@@ -189,6 +193,12 @@ class StragglerDetector:
     rank that no window scores for ``forget_after_ns`` of window time (measured against the latest window end
     seen in any row) is forgotten, with a :data:`RECOVERED_EVENT` of reason ``"gone"`` if it was reported: a rank
     that left, or a stat no longer added. Pure logic: no clock is read, time is the windows' own.
+
+    Each window of the ``section`` group also gives every rank's time per step in its sections (waits excepted,
+    :func:`collector.daemon.cause.step_figures`), scored as the stat ``section/(step)``
+    (:data:`collector.daemon.cause.STEP_STAT`). A straggler event names its cause when the rank's sections are
+    known over its slow windows (:func:`collector.daemon.cause.attribute`, the fields
+    :data:`collector.daemon.cause.CAUSE_FIELDS`).
     """
 
     def __init__(self, job: str = "", *, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS,
@@ -205,6 +215,7 @@ class StragglerDetector:
         self.forget_after_ns = forget_after_ns
         self._slow: dict[tuple[str, str, int], _Slow] = {}
         self._latest_ns = 0
+        self._sections: dict[tuple[int, int], dict[int, dict[str, SectionTimes]]] = {}  # (wid, window_ms): ranks
 
     @property
     def tracked(self) -> int:
@@ -243,6 +254,8 @@ class StragglerDetector:
                         sc, fg, md)
                   for i, sc, fg, md in zip(rows[pick].tolist(), score[pick].tolist(), f[pick].tolist(),
                                            median[pick].tolist(), strict=True)]
+        chosen += [sc for sc in self._keep_sections(cols)
+                   if scores or sc.score < self.threshold or (sc.group, sc.stat, sc.rank) in self._slow]
         chosen.sort(key=lambda s: (s.group, s.stat, s.wid, s.rank))
         for sc in chosen:
             out.scores.append(sc)
@@ -269,6 +282,41 @@ class StragglerDetector:
                 events.append(event)
         self._forget(events)
         return events
+    def _keep_sections(self, cols: Columns) -> list[Score]:
+        """Keep each rank's sections of the pass's section windows (for the causes), and score each window's
+        times per step (:data:`STEP_STAT`)."""
+        rows = np.flatnonzero((cols.group == SECTION_GROUP) & (cols.rank >= 0) & (cols.count > 0))
+        if not len(rows):
+            return []
+        touched = set()  # windows first seen now: a window is scored once
+        for i in rows.tolist():
+            key = (int(cols.wid[i]), int(cols.window_ms[i]))
+            if key not in self._sections:
+                touched.add(key)
+            elif key not in touched:
+                continue
+            self._sections.setdefault(key, {}).setdefault(int(cols.rank[i]), {})[cols.stat[i]] = SectionTimes(
+                float(cols.sum[i]), int(cols.count[i]), bool(cols.wait[i]))
+        out = []
+        for wid, window_ms in sorted(touched):
+            figures = step_figures(self._sections[(wid, window_ms)])
+            median, scores = score_ranks(figures)
+            out += [Score(SECTION_GROUP, STEP_STAT, rank, wid, window_ms, sc, figures[rank], median)
+                    for rank, sc in sorted(scores.items())]
+        horizon = self._latest_ns - self.forget_after_ns
+        for key in sorted(self._sections)[:-SECTION_WINDOWS_KEPT]:
+            del self._sections[key]
+        for key in [k for k in self._sections if (k[0] + 1) * k[1] * 1_000_000 < horizon]:
+            del self._sections[key]
+        return out
+
+    def cause(self, rank: int, start_ns: int, end_ns: int) -> dict[str, str | float]:
+        """The cause of ``rank``'s slowness between ``start_ns`` and ``end_ns`` (the section windows kept that
+        overlap it, summed: :func:`collector.daemon.cause.attribute`) as event fields; empty when unknown."""
+        windows: list[Ranks] = [ranks for (wid, ms), ranks in self._sections.items()
+                                if wid * ms * 1_000_000 < end_ns and (wid + 1) * ms * 1_000_000 > start_ns]
+        found = attribute(summed(windows), rank)
+        return {} if found is None else found.fields()
 
     def _observe(self, s: Score) -> StragglerEvent | None:
         key = (s.group, s.stat, s.rank)
@@ -305,6 +353,8 @@ class StragglerDetector:
         }
         if reason is not None:
             data["reason"] = reason
+        else:
+            data.update(self.cause(s.rank, slow.since_ns, s.end_ns))
         return StragglerEvent(name, data)
 
 

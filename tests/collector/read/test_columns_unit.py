@@ -156,6 +156,8 @@ def test_a_wait_section_is_never_scored_and_the_rank_that_waits_longest_is_not_f
     assert cols.wait.tolist() == [True] * 5 + [False] * 5
     assert cols.scored_stats().tolist() == [False] * 5 + [True] * 5
     update = detector.update_columns(cols)
-    assert {s.stat for s in update.scores} == {"forward"}  # the same figures, timed: scored (ranks 0-2 flagged)
-    assert {e.stat for e in update.events} <= {"forward"}
+    # the same figures, timed, are scored (ranks 0-2 flagged), and so is the time per step in the sections that are
+    # no wait (collector.daemon.cause.STEP_STAT)
+    assert {s.stat for s in update.scores} == {"forward", "(step)"}
+    assert {e.stat for e in update.events} <= {"forward", "(step)"}
     assert cols.take(np.arange(5)).wait.tolist() == [True] * 5 and cols.row(0).wait
