@@ -43,7 +43,7 @@ from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.writer.sections import GPU_SUFFIX, SECTION_GROUP
 
-from ..daemon.cause import SECTION_GROUP, SectionTimes, attribute
+from ..daemon.cause import SectionTimes, attribute
 from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
 from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
 
