@@ -45,7 +45,8 @@ from shmstat.writer.sections import GPU_SUFFIX, SECTION_GROUP
 
 from ..daemon.cause import SectionTimes, attribute
 from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
-from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX, score_ranks
+from ..daemon.scoring import score_ranks
+from ..daemon.straggler import DEFAULT_THRESHOLD, SCORE_METRIC_PREFIX
 
 __all__ = ["AGGREGATIONS", "GPU_GROUP", "HANG_EVENT", "RELATIVE_RANGE", "RESOLVED_EVENT", "Hang", "JobReport",
            "RankKey", "StatSeries", "Straggler", "load_report", "plotly_js", "render_html", "window_label",
@@ -110,7 +111,7 @@ class StatSeries:
 
     def figure(self, figures: Figures) -> float | None:
         """A rank's straggler figure in one window: its p50 when the stat keeps percentiles, else its mean
-        (:func:`collector.daemon.straggler.figure`); None for a window with no sample."""
+        (:func:`collector.daemon.scoring.figure`); None for a window with no sample."""
         if not figures.get("count", 1):
             return None
         value = figures.get("p50") if "p50" in figures else figures.get("mean")
@@ -118,7 +119,7 @@ class StatSeries:
 
     def score_grid(self) -> dict[tuple[RankKey, float], float]:
         """Every (rank, window start) score: the collector's where the jsonl has one, else the collector's rule
-        applied to the rows in the stat's direction (:func:`collector.daemon.straggler.score_ranks`, the
+        applied to the rows in the stat's direction (:func:`collector.daemon.scoring.score_ranks`, the
         collector's own code)."""
         out = dict(self.scores)
         if self.wait:  # the healthy ranks wait longest: a wait is no rank's fault (collector.read.columns)

@@ -16,7 +16,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from ..daemon.straggler import figure
+from ..daemon.scoring import figure
 from .top_snapshot import StatView, TopSnapshot
 
 __all__ = ["BLOCKS", "DEFAULT_WINDOWS", "History", "Point", "marks", "sparkline"]

@@ -26,7 +26,8 @@ from shmstat.shm.phase import Phase, read_phase
 from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..daemon.straggler import COUNT_ONLY_MASK, DEFAULT_THRESHOLD, figure, score_ranks
+from ..daemon.scoring import figure, score_ranks
+from ..daemon.straggler import COUNT_ONLY_MASK, DEFAULT_THRESHOLD
 from ..gpu.figures import figure_of
 from ..read.columns import Parts, StatTable, merge_parts
 from ..read.hist_batch import HistBatch

@@ -10,7 +10,7 @@ rank is the one that waits least. :func:`step_figures` gives each rank's time pe
 excepted): the figure of the ``section/(step)`` stat the collector scores like any other, which finds a slow
 rank whose sections are each only a little slower, or slower now and then (a p50 does not move).
 
-The medians are the straggler rule's own (:func:`collector.daemon.straggler.score_ranks`): the collector, ``top``
+The medians are the straggler rule's own (:func:`collector.daemon.scoring.score_ranks`): the collector, ``top``
 and ``shmstat report`` all call :func:`attribute`, so every surface names the same cause.
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from .scoring import score_ranks
 
 __all__ = ["CAUSE_FIELDS", "GPU_SUFFIX", "SECTION_GROUP", "STEP_STAT", "Cause", "SectionTimes", "attribute",
            "step_figures", "summed"]
@@ -120,8 +122,6 @@ def attribute(ranks: Ranks, rank: int) -> Cause | None:
     not a wait, whose time per step is longest against the node's median (on two ranks or more), and the wait
     section where it waits least of all ranks and less than the median, if any (the one with the largest
     shortfall). None when no section of the rank takes longer than the median."""
-    from .straggler import score_ranks  # the rule's medians; straggler imports this module
-
     steps = per_step(ranks)
     mine = steps.get(rank)
     if not mine:

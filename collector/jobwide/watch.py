@@ -5,13 +5,13 @@ tcp://...``, CURVE as ``shmstat subscribe --curve`` takes it), one endpoint stan
 :class:`WatchEvent` s. :class:`JobWatch` is its logic, without sockets (fed decoded messages and a clock): what
 ``shmstat top --nodes`` shows is its :meth:`JobWatch.views`.
 
-Scoring: every ``stat/`` window of a rank (its figure, :func:`collector.daemon.straggler.figure`'s: the p50 when
+Scoring: every ``stat/`` window of a rank (its figure, :func:`collector.daemon.scoring.figure`'s: the p50 when
 the stat keeps percentiles, else the mean; stats the collector does not score are not scored here either: a wait
 section, a count alone, GPU figures) is gathered across the nodes by job, stat and window; a window is scored once
 every node that sends the stat has sent a later window of it, or ``settle_s`` after its first rows arrived. Each
-rank is scored against the median of every rank of the job (:func:`~collector.daemon.straggler.score_blocks`, the
+rank is scored against the median of every rank of the job (:func:`~collector.daemon.scoring.score_blocks`, the
 one rule), and each node's figure (the median of its ranks') against the same job-wide median
-(:func:`~collector.daemon.straggler.score_against`). A node scoring under ``threshold`` for ``windows`` windows in
+(:func:`~collector.daemon.scoring.score_against`). A node scoring under ``threshold`` for ``windows`` windows in
 a row is a slow node (:data:`JOB_STRAGGLER_EVENT` with ``rank`` -1): its ranks sit below the job while equal to
 each other, which no node collector can see. A rank is a straggler (the same event with its rank) when it scores
 under the threshold for as long; on a slow node a rank is scored against its own node's median instead, so a slow
@@ -45,6 +45,7 @@ from shmstat.wire.heartbeat import SENDER_STREAM, GapTracker, followed_kinds
 from shmstat.wire.records import item_record
 
 from ..daemon.hangs import HANG_EVENT, RESOLVED_EVENT
+from ..daemon.scoring import score_against, score_blocks
 from ..daemon.straggler import (
     DEFAULT_THRESHOLD,
     DEFAULT_WINDOWS,
@@ -52,8 +53,6 @@ from ..daemon.straggler import (
     Score,
     StragglerDetector,
     StragglerEvent,
-    score_against,
-    score_blocks,
 )
 from ..gpu.figures import is_gpu_stat
 from ..read.columns import COUNT_ONLY_MASK

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate, figure, score_ranks
+from collector.daemon.scoring import figure, score_ranks
+from collector.daemon.straggler import Score, StragglerDetector, StragglerUpdate
 from collector.read.columns import Columns
 from collector.read.rows import WindowRow
 from shmstat.shm.layout_records import WindowFigures

@@ -20,7 +20,7 @@ from kit.procs import REPO, read_jsonl
 from kit.support import unique_job
 
 from collector.cli.report import load_report, window_label
-from collector.daemon.straggler import score_ranks
+from collector.daemon.scoring import score_ranks
 
 SCRIPT = os.path.join(REPO, "tests", "kit", "programs", "nodes_sections_job.py")
 THRESHOLD = 0.75
