@@ -63,8 +63,14 @@ from ..read.scanner import Scanner
 from ..wire.intake import Received
 from ..wire.outlet import Outlet
 from .commits import PendingCommits
-from .config import PLATFORM_GROUP, SERVING_RANK_LOOK_S, CollectorConfig, build_dispatcher, build_event_delivery
-from .config import write_ready_file
+from .config import (
+    PLATFORM_GROUP,
+    SERVING_RANK_LOOK_S,
+    CollectorConfig,
+    build_dispatcher,
+    build_event_delivery,
+    write_ready_file,
+)
 from .delivered_marks import DeliveredMarks, KeptEvents
 from .fanout import FanOut
 from .gpu import GpuSampler, JobGpu, start_sampler
@@ -85,7 +91,8 @@ _log = logging.getLogger("shmstat.collector")
 
 class Collector:
     """One job's collector on this node. Construct, then :meth:`run` (or :meth:`serve` in a thread, or
-    :meth:`step` in tests), then :meth:`close` and :meth:`finish`. Raises :class:`~shmstat.errors.CollectorError` if another collector serves the job.
+    :meth:`step` in tests), then :meth:`close` and :meth:`finish`. Raises :class:`~shmstat.errors.CollectorError`
+    if another collector serves the job.
     ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
     frame: :mod:`shmstat.wire`). ``gpu_sampler``: a node collector's GPU sampler, shared by its jobs (without one,
     the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.gpu.start_sampler`)."""

@@ -10,6 +10,7 @@ import time
 from kit.support import FakeClock, wait_for
 
 from collector import Collector, CollectorConfig
+from collector.daemon.config import SERVING_RANK_LOOK_S
 from collector.daemon.loop import (
     CHORE_SLACK_S,
     COMMIT_POLL_S,
@@ -19,7 +20,6 @@ from collector.daemon.loop import (
     gather_pause,
     wait_quietly,
 )
-from collector.daemon.config import SERVING_RANK_LOOK_S
 from collector.daemon.node import NODE_MAX_WAIT_S, NodeCollector
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init
