@@ -404,6 +404,14 @@ def worker_calls(job: str, args: argparse.Namespace) -> None:
     res["ours.add.attached_varied"] = median_ns("shared.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles_varied"] = median_ns("pct.add(next(vals))", env, number, repeat)
     res["ours.add.percentiles"] = median_ns("pct.add(1.5)", env, number, repeat)
+    env["sec"] = shmstat.section("bench")  # enter + exit, attached: the section's Stat and the phase word
+    res["ours.section.attached"] = median_ns("with sec:\n    pass", env, number // 4, repeat)
+    with contextlib.suppress(ImportError):
+        from torch.profiler import record_function
+
+        env["record_function"] = record_function  # no profiler running: what an unprofiled range costs torch
+        res["torch.record_function"] = median_ns("with record_function('bench'):\n    pass", env, number // 4,
+                                                 repeat)
     shmstat.log_event(ours_event)
     deadline = time.monotonic() + 20
     while not pub.stats().subscribed and time.monotonic() < deadline:
@@ -1184,6 +1192,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
          "ours.add.percentiles_varied"),
         ("shmstat Stat.add with P50/P99, attached", "ours.add.percentiles"),
         ("torch.monitor Stat.add", "torch.add"),
+        ("shmstat section enter + exit, attached (Stat and phase word; pure Python)", "ours.section.attached"),
+        ("torch.profiler.record_function enter + exit, no profiler running", "torch.record_function"),
         ("prometheus_client multiprocess Counter.inc", "prom.inc"),
         ("prometheus_client multiprocess Histogram.observe", "prom.observe"),
         ("shmstat log_event, no handler, not attached", "ours.log_event.none"),
@@ -1262,6 +1272,8 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
          "cheaper"),
         ("@prof to the collector", "ours.prof.collector", "torchelastic @prof (null)", "te.prof", 1.0, "cheaper"),
         ("@prof, null", "ours.prof.null", "torchelastic @prof (null)", "te.prof", 1.0, "cheaper"),
+        ("section enter + exit, attached", "ours.section.attached",
+         "torch.profiler.record_function, no profiler", "torch.record_function", 1.0, "cheaper"),
     ]
     for ours_label, ok, anchor_label, ak, need, target in comparisons:
         o, a = calls.get(ok), calls.get(ak)
@@ -1276,6 +1288,10 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
     if isinstance(o, float) and isinstance(floor, float):
         out.append(f"| Stat.add attached | empty method call | {fmt_ns(o)} | {fmt_ns(floor)} | "
                    f"{o / floor:.2f}x the floor | within 6x | {'yes' if o <= 6 * floor else 'NO'} |")
+    o = calls.get("ours.section.attached")
+    if isinstance(o, float) and isinstance(floor, float):
+        out.append(f"| section enter + exit, attached | empty method call | {fmt_ns(o)} | {fmt_ns(floor)} | "
+                   f"{o / floor:.2f}x the floor | within 3x | {'yes' if o <= 3 * floor else 'NO'} |")
     o = calls.get("ours.add.attached_py")
     if isinstance(o, float) and isinstance(floor, float):
         out.append(f"| Stat.add attached, pure Python | empty method call | {fmt_ns(o)} | {fmt_ns(floor)} | "

@@ -30,10 +30,13 @@ from .publish.events import (
     unregister_event_handler,
 )
 from .publish.tensorboard import TensorboardEventHandler
+from .writer.sections import advance_step, section
 from .writer.stat import Stat
 
 __all__ = [  # noqa: RUF022 (in the order the API reference shows: what a rank uses first, aliases, errors)
     "Stat",
+    "section",
+    "advance_step",
     "Aggregation",
     "Event",
     "log_event",
@@ -63,3 +66,12 @@ __all__ = [  # noqa: RUF022 (in the order the API reference shows: what a rank u
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``shmstat.torch`` (:mod:`shmstat.torch`) on first use: importing shmstat does not import torch's helpers."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -64,6 +64,8 @@ class StatSeries:
     """Merged windows flagged torn (a writer died in the middle of an add)."""
     higher_is_better: bool = False
     """The stat declared itself a rate (its rows say ``"higher_is_better": true``): a slow rank's figure is low."""
+    wait: bool = False
+    """The stat times a wait for other ranks (a wait section: its rows say ``"wait": true``): never scored."""
 
     @property
     def key(self) -> str:
@@ -100,6 +102,8 @@ class StatSeries:
         applied to the rows in the stat's direction (:func:`collector.daemon.straggler.score_ranks`, the
         collector's own code)."""
         out = dict(self.scores)
+        if self.wait:  # the healthy ranks wait longest: a wait is no rank's fault (collector.read.columns)
+            return out
         for start in self.windows():
             figures = {rank: f for rank, per in self.ranks.items()
                        if start in per and (f := self.figure(per[start])) is not None}
@@ -271,7 +275,7 @@ def _is_row(r: dict[str, Any]) -> bool:
     if not isinstance(name, str) or not (_text(r.get("group")) and _text(name) and job_ok
             and _time(r.get("timestamp")) and _time(r.get("window_start")) and _time(r.get("window_end"))
             and (rank is None or _int(rank, 0, _MAX_RANK)) and isinstance(r.get("torn", False), bool)
-            and isinstance(r.get("higher_is_better", False), bool)):
+            and isinstance(r.get("higher_is_better", False), bool) and isinstance(r.get("wait", False), bool)):
         return False
     figure = _number(value)
     if r.get("window_start") is None and r.get("group") == COLLECTOR_GROUP and name.startswith(_COUNTERS_PREFIX):
@@ -386,6 +390,8 @@ def _take_row(report: JobReport, r: dict[str, Any]) -> None:
     series = _series(report, group, stat)
     if r.get("higher_is_better") is True:
         series.higher_is_better = True
+    if r.get("wait") is True:
+        series.wait = True
     end = r.get("window_end")
     if end is not None:
         report.window_s[(group, stat)] = float(end) - start

@@ -158,6 +158,7 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, alive: dict[
     # (group, name, window_ms) -> (agg_mask, higher_is_better, keeps a histogram) of its first descriptor
     stat_of: dict[tuple[str, str, int], tuple[int, bool, bool]] = {}
     owners: dict[int, tuple[str, int]] = {}
+    waits: set[tuple[str, str, int]] = set()  # wait sections: shown, never scored
     n_alive = 0
     for info in infos:
         owner = by_local.get(info.writer_of - 1, info) if info.is_writer else info
@@ -170,14 +171,17 @@ def _job_view(reader: SegmentReader, now_ns: int, threshold: float, alive: dict[
             if read.windows:
                 key = (desc.group, desc.name, desc.window_ms)
                 stat_of.setdefault(key, (desc.agg_mask, desc.higher_is_better, desc.hist >= 0))
+                if desc.wait:
+                    waits.add(key)
                 found.extend((key, owner.rank, w) for w in read.windows)
     stats = []
     for merged, per_rank in _newest_windows(reader.segment.job, found, stat_of):
         parts = {rank: s for rank, s in per_rank.items() if s.count or s.torn}
         figures = {rank: figure(s) for rank, s in parts.items()}
         median, scores = score_ranks(figures, merged.higher_is_better)
-        if figure_of(merged.group, merged.name) is not None or not merged.agg_mask & ~COUNT_ONLY_MASK:
-            scores = {}  # a GPU figure, or a stat that asked only for COUNT: shown, not scored (the collector's rule)
+        if (figure_of(merged.group, merged.name) is not None or not merged.agg_mask & ~COUNT_ONLY_MASK
+                or (merged.group, merged.name, merged.window_ms) in waits):
+            scores = {}  # a GPU figure, a COUNT alone or a wait: shown, not scored (the collector's rule)
         ranks = tuple(
             RankFigure(rank, s, figures[rank], scores.get(rank), rank in scores and scores[rank] < threshold,
                        *owners.get(rank, ("", 0)))

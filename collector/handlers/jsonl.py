@@ -185,8 +185,10 @@ class JsonlMetricHandler(ColumnsHandler):
         # the stats that declared higher_is_better (rates): their rows say so, so a reader scores them as the
         # collector does (collector.cli.report); a row's name is "<stat>.<aggregation>"
         rates = {(columns.group[i], columns.stat[i]) for i in np.flatnonzero(columns.higher_is_better).tolist()}
+        waits = {(columns.group[i], columns.stat[i]) for i in np.flatnonzero(columns.wait).tolist()}
         lines = [_line(end, group, name, value, rank, start, end, torn, job, None,
-                       bool(rates) and (group, name.rpartition(".")[0]) in rates)
+                       bool(rates) and (group, name.rpartition(".")[0]) in rates,
+                       bool(waits) and (group, name.rpartition(".")[0]) in waits)
                  for end, group, name, value, rank, start, torn in rows]
         if lines:
             lines.append("")
@@ -204,7 +206,7 @@ class JsonlMetricHandler(ColumnsHandler):
 
 def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None, start: float | None,
           end: float | None, torn: bool, job: str | None, source_rank: int | None,
-          higher_is_better: bool = False) -> str:
+          higher_is_better: bool = False, wait: bool = False) -> str:
     """The one JSON line of a figure (the only place the jsonl format is written)."""
     row = {"timestamp": timestamp, "group": group, "name": name, "value": _json_number(value), "rank": rank,
            "window_start": start, "window_end": end}
@@ -212,6 +214,8 @@ def _line(timestamp: float, group: str, name: str, value: Any, rank: int | None,
         row["torn"] = True
     if higher_is_better:
         row["higher_is_better"] = True
+    if wait:
+        row["wait"] = True
     if job is not None:
         row["job"] = job
     if source_rank is not None:

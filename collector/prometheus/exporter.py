@@ -11,9 +11,10 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   (min/max merged only); ``shmstat_stat_p50`` / ``_p90`` / ``_p99`` / ``_p999`` for stats with percentiles;
 - ``shmstat_stat_straggler_score`` (per-rank series of scored stats): gauge, the collector's straggler score of the
   rank in the newest scored window (:mod:`collector.daemon.straggler`, in the stat's own direction);
-- ``shmstat_stat_info`` (one per stat): gauge, always 1, labels ``higher_is_better`` and ``scored`` (``"1"`` or
-  ``"0"``): the stat's direction (a rate declared higher_is_better scores ``figure / median``, a time ``median /
-  figure``) and whether the straggler rule scores it at all, so Prometheus rules (``shmstat prometheus-rules``) score
+- ``shmstat_stat_info`` (one per stat): gauge, always 1, labels ``higher_is_better``, ``scored`` and ``wait``
+  (``"1"`` or ``"0"``): the stat's direction (a rate declared higher_is_better scores ``figure / median``, a time
+  ``median / figure``), whether the straggler rule scores it at all and whether it times a wait for other ranks (a
+  wait section, never scored), so Prometheus rules (``shmstat prometheus-rules``) score
   ranks and nodes job-wide by the collector's rule;
 - ``shmstat_stat_hist`` (merged series of percentile stats): a classic cumulative histogram whose ``le``
   boundaries are those of exponential schema 2, ``2^(k/4)`` for ``k`` in -80..160 (2^-20 to 2^40) and
@@ -131,7 +132,7 @@ class PrometheusExporter:
         self.clock = clock
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str, str, int | None], _Series] = {}
-        self._kinds: dict[tuple[str, str, str], tuple[bool, bool]] = {}  # (job, group, stat) -> (hib, scored)
+        self._kinds: dict[tuple[str, str, str], tuple[bool, bool, bool]] = {}  # -> (hib, scored, wait)
         self._gpu: dict[tuple[str, str, int, int | None], float] = {}  # (job, figure, gpu, rank) -> newest
         self._uuids: tuple[str, ...] = ()
         self._puts = PutMetrics(max_put_bytes)
@@ -227,9 +228,9 @@ class PrometheusExporter:
         pcts = (cols.p50.tolist(), cols.p90.tolist(), cols.p99.tolist(), cols.p999.tolist())
         exported = np.flatnonzero((cols.rank < 0) & cols.hists.present)
         merged = np.flatnonzero(cols.rank < 0)
-        kinds = {(job, g, st): (h, sc) for g, st, h, sc in zip(
+        kinds = {(job, g, st): (h, sc, w) for g, st, h, sc, w in zip(
             cols.group[merged].tolist(), cols.stat[merged].tolist(), cols.higher_is_better[merged].tolist(),
-            cols.scored_stats()[merged].tolist(), strict=True)}
+            cols.scored_stats()[merged].tolist(), cols.wait[merged].tolist(), strict=True)}
         classic = dict(zip(exported.tolist(), map(_classic, cols.hists[exported].histograms()), strict=True))
         updates = []
         for i, (group, stat, rank, n, total, mean, lo, hi, has_hist) in enumerate(zip(
@@ -383,12 +384,13 @@ class PrometheusExporter:
                     hist.samples.append(Sample("shmstat_stat_hist_bucket", {**labels, "le": le}, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_count", labels, acc))
                 hist.samples.append(Sample("shmstat_stat_hist_sum", labels, sm))
-        info = GaugeMetricFamily("shmstat_stat_info", "Always 1: the stat's direction (higher_is_better) and whether "
-                                 "the straggler rule scores it (scored)")
-        for (job, group, stat), (better, scored) in kinds:
+        info = GaugeMetricFamily("shmstat_stat_info", "Always 1: the stat's direction (higher_is_better), whether "
+                                 "the straggler rule scores it (scored) and whether it times a wait for other ranks "
+                                 "(wait)")
+        for (job, group, stat), (better, scored, wait) in kinds:
             info.samples.append(Sample("shmstat_stat_info", {
                 "job": job, "node": node, "group": group, "stat": stat, "higher_is_better": "1" if better else "0",
-                "scored": "1" if scored else "0"}, 1))
+                "scored": "1" if scored else "0", "wait": "1" if wait else "0"}, 1))
         yield from (count, total, mean, lo, hi, *pcts, hist, scores, info)
         yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)

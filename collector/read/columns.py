@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -99,6 +99,13 @@ class Columns:
     job_start_ns: int = 0
     """When the job's segment was created on this node (Unix ns; 0 if unknown): the same for every pass of the
     job, across collector restarts (what ``tensorboard:DIR`` counts its steps from)."""
+    wait: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    """Whether each row's stat times a wait for other ranks (a wait section; bool): never scored. Left out, no
+    row is one."""
+
+    def __post_init__(self) -> None:
+        if len(self.wait) != len(self.wid):
+            object.__setattr__(self, "wait", np.zeros(len(self.wid), bool))
 
     @classmethod
     def empty(cls, job: str) -> Columns:
@@ -133,7 +140,8 @@ class Columns:
             p50=quantile(0.5), p90=quantile(0.9), p99=quantile(0.99), p999=quantile(0.999),
             torn=np.array([x.torn for x in s], bool),
             higher_is_better=np.array([r.higher_is_better for r in rows], bool),
-            hists=HistBatch.from_histograms([x.hist for x in s]), job_start_ns=job_start_ns)
+            hists=HistBatch.from_histograms([x.hist for x in s]), job_start_ns=job_start_ns,
+            wait=np.array([r.wait for r in rows], bool))
 
     @cached_property
     def hist(self) -> np.ndarray:
@@ -184,8 +192,9 @@ class Columns:
 
     def scored_stats(self) -> np.ndarray:
         """Per row, whether its stat is one the straggler rule scores (:mod:`collector.daemon.straggler`): it asked
-        for a figure of its values (not COUNT alone) and is not one of the collector's GPU figures."""
-        scored = (self.agg_mask & ~COUNT_ONLY_MASK) != 0
+        for a figure of its values (not COUNT alone), is not a wait (:data:`shmstat.shm.layout.FLAG_WAIT`) and is not
+        one of the collector's GPU figures."""
+        scored = ((self.agg_mask & ~COUNT_ONLY_MASK) != 0) & ~self.wait  # a wait section: the healthy wait longest
         gpu = np.flatnonzero(self.group == GPU_GROUP)
         if len(gpu):  # a rank's GPU is not slower for being busier
             scored[gpu] &= [not is_gpu_stat(GPU_GROUP, self.stat[i]) for i in gpu.tolist()]
@@ -207,7 +216,7 @@ class Columns:
             None if rank < 0 else rank,
             WindowFigures(int(self.count[i]), float(self.sum[i]), float(self.min[i]), float(self.max[i]),
                     float(self.value[i]), int(self.last_ts[i]), bool(self.torn[i]), self.hist[i]),
-            ranks=int(self.ranks[i]), higher_is_better=bool(self.higher_is_better[i]),
+            ranks=int(self.ranks[i]), higher_is_better=bool(self.higher_is_better[i]), wait=bool(self.wait[i]),
         )
 
     def to_rows(self) -> list[WindowRow]:
@@ -216,10 +225,10 @@ class Columns:
                    self.agg_mask.tolist(), self.rank.tolist(), self.count.tolist(), self.sum.tolist(),
                    self.min.tolist(), self.max.tolist(), self.value.tolist(), self.last_ts.tolist(),
                    self.torn.tolist(), self.hist.tolist(), self.ranks.tolist(), self.higher_is_better.tolist(),
-                   strict=True)
-        return [WindowRow(g, s, w, ms, m, None if r < 0 else r, WindowFigures(n, t, lo, hi, v, ts, torn, h), ranks=k,
-                          higher_is_better=hib)
-                for g, s, w, ms, m, r, n, t, lo, hi, v, ts, torn, h, k, hib in cols]
+                   self.wait.tolist(), strict=True)
+        return [WindowRow(g, s, w, ms, m, None if r < 0 else r, WindowFigures(n, t, lo, hi, v, ts, torn, h),
+                          ranks=k, higher_is_better=hib, wait=wt)
+                for g, s, w, ms, m, r, n, t, lo, hi, v, ts, torn, h, k, hib, wt in cols]
 
     def __iter__(self) -> Iterator[WindowRow]:
         """The rows as :class:`WindowRow` (see :meth:`to_rows`)."""
@@ -262,7 +271,7 @@ def _plan(stat: str, mask: int) -> tuple[tuple[str, int], ...]:
 
 _DTYPES: dict[str, Any] = {"group": object, "stat": object, "rank": np.int64, "ranks": np.int64,
                            "wid": np.int64, "window_ms": np.int64, "agg_mask": np.int64, "count": np.int64,
-                           "last_ts": np.int64, "torn": bool, "higher_is_better": bool}
+                           "last_ts": np.int64, "torn": bool, "higher_is_better": bool, "wait": bool}
 
 
 # ---- The merge ----
@@ -298,6 +307,8 @@ class StatTable:
     """Whether the stat keeps percentiles (bool)."""
     order: np.ndarray
     """Each stat's position when the stats are sorted by (group, name, window_ms, agg_mask)."""
+    wait: np.ndarray | None = None
+    """Whether the stat times a wait for other ranks (bool; None: none does)."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +388,7 @@ def merge_parts(job: str, parts: Parts, stats: StatTable, job_start_ns: int = 0)
         count, out["sum"], out["min"], out["max"], out["last"], out["last_ts"], mean,
         pct[Aggregation.P50], pct[Aggregation.P90], pct[Aggregation.P99], pct[Aggregation.P999], out["torn"],
         stats.higher_is_better[key], hist, job_start_ns,
+        np.zeros(total, bool) if stats.wait is None else stats.wait[key],
     )
 
 

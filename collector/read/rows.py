@@ -53,6 +53,8 @@ class WindowRow(WindowSpan):
     higher_is_better: bool = False
     """What the stat declared (``Stat(..., higher_is_better=True)``, e.g. tokens/s): a straggler is a rank whose
     figure is low, not high."""
+    wait: bool = False
+    """The stat times a wait for other ranks (``shmstat.section(..., wait=True)``): never scored as a straggler."""
 
     def values(self) -> dict[str, float]:
         """``{"<name>.<aggregation>": value}`` for the aggregations the stat asked for, torch.monitor's order; the
@@ -76,6 +78,7 @@ class WindowRow(WindowSpan):
             "window_ms": self.window_ms, "start_ns": self.start_ns, "end_ns": self.end_ns, "count": s.count,
             "sum": s.sum, "mean": s.mean, "min": s.min if s.count else 0.0, "max": s.max if s.count else 0.0,
             "value": s.last, "last_ts": s.last_ts, "torn": s.torn, "higher_is_better": self.higher_is_better,
+            "wait": self.wait,
             **self._percentiles(),
         }
 

@@ -517,6 +517,7 @@ class SlotTable:
             np.array([k.agg_mask for k in keys], np.int64).reshape(-1),
             np.array([slots[first_slot[k]].desc.higher_is_better for k in keys], bool).reshape(-1),
             np.array([bool(k.agg_mask & PERCENTILE_MASK) for k in keys], bool).reshape(-1), order,
+            np.array([slots[first_slot[k]].desc.wait for k in keys], bool).reshape(-1),
         )
         """The stats, by key id (for :func:`collector.read.columns.merge_parts`)."""
         self.groups = list(groups)

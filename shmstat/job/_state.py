@@ -8,6 +8,7 @@ Tests call :func:`reset` to start from a clean slate.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class GlobalState:
     fork_environ: dict[str, str] | None = None
     """In a forked child: the identity variables its parent's environment had at the fork (a worker of the rank
     keeps them as they are; see :func:`shmstat.job.attach._inherited`)."""
+    section_window_s: float | None = None
+    """The window of section Stats given to ``init(section_window_s=)`` (None: the environment's or 5 s)."""
     lock: threading.RLock = field(default_factory=threading.RLock)
     _handler_tuple: tuple[Any, ...] = field(default=(), repr=False)
     _publisher: Any = field(default=None, repr=False)
@@ -90,6 +93,27 @@ class GlobalState:
 
 STATE = GlobalState()
 
+SECTION_EPOCH = [0]
+"""Bumped whenever sections must bind again to this process's attachment (:mod:`shmstat.writer.sections`)."""
+
+
+def rebind_sections() -> None:
+    """Make every section bind again on its next enter (the process attached, detached, or was forked)."""
+    SECTION_EPOCH[0] += 1
+
+
+def check_window_s(value: Any, what: str) -> float:
+    """``value`` as seconds of a section window (at least 1 ms, finite); :class:`ConfigError` otherwise."""
+    from ..errors import ConfigError
+
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} {value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or seconds < 0.001:
+        raise ConfigError(f"{what} {value!r} is not a window of at least 0.001 seconds")
+    return seconds
+
 
 def set_sync_hook(hook: Callable[[tuple[Any, ...], Any, bool], None]) -> None:
     """Call ``hook(handler_tuple, publisher, auto_init_done)`` now and whenever one of them is assigned.
@@ -111,6 +135,7 @@ def reset() -> None:
         with contextlib.suppress(Exception):
             old.attachment.detach()
     GlobalState.__init__(STATE)  # in place: other modules hold a reference to STATE
+    rebind_sections()
     from ._drops import reset_warnings
 
     reset_warnings()

@@ -47,6 +47,7 @@ def init(
     endpoint: str | None = None,
     publish: bool = True,
     backlog_mb: float | None = None,
+    section_window_s: float | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
@@ -58,6 +59,8 @@ def init(
     and counted in the segment, and the job warns once. Stats created afterwards write to shared memory; events
     and metrics are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
     ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
+    ``section_window_s`` is the window of :func:`shmstat.section` Stats (default ``SHMSTAT_SECTION_WINDOW_S`` or
+    5 s), in a job or not.
     Calling ``init`` again for another job detaches from the first.
 
     A process whose rank comes from the environment (``rank`` left out) and that took that environment unchanged
@@ -66,6 +69,9 @@ def init(
     entry to the rank, whether the rank attached before it or not (see :func:`_inherited`). A process given its
     variables at its start (by torchrun, ``shmstat run``, a shell) or that set them itself is the rank.
     """
+    if section_window_s is not None:
+        _state.STATE.section_window_s = _state.check_window_s(section_window_s, "section_window_s")
+        _state.rebind_sections()
     env = identity_from_env()
     inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
@@ -114,6 +120,7 @@ def init(
             )
             pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True
+        _state.rebind_sections()
     return att
 
 
@@ -236,6 +243,8 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
             pub.close(linger_ms=int(flush_timeout_s * 1000))
     att = st.attachment
     st.attachment = None
+    if att is not None:
+        _state.rebind_sections()
     if att is not None and att.pid == os.getpid():
         from ..shm.segment import Segment
 

@@ -10,7 +10,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
 
     offset                         size       region
     0                              256        header
-    256                            R*144      rank table        (entry i = local rank i)
+    256                            R*200      rank table        (entry i = local rank i)
     DESC_BASE                      R*S*208    stat descriptors  (rank-major: rank i, stat j)
     BANK_BASE (64-aligned)         R*S*K*64   slots             (rank i, stat j, bank w % K)
     HIST_BASE                      R*H*K*2240 histograms        (rank i, histogram h, bank w % K)
@@ -40,7 +40,7 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                descriptor published: a collector reads the rank table again only when it moved
     120  reserved ... 256
 
-    rank entry (144 bytes)
+    rank entry (200 bytes)
       0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
       8  pid              i64
      16  incarnation      u64  bumped on every registration of this entry (a restarted rank)
@@ -69,6 +69,10 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                acknowledged; a collector that finds the process gone counts what it did not
                                receive of them as a gap, then sets it to 0 (under the job lock)
     136  events_inc       u64  the incarnation that process published under (a forked worker: its rank's)
+    144  phase_seq        u64  the phase word's sequence (even; 0: never written), :mod:`shmstat.shm.phase`
+    152  phase            2 copies of (word u64, since_ns i64, step u64): the process's innermost open section
+                               (``word`` = 1 + its Stat's descriptor index here, or 0, ``| depth << 32``), since
+                               when, the steps counted; copy ``(phase_seq >> 1) & 1`` is the published one
 
     stat descriptor (208 bytes)
       0  state            u64  0 empty, 1 published (written last, after the other fields)
@@ -83,7 +87,8 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
      40  name_len         u64
      48  group_len        u64
      56  incarnation      u64  incarnation of the rank that published the descriptor
-     64  flags            u64  bit 0: higher is better (a rate: a straggler is a rank whose figure is low)
+     64  flags            u64  bit 0: higher is better (a rate: a straggler is a rank whose figure is low);
+                               bit 1: a wait (a section where the rank waits for others: never scored)
      72  hist             i64  1 + index of the stat's histogram in its rank's histogram table; 0 for none
                                (a stat with a percentile aggregation always has one)
      80  name             80 bytes UTF-8
@@ -145,7 +150,8 @@ Concurrency guarantees:
   descriptor's ``state`` is written last, so a reader that sees ``state == 1`` sees the whole descriptor.
 - ``emitted_wid`` (once the descriptor is published) and the delivered marks are written only by the collector
   (the one holding the instance lock); a mark's ``delivered`` is one aligned 8-byte store; everything else in a
-  rank's region only by that rank (but ``events_end``, set to 0 by the collector once its process is gone),
+  rank's region only by that rank (its phase word by the one process holding the entry, a double-buffered seqlock:
+  see :mod:`shmstat.shm.phase`) (but ``events_end``, set to 0 by the collector once its process is gone),
   except the drop counters (header ``dropped``/``ranks_refused``, entry ``dropped``/``stats_refused``/
   ``writers_refused``), which every process of the job adds to with atomic read-modify-writes, and the
   header's ``warned``, written under the job lock.
@@ -165,6 +171,7 @@ __all__ = [
     "DEFAULT_MAX_STATS",
     "DESC_SIZE",
     "FLAG_HIGHER_IS_BETTER",
+    "FLAG_WAIT",
     "HEADER_SIZE",
     "HIST_BUCKETS",
     "HIST_SIZE",
@@ -187,10 +194,10 @@ __all__ = [
 ]
 
 MAGIC = b"SHMSTAT\x00"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 
 HEADER_SIZE = 256
-RANK_ENTRY_SIZE = 144
+RANK_ENTRY_SIZE = 200
 DESC_SIZE = 208
 BANK_SIZE = 64
 HIST_SIZE = 2240
@@ -199,6 +206,7 @@ MARK_SIZE = 40
 MARKS_PER_RANK = 4
 HIST_COUNTS = 64  # byte offset of the positive counts inside a histogram; the negative follow at + 4 * M
 FLAG_HIGHER_IS_BETTER = 1
+FLAG_WAIT = 2
 MAX_NAME_BYTES = _names.MAX_STAT_NAME_BYTES  # 80: the name rule's limits for a stat are these fields' sizes
 MAX_GROUP_BYTES = _names.MAX_GROUP_BYTES  # 48
 
@@ -254,6 +262,7 @@ H_DROPPED, H_RANKS_REFUSED, H_WARNED, H_DISPATCHED, H_ENTRIES_EPOCH = 80, 88, 96
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40
 R_START, R_HEARTBEAT, R_NSTATS, R_NAN, R_DISCARDED, R_WRITER_OF, R_NHIST = 48, 56, 64, 72, 80, 88, 96
 R_DROPPED, R_STATS_REFUSED, R_WRITERS_REFUSED, R_EVENTS_END, R_EVENTS_INC = 104, 112, 120, 128, 136
+R_PHASE_SEQ, R_PHASE, PHASE_COPY_SIZE = 144, 152, 24  # the phase word (shmstat.shm.phase)
 
 # Descriptor fields (byte offsets inside a descriptor).
 D_STATE, D_WINDOW_MS, D_MAX_SAMPLES, D_AGG_MASK, D_EMITTED = 0, 8, 16, 24, 32

@@ -17,6 +17,7 @@ layout asks for it).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from itertools import compress
 from typing import TYPE_CHECKING
 
@@ -45,10 +46,13 @@ from .layout import (
     MAX_NAME_BYTES,
     MAX_WINDOW_MS,
     PERCENTILE_BITS,
+    PHASE_COPY_SIZE,
     R_DROPPED,
     R_EVENTS_END,
     R_NHIST,
     R_NSTATS,
+    R_PHASE,
+    R_PHASE_SEQ,
     R_PID,
     R_STATE,
     R_WRITER_OF,
@@ -70,6 +74,7 @@ __all__ = [
     "descriptor_problem",
     "empty_bank",
     "encode_name",
+    "phase_publisher",
     "rank_nhist",
     "rank_problem",
     "read_bank",
@@ -78,6 +83,8 @@ __all__ = [
     "read_dispatched_ns",
     "read_entries_epoch",
     "read_header",
+    "read_phase_seq",
+    "read_phase_word",
     "read_rank",
     "read_warned",
     "write_collector",
@@ -185,6 +192,47 @@ def write_rank_entry(buf: memoryview, geometry: Geometry, local_rank: int, *, pi
     _U64.pack_into(buf, off + R_WRITER_OF, writer_of + 1)
     _EVENTS_END.pack_into(buf, off + R_EVENTS_END, 0, 0)
     _U64.pack_into(buf, off + R_STATE, RankState.ACTIVE)
+
+
+_PHASE = struct.Struct("<QqQ")  # a phase copy: word, since_ns, step
+
+
+def read_phase_seq(buf: memoryview, geometry: Geometry, local_rank: int) -> int:
+    """Entry ``local_rank``'s ``phase_seq`` (0: no phase word written yet)."""
+    return int(_U64.unpack_from(buf, geometry.rank_offset(local_rank) + R_PHASE_SEQ)[0])
+
+
+def read_phase_word(buf: memoryview, geometry: Geometry, local_rank: int,
+                    retries: int = 64) -> tuple[int, int, int] | None:
+    """Entry ``local_rank``'s published phase copy ``(word, since_ns, step)`` (double-buffered seqlock, see
+    :mod:`shmstat.shm.phase`); None for a free entry, one never written, or one whose writer kept moving it."""
+    base = geometry.rank_offset(local_rank)
+    if _U64.unpack_from(buf, base + R_STATE)[0] == RankState.FREE:
+        return None
+    for _ in range(retries):
+        (seq,) = _U64.unpack_from(buf, base + R_PHASE_SEQ)
+        if seq == 0:
+            return None
+        copy = _PHASE.unpack_from(buf, base + R_PHASE + ((seq >> 1) & 1) * PHASE_COPY_SIZE)
+        if _U64.unpack_from(buf, base + R_PHASE_SEQ)[0] == seq:
+            return copy
+    return None
+
+
+def phase_publisher(buf: memoryview, geometry: Geometry, local_rank: int) -> Callable[[int, int, int, int], None]:
+    """``publish(seq, word, since_ns, step)`` for entry ``local_rank``: fills copy ``(seq >> 1) & 1`` (the one
+    ``phase_seq`` does not name while ``seq`` is the previous sequence + 2), then stores ``seq`` (one aligned 8-byte
+    store). The caller (the entry's one writing process, serialised) keeps ``seq`` even and increasing."""
+    base = geometry.rank_offset(local_rank)
+    copies = (base + R_PHASE, base + R_PHASE + PHASE_COPY_SIZE)
+    seq_at = base + R_PHASE_SEQ
+    pack, pack_seq = _PHASE.pack_into, _U64.pack_into
+
+    def publish(seq: int, word: int, since_ns: int, step: int) -> None:
+        pack(buf, copies[(seq >> 1) & 1], word, since_ns, step)
+        pack_seq(buf, seq_at, seq)
+
+    return publish
 
 
 def write_rank_state(buf: memoryview, geometry: Geometry, local_rank: int, state: int) -> None:

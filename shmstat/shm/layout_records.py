@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..aggregation import Aggregation, aggregate
-from .layout import DEFAULT_HIST_SLOTS, FLAG_HIGHER_IS_BETTER, LONG_WINDOW_MS, Geometry, RankState
+from .layout import DEFAULT_HIST_SLOTS, FLAG_HIGHER_IS_BETTER, FLAG_WAIT, LONG_WINDOW_MS, Geometry, RankState
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..histogram import Histogram
@@ -146,6 +146,11 @@ class StatDescriptor:
     def higher_is_better(self) -> bool:
         """Whether the stat declared that a high figure is good (a rate)."""
         return bool(self.flags & FLAG_HIGHER_IS_BETTER)
+
+    @property
+    def wait(self) -> bool:
+        """Whether the stat times a wait for other ranks (a wait section): never scored as a straggler."""
+        return bool(self.flags & FLAG_WAIT)
 
     @property
     def window_ns(self) -> int:

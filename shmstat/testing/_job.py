@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +15,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CollectorError, ConfigError
+from ._collector import start_collector
 from ._ranks import RankGroup, RankResult, start_command_ranks, start_function_ranks
 from ._records import EventRecord, MetricRecord, Row, StreamTap
 
@@ -26,6 +25,7 @@ __all__ = ["ShmstatJob", "unique_job_id"]
 _ANY: Any = object()
 _LIVE: set[ShmstatJob] = set()
 _LIVE_LOCK = threading.Lock()
+_SAID = 200  # the collector's last stderr lines kept for a failure message
 
 
 def unique_job_id(prefix: str = "pytest") -> str:
@@ -53,7 +53,6 @@ class ShmstatJob:
         self.job = job or unique_job_id()
         self.runtime_dir = tempfile.mkdtemp(prefix="shmstat-t-")
         os.chmod(self.runtime_dir, 0o700)
-        self._said: collections.deque[str] = collections.deque(maxlen=200)  # the collector's last stderr lines
         self._groups: list[RankGroup] = []
         self._closed = False
         self.env: dict[str, str] = dict(os.environ, SHMSTAT_JOB=self.job, SHMSTAT_RUNTIME_DIR=self.runtime_dir)
@@ -62,46 +61,28 @@ class ShmstatJob:
         for name in ("SHMSTAT_RANK", "SHMSTAT_LOCAL_RANK", "SHMSTAT_WORLD_SIZE"):
             self.env.pop(name, None)
         ready_file = os.path.join(self.runtime_dir, "collector.json")  # where the collector says its endpoints
-        cmd = [sys.executable, "-m", "shmstat.testing._collector_main", self.runtime_dir, self.job,
-               "--handler", "*=null", "--grace-ms", str(grace_ms), "--status-interval", "0",
-               "--hold-ms", "600000", "--ready-file", ready_file, *collector_args]
+        options = ["--handler", "*=null", "--grace-ms", str(grace_ms), "--status-interval", "0",
+                   "--hold-ms", "600000", "--ready-file", ready_file, *collector_args]
         with _LIVE_LOCK:
             _LIVE.add(self)
-        self._collector = subprocess.Popen(cmd, env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())),
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                           text=True)
-        self._err_reader = threading.Thread(target=self._drain_stderr, name="shmstat-testing-collector-err",
-                                            daemon=True)
-        self._err_reader.start()
-        self.publish_endpoint = self._read_endpoints(ready_file, start_timeout_s)
+        try:
+            self._process = start_collector(
+                options, command=[sys.executable, "-m", "shmstat.testing._collector_main", self.runtime_dir, self.job],
+                env=dict(self.env, SHMSTAT_TESTING_PARENT=str(os.getpid())), timeout_s=start_timeout_s,
+                stdout=subprocess.DEVNULL, keep_lines=_SAID)
+        except CollectorError:
+            self.close()
+            raise
+        self._collector = self._process.proc
+        self.publish_endpoint = self._process.publish
+        """Where the collector re-publishes what it takes (its ready file said)."""
         self._tap = StreamTap(self.publish_endpoint)
-
-    def _drain_stderr(self) -> None:
-        err = self._collector.stderr
-        assert err is not None
-        for line in err:
-            self._said.append(line.rstrip())
 
     @property
     def collector_said(self) -> str:
         """The collector's last lines on stderr (warnings, errors), for a failure message."""
-        return "\n".join(self._said)
-
-    def _read_endpoints(self, ready_file: str, timeout_s: float) -> str:
-        """The collector's publish endpoint, from the ready file it writes once serving (``--ready-file``)."""
-        deadline = time.monotonic() + timeout_s
-        while not os.path.exists(ready_file):
-            if self._collector.poll() is not None or time.monotonic() > deadline:
-                if self._collector.poll() is not None:
-                    self._err_reader.join(5)  # what it said before it ended
-                self.close()
-                raise RuntimeError(f"the test collector for job {self.job} did not start: "
-                                   f"{self.collector_said or '(no output)'}")
-            time.sleep(0.005)
-        with open(ready_file, encoding="utf-8") as f:
-            endpoint = json.load(f)["publish"]
-        assert isinstance(endpoint, str)
-        return endpoint
+        process = getattr(self, "_process", None)
+        return "" if process is None else "\n".join(process.lines[-_SAID:])
 
     # -- ranks ---------------------------------------------------------------------------------------------------
     def rank_env(self, rank: int, world_size: int, local_rank: int | None = None) -> dict[str, str]:
@@ -286,19 +267,12 @@ class ShmstatJob:
                 os.environ.pop("SHMSTAT_RUNTIME_DIR", None)
             else:
                 os.environ["SHMSTAT_RUNTIME_DIR"] = self._saved_runtime_dir
-        proc = getattr(self, "_collector", None)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        process = getattr(self, "_process", None)
+        if process is not None:
             try:
-                proc.wait(20)
+                process.stop(signal.SIGTERM, 20)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if proc is not None:
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        pipe.close()
+                process.stop(signal.SIGKILL, 5)
         tap = getattr(self, "_tap", None)
         if tap is not None:
             tap.close()

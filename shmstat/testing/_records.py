@@ -31,6 +31,8 @@ class Row:
     rank: int | None
     window_start: float
     window_end: float
+    wait: bool = False
+    """The stat times a wait for other ranks (a wait section, ``shmstat.section(..., wait=True)``)."""
 
     @property
     def merged(self) -> bool:
@@ -74,7 +76,8 @@ def rows_of(item: dict[str, Any]) -> list[Row]:
     if "start_ns" not in item:
         return []
     start, end = item["start_ns"] / 1e9, item["end_ns"] / 1e9
-    return [Row(item["group"], item["name"], agg, item[agg], item["rank"], start, end)
+    wait = item.get("wait") is True
+    return [Row(item["group"], item["name"], agg, item[agg], item["rank"], start, end, wait)
             for agg in _AGGS if agg in item]
 
 

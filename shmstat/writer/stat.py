@@ -118,6 +118,7 @@ class Stat:
         *,
         group: str = DEFAULT_GROUP,
         higher_is_better: bool = False,
+        wait: bool = False,
         clock: Clock = time.time_ns,
     ) -> None:
         self._name = check_name(name, "Stat name", MAX_STAT_NAME_BYTES)  # the name rule (shmstat.names)
@@ -125,7 +126,7 @@ class Stat:
         self._max_samples = _checked_max_samples(max_samples)
         self._aggs = from_mask(to_mask(aggregations))
         self._window_ns = _window_ns(window_size)
-        self._flags = L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0
+        self._flags = (L.FLAG_HIGHER_IS_BETTER if higher_is_better else 0) | (L.FLAG_WAIT if wait else 0)
         self._core: _PrivateCore | _SharedCore | _ClosedCore = self._open_core(clock)
         self.add: Callable[[float], None] = self._core.add
 

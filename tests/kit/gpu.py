@@ -12,7 +12,9 @@ to ``DIR/child<RANK>``), then adds ``VALUE`` to the stat ``step_ms`` (500 ms win
 
 :func:`recording` writes a copy of the stored H200 recording (``tests/kit/gpu_h200_recording.json``, synthetic
 but shaped like a real one) with the pids of real processes on each device.
-"""
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output in result.json, stdout
+and stderr as one stream, waiting on its lines (no ready file: a node collector as a user starts it)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ with no ``--job``, reads the bound port from the ready file, starts ``shmstat su
 (every topic; ``--topic event/``) and ``shmstat subscribe --job A --json`` on job A's own endpoint, then the ranks
 of two jobs nobody named (torchrun-like run ids). Each rank waits until every subscriber has had a heartbeat of its
 job, logs ``EVENTS`` events and adds ``SAMPLES`` samples. Once both node subscribers said both jobs ended they
-are stopped; ``WORKDIR/result.json`` holds what everyone printed."""
+are stopped; ``WORKDIR/result.json`` holds what everyone printed.
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output in result.json (its
+stderr kept in a file there)."""
 
 from __future__ import annotations
 

@@ -6,81 +6,23 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from kit.support import wait_for
+from shmstat.errors import CollectorError
+from shmstat.testing import CollectorProcess
+from shmstat.testing import start_collector as start_collector_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@dataclass
-class CollectorProc:
-    """A ``python -m collector collect`` subprocess, and where it serves as its ready file said."""
-
-    proc: subprocess.Popen
-    publish: str
-    ingest: str | None
-    """The ipc endpoint ranks publish to (None for a collector of several jobs, which has one per job)."""
-    prometheus: str | None
-    """The ``/metrics`` URL (None without ``--prometheus``)."""
-    ready_file: str
-    lines: list[str] = field(default_factory=list)
-    """Every line the collector wrote to stderr so far (read by a thread, which passes them on to the test's
-    stderr as if inherited): its notes (the Prometheus endpoint, warnings), its status lines."""
-    _reader: threading.Thread | None = None
-    _private_dir: str | None = None
-
-    def lines_seen(self, text: str, timeout_s: float = 10.0) -> str:
-        """The first line on stderr containing ``text``, waited for (the reader may be behind the ready file)."""
-        def seen() -> str | None:
-            return next((line for line in list(self.lines) if text in line), None)
-
-        line = wait_for(seen, timeout_s, what=f"a collector line containing {text!r}")
-        assert line is not None
-        return line
-
-    @property
-    def notes(self) -> list[str]:
-        """:attr:`lines` less the line saying where it serves (what a user reads beyond the endpoints)."""
-        return [line for line in list(self.lines)
-                if not (line.startswith("shmstat collector:") and " publish " in line)]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        """Send ``sig`` (if it still runs) and wait for its exit status; then :attr:`lines` holds all it said."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._done()
-
-    def finish(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> tuple[int, str]:
-        """Send ``sig`` (if it still runs), read its stdout to the end; its exit status and that output."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        assert self.proc.stdout is not None
-        out = self.proc.stdout.read()  # to the end: the pipe is closed once it exits
-        try:
-            return self.proc.wait(timeout), out
-        finally:
-            self._done()
-
-    def _done(self) -> None:
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        if self.proc.poll() is not None and self._reader is not None:
-            self._reader.join(10)  # the rest of what it said (the pipe ends with the process)
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+CollectorProc = CollectorProcess
+"""A ``python -m collector collect`` subprocess, and where it serves as its ready file said (the shipped
+:class:`shmstat.testing.CollectorProcess`)."""
 
 
 def spawn(target, *args) -> mp.process.BaseProcess:
@@ -107,46 +49,18 @@ def start_collector(job: str | None, *args: str, env: Mapping[str, str] | None =
     tests/ are put on its ``PYTHONPATH`` either way); SIGINT, SIGQUIT and SIGHUP start at their default actions
     (:func:`default_signals`). stdout is a pipe the test may read (:meth:`CollectorProc.finish`); stderr is
     collected in :attr:`CollectorProc.lines`. ``python`` is the interpreter that runs it (this one by default)."""
-    private_dir = None
-    if "--ready-file" in args:
-        ready = args[args.index("--ready-file") + 1]
-    else:
-        private_dir = tempfile.mkdtemp(prefix="shmstat-ready-")
-        ready = os.path.join(private_dir, "collector.json")
-        args = (*args, "--ready-file", ready)
     jobs = ("--job", job) if job is not None else ()
-    proc = subprocess.Popen([python or sys.executable, "-m", "collector", "collect", *jobs, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=collector_env(env), cwd=REPO,
-                            preexec_fn=default_signals)
-    lines: list[str] = []
-    reader = threading.Thread(target=_collect_and_forward, args=(proc.stderr, lines), daemon=True)
-    reader.start()
-
-    def ready_or_ended() -> bool:
-        return os.path.exists(ready) or proc.poll() is not None
-
     try:
-        wait_for(ready_or_ended, timeout_s, what=f"the collector's ready file {ready}")
-    except AssertionError:
-        proc.kill()
-        proc.wait()
-        raise
-    if not os.path.exists(ready):
-        reader.join(5)  # what it said before it ended
-        if private_dir is not None:
-            shutil.rmtree(private_dir, ignore_errors=True)
-        raise AssertionError(f"collector did not start (exit status {proc.returncode}): {lines!r}")
-    with open(ready, encoding="utf-8") as f:
-        info = json.load(f)
-    return CollectorProc(proc, info["publish"], info.get("ingest"), info.get("prometheus"), ready, lines,
-                         reader, private_dir)
+        return start_collector_process(["collect", *jobs, *args], command=[python or sys.executable, "-m", "collector"],
+                                       env=collector_env(env), cwd=REPO, timeout_s=timeout_s, forward=_to_stderr,
+                                       preexec_fn=default_signals)
+    except CollectorError as exc:
+        raise AssertionError(str(exc)) from None
 
 
-def _collect_and_forward(stream, lines: list[str]) -> None:
-    """Keep every line a collector writes to stderr, and pass it on to the test's stderr, as if inherited."""
-    for line in stream:
-        lines.append(line.rstrip("\n"))
-        sys.stderr.write(line)
+def _to_stderr(line: str) -> None:
+    """Pass a collector's line on to the test's stderr (whatever it is at the time), as if inherited."""
+    sys.stderr.write(line)
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -2,7 +2,10 @@
 WORKDIR`` first runs ``shmstat subscribe --timeout 1`` with no collector on the node, then starts ``shmstat
 subscribe --json`` with no endpoint and no ``--job``, a node collector, and the ranks of two jobs nobody named;
 each rank attaches, waits until the subscriber has had a heartbeat of its job, adds its samples and logs an
-event. Once the subscriber said both jobs ended it is stopped; ``WORKDIR/result.json`` holds what it printed."""
+event. Once the subscriber said both jobs ended it is stopped; ``WORKDIR/result.json`` holds what it printed.
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output on the kit's own stderr,
+as inherited."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ collector sees only this job: ``python tests/kit/sweep.py WORKDIR MODE``.
 ``--job``) starts. ``MODE`` ``running``: the node collector runs first, picks the job up, then the ranks are
 SIGKILLed. Either way the kit waits until the collector says the segment is removed, stops it and writes
 ``WORKDIR/result.json``: its output lines, the samples each rank added, and what is left in /dev/shm.
-"""
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output in result.json, stdout
+and stderr as one stream, waiting on its lines (no ready file: a node collector as a user starts it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Two real torchrun jobs at once without ``--rdzv-id`` (static rendezvous: ``--master-addr``/``--master-port``, so
 both get ``TORCHELASTIC_RUN_ID=none``), two ranks each, the first restarted once (``--max-restarts 1``), with one
 node collector, in a private /dev/shm (a mount namespace): ``python tests/kit/torchrun_default_id_node.py WORKDIR``
-writes ``WORKDIR/result.json`` (the collector's lines, the ranks' tallies, the torchrun exit codes)."""
+writes ``WORKDIR/result.json`` (the collector's lines, the ranks' tallies, the torchrun exit codes).
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output in result.json beside
+torchrun's, stdout and stderr as one stream (no ready file: a node collector as the issue ran it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """A real torchrun job (two ranks, static rendezvous) whose ranks make Stats of 10 ms and 1 ms windows
 (``tests/kit/programs/short_windows.py``), served by one node collector, in a private /dev/shm (a mount namespace):
 ``python tests/kit/torchrun_short_windows_node.py WORKDIR`` writes ``WORKDIR/result.json`` (torchrun's and the
-collector's exit codes, the collector's lines) beside the ranks' tallies, the jsonl file and torchrun's log."""
+collector's exit codes, the collector's lines) beside the ranks' tallies, the jsonl file and torchrun's log.
+It starts its collector itself rather than through shmstat.testing.start_collector: it runs as a program inside the
+test's private /dev/shm (a mount namespace) and hands the outer test the collector's output in result.json beside
+torchrun's, stdout and stderr as one stream (no ready file: a node collector as the issue ran it)."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ from kit.procs import REPO, read_jsonl
 from kit.support import unique_job, wait_for
 
 from collector.cli.command import COMMANDS, _parser
+from shmstat.testing import start_collector
 
 _ROOT = Path(REPO)
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
@@ -277,16 +278,13 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
     env = _clean_env()
     server: subprocess.Popen | None = None
     base = ""
-    collector = subprocess.Popen(
-        [sys.executable, "-m", "collector", "collect", "--job", job, "--handler", f"*=jsonl:{metrics}",
-         "--events", f"jsonl:{events}", "--ready-file", str(ready), "--status-interval", "0",
-         "--prometheus", "127.0.0.1:0"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    collector = start_collector(["collect", "--job", job, "--handler", f"*=jsonl:{metrics}", "--events",
+                                 f"jsonl:{events}", "--ready-file", str(ready), "--status-interval", "0",
+                                 "--prometheus", "127.0.0.1:0"], cwd=str(tmp_path), env=env, timeout_s=60,
+                                stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: ready.exists() or collector.poll() is not None, 60, what="the collector's ready file")
-        assert collector.poll() is None, collector.stderr.read() if collector.stderr else ""
         if os.path.exists(prom.PROMETHEUS):  # scraping while the job runs, as the Quickstart does
-            server, base = _scrape_as_the_quickstart_says(tmp_path, json.loads(ready.read_text())["prometheus"])
+            server, base = _scrape_as_the_quickstart_says(tmp_path, collector.prometheus)
         torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
         if torchrun and _has_torch():
             # as the Quickstart runs it; SHMSTAT_JOB names the job (torchrun --standalone makes up a random one)
@@ -319,9 +317,7 @@ def test_the_quickstart_train_py_runs_as_a_job_with_a_real_collector(tmp_path) -
         if server is not None:
             server.terminate()
             server.wait(30)
-        if collector.poll() is None:
-            collector.send_signal(signal.SIGTERM)
-        collector.wait(30)
+        collector.stop(signal.SIGTERM, 30)
     rows = read_jsonl(str(metrics))
     counts = [r for r in rows if r["name"] == "step_ms.count"]
     assert all(r["job"] == job and r["group"] == "train" for r in counts)
@@ -400,7 +396,7 @@ def test_the_cli_reference_has_every_command_and_option_of_the_parser() -> None:
 def test_the_wire_and_layout_pages_render_their_modules_docstrings() -> None:
     hooks = _hooks()
     for module, page, drawn in (("shmstat.wire", "wire.md", '{"v": 1,'), ("shmstat.shm.layout", "layout.md",
-                                                                           "rank entry (144 bytes)")):
+                                                                           "rank entry (200 bytes)")):
         assert f"<!-- docstring: {module} -->" in (_ROOT / "docs" / "internals" / page).read_text(encoding="utf-8")
         markdown = hooks.module_docstring(module)
         fenced = re.findall(r"^```text\n(.*?)^```$", markdown, re.S | re.M)

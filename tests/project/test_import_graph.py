@@ -23,7 +23,7 @@ _PACKAGES = ("shmstat", "elastic", "collector")
 _LAYER = {"shmstat": 0, "elastic": 1, "collector": 2}
 
 _SUBPACKAGE_LAYERS: dict[str, list[set[str]]] = {
-    "shmstat": [{"shm", "wire"}, {"job"}, {"publish"}, {"writer", "testing"}],
+    "shmstat": [{"shm", "wire"}, {"job"}, {"publish"}, {"writer", "testing"}, {"torch"}],
     "elastic": [{"metrics"}, {"events"}],
     "collector": [{"read", "wire"}, {"handlers", "prometheus"}, {"daemon"}, {"cli"}],
 }

@@ -32,9 +32,9 @@ from kit.support import wait_for
 
 import shmstat
 import shmstat.testing._ranks
-from shmstat.errors import ConfigError, ShmstatError
+from shmstat.errors import CollectorError, ConfigError, ShmstatError
 from shmstat.shm.segment import Segment, pid_alive
-from shmstat.testing import RanksFailed, ShmstatJob
+from shmstat.testing import RanksFailed, ShmstatJob, start_collector, unique_job_id
 
 RANKS_MODULE = os.path.join(REPO, "tests", "kit", "plugin_ranks.py")
 
@@ -394,3 +394,19 @@ def test_the_readme_example_runs(tmp_path):
                         "test_example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1 passed" in r.stdout
+
+
+def test_start_collector_returns_once_it_serves_and_a_collector_that_cannot_start_says_why():
+    """The one way tests start a collector process: it returns with what the ready file said, the process
+    serving; its private ready file goes at the stop; a collector that ends before serving raises its sentence."""
+    job = unique_job_id("start")
+    coll = start_collector(["collect", "--job", job, "--handler", "*=null", "--status-interval", "0"])
+    try:
+        assert coll.proc.poll() is None and coll.info["pid"] == coll.proc.pid and coll.info["job"] == job
+        assert coll.publish.startswith("ipc://") and coll.ingest is not None and coll.prometheus is None
+        assert coll.lines_seen("shmstat collector:")
+    finally:
+        assert coll.stop() == 0
+    assert not os.path.exists(os.path.dirname(coll.ready_file)) and job not in Segment.list_jobs()
+    with pytest.raises(CollectorError, match=r"(?s)did not start: it ended \(exit status 2\).*--grace-ms must be"):
+        start_collector(["collect", "--job", job, "--grace-ms", "-1"])

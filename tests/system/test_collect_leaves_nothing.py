@@ -156,7 +156,9 @@ def test_a_node_collector_that_cannot_start_leaves_nothing(tmp_path, taken_port)
 
 def _start_piped(argv: list[str], tmp_path) -> subprocess.Popen:
     """``argv`` with stdout and stderr into one pipe, as ``... 2>&1 | tee log``, in a process group of its own (as
-    a shell's job); returns once it serves (its ready file exists)."""
+    a shell's job); returns once it serves (its ready file exists). Not shmstat.testing.start_collector: the test
+    owns the pipe as ``tee`` would (it closes it, or reads it to the end, after signalling the group), and ``argv``
+    may be ``run`` (the launcher) as well as ``collect``."""
     env = dict(os.environ, PYTHONPATH=REPO, OUT_DIR=str(tmp_path), MODE="save")
     ready = tmp_path / "collector.json"
     proc = subprocess.Popen([sys.executable, "-m", "collector", argv[0], "--ready-file", str(ready), *argv[1:]],

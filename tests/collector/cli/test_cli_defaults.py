@@ -14,8 +14,7 @@ import sys
 
 import pytest
 import zmq
-from kit.procs import REPO
-from kit.support import wait_for
+from kit.procs import REPO, start_collector
 
 from collector.cli import command as cli
 from collector.cli.options import TUNED, add_collector_options, collector_config, config_default
@@ -96,16 +95,11 @@ def test_a_changed_config_default_changes_the_cli_default(monkeypatch):
 
 def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job, tmp_path):
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", job, "--handler", "*=null",
-                             "--status-interval", "0", "--ready-file", str(ready)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=REPO))
+    coll = start_collector(job, "--handler", "*=null", "--status-interval", "0", "--ready-file", str(ready))
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, what="the ready file")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         info = json.loads(ready.read_text())
         assert os.stat(ready).st_mode & 0o777 == 0o600
-        assert info["job"] == job and info["pid"] == proc.pid and info["prometheus"] is None
+        assert info["job"] == job and info["pid"] == coll.proc.pid and info["prometheus"] is None
         assert info["publish"].startswith("ipc://") and info["ingest"].startswith("ipc://")
         ctx = zmq.Context.instance()  # the endpoint is the collector's: a subscriber is taken in (XPUB says hello)
         sub = ctx.socket(zmq.SUB)
@@ -117,10 +111,7 @@ def test_the_ready_file_names_the_endpoints_and_goes_when_the_collector_ends(job
         finally:
             sub.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-        if proc.stderr:
-            proc.stderr.close()
+        assert coll.stop(signal.SIGTERM, 20) == 0
     assert not ready.exists()
 
 
@@ -131,22 +122,15 @@ def test_a_node_collector_writes_its_endpoints_to_its_ready_file_and_binds_one_o
 
     jobs = [unique_job("nr"), unique_job("nr")]
     ready, sock = tmp_path / "ready.json", tmp_path / "node.pub"
-    proc = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--job", jobs[0], "--job", jobs[1],
-                             "--handler", "*=null", "--status-interval", "0", "--publish", f"ipc://{sock}",
-                             "--ready-file", str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    coll = start_collector(None, "--job", jobs[0], "--job", jobs[1], "--handler", "*=null", "--status-interval", "0",
+                           "--publish", f"ipc://{sock}", "--ready-file", str(ready))
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, what="the ready file")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert os.stat(ready).st_mode & 0o777 == 0o600
-        assert json.loads(ready.read_text()) == {"pid": proc.pid, "publish": f"ipc://{sock}", "prometheus": None,
-                                                 "jobs": jobs}
+        assert json.loads(ready.read_text()) == {"pid": coll.proc.pid, "publish": f"ipc://{sock}",
+                                                 "prometheus": None, "jobs": jobs}
         assert os.stat(sock).st_mode & 0o077 == 0  # owner-only, as a job's socket
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-        if proc.stderr:
-            proc.stderr.close()
+        assert coll.stop(signal.SIGTERM, 20) == 0
     assert not ready.exists() and not sock.exists()
 
 

@@ -323,3 +323,46 @@ def test_subscribe_prints_each_event_as_the_events_jsonl_writes_it(tmp_path):
     key = lambda r: (r["rank"], r["seq"])  # noqa: E731
     assert len(written) == 10 and sorted(printed, key=key) == sorted(written, key=key)
     assert {"name", "job", "rank", "timestamp", "data", "seq", "pid", "incarnation"} == set(printed[0])
+
+
+WAITING_RANKS = """
+    import os, time
+    import shmstat
+
+    rank = int(os.environ["RANK"])
+    shmstat.init(section_window_s=0.1)
+    end = time.time() + 1.5
+    while time.time() < end:
+        with shmstat.section("compute"):
+            time.sleep(0.006 if rank == 1 else 0.002)
+        with shmstat.section("allreduce", wait=True):  # the fast ranks wait for rank 1, as in a DDP step
+            time.sleep(0.001 if rank == 1 else 0.005)
+    shmstat.shutdown()
+"""
+
+
+def test_a_wait_sections_rows_say_so_and_no_surface_flags_the_ranks_that_wait_longest(tmp_path):
+    """In a synchronous job the healthy ranks wait longest in the collective: a wait section's jsonl rows carry
+    ``"wait": true`` and neither the collector nor the report (from the rows alone) flags a rank on it, while the
+    slow rank's compute section is flagged."""
+    from collector.cli.report import load_report
+
+    import json
+
+    rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
+    script = _script(tmp_path, WAITING_RANKS)
+    done = _shmstat("run", "--nproc-per-node", "3", "--handler", f"section=jsonl:{rows}", "--handler",
+                    f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    scores = [json.loads(line) for line in open(own, encoding="utf-8")]
+    slow = {r["rank"] for r in scores if r["name"] == "straggler.score.section/compute" and r["value"] < 0.75}
+    assert slow == {1}, scores  # the collector scores the slow rank's compute, and only it
+    assert not [r for r in scores if r["name"] == "straggler.score.section/allreduce"]  # never the wait
+    lines = [json.loads(line) for line in open(rows, encoding="utf-8")]
+    waits = [r for r in lines if r["name"].startswith("allreduce.")]
+    assert waits and all(r.get("wait") is True for r in waits)
+    assert not any(r.get("wait") for r in lines if r["name"].startswith("compute."))
+    report = load_report(rows)
+    assert report.stats[("section", "allreduce")].wait and report.stats[("section", "allreduce")].score_grid() == {}
+    named = {(s.stat, s.rank) for s in report.stragglers()}
+    assert ("section/compute", 1) in named and not any("allreduce" in stat for stat, _ in named), named

@@ -133,3 +133,29 @@ def test_the_prometheus_exporter_folds_columns_as_the_rows_say():
         assert (got.count, got.total, got.mean, got.lo, got.hi, got.buckets) == (count, total, mean, lo, hi,
                                                                                  buckets), key
         assert got.percentiles == pct, key
+
+
+def test_a_wait_section_is_never_scored_and_the_rank_that_waits_longest_is_not_flagged():
+    """In a synchronous job the healthy ranks wait longest in the collective: a stat that carries the wait flag
+    (``shmstat.section(..., wait=True)``) is never scored, while the same figures on a timed stat are."""
+    from collector.read.rows import WindowRow
+
+    mask = to_mask([A.COUNT, A.SUM, A.MEAN])
+    detector = StragglerDetector("job", windows=1)
+
+    def rows(wid: int, wait: bool) -> list[WindowRow]:
+        name = "allreduce" if wait else "forward"
+        waits = {0: 20.0, 1: 20.0, 2: 20.0, 3: 2.0}  # rank 3 computes slowly: it waits least, the others long
+        merged = WindowRow("section", name, wid, 100, mask, None, WindowFigures(4, 62.0, 2.0, 20.0, 2.0, 0, False,
+                                                                              None), ranks=4, wait=wait)
+        return [merged] + [WindowRow("section", name, wid, 100, mask, rank,
+                                     WindowFigures(1, ms, ms, ms, ms, 0, False, None), wait=wait)
+                           for rank, ms in waits.items()]
+
+    cols = Columns.from_rows("job", rows(1, True) + rows(1, False))
+    assert cols.wait.tolist() == [True] * 5 + [False] * 5
+    assert cols.scored_stats().tolist() == [False] * 5 + [True] * 5
+    update = detector.update_columns(cols)
+    assert {s.stat for s in update.scores} == {"forward"}  # the same figures, timed: scored (ranks 0-2 flagged)
+    assert {e.stat for e in update.events} <= {"forward"}
+    assert cols.take(np.arange(5)).wait.tolist() == [True] * 5 and cols.row(0).wait

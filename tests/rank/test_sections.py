@@ -1,0 +1,281 @@
+"""Sections (``shmstat.section``) and the phase word they write: each section's durations in a Stat of group
+``section`` (in-process and in a job's real segment), threads, nesting, the decorator, the wait flag in the
+descriptor, the window setting, the name rule, CUDA refused without CUDA; the phase word of a rank, of a forked
+worker, of a rank SIGKILLed inside a section (and at random points of its writes: never torn), the same on the C
+and pure-Python paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from kit.procs import REPO
+from kit.support import wait_for
+
+import shmstat
+from shmstat.errors import ConfigError
+from shmstat.job._state import STATE, rebind_sections
+from shmstat.shm import layout as L
+from shmstat.shm.phase import read_phase
+from shmstat.shm.segment import Segment
+
+
+def _counts(seg: Segment, local_ranks: list[int]) -> dict[str, tuple[int, float, int, int]]:
+    """``{section name: (samples, sum, flags, window_ms)}`` of the ``section`` stats the given entries hold
+    (every bank: the tests' windows are long, so all samples are in the ring)."""
+    out: dict[str, tuple[int, float, int, int]] = {}
+    for lr in local_ranks:
+        for desc in seg.descriptors(lr):
+            if desc.group != "section":
+                continue
+            n, total = 0, 0.0
+            for b in range(seg.geometry.banks):
+                snap = seg.read_bank(lr, desc.index, b)
+                n += snap.count
+                total += snap.sum
+            old = out.get(desc.name, (0, 0.0, desc.flags, desc.window_ms))
+            out[desc.name] = (old[0] + n, old[1] + total, desc.flags, desc.window_ms)
+    return out
+
+
+def _segment() -> Segment:
+    att = STATE.attachment
+    assert att is not None
+    return att.segment
+
+
+def test_a_section_logs_its_durations_in_ms_in_process_as_a_stat_of_group_section():
+    assert shmstat.init(section_window_s=0.05) is None  # no job: in-process, as torch.monitor
+    seen: list[dict] = []
+    shmstat.register_event_handler(lambda e: seen.append(dict(e.data)))
+    load = shmstat.section("load")
+    for _ in range(3):
+        with load:
+            time.sleep(0.01)
+    time.sleep(0.06)  # the window ended: the next enter/exit logs it (torch.monitor's lazy closing)
+    with load:
+        pass
+    windows = [d for d in seen if "load.count" in d]  # the three may straddle a window's end: one or two windows
+    assert {frozenset(d) for d in windows} == {
+        frozenset({"load.count", "load.sum", "load.mean", "load.max", "load.p50", "load.p99"})}
+    assert sum(d["load.count"] for d in windows) == 3 and sum(d["load.sum"] for d in windows) >= 30.0  # ms
+    assert min(d["load.max"] for d in windows) >= 10.0
+
+
+def test_threads_nesting_and_the_decorator_reconcile_in_a_job_and_a_wait_section_is_flagged(job):
+    shmstat.init(job, rank=0, world_size=1, publish=False, section_window_s=60)
+    outer = shmstat.section("step")
+
+    @shmstat.section("collective", wait=True)
+    def collective() -> None:
+        with shmstat.section("inner"):
+            pass
+
+    def worker() -> None:
+        for _ in range(300):
+            with outer:
+                collective()
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts = _counts(_segment(), [0])
+    assert {name: c[0] for name, c in counts.items()} == {"step": 1200, "collective": 1200, "inner": 1200}
+    assert counts["collective"][2] & L.FLAG_WAIT and not counts["step"][2] & L.FLAG_WAIT
+    assert {c[3] for c in counts.values()} == {60_000}
+    phase = read_phase(_segment(), 0)
+    assert phase is not None and phase.section is None and phase.depth == 0  # every section left
+
+
+def test_the_section_window_comes_from_the_environment_and_init_overrides_it(job, monkeypatch):
+    monkeypatch.setenv("SHMSTAT_SECTION_WINDOW_S", "0.25")
+    shmstat.init(job, rank=0, world_size=1, publish=False)
+    with shmstat.section("a"):
+        pass
+    assert _counts(_segment(), [0])["a"][3] == 250
+    shmstat.init(job, rank=0, world_size=1, publish=False, section_window_s=2)
+    with shmstat.section("b"):
+        pass
+    assert _counts(_segment(), [0])["b"][3] == 2000
+    monkeypatch.setenv("SHMSTAT_SECTION_WINDOW_S", "soon")
+    STATE.section_window_s = None
+    rebind_sections()
+    with pytest.raises(ConfigError, match="SHMSTAT_SECTION_WINDOW_S"), shmstat.section("c"):
+        pass
+    with pytest.raises(ConfigError, match="section_window_s"):
+        shmstat.init(section_window_s=0)
+
+
+@pytest.mark.parametrize("name", ["", "a\nb", "x" * 81])
+def test_a_section_name_follows_the_name_rule(name):
+    with pytest.raises(ConfigError, match="section name"):
+        shmstat.section(name)
+
+
+def test_cuda_sections_are_refused_in_one_sentence_without_cuda():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (tests/rank/test_sections_gpu.py times it)")
+    with pytest.raises(ConfigError, match="asks for cuda=True but CUDA is not available"):
+        shmstat.section("fwd", cuda=True)
+
+
+def test_the_phase_word_follows_the_innermost_section_and_counts_steps(job):
+    shmstat.init(job, rank=0, world_size=1, publish=False)
+    seg = _segment()
+    before = time.time_ns()
+    with shmstat.section("step"):
+        with shmstat.section("allreduce", wait=True):
+            inner = read_phase(seg, 0)
+        outer = read_phase(seg, 0)
+        shmstat.advance_step()
+        stepped = read_phase(seg, 0)
+    left = read_phase(seg, 0)
+    assert inner is not None and (inner.section, inner.wait, inner.depth, inner.step) == ("allreduce", True, 2, 0)
+    assert outer is not None and (outer.section, outer.wait, outer.depth) == ("step", False, 1)
+    assert before <= outer.since_ns <= inner.since_ns <= time.time_ns() + 10**9  # wall clock (monotonic + offset)
+    assert stepped is not None and (stepped.section, stepped.step, stepped.since_ns) == ("step", 1, outer.since_ns)
+    assert left is not None and (left.section, left.depth, left.step) == (None, 0, 1)
+
+
+_RANK = """
+import os, sys, time, json
+import shmstat
+job, mode = sys.argv[1], sys.argv[2]
+shmstat.init(job, rank=1, local_rank=1, world_size=2, publish=False, section_window_s=60)
+names = ["data", "forward", "backward"]
+if mode == "stuck":
+    with shmstat.section("step"):
+        with shmstat.section("data"):
+            print("inside", flush=True)
+            time.sleep(600)
+elif mode == "churn":
+    secs = [shmstat.section(n) for n in names]
+    with secs[0]:
+        print("inside", flush=True)
+    while True:
+        with secs[0]:
+            with secs[1]:
+                with secs[2]:
+                    shmstat.advance_step()
+elif mode == "worker":
+    with shmstat.section("step"):
+        pid = os.fork()
+        if pid == 0:
+            with shmstat.section("load"):
+                print("child", os.getpid(), flush=True)
+                time.sleep(600)
+        time.sleep(600)
+elif mode == "trace":
+    from shmstat.job._state import STATE
+    from shmstat.shm.phase import read_phase
+    seg = STATE.attachment.segment
+    out = []
+    def snap():
+        p = read_phase(seg, 1)
+        out.append([p.section, p.wait, p.depth, p.step])
+    for _ in range(3):
+        with shmstat.section("data"):
+            snap()
+        with shmstat.section("step"):
+            with shmstat.section("allreduce", wait=True):
+                snap()
+            snap()
+            shmstat.advance_step()
+            snap()
+        snap()
+    print(json.dumps(out), flush=True)
+"""
+
+
+def _start(job: str, mode: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _RANK, job, mode], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env=env)
+
+
+def test_a_rank_sigkilled_inside_a_section_leaves_a_readable_phase_naming_it(job):
+    shmstat.init(job, rank=0, world_size=2, publish=False)  # the segment, as this node's rank 0
+    seg = _segment()
+    proc = _start(job, "stuck")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
+        alive = read_phase(seg, 1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        dead = read_phase(seg, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert alive is not None and (alive.section, alive.depth) == ("data", 2)
+    assert dead == alive
+
+
+def test_a_rank_sigkilled_at_random_points_of_its_phase_writes_never_leaves_a_torn_word(job):
+    shmstat.init(job, rank=0, world_size=2, publish=False)
+    seg = _segment()
+    depth_of = {None: 0, "data": 1, "forward": 2, "backward": 3}
+    for i in range(12):
+        proc = _start(job, "churn")
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
+            time.sleep(0.003 * (i % 5))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            proc.kill()
+            proc.wait()
+        phase = read_phase(seg, 1)
+        assert phase is not None and phase.section in depth_of and phase.depth == depth_of[phase.section], phase
+        assert abs(phase.since_ns - time.time_ns()) < 60 * 10**9
+
+
+def test_a_forked_worker_writes_its_phase_in_its_own_entry_and_its_samples_for_its_rank(job):
+    shmstat.init(job, rank=0, world_size=2, publish=False)
+    seg = _segment()
+    proc = _start(job, "worker")
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline().split()[1])
+        entries = {info.pid: info for info in seg.ranks()}
+        assert entries[child].writer_of == 2  # a writer of local rank 1
+        worker = read_phase(seg, entries[child].local_rank)
+        rank = wait_for(lambda: read_phase(seg, 1), 10, what="the rank's phase")
+    finally:
+        proc.kill()
+        proc.wait()
+        os.kill(child, signal.SIGKILL)
+    assert worker is not None and (worker.section, worker.depth) == ("load", 2)  # its stack came with the fork
+    assert (rank.section, rank.depth) == ("step", 1)
+
+
+def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
+    shmstat.init(job, rank=0, world_size=2, publish=False)
+    traces = []
+    for pure in ("0", "1"):
+        env = dict(os.environ, SHMSTAT_PURE_PYTHON=pure)
+        proc = _start(job, "trace", env)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        traces.append(json.loads(out))
+    assert traces[0] == traces[1]
+    assert traces[0][:5] == [["data", False, 1, 0], ["allreduce", True, 2, 0], ["step", False, 1, 0],
+                             ["step", False, 1, 1], [None, False, 0, 1]]
+
+
+def test_sections_cost_little_enough_to_time_every_step():
+    """Not a benchmark (scripts/bench.py --only calls is): a guard that enter+exit stays in microseconds."""
+    s = shmstat.section("guard")
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        with s:
+            pass
+    assert (time.perf_counter() - t0) / n < 200e-6
