@@ -375,7 +375,8 @@ class Collector:
         self.relayed_last_step = relayed
         if self._submitted:
             puts += self._submitted.drain(self.publish_event)
-        self.passes.puts(self.clock(), puts)  # the turn's put metrics, one pass
+        if puts:  # the turn's put metrics, one pass
+            self.passes.puts(self.clock(), puts)
         mono = time.monotonic()
         self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
         if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
