@@ -5,14 +5,15 @@ from __future__ import annotations
 from shmstat.shm.layout_records import WindowFigures
 
 from .daemon.collector import PLATFORM_GROUP, Collector, CollectorConfig
-from .handlers.compact import CompactWindowHandler
+from .handlers.console import CompactWindowHandler
 from .handlers.dispatch import Dispatcher
-from .handlers.events import EventHandler, EventRecord, GapRecord
 from .handlers.jsonl import JsonlMetricHandler
 from .handlers.protocol import AgentMetricData, ColumnsHandler, RowsAdapter
-from .handlers.specs import build_event_handler, build_handler
+from .handlers.specs import build_handler
 from .read.columns import Columns
 from .read.rows import WindowRow
+from .sinks.events import EventHandler, EventRecord, GapRecord
+from .sinks.specs import build_event_handler
 
 __all__ = [
     "PLATFORM_GROUP",

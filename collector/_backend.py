@@ -1,7 +1,7 @@
 """The collector's C twin, chosen by shmstat's one switch (:func:`shmstat._backend.backend`).
 
 ``collector._intake.check`` (the C intake check; its Python twin is :func:`shmstat.wire.decode`, and
-tests/collector/wire/test_intake.py holds them together) runs when shmstat's backend is ``"c"`` and the extension
+tests/collector/relay/test_intake.py holds them together) runs when shmstat's backend is ``"c"`` and the extension
 is built.
 shmstat cannot import the collector, so the decision is shmstat's and the lookup is here.
 """

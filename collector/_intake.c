@@ -1,6 +1,6 @@
 /* Optional C check of the collector's intake: ``check(topic, payload)`` validates one rank message of kind event or
  * metric by walking its msgpack bytes, building no Python object but the answer. ``shmstat.wire.decode`` is the one
- * definition of what is valid; this accepts exactly what it accepts (tests/collector/wire/test_intake.py checks that
+ * definition of what is valid; this accepts exactly what it accepts (tests/collector/relay/test_intake.py checks that
  * on random, adversarial and mutated input) and answers with:
  *
  *   a tuple (kind, rank, pid, incarnation, first_seq, n_items)  the message is valid (decode would accept it);
@@ -452,7 +452,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "collector._intake", "Optional C check of the collector's intake (see collector/wire/intake.py).",
+    PyModuleDef_HEAD_INIT, "collector._intake", "Optional C check of the collector's intake (see collector/relay/intake.py).",
     -1, methods,
 };
 

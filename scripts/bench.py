@@ -494,7 +494,7 @@ def ack_cost_ns(number: int, repeat: int, per_ack: int = 16) -> float:
     message until a collector acknowledges it, then forgets it (one acknowledgement per ``per_ack`` messages, as
     the collector's ~20 ms batching gives at a few hundred messages a second). The publisher's own sender, off its
     thread (no socket: only the keeping)."""
-    from shmstat.publish.xpub import _Sender
+    from shmstat.publish.sender import _Sender
     from shmstat.wire.delivered import encode_delivered
 
     sender = _Sender.__new__(_Sender)
@@ -646,7 +646,7 @@ def worker_node_proxy(job: str, args: argparse.Namespace) -> None:
     chores); stops at stdin's EOF."""
     import zmq
 
-    from collector.wire.subscriptions import bind_owner_only, remove_ipc_file
+    from collector.relay.subscriptions import bind_owner_only, remove_ipc_file
     from shmstat.shm.runtime import ingest_endpoint
 
     ctx = zmq.Context()
@@ -723,7 +723,7 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
     the collector, the bottleneck at 100,000 events/s)."""
     import zmq
 
-    from collector.wire.intake import inspect
+    from collector.relay.intake import inspect
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
@@ -1192,7 +1192,9 @@ def report(calls: dict[str, Any], tput: list[dict[str, Any]], cost: list[dict[st
          "ours.add.percentiles_varied"),
         ("shmstat Stat.add with P50/P99, attached", "ours.add.percentiles"),
         ("torch.monitor Stat.add", "torch.add"),
-        ("shmstat section enter + exit, attached (Stat and phase word; pure Python)", "ours.section.attached"),
+        ("shmstat section enter + exit, attached (Stat and phase word; C path)" if calls.get("ours.add.c_path")
+         else "shmstat section enter + exit, attached (Stat and phase word; C path not built: Python)",
+         "ours.section.attached"),
         ("torch.profiler.record_function enter + exit, no profiler running", "torch.record_function"),
         ("prometheus_client multiprocess Counter.inc", "prom.inc"),
         ("prometheus_client multiprocess Histogram.observe", "prom.observe"),

@@ -2,12 +2,12 @@
 
 Two figures, each the median of repeated rounds:
 
-- *sampling*: :meth:`collector.daemon.gpu.GpuSampler.sample` over every GPU, divided by the GPUs: the
+- *sampling*: :meth:`collector.gpu.sampler.GpuSampler.sample` over every GPU, divided by the GPUs: the
   collector's own work around the NVML calls (turning them into figures), against a recorded device
   (``tests/kit/gpu_h200_recording.json``, the H200's shape, repeated to ``--gpus`` devices) so it runs
   anywhere; with ``--nvml`` against the real GPUs (then it includes NVML's own cost, which the issue measured on
   an H200: 1-6 µs per device call, 56 µs for the process list, 1.9 ms for per-process utilisation);
-- *writing*: :meth:`collector.daemon.gpu.JobGpu.step` taking one new snapshot: attributing every GPU to ``--ranks``
+- *writing*: :meth:`collector.gpu.sampler.JobGpu.step` taking one new snapshot: attributing every GPU to ``--ranks``
   real processes by pid (each registered as a rank of a real segment) and writing every figure into their writer
   entries, divided by the GPUs; the collector's loop thread pays this.
 """
@@ -29,8 +29,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from collector.daemon.gpu import GpuSampler, JobGpu  # noqa: E402
-from collector.daemon.nvml import NvmlDevices, RecordedDevices  # noqa: E402
+from collector.gpu.nvml import NvmlDevices, RecordedDevices  # noqa: E402
+from collector.gpu.sampler import GpuSampler, JobGpu  # noqa: E402
 from shmstat.job.rank import RankAttachment  # noqa: E402
 from shmstat.shm.segment import Segment  # noqa: E402
 

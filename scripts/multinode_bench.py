@@ -140,7 +140,7 @@ def subscriber_worker(cfg: dict[str, Any]) -> None:
         sock = ctx.socket(zmq.SUB)
         sock.rcvhwm = 0  # the instrument must not lose what the collector sent
         if cfg["curve"]:
-            from collector.wire.curve import load_client, secure_client
+            from collector.relay.curve import load_client, secure_client
 
             secure_client(sock, load_client(cfg["curve"]))
         sock.subscribe(f"event/{_EVENT}".encode())

@@ -19,7 +19,10 @@ C (``Backend`` field)                     Python twin                           
 ========================================  ===============================================  ========================
 ``SlotWriter`` (at each writer's birth,   ``shmstat.writer._pywriter.PySlotWriter``        test_fastpath.py,
   in a job and in process)                                                                 test_percentiles.py
-``add_u64`` (at each add)                 ``shmstat.job._drops.add_counter``'s locked add  (one atomic add)
+``add_u64`` (at each add)                 ``shmstat.job._degrade.add_counter``'s locked add (one atomic add)
+``SectionCore``, ``RecordCore``,          ``shmstat.writer.sections``' ``_enter_py``,      test_sections.py
+``PhaseWriter``, ``thread_stack``,        ``_exit_py``, ``_PyStack``; ``shmstat.shm.phase.
+``section_epoch``                         PhaseWriter``
 ``Outbox`` (at each publisher's birth)    ``shmstat.publish.outbox.Outbox``                test_outbox.py
 ``EventBase``, ``set_event_checks``       ``shmstat.publish.events._PyEventStorage``       test_event_paths.py
 ``check_data``                            ``shmstat.publish._eventdata._check_data``       test_outbox.py
@@ -54,7 +57,7 @@ VARIABLE = "SHMSTAT_PURE_PYTHON"
 NAMES = ("c", "python")
 """The backends, by name."""
 
-FASTPATH_API = ("SlotWriter", "add_u64")
+FASTPATH_API = ("SlotWriter", "add_u64", "SectionCore", "RecordCore", "PhaseWriter", "thread_stack", "section_epoch")
 """What ``shmstat._fastpath`` must provide (the attached writer)."""
 
 PUBFAST_API = ("Outbox", "EventBase", "set_event_checks", "check_data", "naive_local_ns", "remember_offset",
@@ -71,6 +74,11 @@ class Backend:
     name: BackendName
     SlotWriter: Any = None
     add_u64: Callable[[Any, int, int], None] | None = None
+    SectionCore: Any = None
+    RecordCore: Any = None
+    PhaseWriter: Any = None
+    thread_stack: Callable[[], Any] | None = None
+    section_epoch: Callable[[list[int]], None] | None = None
     Outbox: Any = None
     EventBase: Any = None
     set_event_checks: Callable[..., None] | None = None

@@ -30,6 +30,11 @@ def constants() -> list[tuple[str, list[tuple[str, int]]]]:
             *((f"B_{field}", 8 * getattr(L, f"B_{field}")) for field in ("SEQ", "WID", "SUM", "MIN", "MAX", "LAST",
                                                                        "TS", "INC")),
         ]),
+        ("shmstat/shm/layout.py: a rank entry's phase word (byte offsets in the entry; shmstat/shm/phase.py)", [
+            ("R_PHASE_SEQ", L.R_PHASE_SEQ),
+            ("R_PHASE", L.R_PHASE),
+            ("PHASE_COPY_SIZE", L.PHASE_COPY_SIZE),
+        ]),
         ("shmstat/shm/layout.py: windows longer than this also close by count and by their writer's end", [
             ("LONG_WINDOW_NS", L.LONG_WINDOW_MS * 1_000_000),
         ]),

@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "shmstat._fastpath stores native words; the segment layout is little-endian"
@@ -601,19 +602,10 @@ add_locked(SlotWriter *self, double v, Rolled *rolled)
     return 0;
 }
 
-static PyObject *
-SlotWriter_add(SlotWriter *self, PyObject *arg)
+/* add(v) with ``v`` converted: 0, or -1 with an error set (from Python code it calls: on_fork, on_roll, a clock). */
+static int
+slot_add(SlotWriter *self, double v)
 {
-    double v;
-    if (PyFloat_CheckExact(arg)) {
-        v = PyFloat_AS_DOUBLE(arg);
-    }
-    else {
-        v = as_double_slow(arg); /* raises TypeError on a non-number before anything is touched */
-        if (v == -1.0 && PyErr_Occurred()) {
-            return NULL;
-        }
-    }
     if (self->generation != fork_generation) {
         /* a forked child: bind to a slot of its own before writing anything */
         if (self->on_fork == NULL) {
@@ -622,18 +614,18 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
         else {
             PyObject *r = PyObject_CallNoArgs(self->on_fork);
             if (r == NULL) {
-                return NULL;
+                return -1;
             }
             Py_DECREF(r);
             if (self->generation != fork_generation) {
                 PyErr_SetString(PyExc_RuntimeError, "on_fork did not rebind the writer");
-                return NULL;
+                return -1;
             }
         }
     }
     if (self->drop_p != NULL) {
         add_shared_u64(self->drop_p, 1); /* no slot: the sample is dropped and counted */
-        Py_RETURN_NONE;
+        return 0;
     }
     Rolled rolled = {0};
     int rc;
@@ -652,15 +644,34 @@ SlotWriter_add(SlotWriter *self, PyObject *arg)
         self->busy = 0;
     }
     if (rc < 0) {
-        return NULL;
+        return -1;
     }
     if (rolled.pending && self->on_roll != NULL) {
         PyObject *r = PyObject_CallFunction(self->on_roll, "LddddL", rolled.count, rolled.sum, rolled.min,
                                             rolled.max, rolled.last, rolled.t);
         if (r == NULL) {
-            return NULL;
+            return -1;
         }
         Py_DECREF(r);
+    }
+    return 0;
+}
+
+static PyObject *
+SlotWriter_add(SlotWriter *self, PyObject *arg)
+{
+    double v;
+    if (PyFloat_CheckExact(arg)) {
+        v = PyFloat_AS_DOUBLE(arg);
+    }
+    else {
+        v = as_double_slow(arg); /* raises TypeError on a non-number before anything is touched */
+        if (v == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    if (slot_add(self, v) < 0) {
+        return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -982,7 +993,652 @@ static PyTypeObject SlotWriterType = {
     .tp_getset = SlotWriter_getset,
 };
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Sections (shmstat.writer.sections): the C twin of a section's enter and exit, and of the phase word's writer
+ * (shmstat.shm.phase.PhaseWriter, the pure-Python twin: the same bytes). The GIL serialises the threads of this
+ * process while this code runs (it never releases it), so the phase word needs no lock here; Python code may run
+ * only inside the Stat's add (on_fork, on_roll), after the section's stack entry is popped and before the phase
+ * word is written. Anything unusual (a record of an earlier epoch, a CUDA section, a Stat on the Python writer)
+ * is handed to the Python methods ``_enter_py``/``_exit_py`` before anything is changed.
+ * ------------------------------------------------------------------------------------------------------------ */
+
+static inline int64_t
+mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic_ns() */
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+static inline int64_t
+wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* time.time_ns() */
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;   /* the segment, held for this object's life */
+    int have_view;
+    char *seq_p;      /* the entry's phase_seq */
+    char *copy0;      /* its first phase copy (the second follows at PHASE_COPY_SIZE) */
+    uint64_t seq, step, word;
+    int64_t since;    /* wall-clock ns */
+    int64_t offset;   /* monotonic ns + offset = wall-clock ns (read once, as the Python writer does) */
+    long pid;
+} PhaseWriter;
+
+/* Fill the copy phase_seq does not name, then publish it with one release store of the next even sequence. */
+static inline void
+phase_publish(PhaseWriter *self)
+{
+    uint64_t seq = self->seq + 2;
+    char *c = self->copy0 + ((seq >> 1) & 1) * PHASE_COPY_SIZE;
+    __atomic_store_n((uint64_t *)c, self->word, __ATOMIC_RELAXED);
+    __atomic_store_n((int64_t *)(c + 8), self->since, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)(c + 16), self->step, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)self->seq_p, seq, __ATOMIC_RELEASE); /* the copy before the sequence */
+    self->seq = seq;
+}
+
+static inline void
+phase_enter(PhaseWriter *self, uint64_t ident, uint64_t depth, int64_t mono)
+{
+    self->word = ident | depth << 32;
+    self->since = mono + self->offset;
+    phase_publish(self);
+}
+
+/* PhaseWriter(buf, base): the writer of the phase word of the rank entry at byte ``base`` of ``buf``; goes on from
+ * the sequence an earlier process of the entry left, and publishes "outside every section" at once. */
+static PyObject *
+PhaseWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"buf", "base", NULL};
+    PyObject *buf;
+    Py_ssize_t base;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:PhaseWriter", kwlist, &buf, &base)) {
+        return NULL;
+    }
+    PhaseWriter *self = (PhaseWriter *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(buf, &self->view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->have_view = 1;
+    if (((uintptr_t)self->view.buf) % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "buf is not 8-byte aligned");
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (base > PY_SSIZE_T_MAX - R_PHASE || check_word("phase_seq", base + R_PHASE_SEQ, self->view.len, 8) < 0
+        || check_word("phase", base + R_PHASE, self->view.len, 2 * PHASE_COPY_SIZE) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    char *b = (char *)self->view.buf + base;
+    self->seq_p = b + R_PHASE_SEQ;
+    self->copy0 = b + R_PHASE;
+    uint64_t seq = __atomic_load_n((uint64_t *)self->seq_p, __ATOMIC_RELAXED);
+    self->seq = seq + (seq & 1);
+    self->offset = wall_ns() - mono_ns();
+    self->pid = (long)getpid();
+    phase_enter(self, 0, 0, mono_ns());
+    return (PyObject *)self;
+}
+
+static void
+PhaseWriter_dealloc(PhaseWriter *self)
+{
+    if (self->have_view) {
+        PyBuffer_Release(&self->view);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* enter(ident, depth, mono_ns): publish section ``ident`` (0: none) at ``depth``, there since ``mono_ns``. */
+static PyObject *
+PhaseWriter_enter(PhaseWriter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "enter(ident, depth, mono_ns) takes 3 arguments");
+        return NULL;
+    }
+    unsigned long long ident = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long long depth = PyLong_AsUnsignedLongLong(args[1]);
+    long long mono = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (ident > 0xffffffffULL || depth > 0xffffffffULL) {
+        PyErr_SetString(PyExc_ValueError, "ident and depth are u32");
+        return NULL;
+    }
+    phase_enter(self, ident, depth, mono);
+    Py_RETURN_NONE;
+}
+
+/* step(): count one step (the section and its since stay). */
+static PyObject *
+PhaseWriter_step(PhaseWriter *self, PyObject *Py_UNUSED(ignored))
+{
+    self->step++;
+    phase_publish(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+PhaseWriter_get_pid(PhaseWriter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLong(self->pid);
+}
+
+static PyMethodDef PhaseWriter_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))PhaseWriter_enter, METH_FASTCALL,
+     "enter(ident, depth, mono_ns): publish section ident (0: none) at depth, there since mono_ns."},
+    {"step", (PyCFunction)PhaseWriter_step, METH_NOARGS, "step(): count one step."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef PhaseWriter_getset[] = {
+    {"pid", (getter)PhaseWriter_get_pid, NULL, "The process that created this writer.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PhaseWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.PhaseWriter",
+    .tp_doc = PyDoc_STR("PhaseWriter(buf, base)\n\nWrites the phase word of the rank entry at byte base of buf "
+                        "(the C twin of shmstat.shm.phase.PhaseWriter)."),
+    .tp_basicsize = sizeof(PhaseWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PhaseWriter_new,
+    .tp_dealloc = (destructor)PhaseWriter_dealloc,
+    .tp_methods = PhaseWriter_methods,
+    .tp_getset = PhaseWriter_getset,
+};
+
+/* What one section name writes through in this process and epoch (the base of sections._Record). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *writer;  /* the Stat's C SlotWriter, or NULL: the Python methods run */
+    PyObject *phase;   /* a PhaseWriter, or NULL (no entry: nothing to publish) */
+    uint64_t ident;
+    long long epoch;
+} RecordCore;
+
+static int
+RecordCore_traverse(RecordCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->writer);
+    Py_VISIT(self->phase);
+    return 0;
+}
+
+static int
+RecordCore_clear(RecordCore *self)
+{
+    Py_CLEAR(self->writer);
+    Py_CLEAR(self->phase);
+    return 0;
+}
+
+static void
+RecordCore_dealloc(RecordCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    RecordCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* _bind_c(writer, phase, ident, epoch): what the C enter and exit use (writer and phase may be None). */
+static PyObject *
+RecordCore_bind(RecordCore *self, PyObject *args)
+{
+    PyObject *writer, *phase;
+    unsigned long long ident;
+    long long epoch;
+    if (!PyArg_ParseTuple(args, "OOKL:_bind_c", &writer, &phase, &ident, &epoch)) {
+        return NULL;
+    }
+    if ((writer != Py_None && !PyObject_TypeCheck(writer, &SlotWriterType))
+        || (phase != Py_None && !PyObject_TypeCheck(phase, &PhaseWriterType))) {
+        PyErr_SetString(PyExc_TypeError, "writer must be a SlotWriter or None, phase a PhaseWriter or None");
+        return NULL;
+    }
+    Py_XSETREF(self->writer, writer == Py_None ? NULL : Py_NewRef(writer));
+    Py_XSETREF(self->phase, phase == Py_None ? NULL : Py_NewRef(phase));
+    self->ident = ident & 0xffffffffULL;
+    self->epoch = epoch;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef RecordCore_methods[] = {
+    {"_bind_c", (PyCFunction)RecordCore_bind, METH_VARARGS,
+     "_bind_c(writer, phase, ident, epoch): what the C enter and exit write through."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RecordCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.RecordCore",
+    .tp_doc = PyDoc_STR("The C part of a section's record: its Stat's writer, the phase writer, its ident."),
+    .tp_basicsize = sizeof(RecordCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)RecordCore_dealloc,
+    .tp_traverse = (traverseproc)RecordCore_traverse,
+    .tp_clear = (inquiry)RecordCore_clear,
+    .tp_methods = RecordCore_methods,
+};
+
+/* A thread's open sections, innermost last: (record, monotonic ns at enter, id). The ids tell an entry a hook
+ * opened (sections.section._open) from a later one after it was closed. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n, cap;
+    PyObject **recs;
+    int64_t *t0;
+    uint64_t *ids;
+    uint64_t next_id;
+} Stack;
+
+static int
+stack_push(Stack *self, PyObject *rec, int64_t t)
+{
+    if (self->n == self->cap) {
+        Py_ssize_t cap = self->cap ? 2 * self->cap : 16;
+        PyObject **recs = PyMem_Realloc(self->recs, cap * sizeof(PyObject *));
+        if (recs == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->recs = recs;
+        int64_t *t0 = PyMem_Realloc(self->t0, cap * sizeof(int64_t));
+        if (t0 == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->t0 = t0;
+        uint64_t *ids = PyMem_Realloc(self->ids, cap * sizeof(uint64_t));
+        if (ids == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->ids = ids;
+        self->cap = cap;
+    }
+    self->recs[self->n] = Py_NewRef(rec);
+    self->t0[self->n] = t;
+    self->ids[self->n] = ++self->next_id;
+    self->n++;
+    return 0;
+}
+
+static int
+Stack_traverse(Stack *self, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        Py_VISIT(self->recs[i]);
+    }
+    return 0;
+}
+
+static int
+Stack_clear(Stack *self)
+{
+    Py_ssize_t n = self->n;
+    self->n = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_CLEAR(self->recs[i]);
+    }
+    return 0;
+}
+
+static void
+Stack_dealloc(Stack *self)
+{
+    PyObject_GC_UnTrack(self);
+    Stack_clear(self);
+    PyMem_Free(self->recs);
+    PyMem_Free(self->t0);
+    PyMem_Free(self->ids);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* push(rec, mono_ns) -> id */
+static PyObject *
+Stack_push(Stack *self, PyObject *args)
+{
+    PyObject *rec;
+    long long t;
+    if (!PyArg_ParseTuple(args, "OL:push", &rec, &t)) {
+        return NULL;
+    }
+    if (stack_push(self, rec, t) < 0) {
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(self->ids[self->n - 1]);
+}
+
+/* Remove entry ``i``: (rec, mono_ns) of it. */
+static PyObject *
+stack_remove_at(Stack *self, Py_ssize_t i)
+{
+    PyObject *rec = self->recs[i];
+    int64_t t0 = self->t0[i];
+    for (Py_ssize_t j = i + 1; j < self->n; j++) {
+        self->recs[j - 1] = self->recs[j];
+        self->t0[j - 1] = self->t0[j];
+        self->ids[j - 1] = self->ids[j];
+    }
+    self->n--;
+    PyObject *out = Py_BuildValue("(OL)", rec, (long long)t0);
+    Py_DECREF(rec);
+    return out;
+}
+
+/* remove(id) -> (rec, mono_ns) of the entry removed, or None when it is not open (closed already) */
+static PyObject *
+Stack_remove(Stack *self, PyObject *arg)
+{
+    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+    if (id == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (Py_ssize_t i = self->n - 1; i >= 0; i--) {
+        if (self->ids[i] == id) {
+            return stack_remove_at(self, i);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* pop() -> (rec, mono_ns) of the innermost entry, or None when none is open */
+static PyObject *
+Stack_pop(Stack *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->n == 0) {
+        Py_RETURN_NONE;
+    }
+    return stack_remove_at(self, self->n - 1);
+}
+
+/* top() -> (rec, mono_ns) of the innermost entry, or None */
+static PyObject *
+Stack_top(Stack *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->n == 0) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(OL)", self->recs[self->n - 1], (long long)self->t0[self->n - 1]);
+}
+
+static Py_ssize_t
+Stack_len(Stack *self)
+{
+    return self->n;
+}
+
+static PyMethodDef Stack_methods[] = {
+    {"push", (PyCFunction)Stack_push, METH_VARARGS, "push(rec, mono_ns) -> id: open an entry."},
+    {"remove", (PyCFunction)Stack_remove, METH_O,
+     "remove(id) -> (rec, mono_ns), or None when that entry is not open."},
+    {"pop", (PyCFunction)Stack_pop, METH_NOARGS, "pop() -> (rec, mono_ns) of the innermost entry, or None."},
+    {"top", (PyCFunction)Stack_top, METH_NOARGS, "top() -> (rec, mono_ns) of the innermost entry, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Stack_as_sequence = {
+    .sq_length = (lenfunc)Stack_len,
+};
+
+static PyTypeObject StackType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.Stack",
+    .tp_doc = PyDoc_STR("A thread's open sections, innermost last (thread_stack() gives this thread's)."),
+    .tp_basicsize = sizeof(Stack),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Stack_dealloc,
+    .tp_traverse = (traverseproc)Stack_traverse,
+    .tp_clear = (inquiry)Stack_clear,
+    .tp_methods = Stack_methods,
+    .tp_as_sequence = &Stack_as_sequence,
+};
+
+/* Each thread's Stack lives in its thread-state dict (freed with the thread); this thread's is remembered here
+ * (borrowed: the dict holds it) with the dict it was found in. A forked child's thread keeps both. */
+static PyObject *stack_key;  /* the key of the thread-state dict */
+static __thread PyObject *t_dict;
+static __thread Stack *t_stack;
+
+static Stack *
+thread_stack(void)
+{
+    PyObject *d = PyThreadState_GetDict();
+    if (d == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no thread state dict");
+        return NULL;
+    }
+    if (d == t_dict && t_stack != NULL) {
+        return t_stack;
+    }
+    PyObject *st = PyDict_GetItemWithError(d, stack_key);
+    if (st == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        st = PyType_GenericNew(&StackType, NULL, NULL);
+        if (st == NULL) {
+            return NULL;
+        }
+        int rc = PyDict_SetItem(d, stack_key, st);
+        Py_DECREF(st);
+        if (rc < 0) {
+            return NULL;
+        }
+    }
+    if (!PyObject_TypeCheck(st, &StackType)) {
+        PyErr_SetString(PyExc_TypeError, "the thread's section stack is not a Stack");
+        return NULL;
+    }
+    t_dict = d;
+    t_stack = (Stack *)st;
+    return t_stack;
+}
+
+static PyObject *
+fastpath_thread_stack(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    Stack *st = thread_stack();
+    return st == NULL ? NULL : Py_NewRef((PyObject *)st);
+}
+
+/* The section epoch (shmstat.job._state.SECTION_EPOCH, a one-item list bumped by init/shutdown/fork). */
+static PyObject *epoch_list;
+
+static inline int
+epoch_is(long long epoch)
+{
+    if (epoch_list == NULL || !PyList_CheckExact(epoch_list) || PyList_GET_SIZE(epoch_list) < 1) {
+        return 0;
+    }
+    PyObject *e = PyList_GET_ITEM(epoch_list, 0);
+    int overflow;
+    long long now = PyLong_AsLongLongAndOverflow(e, &overflow);
+    if (now == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow && now == epoch;
+}
+
+static PyObject *
+fastpath_section_epoch(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyList_CheckExact(arg)) {
+        PyErr_SetString(PyExc_TypeError, "section_epoch takes the epoch's one-item list");
+        return NULL;
+    }
+    Py_XSETREF(epoch_list, Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
+/* A record the C path can write through: of the current epoch, with a C writer. */
+static inline int
+fast_record(PyObject *r)
+{
+    RecordCore *rec = (RecordCore *)r;
+    return r != NULL && rec->writer != NULL && epoch_is(rec->epoch);
+}
+
+/* The base of sections.section: its record, and the C __enter__ / __exit__. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec;  /* NULL/None, or a RecordCore (sections._Record) */
+} SectionCore;
+
+static PyObject *enter_py_name, *exit_py_name;
+
+static PyObject *
+SectionCore_enter(SectionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *rec = self->rec;
+    if (rec == NULL || !PyObject_TypeCheck(rec, &RecordCoreType) || !fast_record(rec)) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, enter_py_name);
+    }
+    Stack *st = thread_stack();
+    if (st == NULL) {
+        return NULL;
+    }
+    int64_t t = mono_ns();
+    if (stack_push(st, rec, t) < 0) {
+        return NULL;
+    }
+    PyObject *phase = ((RecordCore *)rec)->phase;
+    if (phase != NULL) {
+        phase_enter((PhaseWriter *)phase, ((RecordCore *)rec)->ident, (uint64_t)st->n, t);
+    }
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *
+SectionCore_exit(SectionCore *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    int64_t t = mono_ns();
+    Stack *st = thread_stack();
+    if (st == NULL) {
+        return NULL;
+    }
+    Py_ssize_t n = st->n;
+    if (n == 0) {
+        Py_RETURN_NONE; /* entered in another process (a fork inside the section): nothing of it is ours */
+    }
+    PyObject *rec = st->recs[n - 1];
+    if (!PyObject_TypeCheck(rec, &RecordCoreType) || !fast_record(rec)
+        || (n > 1 && (!PyObject_TypeCheck(st->recs[n - 2], &RecordCoreType)
+                      || !epoch_is(((RecordCore *)st->recs[n - 2])->epoch)))) {
+        return PyObject_CallMethodNoArgs((PyObject *)self, exit_py_name);
+    }
+    int64_t t0 = st->t0[n - 1];
+    st->n = --n; /* popped: the reference to rec is now ours */
+    RecordCore *r = (RecordCore *)rec;
+    PyObject *phase = Py_XNewRef(r->phase);
+    uint64_t ident = 0;
+    int64_t since = t;
+    if (n > 0) { /* read before the add: its Python code (on_roll) may run another thread's sections, not ours */
+        ident = ((RecordCore *)st->recs[n - 1])->ident;
+        since = st->t0[n - 1];
+    }
+    int rc = slot_add((SlotWriter *)r->writer, (double)(t - t0) / 1e6);
+    if (phase != NULL) {
+        phase_enter((PhaseWriter *)phase, ident, (uint64_t)n, since);
+        Py_DECREF(phase);
+    }
+    Py_DECREF(rec);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+SectionCore_traverse(SectionCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->rec);
+    return 0;
+}
+
+static int
+SectionCore_clear(SectionCore *self)
+{
+    Py_CLEAR(self->rec);
+    return 0;
+}
+
+static void
+SectionCore_dealloc(SectionCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    SectionCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+SectionCore_get_rec(SectionCore *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->rec != NULL ? self->rec : Py_None);
+}
+
+static int
+SectionCore_set_rec(SectionCore *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &RecordCoreType)) {
+        PyErr_SetString(PyExc_TypeError, "_rec must be a RecordCore or None");
+        return -1;
+    }
+    Py_XSETREF(self->rec, value == NULL || value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+static PyMethodDef SectionCore_methods[] = {
+    {"__enter__", (PyCFunction)SectionCore_enter, METH_NOARGS, "Enter the section (C path)."},
+    {"__exit__", (PyCFunction)(void (*)(void))SectionCore_exit, METH_FASTCALL, "Leave the section (C path)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef SectionCore_getset[] = {
+    {"_rec", (getter)SectionCore_get_rec, (setter)SectionCore_set_rec, "The record (None before the first enter).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SectionCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.SectionCore",
+    .tp_doc = PyDoc_STR("The C base of shmstat.section: __enter__ and __exit__ (the Python _enter_py/_exit_py run "
+                        "what they do not)."),
+    .tp_basicsize = sizeof(SectionCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)SectionCore_dealloc,
+    .tp_traverse = (traverseproc)SectionCore_traverse,
+    .tp_clear = (inquiry)SectionCore_clear,
+    .tp_methods = SectionCore_methods,
+    .tp_getset = SectionCore_getset,
+};
+
 static PyMethodDef fastpath_functions[] = {
+    {"thread_stack", (PyCFunction)fastpath_thread_stack, METH_NOARGS,
+     "thread_stack() -> Stack: this thread's open sections (shared by the C and Python enter/exit)."},
+    {"section_epoch", (PyCFunction)fastpath_section_epoch, METH_O,
+     "section_epoch(list): the one-item list whose item is the current section epoch."},
     {"add_u64", (PyCFunction)fastpath_add_u64, METH_VARARGS,
      "add_u64(buf, offset, n): add n to the u64 at byte offset of buf with one atomic read-modify-write."},
     {NULL, NULL, 0, NULL},
@@ -999,7 +1655,14 @@ static struct PyModuleDef fastpath_module = {
 PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
-    if (PyType_Ready(&SlotWriterType) < 0) {
+    if (PyType_Ready(&SlotWriterType) < 0 || PyType_Ready(&PhaseWriterType) < 0 || PyType_Ready(&RecordCoreType) < 0
+        || PyType_Ready(&StackType) < 0 || PyType_Ready(&SectionCoreType) < 0) {
+        return NULL;
+    }
+    stack_key = PyUnicode_InternFromString("shmstat_section_stack");
+    enter_py_name = PyUnicode_InternFromString("_enter_py");
+    exit_py_name = PyUnicode_InternFromString("_exit_py");
+    if (stack_key == NULL || enter_py_name == NULL || exit_py_name == NULL) {
         return NULL;
     }
     if (pthread_atfork(NULL, NULL, bump_fork_generation) != 0) {
@@ -1010,9 +1673,11 @@ PyInit__fastpath(void)
     if (m == NULL) {
         return NULL;
     }
-    Py_INCREF(&SlotWriterType);
-    if (PyModule_AddObject(m, "SlotWriter", (PyObject *)&SlotWriterType) < 0) {
-        Py_DECREF(&SlotWriterType);
+    if (PyModule_AddObjectRef(m, "SlotWriter", (PyObject *)&SlotWriterType) < 0
+        || PyModule_AddObjectRef(m, "PhaseWriter", (PyObject *)&PhaseWriterType) < 0
+        || PyModule_AddObjectRef(m, "RecordCore", (PyObject *)&RecordCoreType) < 0
+        || PyModule_AddObjectRef(m, "Stack", (PyObject *)&StackType) < 0
+        || PyModule_AddObjectRef(m, "SectionCore", (PyObject *)&SectionCoreType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -2,8 +2,7 @@
 
 - :mod:`~collector.cli.command`: ``main`` and the subcommands; :mod:`~collector.cli.options`: the collector's
   options shared by ``collect`` and ``run``;
-- :mod:`~collector.cli.launcher`: ``shmstat run``, the per-node agent (ending a worker group:
-  :mod:`~collector.cli.worker_shutdown`);
+- :mod:`~collector.cli.run`: ``shmstat run``, the per-node agent (:mod:`collector.launch`) with its collector;
 - :mod:`~collector.cli.subscribe` (where it finds collectors: :mod:`~collector.cli.served_jobs`),
   :mod:`~collector.cli.top` (its data read by :mod:`~collector.cli.top_snapshot`, shown by
   :mod:`~collector.cli.top_live`),

@@ -15,7 +15,7 @@ from typing import NoReturn
 from shmstat.errors import ShmstatError, see_docs
 
 from .options import add_collector_options, collector_config
-from .streams import keep_writing
+from .unbreakable_output import keep_writing
 
 __all__ = ["COMMANDS", "main"]
 
@@ -301,7 +301,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .launcher import run_job
+    from .run import run_job
 
     return run_job(args)
 

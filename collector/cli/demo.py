@@ -21,7 +21,7 @@ from typing import IO
 from elastic.metrics import MetricData, MetricHandler
 
 from ..daemon.collector import Collector, CollectorConfig
-from ..handlers.compact import StragglerLines, straggler_line
+from ..handlers.console import StragglerLines, straggler_line
 
 __all__ = ["DemoTableHandler", "demo"]
 
@@ -30,7 +30,7 @@ _GROUP = "demo"
 
 class DemoTableHandler(StragglerLines, MetricHandler):
     """Prints merged windows as table rows, with the per-rank extreme of the mean beside them, and the collector's
-    straggler lines (:func:`collector.handlers.compact.straggler_line`)."""
+    straggler lines (:func:`collector.handlers.console.straggler_line`)."""
 
     def __init__(self, out: IO[str] | None = None) -> None:
         self.out = out if out is not None else sys.stdout

@@ -4,7 +4,7 @@ Written with :func:`zmq.auth.create_certificates`, so any ZeroMQ tool reads them
 ``server.key_secret`` (the collector's pair: ``shmstat collect --publish tcp://… --curve DIR``), ``client.key`` and
 ``client.key_secret`` (a first subscriber's), and with ``--client NAME`` another subscriber's ``NAME.key`` and
 ``NAME.key_secret``. The collector lets in every public key that is a ``*.key`` file in DIR other than
-``server.key``; deleting one revokes it (:mod:`collector.wire.curve`).
+``server.key``; deleting one revokes it (:mod:`collector.relay.curve`).
 
 Every file is owner-only (0600) and DIR is created 0700 if missing. Nothing is ever overwritten unless ``force``:
 the files are made in a private directory inside DIR and linked into place, a link failing if the name exists
@@ -23,7 +23,7 @@ import zmq.auth
 
 from shmstat.errors import ConfigError
 
-from ..wire.curve import CLIENT, SERVER, check_key_dir, require_curve
+from ..relay.curve import CLIENT, SERVER, check_key_dir, require_curve
 
 __all__ = ["instructions", "make_keys"]
 

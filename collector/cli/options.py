@@ -17,8 +17,8 @@ from shmstat.shm.layout import (
 )
 
 from ..daemon.config import CollectorConfig
-from ..daemon.gpu import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..daemon.straggler import MAX_WINDOWS
+from ..gpu.sampler import EXTRAS, MIN_INTERVAL_S, check_interval
 from ..handlers.specs import parse_handler_args
 from ..prometheus.tls import TLSFiles
 
@@ -77,6 +77,9 @@ TUNED: tuple[Tuned, ...] = (
     Tuned("--straggler-windows", "straggler_windows", int,
           f"report a rank on event/shmstat.straggler once it was slow N windows in a row (1 to {MAX_WINDOWS})",
           metavar="N"),
+    Tuned("--hang-after", "hang_after_s", float,
+          "name the ranks of a job that made no progress (no section left, no step) for SECONDS: event/shmstat.hang, "
+          "a console line, /metrics; 0 = off", metavar="SECONDS"),
     Tuned("--gpu-interval", "gpu_interval_s", float,
           f"seconds between GPU samples (--gpu), at least {MIN_INTERVAL_S:g}: NVML holds a driver lock while it "
           "samples", metavar="SECONDS"),
@@ -187,6 +190,8 @@ def collector_config(args: argparse.Namespace, job: str) -> CollectorConfig:
         raise ConfigError(f"--straggler-threshold must be above 0 and below 1, got {args.straggler_threshold}")
     if not 1 <= args.straggler_windows <= MAX_WINDOWS:
         raise ConfigError(f"--straggler-windows must be between 1 and {MAX_WINDOWS}, got {args.straggler_windows}")
+    if not 0 <= args.hang_after <= 86400:
+        raise ConfigError(f"--hang-after must be between 0 (off) and 86400 seconds, got {args.hang_after}")
     check_interval(args.gpu_interval)
     if args.curve is not None:
         _check_curve(args.curve, args.publish)
@@ -244,7 +249,7 @@ def _check_curve(key_dir: str, publish: str | None) -> None:
     if publish is None or not publish.startswith("tcp://"):
         raise ConfigError(f"--curve secures a TCP publish endpoint; add --publish tcp://ADDRESS:PORT "
                           f"(got {'no --publish' if publish is None else repr(publish)})")
-    from ..wire.curve import check_server_dir
+    from ..relay.curve import check_server_dir
 
     check_server_dir(key_dir)
 

@@ -2,7 +2,7 @@
 
 Reading and drawing are two steps, so each can be tested on its own: :func:`load_report` reads the jsonl rows of
 the windows handler (:class:`collector.handlers.jsonl.JsonlMetricHandler`'s format) and the events sink's lines
-(:class:`collector.handlers.events.JsonlEventHandler`'s) into a :class:`JobReport`; :func:`render_html` draws it
+(:class:`collector.sinks.events.JsonlEventHandler`'s) into a :class:`JobReport`; :func:`render_html` draws it
 with plotly.js (the ``plotly`` package's own copy, from the optional extra ``shmstat[report]``), inlined in the
 page with every figure's data, so nothing is fetched when the page is opened (no network, no CDN).
 

@@ -35,7 +35,7 @@ from shmstat.wire.heartbeat import SENDER_STREAM, Gap, GapTracker, encode_loss_r
 from shmstat.wire.records import item_record
 
 from ..daemon.node_lock import node_collector_pid
-from ..wire.curve import (
+from ..relay.curve import (
     CLIENT,
     CURVE_FRAME_OVERHEAD,
     ClientKeys,
@@ -118,7 +118,7 @@ class _Source:
     seen: bool = False  # its socket file (or a message) was seen: it can end
     gone_since: float | None = None
     done: bool = False
-    monitor: zmq.Socket | None = None  # tcp://: its failed handshakes (collector.wire.curve.handshake_failures)
+    monitor: zmq.Socket | None = None  # tcp://: its failed handshakes (collector.relay.curve.handshake_failures)
     failures: dict[str, int] = field(default_factory=dict)  # failed handshakes by kind
     told: set[str] = field(default_factory=set)  # the lines said about them already
 
@@ -306,7 +306,7 @@ def subscribe(
     ``ipc://`` endpoint whose path is not this user's socket is skipped with one line (none left:
     :class:`ConfigError`). ``curve``: a key directory; every endpoint must then be ``tcp://`` and is connected as a
     CURVE client with ``curve/NAME.key_secret`` (``curve_client``, default ``client``) against ``curve/server.key``
-    (:mod:`collector.wire.curve`). Returns the exit status.
+    (:mod:`collector.relay.curve`). Returns the exit status.
     """
     out = out if out is not None else sys.stdout
     if count is not None and count < 1:

@@ -9,7 +9,7 @@ rank, and a rank's extra writers (forked children, spawned workers: entries with
 rank's figure. A rank's *figure* and *score* are the collector's straggler rule
 (:mod:`collector.daemon.straggler`): the window's p50 when the stat keeps a histogram, else its mean; ``median /
 figure`` (or ``figure / median`` for a stat where higher is better); a straggler scores under the threshold in the
-window shown. The collector's GPU figures (:mod:`collector.read.gpu_figures`) are shown but not scored, and give
+window shown. The collector's GPU figures (:mod:`collector.gpu.figures`) are shown but not scored, and give
 each rank its GPU summary (:class:`RankGpu`).
 """
 
@@ -25,8 +25,8 @@ from shmstat.shm.reader import SegmentReader
 from shmstat.shm.segment import Segment, pid_alive
 
 from ..daemon.straggler import COUNT_ONLY_MASK, DEFAULT_THRESHOLD, figure, score_ranks
+from ..gpu.figures import figure_of
 from ..read.columns import Parts, StatTable, merge_parts
-from ..read.gpu_figures import figure_of
 from ..read.hist_batch import HistBatch
 from ..read.rows import WindowRow
 

@@ -19,13 +19,13 @@ What the job's collector is cut into, by concept:
   straggler lines after it), the relay's ``stat/`` topics (:class:`collector.daemon.stat_topics.StatTopics`) and
   the Prometheus exporter; a pass's watermark reaches the segment once every handler took it
   (:mod:`collector.daemon.commits`);
-- the events kept (:mod:`collector.daemon.delivered_marks`): what one job's collector hands its events sinks
-  (``--events``), as :class:`~collector.daemon.delivered_marks.KeptEvents`. Kept: every event a rank publishes on
+- the events kept (:mod:`collector.sinks.kept_events`): what one job's collector hands its events sinks
+  (``--events``), as :class:`~collector.sinks.kept_events.KeptEvents`. Kept: every event a rank publishes on
   ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the backlog a rank held before the
   collector started included (it arrives through the relay once the collector subscribes); the collector's own
   events (``rank/joined|exited|died`` as they are published on ``rank/``, ``shmstat.straggler[.recovered]``, the
   launcher's ``torchelastic.worker.status.<STATE>``), numbered per job; and every gap the relay finds in a rank's
-  stream (:class:`~collector.handlers.events.GapRecord`, ``at="rank"``). Not kept: put metrics (``metric/``
+  stream (:class:`~collector.sinks.events.GapRecord`, ``at="rank"``). Not kept: put metrics (``metric/``
   topics go to the metric handlers) and stat windows;
 - the lifecycle (this module): open (:class:`Collector`), serve and stop (:meth:`Collector.step`,
   :meth:`Collector.serve`, :meth:`Collector.request_stop`, all the loop's), the hand-over
@@ -53,15 +53,17 @@ from shmstat.shm.layout_records import RankInfo
 from shmstat.shm.runtime import ingest_endpoint, publish_endpoint, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 
-from ..handlers.compact import status_line, stopping_line
+from ..gpu.figures import GPU_GROUP
+from ..gpu.sampler import GpuSampler, JobGpu
+from ..handlers.console import status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
-from ..read.gpu_figures import GPU_GROUP
 from ..read.passes import Put
 from ..read.scanner import Scanner
-from ..wire.intake import Received
-from ..wire.outlet import Outlet
+from ..relay.intake import Received
+from ..relay.publish_socket import Outlet
+from ..sinks.delivery import EventDelivery
+from ..sinks.kept_events import KeptEvents
 from .commits import PendingCommits
 from .config import (
     PLATFORM_GROUP,
@@ -69,11 +71,12 @@ from .config import (
     CollectorConfig,
     build_dispatcher,
     build_event_delivery,
+    start_sampler,
     write_ready_file,
 )
-from .delivered_marks import DeliveredMarks, KeptEvents
+from .delivered_marks import DeliveredMarks
 from .fanout import FanOut
-from .gpu import GpuSampler, JobGpu, start_sampler
+from .hangs import HangWatcher
 from .job_pass import JobPass, Submitted, drop_counters, puts_of, relay_counts, usage_points
 from .job_segment import remove_if_done, take_instance_lock
 from .liveness import Lifecycle, Liveness
@@ -82,7 +85,7 @@ from .stat_topics import StatTopics
 from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
 
 if TYPE_CHECKING:
-    from ..wire.relay import Relay
+    from ..relay.relay import Relay
 
 __all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "OneJob", "let_sinks_finish"]
 
@@ -95,7 +98,7 @@ class Collector:
     if another collector serves the job.
     ``node_outlet``: a node collector's publish socket, which this job's messages also go out on (with the job's
     frame: :mod:`shmstat.wire`). ``gpu_sampler``: a node collector's GPU sampler, shared by its jobs (without one,
-    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.gpu.start_sampler`)."""
+    the collector starts its own as ``config.gpu`` asks: :func:`collector.daemon.config.start_sampler`)."""
 
     def __init__(
         self, config: CollectorConfig, *, handler_objects: dict[str, MetricHandler] | None = None,
@@ -117,6 +120,8 @@ class Collector:
         self.fanout = self._fan_out(config, relay)
         self.passes = JobPass(config.job, segment, self.scanner, relay, self.fanout, self.dispatcher, self.commits)
         """The job's passes, what they counted, and their commit."""
+        self.hangs = HangWatcher(config.job, segment, hang_after_s=config.hang_after_s, fanout=self.fanout,
+                                 publish=self.publish_event, exporter=self.exporter, clock=self.clock)
         self._serve_the_job(config, segment, relay)
         self.loop = Loop(OneJob(self))
         """The serving loop of this job alone (a node collector turns the job in its own: :meth:`turn`)."""
@@ -180,6 +185,8 @@ class Collector:
         self.scanner = Scanner(segment, config.grace_ms * 1_000_000)
         self.banks = segment.geometry.banks
         """The banks of every slot's ring in the job's segment."""
+        self.running_at_stop = 0
+        """The job's ranks still running as :meth:`close` began (for the collector's last lines)."""
         self.commits = PendingCommits(config.commit_wait_s)
         self.liveness = Liveness(segment)
         self.stragglers = StragglerDetector(config.job, threshold=config.straggler_threshold,
@@ -188,7 +195,7 @@ class Collector:
 
     def _open_relay(self, config: CollectorConfig, segment: Segment, node_outlet: Outlet | None) -> Relay:
         """A step of :meth:`__init__`: the relay of the ranks' messages, and the marks of what its sinks took."""
-        from ..wire.relay import Relay
+        from ..relay.relay import Relay
 
         self.relay = relay = Relay(config.ingest or ingest_endpoint(config.job),
                                    config.publish or publish_endpoint(config.job),
@@ -250,7 +257,7 @@ class Collector:
         """What :meth:`close` could not emit, in words, when :attr:`emitted_everything` is False."""
         self._next_usage = 0.0
         self._next_status = time.monotonic() + config.status_interval_s
-        self._chores_at = 0.0  # monotonic time when the next of step's chores falls due (see _chores)
+        self._due_work_at = 0.0  # monotonic time when the next of _due_work's looks falls due
         self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
 
@@ -296,7 +303,7 @@ class Collector:
 
     def say_stopping(self) -> None:
         """Say on stderr, when ranks still run as this collector stops, what a successor must be started within
-        (:func:`collector.handlers.compact.stopping_line`)."""
+        (:func:`collector.handlers.console.stopping_line`)."""
         line = stopping_line({self.config.job: self.ranks_running()}, self.ring_slack_s(), self.banks)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
@@ -337,7 +344,7 @@ class Collector:
         one every :attr:`stat_look_s`)."""
         assert self.relay is not None
         mono = time.monotonic()
-        # the periodic looks may be late by CHORE_SLACK_S (and early: see _chores), so that they share turns
+        # the periodic looks may be late by CHORE_SLACK_S (and early: see _due_work), so that they share turns
         due = min(self._next_rank_look, self._next_usage, self.relay.next_beat)
         if self.config.status_interval_s > 0:
             due = min(due, self._next_status)
@@ -379,14 +386,14 @@ class Collector:
             self.passes.puts(self.clock(), puts)
         mono = time.monotonic()
         self.marks.step_if_due(mono)  # the delivered marks and acknowledgements: every ACK_INTERVAL_S
-        if mono < self._chores_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
+        if mono < self._due_work_at and self._window_due_ns is not None and self.clock() < self._window_due_ns:
             return  # nothing else is due: a turn while messages flow costs only the relay (and the acks)
-        self._chores(mono)
+        self._due_work(mono)
 
-    def _chores(self, mono: float) -> None:
+    def _due_work(self, mono: float) -> None:
         """The part of :meth:`turn` that is not the relay: the rank look, the look for new stats, a pass when a
         window closed, commits, usage figures, the status line, acknowledgements and heartbeats, each when due;
-        then when the next of them falls due (:attr:`_chores_at`, and :attr:`_window_due_ns` on the clock)."""
+        then when the next of them falls due (:attr:`_due_work_at`, and :attr:`_window_due_ns` on the clock)."""
         assert self.relay is not None and self.segment is not None
         now = self.clock()
         soon = mono + CHORE_SLACK_S  # a periodic look due this soon is taken in this turn rather than its own
@@ -400,6 +407,7 @@ class Collector:
             for change in self.liveness.poll(self.last_ranks):
                 self._lifecycle(change)
             self.marks.settle(self.last_ranks)  # what gone senders could not deliver: counted
+            self.hangs.look(self.last_ranks)  # every phase word: a hang named while it happens
             if self.gpu is not None:  # the newest GPU sample, written once, into windows still open
                 self.gpu.step(self.last_ranks)
         elif mono >= self.next_stat_look:  # a stat made since is found before its first windows leave the ring
@@ -425,7 +433,7 @@ class Collector:
             due = min(due, self._next_status)
         if len(self.commits):
             due = min(due, mono + COMMIT_POLL_S)
-        self._chores_at = due
+        self._due_work_at = due
         self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def close(self) -> None:
@@ -433,6 +441,8 @@ class Collector:
         alive, every window that holds data), flush handlers, release everything (idempotent)."""
         if self.relay is None:
             return
+        with contextlib.suppress(Exception):  # what the stopping line and the last status say (as it stopped)
+            self.running_at_stop = self.ranks_running()
         if self.gpu is not None:  # first: its entries are the collector's own, not processes of the job
             with contextlib.suppress(Exception):
                 self.gpu.close()
@@ -586,7 +596,7 @@ class Collector:
             {**self.counters(), **{f"handler_dropped.{g}": n for g, n in self.dispatcher.dropped_by_group.items()}}))
 
     def print_status(self, ranks: list | None = None, *, final: bool = False) -> None:
-        """Print the one-line status (:func:`collector.handlers.compact.status_line`) on stderr; ``ranks`` as the
+        """Print the one-line status (:func:`collector.handlers.console.status_line`) on stderr; ``ranks`` as the
         scanner last read them. ``final``: the last line, after :meth:`close`, with the ranks still running."""
         alive = self.ranks_running() if final else sum(
             1 for r in ranks or () if r.state_name == "active" and not r.is_writer)
@@ -594,8 +604,12 @@ class Collector:
               flush=True)
 
     def ranks_running(self) -> int:
-        """The job's ranks (not their workers) found at the last look at the rank table whose process lives now."""
-        return sum(1 for r in self.last_ranks if r.state_name == "active" and not r.is_writer and pid_alive(r.pid))
+        """The job's ranks (not their workers) whose process lives now: in the rank table as it is while the segment
+        is open (the last look may predate ranks that joined since), else as it was when :meth:`close` began."""
+        if self.segment is None:  # closed: as it was when the collector stopped
+            return self.running_at_stop
+        ranks = self.scanner.refresh()
+        return sum(1 for r in ranks if r.state_name == "active" and not r.is_writer and pid_alive(r.pid))
 
     def ring_slack_s(self) -> float:
         """How long after now a window a rank closes stays in its ring for a successor: the ring's banks less two

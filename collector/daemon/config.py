@@ -1,28 +1,33 @@
 """What a collector is configured with (:class:`CollectorConfig`), the name of its own metric group, and the
-handlers a configuration asks for (:func:`build_dispatcher`)."""
+handlers and the GPU sampler a configuration asks for (:func:`build_dispatcher`, :func:`start_sampler`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from elastic.metrics import MetricHandler
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP
 from shmstat.shm.layout import Geometry
 
+from ..gpu.figures import GPU_GROUP
+from ..gpu.nvml import RECORDING_ENV, driver_present, open_devices
+from ..gpu.sampler import GpuSampler
 from ..handlers.dispatch import DEFAULT_HANDLER_QUEUE, Dispatcher, ThreadedDispatcher
-from ..handlers.event_delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from ..prometheus.tls import TLSFiles
+from ..sinks.delivery import DEFAULT_EVENTS_QUEUE_BYTES, EventDelivery
 from .commits import DEFAULT_COMMIT_WAIT_S
 from .straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 
 __all__ = ["PLATFORM_GROUP", "SERVING_RANK_LOOK_S", "CollectorConfig", "build_dispatcher", "build_event_delivery",
-           "write_ready_file"]
+           "start_sampler", "write_ready_file"]
 
 PLATFORM_GROUP = COLLECTOR_GROUP
 """The collector's own metric group, ``shmstat`` (rank CPU/RSS and the collector's counters), as torchelastic's agent
@@ -47,18 +52,18 @@ class CollectorConfig:
     none; each job has its own endpoint either way)."""
     curve: str | None = None
     """A key directory (``shmstat keys DIR``): the XPUB is a CURVE server that lets in only subscribers whose public
-    key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.wire.curve`); None: no CURVE."""
+    key is a ``*.key`` file there other than ``server.key`` (:mod:`collector.relay.curve`); None: no CURVE."""
     handlers: dict[str, str] = field(default_factory=dict)
     """``{group: spec}``; ``*`` is the default for other groups (``compact`` if absent: one line per merged
     window)."""
     grace_ms: int = 20
     usage_interval_s: float = 1.0
     status_interval_s: float = 10.0
-    """Seconds between one-line status reports on stderr (:func:`collector.handlers.compact.status_line`; 0: none)."""
+    """Seconds between one-line status reports on stderr (:func:`collector.handlers.console.status_line`; 0: none)."""
     publish_queue: int = 128
     """Messages queued per subscriber at most (libzmq's ``SNDHWM``: it counts messages, not bytes); past them a
     subscriber that does not keep up loses messages. Each message is at most
-    :data:`collector.wire.outlet.MAX_MESSAGE_BYTES` (2 MiB), so a queue holds at most ``publish_queue`` times
+    :data:`collector.relay.publish_socket.MAX_MESSAGE_BYTES` (2 MiB), so a queue holds at most ``publish_queue`` times
     that (256 MiB by default), and far less for smaller messages (a rank's message batches up to 1,024 items or
     256 KiB). The subscriber learns exactly what it lost from the heartbeats; ``shmstat subscribe`` reports it to
     the collector, counted in ``subscriber_items_lost`` (a plain ``SUB`` cannot report: it counts its own losses
@@ -77,7 +82,7 @@ class CollectorConfig:
     (counted in ``collector.passes_not_taken``; :mod:`collector.daemon.commits`)."""
     events: list[str] = field(default_factory=list)
     """Events sinks, one SPEC each (``--events``: ``jsonl:PATH``, ``console``, ``otlp:ENDPOINT``,
-    ``pkg.module:Class``; :mod:`collector.handlers.events`); none: events are relayed to subscribers only."""
+    ``pkg.module:Class``; :mod:`collector.sinks.events`); none: events are relayed to subscribers only."""
     events_queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES
     """Bytes queued per events sink (each runs in a thread of its own) before events for it are dropped, counted
     and written as gap records."""
@@ -85,6 +90,9 @@ class CollectorConfig:
     straggler_windows: int = DEFAULT_WINDOWS
     """A rank scoring under ``straggler_threshold`` for this many windows in a row is reported
     (collector.daemon.straggler)."""
+    hang_after_s: float = 30.0
+    """A job whose ranks made no progress (no section left, no step) for this long while one is in a section hangs
+    (:mod:`collector.daemon.hangs`); 0: hangs are not watched."""
     prometheus: str | None = None
     """``HOST:PORT`` to serve ``/metrics`` on (None: no Prometheus endpoint)."""
     prometheus_node: str | None = None
@@ -95,10 +103,10 @@ class CollectorConfig:
     """Serve ``/metrics`` over HTTPS with these PEM files (a client CA among them: client certificates required);
     None: plain HTTP."""
     gpu: str = "auto"
-    """GPU telemetry (:mod:`collector.daemon.gpu`): ``auto`` (on where an NVIDIA driver is loaded, silent where
+    """GPU telemetry (:mod:`collector.gpu.sampler`): ``auto`` (on where an NVIDIA driver is loaded, silent where
     none is), ``on`` (one line saying why when it cannot be), ``off``."""
     gpu_interval_s: float = 1.0
-    """Seconds between GPU samples (at least :data:`collector.daemon.gpu.MIN_INTERVAL_S`)."""
+    """Seconds between GPU samples (at least :data:`collector.gpu.sampler.MIN_INTERVAL_S`)."""
     gpu_extra: tuple[str, ...] = ()
     """Expensive GPU figures to sample too: ``energy``, ``pcie``."""
     geometry: Geometry | None = None
@@ -150,3 +158,32 @@ def write_ready_file(path: str, info: dict[str, object]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise ConfigError(f"cannot write the ready file {path!r}: {exc.strerror}") from None
+
+
+def start_sampler(config: CollectorConfig, out: IO[str], err: IO[str] | None = None) -> GpuSampler | None:
+    """The GPU sampler ``config`` asks for, sampling; None when GPU telemetry is off. ``config.gpu``: ``off``;
+    ``on`` (off with one line on ``err`` saying why when there is nothing to sample); ``auto`` (the default:
+    as ``on`` where an NVIDIA driver is loaded or :data:`~collector.gpu.nvml.RECORDING_ENV` is set, else off
+    without a word). Never raises for a missing GPU or NVML."""
+    err = err if err is not None else sys.stderr
+    if config.gpu == "off":
+        return None
+    if config.gpu == "auto" and not os.environ.get(RECORDING_ENV) and not driver_present():
+        return None
+    try:
+        devices = open_devices()
+    except ConfigError as exc:
+        print(f"shmstat collector: GPU telemetry off: {exc}", file=err, flush=True)
+        return None
+    try:
+        sampler = GpuSampler(devices, interval_s=config.gpu_interval_s, extra=tuple(config.gpu_extra),
+                             clock=config.clock, err=err)
+    except BaseException:
+        devices.close()
+        raise
+    sampler.start()
+    names = sorted(set(sampler.names))
+    print(f"shmstat collector: GPU telemetry: {len(sampler.uuids)} GPU{'s' if len(sampler.uuids) != 1 else ''} "
+          f"({', '.join(names)}; driver {devices.driver}) every {sampler.interval_s:g} s, group {GPU_GROUP}",
+          file=out, flush=True)
+    return sampler

@@ -1,14 +1,14 @@
-"""A job's events on their way to the sinks (:class:`KeptEvents`), and the delivered watermark of every sender, kept
-where the next collector finds it and acknowledged to the ranks (:class:`DeliveredMarks`).
+"""The delivered watermark of every sender, kept where the next collector finds it and acknowledged to the ranks
+(:class:`DeliveredMarks`), as a job's events reach the sinks (:class:`collector.sinks.kept_events.KeptEvents`).
 
-A rank keeps each message it sent until a collector acknowledges it (:mod:`shmstat.publish.xpub`). Per sender
+A rank keeps each message it sent until a collector acknowledges it (:mod:`shmstat.publish.sender`). Per sender
 ``(rank, pid, incarnation)`` the collector's watermark is the first sequence number not yet delivered: below it
 every item was handed on (a put metric to the metric handlers, an event taken by every events sink or counted
 lost there with its gap record written, a gap's record written). :class:`DeliveredMarks` moves it as the sinks
-take what was queued (:meth:`collector.handlers.event_delivery.EventDelivery.completed`), writes it into the
+take what was queued (:meth:`collector.sinks.delivery.EventDelivery.completed`), writes it into the
 sender's delivered mark in the segment (:mod:`shmstat.shm.layout`) *before* acknowledging it, and sends the
 acknowledgements batched, once per :data:`ACK_INTERVAL_S`. A restarted collector reads the marks at start
-(:meth:`collector.wire.relay.Relay.restore`): what a rank re-sends below its mark is dropped, a hole above it is a
+(:meth:`collector.relay.relay.Relay.restore`): what a rank re-sends below its mark is dropped, a hole above it is a
 gap. A sender whose mark cannot be kept (every mark held by a live sender) is acknowledged all the same and is
 followed as before: its loss across a collector crash is then counted from its first message on.
 
@@ -22,26 +22,20 @@ there the entry's ``events_end`` is cleared: a later collector counts nothing tw
 
 from __future__ import annotations
 
-import collections
-import os
 import threading
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from shmstat.shm.segment import pid_alive
 
-from ..handlers.event_delivery import EventDelivery
-from ..handlers.events import EventRecord, GapRecord
-
 if TYPE_CHECKING:
     from shmstat.shm.layout_records import RankInfo
     from shmstat.shm.segment import Segment
 
-    from ..wire.intake import Received
-    from ..wire.relay import Relay
+    from ..relay.relay import Relay
+    from ..sinks.kept_events import KeptEvents
 
-__all__ = ["ACK_INTERVAL_S", "DeliveredMarks", "KeptEvents"]
+__all__ = ["ACK_INTERVAL_S", "DeliveredMarks"]
 
 ACK_INTERVAL_S = 0.02
 """Seconds between two acknowledgements (and segment writes) at most: a rank keeps about this much more."""
@@ -219,7 +213,7 @@ class DeliveredMarks:
     def _frozen(self, key: Key, done: int | None) -> bool:
         """Whether ``key``'s mark must not move now: not a re-syncing sender (it re-sends nothing), or items
         below its mark are still on their way (a window of re-sent items, see
-        :attr:`collector.wire.relay.Relay.windows`, open or not yet taken by the sinks)."""
+        :attr:`collector.relay.relay.Relay.windows`, open or not yet taken by the sinks)."""
         relay = self.relay
         if key not in relay.origins or key in relay.windows or key in relay.closed_windows:
             return True
@@ -268,60 +262,3 @@ class DeliveredMarks:
                 self._origin.pop(key, None)
                 return index
         return None
-
-
-class KeptEvents:
-    """One job's events on their way to the sinks of ``delivery`` (None: no sink, every call is a no-op). The
-    collector's loop calls it; nothing here waits for a sink. ``owns``: :meth:`close` closes the sinks (a node
-    collector's jobs share its delivery, which it closes itself)."""
-
-    def __init__(self, job: str, delivery: EventDelivery | None, *, owns: bool) -> None:
-        self.job = job
-        self.delivery = delivery
-        self.owns = owns
-        self.own_seq = 0
-        """The number the collector's next own event of this job gets."""
-        self.pending: dict[tuple[int, int, int], collections.deque[tuple[int, int, int]]] = {}
-        """Per sender ``(rank, pid, incarnation)``: ``(ticket, first seq, seq after it)`` of what is queued for
-        the sinks and not known to be taken (see :meth:`EventDelivery.completed`), oldest first. The loop appends,
-        a sink's thread may take from the left (:class:`collections.deque` makes both safe)."""
-
-    def message(self, msg: Received) -> None:
-        """A rank's ``event/`` message, relayed."""
-        if self.delivery is not None:
-            ticket = self.delivery.offer_message(self.job, msg)
-            self._queued((msg.rank, msg.pid, msg.incarnation), ticket, msg.seq, msg.seq + msg.n_items)
-
-    def _queued(self, key: tuple[int, int, int], ticket: int, first: int, end: int) -> None:
-        if ticket:
-            queue = self.pending.get(key)
-            if queue is None:
-                queue = self.pending[key] = collections.deque()
-            queue.append((ticket, first, end))
-
-    def own(self, name: str, ts_ns: int, data: dict[str, str | int | float | bool]) -> None:
-        """An event the collector made (and published)."""
-        if self.delivery is not None:
-            self.delivery.offer(self.job, EventRecord(name, self.job, None, ts_ns, dict(data), self.own_seq,
-                                                      os.getpid()))
-            self.own_seq += 1
-
-    def gap(self, rank: int, pid: int, incarnation: int, first: int, count: int) -> None:
-        """``count`` items of a rank's stream from seq ``first`` on never reached the collector."""
-        if self.delivery is not None:
-            ticket = self.delivery.offer(self.job, GapRecord(self.job, rank, pid, incarnation, first,
-                                                             first + count - 1, count, "rank", time.time_ns()))
-            self._queued((rank, pid, incarnation), ticket, first, first + count)
-
-    def counters(self) -> dict[str, int]:
-        """``events_dropped`` (this job's events a sink lost) and ``event_handler_errors`` (calls of a sink that
-        raised, over every job the sinks serve)."""
-        d = self.delivery
-        return {"events_dropped": d.dropped_for(self.job) if d is not None else 0,
-                "event_handler_errors": d.errors if d is not None else 0}
-
-    def close(self, deadline: float | None = None) -> None:
-        """Close the sinks if they are this job's own (idempotent); ``deadline``: see
-        :meth:`EventDelivery.close`."""
-        if self.owns and self.delivery is not None:
-            self.delivery.close(deadline)

@@ -32,7 +32,7 @@ from shmstat.shm.segment import Segment
 
 from ..read.passes import Pass, Put
 from ..read.scanner import Scanner
-from ..wire.intake import Received
+from ..relay.intake import Received
 from .commits import PendingCommits
 from .config import PLATFORM_GROUP
 from .fanout import FanOut
@@ -40,7 +40,7 @@ from .liveness import Liveness
 
 if TYPE_CHECKING:
     from ..handlers.dispatch import ThreadedDispatcher
-    from ..wire.relay import Relay, RelayCounters
+    from ..relay.relay import Relay, RelayCounters
 
 __all__ = ["JobPass", "PassCounts", "Submitted", "candidate_groups", "drop_counters", "point", "puts_of",
            "relay_counts", "usage_points"]

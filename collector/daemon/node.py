@@ -16,8 +16,8 @@ rows go to
 one set of handlers, each row naming its job (``StatMetricData.job``, ``job`` in jsonl rows); each job's
 streams are on its own publish endpoint (``shmstat subscribe --job JOB``). With ``publish`` set (``--publish
 ENDPOINT``: ipc:// or tcp://, for subscribers on other hosts) the node collector also binds one publish socket
-(:class:`~collector.wire.outlet.Outlet`, bounded as a job's) that carries every message of every job it serves —
-ranks' events and metrics, windows, rank lifecycle, heartbeats, its own events — each followed by a frame naming
+(:class:`~collector.relay.publish_socket.Outlet`, bounded as a job's) that carries every message of every job it serves
+— ranks' events and metrics, windows, rank lifecycle, heartbeats, its own events — each followed by a frame naming
 its job (:mod:`shmstat.wire`); a subscriber of it keeps its accounting per job. ``ready_file`` gets the node's
 endpoints as JSON once it serves (:meth:`NodeCollector.write_ready_file`).
 """
@@ -39,16 +39,23 @@ from shmstat.shm.layout import RankState
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import other_users_line, own_skipped_lines, scan_shm
 
-from ..handlers.compact import CompactWindowHandler, status_line, stopping_line
+from ..gpu.figures import GPU_GROUP
+from ..gpu.sampler import GpuSampler
+from ..handlers.console import CompactWindowHandler, status_line, stopping_line
 from ..handlers.dispatch import ThreadedDispatcher
-from ..handlers.event_delivery import EventDelivery
 from ..prometheus.exporter import PrometheusExporter, start_exporter
-from ..read.gpu_figures import GPU_GROUP
-from ..wire.curve import CurveServer
-from ..wire.outlet import Outlet
+from ..relay.curve import CurveServer
+from ..relay.publish_socket import Outlet
+from ..sinks.delivery import EventDelivery
 from .collector import Collector, let_sinks_finish
-from .config import SERVING_RANK_LOOK_S, CollectorConfig, build_dispatcher, build_event_delivery, write_ready_file
-from .gpu import GpuSampler, start_sampler
+from .config import (
+    SERVING_RANK_LOOK_S,
+    CollectorConfig,
+    build_dispatcher,
+    build_event_delivery,
+    start_sampler,
+    write_ready_file,
+)
 from .loop import CHORE_SLACK_S, Loop, ServedJob
 from .node_lock import NodeLock
 from .sweep import Verdict, remove_if_dead
@@ -100,7 +107,7 @@ class NodeCollector:
         self.events: EventDelivery | None = None
         self.exporter: PrometheusExporter | None = None
         self.gpu: GpuSampler | None = None
-        """One GPU sampler for every job of the node (:mod:`collector.daemon.gpu`), or None."""
+        """One GPU sampler for every job of the node (:mod:`collector.gpu.sampler`), or None."""
         try:
             if config.publish is not None:
                 if config.curve is not None:
@@ -414,7 +421,7 @@ class NodeCollector:
 
 class _NodeStatus:
     """The node collector's one-line status every ``interval_s`` (0: none) on stderr, over every job it served
-    (:func:`collector.handlers.compact.status_line`); and its compact default handler names each line's job."""
+    (:func:`collector.handlers.console.status_line`); and its compact default handler names each line's job."""
 
     _SUMMED = ("windows_emitted", "events_relayed", "seq_gaps", "windows_overwritten", "frames_rejected",
                "samples_dropped", "subscriber_items_lost", "subscription_resets")

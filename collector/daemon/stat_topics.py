@@ -16,7 +16,7 @@ from .config import PLATFORM_GROUP
 if TYPE_CHECKING:
     from ..read.columns import Columns
     from ..read.passes import Pass, Wanted
-    from ..wire.relay import Relay
+    from ..relay.relay import Relay
 
 __all__ = ["USAGE_TOPIC", "StatTopics"]
 

@@ -10,8 +10,8 @@ scores ranks the same way and flags under 0.75.
 into scores (for the collector's ``shmstat`` group) and :data:`STRAGGLER_EVENT` / :data:`RECOVERED_EVENT`
 events (for ``event/<name>``). Figures that are not finite leave their rank out of the window; a window with a
 negative figure is not scored (a ratio of such figures means nothing). The collector's GPU figures
-(:mod:`collector.read.gpu_figures`) are not scored: a rank's GPU is not slower for being busier; the straggler
-event says instead what a slow rank's GPU did (:meth:`collector.daemon.gpu.JobGpu.describe`).
+(:mod:`collector.gpu.figures`) are not scored: a rank's GPU is not slower for being busier; the straggler
+event says instead what a slow rank's GPU did (:meth:`collector.gpu.sampler.JobGpu.describe`).
 
 :class:`StragglerScorer` is the detector as a consumer of every collector pass (on the loop, registered first):
 it publishes the events and adds the scores and flags to the pass, for the consumers after it (the handlers'

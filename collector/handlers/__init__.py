@@ -3,18 +3,17 @@
 - :mod:`~collector.handlers.protocol`: the one way a handler is called (``ColumnsHandler``: each pass as
   columns), ``RowsAdapter``, which gives a torchelastic ``MetricHandler`` the same passes as rows, and
   ``AgentMetricData``, the agent's metrics as handlers get them;
-- :mod:`~collector.handlers.specs`: the ``--handler GROUP=SPEC`` and ``--events SPEC`` a user writes, and what they
-  build (``build_handler``, ``build_event_handler``, a user's own class loaded by ``pkg.module:Class``);
+- :mod:`~collector.handlers.specs`: the ``--handler GROUP=SPEC`` a user writes, and what it builds
+  (``build_handler``, a user's own class loaded by ``pkg.module:Class``);
 - :mod:`~collector.handlers.dispatch`: which handler serves each group (``Dispatcher``), and each handler behind a
   bounded queue and a thread of its own (``ThreadedDispatcher``);
-- :mod:`~collector.handlers.compact`: the default output, one line per merged window, and the status line;
+- :mod:`~collector.handlers.console`: the default output, one line per merged window, and the status line;
 - :mod:`~collector.handlers.jsonl`, :mod:`~collector.handlers.tensorboard_sink` and :mod:`~collector.handlers.otlp`:
   the ``jsonl:PATH``, ``tensorboard:DIR`` and ``otlp:ENDPOINT`` handlers;
-- :mod:`~collector.handlers.events`: events kept (``--events SPEC``): the records, the ``jsonl:PATH`` and
-  ``console`` sinks; :mod:`~collector.handlers.otlp_logs`: ``otlp:ENDPOINT`` (OpenTelemetry logs);
-  :mod:`~collector.handlers.otlp_export`: what the two OTLP exporters share;
-  :mod:`~collector.handlers.event_delivery`: each events sink in a thread of its own, behind a queue bounded in
-  bytes.
+- :mod:`~collector.handlers.otlp_export`: what the two OTLP exporters share (this handler and the events sink of
+  :mod:`collector.sinks.otlp_logs`).
+
+The events sinks are :mod:`collector.sinks`.
 
 The modules are imported by name; the public names are re-exported by :mod:`collector`.
 """

@@ -35,7 +35,7 @@ import numpy as np
 from elastic.metrics import MetricData, MetricHandler
 from shmstat.names import COLLECTOR_GROUP
 
-from .compact import CompactWindowHandler
+from .console import CompactWindowHandler
 from .protocol import ColumnsHandler, RowsFailed, as_columns_handler
 from .specs import build_handler
 

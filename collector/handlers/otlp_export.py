@@ -1,5 +1,5 @@
 """What the two OTLP exporters share (``otlp:ENDPOINT`` as a handler, :mod:`collector.handlers.otlp`, and as an
-events sink, :mod:`collector.handlers.otlp_logs`): the endpoint check, the collector's OpenTelemetry resource, the
+events sink, :mod:`collector.sinks.otlp_logs`): the endpoint check, the collector's OpenTelemetry resource, the
 export timeout, the error a failed export raises, and the filter that keeps the SDK exporters' own log records out
 of the log while remembering their reason (the exporter does not return it).
 """
@@ -24,7 +24,7 @@ DEFAULT_TIMEOUT_S = 3.0
 class OtlpExportError(RuntimeError):
     """An export did not reach the receiver (its points or records are dropped); raised by the ``flush`` of
     :class:`collector.handlers.otlp.OtlpMetricHandler` and of
-    :class:`collector.handlers.otlp_logs.OtlpEventHandler`."""
+    :class:`collector.sinks.otlp_logs.OtlpEventHandler`."""
 
 
 class ExportReasons(logging.Filter):

@@ -1,7 +1,7 @@
-"""The SPECs that name handlers and events sinks, and the objects they build, a user's own classes included.
+"""The SPECs that name handlers, and the objects they build, a user's own classes included.
 
 ``--handler GROUP=SPEC`` (:func:`parse_handler_args`, :func:`build_handler`), as torchelastic's
-``configure(handler, group)``: a SPEC names a handler: ``compact`` (:mod:`collector.handlers.compact`: one line
+``configure(handler, group)``: a SPEC names a handler: ``compact`` (:mod:`collector.handlers.console`: one line
 per merged window), ``console``, ``null``, ``jsonl:PATH`` (:mod:`collector.handlers.jsonl`), ``tensorboard:DIR``
 (see :mod:`collector.handlers.tensorboard_sink`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp`), or
 ``pkg.module:Class`` for a user's own ``MetricHandler`` subclass, with keyword arguments after commas:
@@ -18,9 +18,8 @@ through ``emit``. :func:`build_handler` decides once how: the built-in sinks sub
 ``emit`` are wrapped in a :class:`~collector.handlers.protocol.RowsAdapter` (one ``MetricData`` per aggregation
 and row); a user's class that defines ``emit_columns`` gets the passes as columns.
 
-``--events SPEC`` (:func:`build_event_handler`): ``jsonl:PATH``, ``console`` (the sinks of
-:mod:`collector.handlers.events`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`) or
-``pkg.module:Class[,key=value...]`` (keyword arguments read as for ``--handler``).
+``--events SPEC`` is read by :func:`collector.sinks.specs.build_event_handler`, with this module's reading of keyword
+arguments (:func:`parse_spec_kwargs`) and of a user's class (:func:`load_user_class`).
 
 The OpenTelemetry and TensorBoard sinks are imported only when a SPEC names them.
 """
@@ -38,13 +37,11 @@ from elastic.metrics import ConsoleMetricHandler, MetricHandler, NullMetricHandl
 from shmstat.errors import ConfigError
 from shmstat.names import COLLECTOR_GROUP, RULE_REFERENCE, group_problem
 
-from .compact import CompactWindowHandler
-from .events import ConsoleEventHandler, EventSink, JsonlEventHandler
+from .console import CompactWindowHandler
 from .jsonl import JsonlMetricHandler
 from .protocol import ColumnsHandler, RowsAdapter, as_columns_handler
 
-__all__ = ["build_event_handler", "build_handler", "is_user_class_spec", "load_user_class", "parse_handler_args",
-           "parse_spec_kwargs"]
+__all__ = ["build_handler", "is_user_class_spec", "load_user_class", "parse_handler_args", "parse_spec_kwargs"]
 
 def build_handler(spec: str) -> ColumnsHandler:
     """The handler a SPEC names, as the collector calls it (:func:`collector.handlers.protocol.as_columns_handler`:
@@ -237,33 +234,3 @@ def parse_handler_args(args: Iterable[str]) -> dict[str, str]:
             raise ConfigError(f"--handler group {shown} {problem} ({RULE_REFERENCE})")
         out[group] = spec
     return out
-
-
-def build_event_handler(spec: str) -> EventSink:
-    """The events sink a SPEC names (``--events SPEC``, see the module docstring); :class:`ConfigError` with one
-    sentence for a bad SPEC, before anything is started."""
-    kind, _, arg = spec.partition(":")
-    if spec == "console":
-        return ConsoleEventHandler()
-    if kind == "jsonl":
-        if not arg:
-            raise ConfigError("events spec 'jsonl:' needs a path, e.g. --events jsonl:/tmp/events.jsonl")
-        return JsonlEventHandler(arg)
-    if kind == "otlp":
-        from .otlp_logs import build_otlp_event_handler  # imports OpenTelemetry only when asked for
-
-        return build_otlp_event_handler(arg)
-    class_name, comma, arguments = arg.partition(",")
-    if is_user_class_spec(kind, class_name):
-        kwargs = parse_spec_kwargs(spec, arguments) if comma else {}
-
-        def refusal(cls: Any) -> str | None:
-            if isinstance(cls, type) and issubclass(cls, EventSink):
-                return None
-            return f"{kind}:{class_name} is not an events sink: it has no emit_events(batch) method"
-
-        return load_user_class(kind, class_name, kwargs, what="an events sink", refusal=refusal)
-    shown = repr(spec) if len(spec) <= 40 else repr(spec[:37]) + "..."
-    either = f" (no module {kind!r} either)" if kind.isidentifier() and class_name.isidentifier() else ""
-    raise ConfigError(f"unknown events sink kind {kind!r} in {shown}{either}; use console, jsonl:PATH, "
-                      "otlp:ENDPOINT or pkg.module:Class")

@@ -27,7 +27,11 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   ``shmstat_metric_sum_total`` (counters: values put and their sum), ``shmstat_metric_dropped_total`` (per job:
   values of series past the job's bound);
 - ``shmstat_collector_<counter>_total``: the collector's own counters per job;
-- the GPU figures (group ``gpu``, :mod:`collector.read.gpu_figures`), besides their ``shmstat_stat_*`` series, as
+- the hang detector's (:mod:`collector.daemon.hangs`, handed over by :meth:`PrometheusExporter.set_progress`):
+  ``shmstat_rank_progress_age_seconds`` (labels ``job``, ``node``, ``rank``, ``section``, ``wait``: seconds since
+  the rank's phase word last changed, at the rendering) and ``shmstat_job_hung`` (``job``, ``node``: 1 while the
+  job hangs);
+- the GPU figures (group ``gpu``, :mod:`collector.gpu.figures`), besides their ``shmstat_stat_*`` series, as
   one gauge family per figure, ``shmstat_gpu_<figure>`` (``shmstat_gpu_util``, ``shmstat_gpu_fb_used``, ...: the
   unit of dcgm-exporter's ``DCGM_FI_DEV_*`` twin), labels ``job``, ``node``, ``gpu`` (NVML index), ``uuid`` and,
   per rank, ``rank``: the newest window's mean (a mask or a running total: its latest sample). The series
@@ -67,7 +71,7 @@ from elastic.metrics import MetricData
 from shmstat.errors import ConfigError
 from shmstat.histogram import Histogram
 
-from ..read.gpu_figures import FIGURES, figure_of
+from ..gpu.figures import FIGURES, figure_of
 from .put_metrics import MAX_SERIES_BYTES, PutMetrics, put_families
 from .server import MetricsServer, RenderCache
 
@@ -139,6 +143,7 @@ class PrometheusExporter:
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self._node_counters: list[Callable[[], dict[str, int]]] = [self._server_counters]
         self._retired: dict[str, float] = {}
+        self._progress: dict[str, tuple[float, list[tuple[int, str, bool, float]], bool]] = {}
         self._server: MetricsServer | None = None
         self._cache: RenderCache | None = None
         self.port = port
@@ -319,6 +324,13 @@ class PrometheusExporter:
             self._node_counters.append(counters)
         self._changed()
 
+    def set_progress(self, job: str, ages: list[tuple[int, str, bool, float]], hung: bool) -> None:
+        """The hang detector's table of ``job``: ``(rank, section, wait, age in seconds now)`` per rank, and whether
+        the job hangs; a rendering adds the time passed since (so a scrape between two hand-overs is exact)."""
+        with self._lock:
+            self._progress[job] = (self.clock(), list(ages), hung)
+        self._changed()
+
     def _server_counters(self) -> dict[str, int]:
         server = self._server
         return {"metrics_tls_handshakes_failed": server.handshake_failures} if server and self.tls else {}
@@ -349,6 +361,7 @@ class PrometheusExporter:
             kinds = list(self._kinds.items())
             counter_sources = list(self._counters.items())
             node_sources = list(self._node_counters)
+            progress = sorted(self._progress.items())
         self.renders += 1
         node = self.node
         count = CounterMetricFamily("shmstat_stat_count", "Samples in every emitted window, running total")
@@ -392,6 +405,7 @@ class PrometheusExporter:
                 "job": job, "node": node, "group": group, "stat": stat, "higher_is_better": "1" if better else "0",
                 "scored": "1" if scored else "0", "wait": "1" if wait else "0"}, 1))
         yield from (count, total, mean, lo, hi, *pcts, hist, scores, info)
+        yield from _progress_families(progress, node, self.clock())
         yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)
         yield from _counter_families("shmstat_collector", "Collector counter",
@@ -412,7 +426,26 @@ class PrometheusExporter:
         self._puts.forget(gone)
         for job in gone:
             self._counters.pop(job, None)
+            self._progress.pop(job, None)
             del self._retired[job]
+
+
+def _progress_families(progress: list[tuple[str, tuple[float, list[tuple[int, str, bool, float]], bool]]],
+                       node: str, now: float) -> Iterator[object]:
+    """``shmstat_rank_progress_age_seconds`` and ``shmstat_job_hung`` of every job the hang detector handed over."""
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.samples import Sample
+
+    age = GaugeMetricFamily("shmstat_rank_progress_age_seconds", "Seconds since the rank last made progress (its "
+                            "phase word changed: a section entered or left, a step counted); section its innermost "
+                            "open section, wait 1 when that is a wait section")
+    hung = GaugeMetricFamily("shmstat_job_hung", "1 while the collector's hang detector finds the job hung")
+    for job, (at, rows, is_hung) in progress:
+        for rank, section, wait, seconds in rows:
+            age.samples.append(Sample(age.name, {"job": job, "node": node, "rank": str(rank), "section": section,
+                                                 "wait": "1" if wait else "0"}, seconds + max(0.0, now - at)))
+        hung.samples.append(Sample(hung.name, {"job": job, "node": node}, 1 if is_hung else 0))
+    yield from (age, hung)
 
 
 def _gpu_families(series: list[tuple[tuple[str, str, int, int | None], float]], uuids: tuple[str, ...],

@@ -7,8 +7,7 @@
   them, a pass's windows merged across writers and ranks on arrays (the collector's and ``shmstat top``'s);
 - :mod:`~collector.read.hist_batch`: many windows' histograms as arrays;
 - :mod:`~collector.read.rows`: a row as a record (``WindowRow``: a stat's window with its labels, its figures a
-  :class:`shmstat.shm.layout_records.WindowFigures`; ``WindowSpan``), for the rows that are wanted as objects;
-- :mod:`~collector.read.gpu_figures`: the GPU figures the collector writes as stats of group ``gpu``.
+  :class:`shmstat.shm.layout_records.WindowFigures`; ``WindowSpan``), for the rows that are wanted as objects.
 
 The modules are imported by name; ``Columns``, ``WindowRow`` and ``WindowFigures`` are re-exported by
 :mod:`collector`.

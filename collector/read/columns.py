@@ -38,7 +38,7 @@ from elastic.metrics import StatMetricData
 from shmstat.aggregation import PERCENTILES, Aggregation, aggregation_key
 from shmstat.shm.layout_records import WindowFigures
 
-from .gpu_figures import GPU_GROUP, is_gpu_stat
+from ..gpu.figures import GPU_GROUP, is_gpu_stat
 from .hist_batch import HistBatch
 from .rows import WindowRow, ordered_aggregations
 

@@ -176,8 +176,18 @@ class Scanner:
         collected, skipped = self._gather(t, idx[found_pos], found_data, found_count, found_grow, wanted_group)
         held = self._read_slow_slots(t, idx, newest, read.slow, t.long[idx], now_ns, final, result, collected,
                                      skipped, pend_idx, pend_wid, wanted_group)
-        self._finish(t, held, collected, skipped, np.concatenate(pend_idx), np.concatenate(pend_wid), now_ns,
-                     result, _Ring(idx, held_now, read.slow))
+        pend_i, pend_w = np.concatenate(pend_idx), np.concatenate(pend_wid)
+        if final and len(pend_i):  # (a restarted rank writes the windows after its slot's newest in this slot)
+            pend_w = np.minimum(pend_w, np.maximum(t.after[pend_i], self._newest_held(t, pend_i)))
+        self._finish(t, held, collected, skipped, pend_i, pend_w, now_ns, result, _Ring(idx, held_now, read.slow))
+
+    def _newest_held(self, t: SlotTable, slot_idx: np.ndarray) -> np.ndarray:
+        """Per slot: the newest window any of its banks holds. A last pass moves a watermark no further: moved to
+        the window after ``now`` it would hide the windows the slot's next incarnation (a rank restarted, the same
+        entry and stat) writes there from the next collector, neither emitted nor counted."""
+        banks = self.segment.geometry.banks
+        _first, data, _second = read_banks(self.segment, (t.row0[slot_idx][:, None] + np.arange(banks)).ravel())
+        return data[:, L.B_WID].astype(np.int64).reshape(-1, banks).max(axis=1)
 
     def _slots_to_read(self, t: SlotTable, now_ns: int, final: bool) -> tuple[np.ndarray, np.ndarray]:
         """The table positions of the slots with a window to read now, and each slot's newest window that may be

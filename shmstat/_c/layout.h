@@ -15,6 +15,11 @@
 #define B_TS 48
 #define B_INC 56
 
+/* shmstat/shm/layout.py: a rank entry's phase word (byte offsets in the entry; shmstat/shm/phase.py) */
+#define R_PHASE_SEQ 144
+#define R_PHASE 152
+#define PHASE_COPY_SIZE 24
+
 /* shmstat/shm/layout.py: windows longer than this also close by count and by their writer's end */
 #define LONG_WINDOW_NS 3600000000000
 

@@ -136,6 +136,6 @@ def reset() -> None:
             old.attachment.detach()
     GlobalState.__init__(STATE)  # in place: other modules hold a reference to STATE
     rebind_sections()
-    from ._drops import reset_warnings
+    from ._degrade import reset_warnings
 
     reset_warnings()

@@ -3,7 +3,7 @@
 Telemetry never takes the job down: the lazy attach (a Stat, ``log_event``, ``put_metric`` or ``@prof`` in a
 rank configured by the environment, a forked or spawned worker) never raises because of the segment's state.
 A rank or worker that finds no entry gets one without (its samples are dropped and counted in the segment), a
-segment that cannot be opened leaves the process in-process; each is reported once (:mod:`shmstat.job._drops`).
+segment that cannot be opened leaves the process in-process; each is reported once (:mod:`shmstat.job._degrade`).
 Only a bad environment value raises (:class:`~shmstat.errors.ConfigError`).
 
 Nothing left behind: the last process of a job that no collector serves removes the job's segment and lock
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import CapacityError, ConfigError, ShmstatError
 from ..shm.runtime import ingest_endpoint, validate_job
 from . import _state
-from ._drops import geometry_from_env, reported, warn_once
+from ._degrade import geometry_from_env, reported, warn_once
 from .identity import Identity, identity_from_env, identity_variables, start_environ
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
 # by ``import shmstat``: code that never joins a job (the torch.monitor drop-in, in-process) does not pay for them.
 
 __all__ = ["ensure_init", "init", "shutdown"]
+
+_REOPENS = 3
+"""Times a process opens the job's segment again when it was removed between its opening and the registration."""
 
 
 def init(
@@ -48,6 +51,7 @@ def init(
     publish: bool = True,
     backlog_mb: float | None = None,
     section_window_s: float | None = None,
+    hang_stacks: bool | None = None,
 ) -> RankAttachment | None:
     """Attach this process to ``job`` as ``rank`` (creating the segment if first); returns the attachment.
 
@@ -60,7 +64,8 @@ def init(
     and metrics are published to the collector at ``endpoint`` (default: the job's ipc socket) unless ``publish=False``;
     ``backlog_mb`` bounds what the rank holds while no collector takes it (default ``SHMSTAT_BACKLOG_MB`` or 64).
     ``section_window_s`` is the window of :func:`shmstat.section` Stats (default ``SHMSTAT_SECTION_WINDOW_S`` or
-    5 s), in a job or not.
+    5 s), in a job or not. ``hang_stacks`` (default ``SHMSTAT_HANG_STACKS``) lets the collector ask a rank it
+    finds hung for its Python stacks (:mod:`shmstat.job.hang_stacks`).
     Calling ``init`` again for another job detaches from the first.
 
     A process whose rank comes from the environment (``rank`` left out) and that took that environment unchanged
@@ -72,6 +77,9 @@ def init(
     if section_window_s is not None:
         _state.STATE.section_window_s = _state.check_window_s(section_window_s, "section_window_s")
         _state.rebind_sections()
+    from . import hang_stacks as stacks
+
+    want_stacks = stacks.wanted(hang_stacks)
     env = identity_from_env()
     inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
@@ -92,7 +100,7 @@ def init(
     from ..publish.publisher import Publisher
     from ..shm.layout import Geometry
     from ..shm.segment import Segment
-    from .rank import RankAttachment
+    from .rank import RankAttachment, SegmentRemoved
 
     geometry = None
     if max_ranks is not None or max_stats is not None or banks is not None:
@@ -101,15 +109,22 @@ def init(
     create_geometry = geometry_from_env() if geometry is None else None
     with _state.STATE.lock:
         shutdown()
-        segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
-        try:
-            att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
-                                          inherited=inherited)
-        except CapacityError:
-            att = _no_room_for_rank(segment, rank, local_rank, world_size)
-        except BaseException:
-            segment.close()
-            raise
+        for tries_left in range(_REOPENS, -1, -1):
+            segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
+            try:
+                att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
+                                              inherited=inherited)
+            except SegmentRemoved:
+                segment.close()
+                if not tries_left:
+                    raise
+                continue  # removed between its opening and the registration: the job's segment is made anew
+            except CapacityError:
+                att = _no_room_for_rank(segment, rank, local_rank, world_size)
+            except BaseException:
+                segment.close()
+                raise
+            break
         _state.STATE.attachment = att
         if publish:
             target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
@@ -121,6 +136,12 @@ def init(
             pub.on_undelivered = att.record_events_end
         _state.STATE.auto_init_done = True
         _state.rebind_sections()
+        if want_stacks and att.has_entry and att.writer_of < 0:
+            try:
+                stacks.enable(job)
+            except (OSError, ShmstatError) as exc:  # telemetry never stops the job: it goes on without stacks
+                warn_once("stacks", f"cannot register hang stacks ({exc}); the collector gets none",
+                          job=job)
     return att
 
 
@@ -245,6 +266,9 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
     st.attachment = None
     if att is not None:
         _state.rebind_sections()
+        from .hang_stacks import disable
+
+        disable()
     if att is not None and att.pid == os.getpid():
         from ..shm.segment import Segment
 

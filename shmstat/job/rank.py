@@ -10,7 +10,7 @@ Room runs out: a writer takes a free entry, or that of a writer that exited whos
 there is neither, that of a writer that exited before a collector emitted its windows (non-persistent DataLoader
 workers with no collector: a new writer every epoch), counting the samples it held as dropped in its rank's
 entry. A process that finds no entry at all gets an attachment *without* one (``local_rank == -1``): its Stats
-count their samples as dropped (:func:`shmstat.job._drops.add_counter`) and nothing raises.
+count their samples as dropped (:func:`shmstat.job._degrade.add_counter`) and nothing raises.
 
 Within one process a :class:`SlotKey` (name, group, window, max_samples, aggregations) has one slot and one writer:
 a Stat re-created under the same key continues it, so closing and re-creating Stats loses nothing, and a slot
@@ -26,14 +26,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..errors import CapacityError, ConfigError
+from ..errors import CapacityError, ConfigError, SegmentError
 from ..shm import layout as L
 from ..shm import layout_codec as codec
 from ..shm.layout_records import RankInfo
 from ..shm.segment import Segment, pid_alive
-from ._drops import add_counter, warn_once
+from ._degrade import add_counter, warn_once
 
-__all__ = ["EntryHeldError", "RankAttachment", "SlotKey"]
+__all__ = ["EntryHeldError", "RankAttachment", "SegmentRemoved", "SlotKey"]
+
+
+class SegmentRemoved(SegmentError):
+    """The job's segment this process opened was removed before it registered in it (a node collector let the job
+    go meanwhile, every process of it gone): :func:`shmstat.job.attach.init` opens it again."""
 
 
 class EntryHeldError(ConfigError):
@@ -125,6 +130,8 @@ class RankAttachment:
         pid = os.getpid() if pid is None else pid
         now = time.time_ns() if clock_ns is None else clock_ns
         with segment.locked():
+            if not segment.linked():
+                raise SegmentRemoved(f"segment of job {segment.job!r} removed before this process registered")
             info = segment.rank(local_rank)
             if info.state == L.RankState.ACTIVE and info.pid not in (pid, 0) and pid_alive(info.pid):
                 owner = info.writer_of - 1 if info.is_writer else local_rank

@@ -4,8 +4,8 @@
   event's data in :mod:`~shmstat.publish._eventdata`; :mod:`~shmstat.publish.tensorboard`: the TensorBoard handler;
 - :mod:`~shmstat.publish.publisher`: the rank's publisher to the node's collector, never blocking its caller, with
   its backlog (:mod:`~shmstat.publish.outbox`, its bounds and item sizes in :mod:`~shmstat.publish.item_sizes`),
-  its socket thread (:mod:`~shmstat.publish.xpub`), its fork and exit hooks (:mod:`~shmstat.publish._pubprocess`)
-  and its Python slow path for odd items (:mod:`~shmstat.publish.slow_path`).
+  its socket thread (:mod:`~shmstat.publish.sender`), its fork and exit hooks (:mod:`~shmstat.publish._pubprocess`)
+  and its Python slow path for odd items (:mod:`~shmstat.publish.item_encoding`).
 
 The C twin of the hot paths is ``shmstat._pubfast``. The modules are imported by name; the public names are
 re-exported by :mod:`shmstat`.

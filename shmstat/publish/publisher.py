@@ -9,9 +9,9 @@ still waiting to be sent, so topics published interleaved — ``@prof``'s succes
 metrics — still travel in large messages). A daemon thread, started on the first publish, owns the socket and
 does everything else: it seals batches in order (numbering their items and prefixing the wire header), sends
 them with ``zmq.NOBLOCK``, and reads the subscription frames the ``XPUB`` reports. The socket, the thread and
-the thread's state belong to the publisher's sender (:mod:`shmstat.publish.xpub`); the publisher calls it.
+the thread's state belong to the publisher's sender (:mod:`shmstat.publish.sender`); the publisher calls it.
 
-What the ``XPUB`` reports, and how the thread answers it, is in :mod:`shmstat.publish.xpub`.
+What the ``XPUB`` reports, and how the thread answers it, is in :mod:`shmstat.publish.sender`.
 
 Guarantees:
 
@@ -66,6 +66,7 @@ from .. import wire
 from ..errors import ConfigError
 from . import _pubprocess
 from ._pubprocess import after_fork_in_child
+from .item_encoding import check_topic, encode_item
 from .item_sizes import (
     DEFAULT_BACKLOG_BYTES,
     MAX_BATCH_BYTES,
@@ -74,8 +75,7 @@ from .item_sizes import (
     item_bytes,
 )
 from .outbox import KIND_CODES, Outbox, new_outbox
-from .slow_path import check_topic, encode_item
-from .xpub import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
+from .sender import DEFAULT_SNDHWM, _Sender, connect_xpub, unacked_warning_from_env
 
 __all__ = [
     "DEFAULT_BACKLOG_BYTES",

@@ -182,6 +182,17 @@ class Segment:
         return seg
 
     # -- locking ---------------------------------------------------------------------------------------------
+    def linked(self) -> bool:
+        """Whether ``/dev/shm`` still names this mapping as the job's segment (a node collector removes a segment
+        no process uses: a process that opened it just before, and registers just after, would write where no
+        collector reads). A mapping whose inode is not known (a stand-in) counts as linked."""
+        if self.inode < 0:
+            return True
+        try:
+            return os.stat("/dev/shm" + segment_name(self.job)).st_ino == self.inode
+        except OSError:
+            return False
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the job lock (for allocation of rank entries and descriptors)."""

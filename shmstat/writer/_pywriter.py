@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..job._drops import add_counter
+from ..job._degrade import add_counter
 from ..shm import layout as L
 from ._pyhist import hist_add, hist_reset
 
@@ -38,7 +38,7 @@ def coerce_value(v: Any) -> float:
 
 class _Views:
     """A writable buffer as the views a writer writes through (index = byte offset // 8, or // 4 for ``u32``), and
-    as what :func:`shmstat.job._drops.add_counter` reads of a segment (``buf``, ``i64``)."""
+    as what :func:`shmstat.job._degrade.add_counter` reads of a segment (``buf``, ``i64``)."""
 
     __slots__ = ("buf", "f64", "i64", "u32")
 

@@ -247,7 +247,7 @@ def check_removed(att: RankAttachment) -> bool:
     for binding in list(att.writers.values()):
         if binding.att is att and binding.index >= 0:
             _drop_mode(binding)
-    from ..job._drops import warn_once_in_job
+    from ..job._degrade import warn_once_in_job
 
     # one warning per job: the flag is in the orphaned mapping every process that noticed shares, and passed on to
     # workers started later (which then do not make the segment again: shmstat.job.attach.ensure_init)

@@ -14,6 +14,13 @@ sections, and the phase word shows the section a thread last entered or returned
 writes its sections' samples for its rank (as every Stat does) and its phase word in its own writer entry.
 Outside a job, sections are in-process Stats like any other (local windows, local handlers).
 
+The C path (``shmstat._fastpath``: ``SectionCore``, the base of :class:`section`, and ``PhaseWriter``) enters and
+leaves a section without running Python code: it reads the clock, keeps the thread's stack, writes the phase word
+(the bytes :class:`shmstat.shm.phase.PhaseWriter` writes; the GIL serialises the threads, so no lock) and adds the
+duration through the Stat's C ``SlotWriter``. What it does not take (``cuda=True``, a section bound in an earlier
+epoch, a Stat on the Python writer) runs in ``_enter_py``/``_exit_py``, the pure-Python twin, which is all that runs
+on the pure-Python backend (:mod:`shmstat._backend`).
+
 ``cuda=True`` also records a CUDA event at enter and exit and resolves the pair later, without synchronising
 (``Event.query()`` before ``elapsed_time``), into a ``<name>.gpu`` Stat; it is refused when CUDA is unavailable.
 """
@@ -23,12 +30,14 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import itertools
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from .._backend import backend
 from ..aggregation import Aggregation
 from ..errors import ConfigError
 from ..job import _state
@@ -47,6 +56,11 @@ _PENDING_GPU = 4096  # CUDA event pairs kept unresolved at most (then the oldest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_fast: Any = backend() if backend().SectionCore is not None else None
+"""The C backend when it has the section types (the C path runs), else None."""
+_RecordBase: Any = object if _fast is None else _fast.RecordCore
+_SectionBase: Any = object if _fast is None else _fast.SectionCore
+
 _epoch = _state.SECTION_EPOCH
 """Bumped by init/shutdown/reset (:func:`shmstat.job._state.rebind_sections`) and in a forked child: each section
 binds again to the process's current attachment (its Stat, its phase writer) on its next enter."""
@@ -64,11 +78,14 @@ def section_window_s() -> float:
 
 
 os.register_at_fork(after_in_child=_state.rebind_sections)
+if _fast is not None:
+    _fast.section_epoch(_epoch)
 atexit.register(_records.clear)  # the section Stats close while the interpreter still runs
 
 
-class _Record:
-    """What one section name writes through in this process and epoch: its Stat and the phase word's id."""
+class _Record(_RecordBase):
+    """What one section name writes through in this process and epoch: its Stat and the phase word's id (on the C
+    path, also bound into its C base: the Stat's C writer, the C phase writer)."""
 
     __slots__ = ("add", "cuda", "epoch", "gpu", "ident", "name", "phase", "stat", "wait")
 
@@ -85,6 +102,11 @@ class _Record:
         """The phase word's section id: 1 + the Stat's descriptor index in this process's entry (0: unnamed)."""
         self.phase = _phase_writer()
         self.gpu: _GpuTimer | None = _GpuTimer(name + GPU_SUFFIX, wait, window) if cuda else None
+        if _fast is not None:
+            writer = getattr(self.add, "__self__", None)  # the bound add of the Stat's writer
+            c_writer = writer if type(writer) is _fast.SlotWriter and self.gpu is None else None
+            c_phase = self.phase if type(self.phase) is _fast.PhaseWriter else None
+            self._bind_c(c_writer, c_phase, self.ident, self.epoch)
 
 
 def _current(rec: _Record) -> _Record:
@@ -101,17 +123,67 @@ def _record(name: str, wait: bool, cuda: bool) -> _Record:
         return rec
 
 
-class _Stack(threading.local):
+class _PyStack:
+    """A thread's open sections, innermost last: (record, monotonic ns at enter), each with an id (the pure-Python
+    twin of ``shmstat._fastpath.Stack``)."""
+
+    __slots__ = ("_ids", "_open")
+
     def __init__(self) -> None:
-        self.open: list[tuple[_Record, int]] = []
-        """This thread's open sections, innermost last: (record, monotonic ns at enter)."""
+        self._open: list[tuple[_Record, int, int]] = []
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def push(self, rec: _Record, mono_ns: int) -> int:
+        """Open an entry; its id."""
+        ident = next(self._ids)
+        self._open.append((rec, mono_ns, ident))
+        return ident
+
+    def remove(self, ident: int) -> tuple[_Record, int] | None:
+        """Remove the entry ``ident``: (record, mono_ns), or None when it is not open (closed already)."""
+        opened = self._open
+        for i in range(len(opened) - 1, -1, -1):
+            if opened[i][2] == ident:
+                rec, t0, _ = opened.pop(i)
+                return rec, t0
+        return None
+
+    def pop(self) -> tuple[_Record, int] | None:
+        """Remove the innermost entry: (record, mono_ns), or None when none is open."""
+        if not self._open:
+            return None
+        rec, t0, _ = self._open.pop()
+        return rec, t0
+
+    def top(self) -> tuple[_Record, int] | None:
+        """The innermost entry, or None."""
+        if not self._open:
+            return None
+        rec, t0, _ = self._open[-1]
+        return rec, t0
 
 
-_stack = _Stack()
+class _PyStacks(threading.local):
+    def __init__(self) -> None:
+        self.stack = _PyStack()
+
+
+_py_stacks = _PyStacks()
+
+
+def _py_thread_stack() -> _PyStack:
+    return _py_stacks.stack
+
+
+_thread_stack: Callable[[], Any] = _py_thread_stack if _fast is None else _fast.thread_stack
+"""This thread's stack of open sections (the C one on the C path: the C enter and exit keep it)."""
 _mono = time.monotonic_ns
 
 
-class section:
+class section(_SectionBase):
     """A named, timed code range: ``with section("forward"):`` or ``@section("forward")`` on a function.
 
     ``wait=True`` marks a range where the rank waits for others (a collective, a barrier): never scored as a
@@ -120,7 +192,8 @@ class section:
     (:mod:`shmstat.names`); one object may be entered by several threads and recursively.
     """
 
-    __slots__ = ("_cuda", "_name", "_rec", "_wait")
+    # on the C path, _rec is the C base's
+    __slots__ = ("_cuda", "_name", "_wait") if _fast is not None else ("_cuda", "_name", "_rec", "_wait")
 
     def __init__(self, name: str, *, wait: bool = False, cuda: bool = False) -> None:
         limit = MAX_STAT_NAME_BYTES - len(GPU_SUFFIX) if cuda else MAX_STAT_NAME_BYTES
@@ -144,66 +217,73 @@ class section:
     def __repr__(self) -> str:
         return f"section({self._name!r}, wait={self._wait}, cuda={self._cuda})"
 
-    def __enter__(self) -> section:
+    def _bound(self) -> _Record:
         rec = self._rec
         if rec is None or rec.epoch != _epoch[0]:
             rec = self._rec = _record(self._name, self._wait, self._cuda)
-        opened = _stack.open
+        return rec
+
+    def _enter_py(self) -> section:
+        """``__enter__`` in Python: all of it on the pure-Python path, what the C one hands over on the C path."""
+        rec = self._bound()
+        opened = _thread_stack()
         t = _mono()
-        opened.append((rec, t))
+        opened.push(rec, t)
         rec.phase.enter(rec.ident, len(opened), t)
         if rec.gpu is not None:
             rec.gpu.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _exit_py(self, *exc: object) -> None:
+        """``__exit__`` in Python (see :meth:`_enter_py`)."""
         t = _mono()
-        opened = _stack.open
-        if not opened:
+        opened = _thread_stack()
+        entry = opened.pop()
+        if entry is None:
             return  # entered in another process (a fork inside the section): nothing of it is ours
-        rec, t0 = opened.pop()
-        if rec.epoch != _epoch[0]:
-            rec = _current(rec)
-        rec.add((t - t0) / 1e6)
-        if opened:
-            parent, since = opened[-1]
-            rec.phase.enter(_current(parent).ident, len(opened), since)
-        else:
-            rec.phase.enter(0, 0, t)
+        self._left(opened, entry, t, True)
+        rec = entry[0]
         if rec.gpu is not None:
             rec.gpu.stop()
 
-    def _open(self) -> tuple[list[tuple[_Record, int]], tuple[_Record, int]]:
-        """Enter without a ``with``: for hooks whose exit may come in another thread or out of order (the token
-        goes to :meth:`_close`)."""
-        rec = self._rec
-        if rec is None or rec.epoch != _epoch[0]:
-            rec = self._rec = _record(self._name, self._wait, self._cuda)
-        opened = _stack.open
-        entry = (rec, _mono())
-        opened.append(entry)
-        rec.phase.enter(rec.ident, len(opened), entry[1])
-        return opened, entry
+    if _fast is None:
+        __enter__ = _enter_py
+        __exit__ = _exit_py
 
-    def _close(self, token: tuple[list[tuple[_Record, int]], tuple[_Record, int]], count: bool = True) -> None:
-        """Leave what :meth:`_open` entered (from any thread): its duration is added (unless ``count`` is false),
-        and the phase word goes back to what is open on top of the thread that entered it."""
-        t = _mono()
-        opened, (rec, t0) = token
-        for i in range(len(opened) - 1, -1, -1):
-            if opened[i] is token[1]:
-                del opened[i]
-                break
-        else:
-            return  # closed already
+    @staticmethod
+    def _left(opened: Any, entry: tuple[_Record, int], t: int, count: bool) -> None:
+        """After ``entry`` left ``opened``: its duration added (when ``count``), the phase word back to what is
+        open on top of ``opened``."""
+        rec, t0 = entry
         rec = _current(rec)
         if count:
             rec.add((t - t0) / 1e6)
-        if opened:
-            parent, since = opened[-1]
+        top = opened.top()
+        if top is not None:
+            parent, since = top
             rec.phase.enter(_current(parent).ident, len(opened), since)
         else:
             rec.phase.enter(0, 0, t)
+
+    def _open(self) -> tuple[Any, int]:
+        """Enter without a ``with``: for hooks whose exit may come in another thread or out of order (the token
+        goes to :meth:`_close`)."""
+        rec = self._bound()
+        opened = _thread_stack()
+        t = _mono()
+        ident = opened.push(rec, t)
+        rec.phase.enter(rec.ident, len(opened), t)
+        return opened, ident
+
+    def _close(self, token: tuple[Any, int], count: bool = True) -> None:
+        """Leave what :meth:`_open` entered (from any thread): its duration is added (unless ``count`` is false),
+        and the phase word goes back to what is open on top of the thread that entered it."""
+        t = _mono()
+        opened, ident = token
+        entry = opened.remove(ident)
+        if entry is None:
+            return  # closed already
+        self._left(opened, entry, t, count)
 
     def __call__(self, fn: F) -> F:
         """Decorate a function: each call runs inside this section."""
@@ -222,15 +302,30 @@ def advance_step() -> None:
     _phase_writer().step()
 
 
+_c_phase: list[Any] = []  # [the C phase writer of this process's entry] (the C path)
+_c_phase_lock = threading.Lock()
+
+
 def _phase_writer() -> Any:
-    """This process's phase writer (a no-op one when it holds no entry of a job)."""
+    """This process's phase writer (a no-op one when it holds no entry of a job): on the C path the C twin of
+    :class:`shmstat.shm.phase.PhaseWriter` (one writer per entry and process: the two are never mixed)."""
     from ..job.attach import ensure_init
     from ..shm.phase import phase_writer
 
     att = ensure_init()
     if att is None or not att.has_entry:
         return phase_writer(None, None)
-    return phase_writer(att.segment, att.local_rank)
+    if _fast is None:
+        return phase_writer(att.segment, att.local_rank)
+    segment, local_rank = att.segment, att.local_rank
+    with _c_phase_lock:
+        if _c_phase:
+            writer, seg, lr = _c_phase[0]
+            if writer.pid == os.getpid() and seg is segment and lr == local_rank:
+                return writer
+        writer = _fast.PhaseWriter(segment.buf, segment.geometry.rank_offset(local_rank))
+        _c_phase[:] = [(writer, segment, local_rank)]
+        return writer
 
 
 def _check_cuda(name: str) -> None:

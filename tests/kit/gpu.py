@@ -1,4 +1,4 @@
-"""Real ranks and a recorded GPU device for the GPU telemetry tests (tests/collector/daemon/test_gpu_telemetry.py).
+"""Real ranks and a recorded GPU device for the GPU telemetry tests (tests/collector/gpu/test_gpu_telemetry.py).
 
 ``python tests/kit/gpu.py node WORKDIR``: in a private /dev/shm (the test's mount namespace), a node collector
 (``shmstat collect``, no ``--job``) sampling the recording with one real rank on GPU 0: the kit waits for the

@@ -30,7 +30,7 @@ import collector.cli.top_live  # noqa: E402
 import collector.daemon.collector  # noqa: E402
 import collector.daemon.node  # noqa: E402
 import collector.prometheus.exporter  # noqa: E402
-import collector.wire.relay  # noqa: E402
+import collector.relay.relay  # noqa: E402
 import shmstat  # noqa: E402
 import shmstat.job.rank  # noqa: E402
 import shmstat.publish.publisher  # noqa: E402

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -76,3 +78,21 @@ def step_and_wait(collector) -> None:
         collector.commits.apply(collector.segment)  # the watermarks of the passes they took
 
     collector.step = stepped
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (e.g. ``"64k"``) mounted at ``where`` (made here) for a full-disk test, unmounted
+    after; the test is skipped, with the reason, where mounting needs root it does not have."""
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        import pytest
+
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+

@@ -25,7 +25,7 @@ _LAYER = {"shmstat": 0, "elastic": 1, "collector": 2}
 _SUBPACKAGE_LAYERS: dict[str, list[set[str]]] = {
     "shmstat": [{"shm", "wire"}, {"job"}, {"publish"}, {"writer", "testing"}, {"torch"}],
     "elastic": [{"metrics"}, {"events"}],
-    "collector": [{"read", "wire"}, {"handlers", "prometheus"}, {"daemon"}, {"cli"}],
+    "collector": [{"gpu"}, {"read", "relay"}, {"handlers", "prometheus"}, {"sinks"}, {"daemon"}, {"launch"}, {"cli"}],
 }
 _FACES = {"__init__", "__main__"}
 _UPWARD_ON_PURPOSE = {

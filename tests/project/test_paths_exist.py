@@ -208,11 +208,11 @@ def test_every_named_path_file_and_module_exists() -> None:
 
 
 def test_the_rules_catch_what_they_are_for() -> None:
-    text = ("see shmstat/layout.py and shmstat/shm/layout.py, shmstat/_c/*.h, collector/{read,wire}/, outbox.py, "
+    text = ("see shmstat/layout.py and shmstat/shm/layout.py, shmstat/_c/*.h, collector/{read,relay}/, outbox.py, "
             "nothing_here.py, train.py, :mod:`shmstat._state`, :func:`collector.read.columns.merge_parts`, "
             "/dev/shm/shmstat.x and https://example.org/docs/x.md")
     paths = [m.group(1).rstrip(".,") for m in _PATH.finditer(text)]
-    assert paths == ["shmstat/layout.py", "shmstat/shm/layout.py", "shmstat/_c/*.h", "collector/{read,wire}/"]
+    assert paths == ["shmstat/layout.py", "shmstat/shm/layout.py", "shmstat/_c/*.h", "collector/{read,relay}/"]
     assert [_path_exists(p) for p in paths] == [False, True, True, True]
     files = [m.group(1) for m in _FILE.finditer(text)]
     assert [f for f in files if f not in _basenames() and f not in NOT_OURS] == ["nothing_here.py"]

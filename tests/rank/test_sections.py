@@ -19,6 +19,7 @@ from kit.procs import REPO
 from kit.support import wait_for
 
 import shmstat
+from shmstat import _backend
 from shmstat.errors import ConfigError
 from shmstat.job._state import STATE, rebind_sections
 from shmstat.shm import layout as L
@@ -176,12 +177,15 @@ elif mode == "worker":
         time.sleep(600)
 elif mode == "trace":
     from shmstat.job._state import STATE
+    from shmstat.shm.layout_codec import read_phase_seq, read_phase_word
     from shmstat.shm.phase import read_phase
+    from shmstat.writer import sections
     seg = STATE.attachment.segment
-    out = []
+    out, raw = [], []
     def snap():
         p = read_phase(seg, 1)
         out.append([p.section, p.wait, p.depth, p.step])
+        raw.append([read_phase_seq(seg.buf, seg.geometry, 1), *read_phase_word(seg.buf, seg.geometry, 1)])
     for _ in range(3):
         with shmstat.section("data"):
             snap()
@@ -192,7 +196,8 @@ elif mode == "trace":
             shmstat.advance_step()
             snap()
         snap()
-    print(json.dumps(out), flush=True)
+    c_path = sections._fast is not None and sections.section.__enter__ is sections._fast.SectionCore.__enter__
+    print(json.dumps({"phases": out, "raw": raw, "c_path": c_path}), flush=True)
 """
 
 
@@ -256,6 +261,14 @@ def test_a_forked_worker_writes_its_phase_in_its_own_entry_and_its_samples_for_i
     assert (rank.section, rank.depth) == ("step", 1)
 
 
+def _same_instants(raw: list[list[int]]) -> list[int]:
+    """Each snapshot's since_ns as the index of the first snapshot with the same since_ns: which writes kept the
+    instant of an earlier one (a parent section's enter) is part of the bytes; the instants themselves are not."""
+    first: dict[int, int] = {}
+    return [first.setdefault(since, i) for i, (_, _, since, _) in enumerate(raw)]
+
+
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
     shmstat.init(job, rank=0, world_size=2, publish=False)
     traces = []
@@ -265,9 +278,52 @@ def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0
         traces.append(json.loads(out))
-    assert traces[0] == traces[1]
-    assert traces[0][:5] == [["data", False, 1, 0], ["allreduce", True, 2, 0], ["step", False, 1, 0],
-                             ["step", False, 1, 1], [None, False, 0, 1]]
+    c, py = traces
+    assert (c["c_path"], py["c_path"]) == (True, False)  # each ran its own path
+    assert c["phases"] == py["phases"]
+    assert c["phases"][:5] == [["data", False, 1, 0], ["allreduce", True, 2, 0], ["step", False, 1, 0],
+                               ["step", False, 1, 1], [None, False, 0, 1]]
+    # the same words, steps and sequence numbers, byte for byte (the second rank process of one entry goes on from
+    # the sequence the first left: the same number of writes, so a constant difference)
+    assert [r[1] for r in c["raw"]] == [r[1] for r in py["raw"]]
+    assert [r[3] for r in c["raw"]] == [r[3] for r in py["raw"]]
+    assert len({p[0] - q[0] for p, q in zip(py["raw"], c["raw"], strict=True)}) == 1
+    assert _same_instants(c["raw"]) == _same_instants(py["raw"])
+
+
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
+def test_the_c_phase_writer_writes_the_bytes_of_the_python_one(job):
+    from shmstat._fastpath import PhaseWriter as CPhaseWriter
+
+    from shmstat.shm.layout_codec import read_phase_seq, read_phase_word
+    from shmstat.shm.phase import PhaseWriter
+
+    shmstat.init(job, rank=0, world_size=3, publish=False)
+    seg = _segment()
+    for lr in (1, 2):  # two entries of the segment, as two rank processes would hold them
+        seg.buf[seg.geometry.rank_offset(lr) + L.R_STATE : seg.geometry.rank_offset(lr) + L.R_STATE + 8] = \
+            int(L.RankState.ACTIVE).to_bytes(8, "little")
+    py, c = PhaseWriter(seg, 1), CPhaseWriter(seg.buf, seg.geometry.rank_offset(2))
+    base = time.monotonic_ns()
+    calls = [("enter", 3, 1, base), ("enter", 7, 2, base + 5), ("step",), ("enter", 3, 1, base),
+             ("enter", 0, 0, base + 9), ("step",), ("step",), ("enter", 2**32 - 1, 2**32 - 1, base + 11)]
+    seqs, offsets = [], set()
+    for call in calls:
+        for writer in (py, c):
+            getattr(writer, call[0])(*call[1:])
+        py_word, c_word = (read_phase_word(seg.buf, seg.geometry, lr) for lr in (1, 2))
+        assert py_word is not None and c_word is not None
+        assert (py_word[0], py_word[2]) == (c_word[0], c_word[2])  # word and step
+        offsets.add(c_word[1] - py_word[1])  # since: mono_ns + each writer's one reading of the wall clock's offset
+        seqs.append((read_phase_seq(seg.buf, seg.geometry, 1), read_phase_seq(seg.buf, seg.geometry, 2)))
+    assert len(offsets) == 1 and abs(offsets.pop()) < 10**9
+    assert seqs == [(s, s) for s in range(4, 4 + 2 * len(calls), 2)]  # 2: each writer's first "outside" word
+    copies = []
+    for lr in (1, 2):  # both copies of each entry, byte for byte apart from since_ns
+        off = seg.geometry.rank_offset(lr) + L.R_PHASE
+        raw = bytes(seg.buf[off : off + 2 * L.PHASE_COPY_SIZE])
+        copies.append((raw[:8], raw[16:32], raw[40:48]))
+    assert copies[0] == copies[1]
 
 
 def test_sections_cost_little_enough_to_time_every_step():

@@ -137,3 +137,34 @@ def test_unlink_if_unused_keeps_a_segment_while_a_registered_process_lives(job):
         child.kill()
         seg.close()
         Segment.unlink(job)
+
+
+def test_a_segment_removed_between_its_opening_and_the_registration_is_opened_again(job):
+    """A rank opens the job's segment, the node collector removes it (no process of the job alive: a torchrun
+    restart between attempts) and the rank registers just after: it must not register in the unlinked mapping,
+    whose samples no collector reads (torchrun's restarted rank lost a whole attempt so), but open the job's
+    segment again. The registration refuses the removed one; ``init`` then attaches to a new segment that
+    ``/dev/shm`` names, and its samples are there."""
+    from shmstat.job.rank import SegmentRemoved
+
+    opened = Segment.open(job)
+    assert Segment.unlink(job)  # as the sweep does, under the job lock, while no process is registered
+    try:
+        with pytest.raises(SegmentRemoved):
+            RankAttachment.register(opened, rank=0, local_rank=0, world_size=1)
+    finally:
+        opened.close()
+    import shmstat
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1, publish=False)
+    try:
+        stat = shmstat.Stat("steps", [shmstat.Aggregation.COUNT], 60)
+        stat.add(1.0)
+        again = Segment.open(job, create=False)
+        try:
+            assert again.linked() and again.rank(0).pid == os.getpid()
+        finally:
+            again.close()
+    finally:
+        shmstat.shutdown()
+        Segment.unlink(job)

@@ -81,7 +81,7 @@ def test_a_rank_with_a_collector_does_not_warn():
 
 
 def test_a_bad_warning_delay_is_one_clear_error(monkeypatch):
-    from shmstat.publish.xpub import unacked_warning_from_env
+    from shmstat.publish.sender import unacked_warning_from_env
 
     monkeypatch.setenv("SHMSTAT_UNCOLLECTED_WARNING_S", "soon")
     try:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 
 import pytest
 from kit.procs import read_jsonl, spawn, start_collector
-from kit.support import wait_for
+from kit.support import small_tmpfs, wait_for
 
 
 def _paced_rank(job: str, n1: int, n2: int, full_path: str, go_path: str, out: str) -> None:
@@ -38,16 +37,8 @@ def _paced_rank(job: str, n1: int, n2: int, full_path: str, go_path: str, out: s
 
 @pytest.fixture
 def small_disk(tmp_path):
-    where = tmp_path / "small"
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "256k") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_sink_on_a_full_disk_counts_each_event_once_and_writes_its_losses_as_gaps(job, tmp_path, small_disk):

@@ -93,7 +93,7 @@ def test_agent_publishes_worker_status_events(tmp_path, monkeypatch):
     from kit.support import wait_for
 
     from collector import Collector, CollectorConfig
-    from collector.cli.launcher import Agent
+    from collector.launch.agent import Agent
 
     job = unique_job("ev")
     collector = Collector(CollectorConfig(job=job, handlers={"*": "null"}, usage_interval_s=0.05))

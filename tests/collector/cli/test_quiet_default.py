@@ -112,7 +112,7 @@ def test_the_node_collector_names_each_windows_job_and_prints_one_status_line_fo
 
 
 def test_the_status_line_counts_what_the_ranks_dropped_for_want_of_room() -> None:
-    from collector.handlers.compact import status_line
+    from collector.handlers.console import status_line
 
     base = {"windows_emitted": 7, "events_relayed": 3, "handler_dropped": 1, "seq_gaps": 2, "windows_overwritten": 0,
             "handler_errors": 0, "frames_rejected": 0, "samples_dropped": 0}

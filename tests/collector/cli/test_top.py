@@ -319,10 +319,12 @@ def test_names_are_text_and_a_rate_straggler_is_its_slow_rank_under_a_real_job(t
         def every_row() -> subprocess.CompletedProcess[str] | None:
             done = _top_frame("--job", job)
             assert done.returncode == 0, done.stderr
-            return done if all(any(line.lstrip("! ").startswith(k + " ") for line in done.stdout.splitlines())
-                               for k in keys) else None
+            lines = done.stdout.splitlines()
+            # every row, and the rate's newest window scored across the ranks (a first window may hold one rank)
+            return done if all(any(line.lstrip("! ").startswith(k + " ") for line in lines) for k in keys) and any(
+                line.startswith(f"! {rate} ") for line in lines) else None
 
-        frame = wait_for(every_row, timeout_s=60, interval_s=0.2, what="every stat's row in top")
+        frame = wait_for(every_row, timeout_s=60, interval_s=0.2, what="every stat's row in top, the rate scored")
         assert "Traceback" not in frame.stderr
         rate_row = next(line for line in frame.stdout.splitlines() if rate in line)
         assert rate_row.startswith(f"! {rate} ") and rate_row.split()[-1] == str(SLOW_RANK), rate_row

@@ -345,20 +345,19 @@ def test_a_wait_sections_rows_say_so_and_no_surface_flags_the_ranks_that_wait_lo
     """In a synchronous job the healthy ranks wait longest in the collective: a wait section's jsonl rows carry
     ``"wait": true`` and neither the collector nor the report (from the rows alone) flags a rank on it, while the
     slow rank's compute section is flagged."""
-    from collector.cli.report import load_report
 
-    import json
+    from collector.cli.report import load_report
 
     rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
     script = _script(tmp_path, WAITING_RANKS)
     done = _shmstat("run", "--nproc-per-node", "3", "--handler", f"section=jsonl:{rows}", "--handler",
                     f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0", script)
     assert done.returncode == 0, done.stderr
-    scores = [json.loads(line) for line in open(own, encoding="utf-8")]
+    scores = read_jsonl(own)
     slow = {r["rank"] for r in scores if r["name"] == "straggler.score.section/compute" and r["value"] < 0.75}
     assert slow == {1}, scores  # the collector scores the slow rank's compute, and only it
     assert not [r for r in scores if r["name"] == "straggler.score.section/allreduce"]  # never the wait
-    lines = [json.loads(line) for line in open(rows, encoding="utf-8")]
+    lines = read_jsonl(rows)
     waits = [r for r in lines if r["name"].startswith("allreduce.")]
     assert waits and all(r.get("wait") is True for r in waits)
     assert not any(r.get("wait") for r in lines if r["name"].startswith("compute."))

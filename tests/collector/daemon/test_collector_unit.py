@@ -137,6 +137,37 @@ def test_shutdown_with_live_ranks_leaves_their_open_window_to_the_next_collector
         c2.close()
 
 
+def test_a_rank_restarted_after_a_final_pass_has_every_window_emitted(job):
+    """A collector that lets a job go once its ranks are gone emits every window with data, but moves a slot's
+    watermark no further than its newest window: the slot's next incarnation (torchrun restarting the rank) adds
+    in the windows after it, and the next collector emits them (a watermark moved to the window after ``now``
+    left them unread and uncounted: a restarted torchrun rank lost its first windows)."""
+    clock = FakeClock()
+    clock.to_window(100)
+    c, rec = _collector(job, clock)
+    init(job, rank=0, publish=False)
+    s = Stat("lat", [A.COUNT], 0.1, clock=clock, group="g")
+    for _ in range(3):
+        s.add(1.0)
+    shutdown()  # the rank exits
+    clock.advance_ms(300)
+    c.close()  # no rank alive: the last pass emits every window with data
+    init(job, rank=0, publish=False)  # the rank restarted: a new incarnation of the entry, the same slot
+    s2 = Stat("lat", [A.COUNT], 0.1, clock=clock, group="g")
+    for _ in range(5):
+        s2.add(1.0)
+    c2, rec2 = _collector(job, clock)
+    try:
+        clock.advance_ms(200)
+        c2.step()
+        rows = [(m.value, m.window_start) for m in rec.got + rec2.got if m.name == "lat.count" and m.rank == 0]
+        assert rows == [(3.0, clock.now / 1e9 - 0.5), (5.0, clock.now / 1e9 - 0.2)]
+        assert c2.counters()["windows_overwritten"] == 0
+    finally:
+        shutdown()
+        c2.close()
+
+
 def test_ls_and_clean(job):
     c, _ = _collector(job, FakeClock())
     info = segment_info(job)

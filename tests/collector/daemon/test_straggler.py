@@ -214,13 +214,17 @@ def test_bad_settings_are_one_sentence(kw, says):
 
 # ---------------------------------------------------------------------------------------- integration
 
-STEP_S = 0.010
+STEP_S = 0.001
+PAUSE_S = 0.009
 
 
 def _timed_rank(job: str, rank: int, world: int, step_s: float, seconds: float, ready: str, go: str,
                 percentiles: bool = False) -> None:
-    """Add each real step's measured duration (a sleep of ``step_s``) to Stat ``step_s`` for ``seconds`` (with
-    P50/P99, so that ranks are scored on their p50, when ``percentiles``)."""
+    """Add each real step's measured CPU time (``step_s`` of busy work, then a pause of ``PAUSE_S``) to Stat
+    ``step_s`` for ``seconds`` (with P50/P99, so that ranks are scored on their p50, when ``percentiles``).
+
+    CPU time, not wall time: under CPU load the scheduler stretches a step's wall time by 5 to 100 ms, one rank's
+    or all ranks' at once, and such a window rightly scores the slowed rank at the median (seen: 0.75 to 1.0)."""
     import shmstat
     from shmstat import Aggregation as A
 
@@ -232,9 +236,11 @@ def _timed_rank(job: str, rank: int, world: int, step_s: float, seconds: float, 
         time.sleep(0.002)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        t0 = time.perf_counter()
-        time.sleep(step_s)
-        stat.add(time.perf_counter() - t0)
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < step_s:
+            pass
+        stat.add(time.thread_time() - t0)
+        time.sleep(PAUSE_S)
     shmstat.shutdown()
 
 
@@ -250,7 +256,9 @@ def test_four_ranks_one_slowed_the_report_names_it_and_only_it_within_n_plus_1_w
         sub.wait_flowing()  # subscribed before any window is scored
         go = str(tmp_path / "go")
         for rank in range(4):
-            step = 2 * STEP_S if rank == 2 else STEP_S
+            # 3x: a window only two ranks added to (the others starved under load) has their mean for median,
+            # which scores a 2x rank exactly 0.75 (not slow) and a 3x rank 0.67
+            step = 3 * STEP_S if rank == 2 else STEP_S
             procs.append(spawn(_timed_rank, job, rank, 4, step, 0.8, str(tmp_path / f"ready{rank}"), go, percentiles))
         wait_for(lambda: all((tmp_path / f"ready{r}").exists() for r in range(4)), 30, what="4 ranks ready")
         open(go, "w").close()
@@ -281,7 +289,10 @@ def test_four_ranks_one_slowed_the_report_names_it_and_only_it_within_n_plus_1_w
         by_rank.setdefault(r["rank"], []).append((round(r["window_start"] * 1000 / WMS), r["value"]))
     first_slow = min(w for w, score in by_rank[2] if score < 0.75)
     reported_wid = ev["window_start_ns"] // (WMS * 1_000_000)
-    assert first_slow <= reported_wid <= first_slow + n, (first_slow, reported_wid, sorted(by_rank[2]))
+    # the N-th window that scored it from its first slow one: a window it added nothing to (a stall under load
+    # can leave whole windows empty) neither counts nor resets, so window ids may run past first_slow + n
+    first_n = sorted((w, score) for w, score in by_rank[2] if w >= first_slow)[:n]
+    assert reported_wid == first_n[-1][0] and all(s < 0.75 for _, s in first_n), (reported_wid, sorted(by_rank[2]))
     for rank in (0, 1, 3):  # from the scores themselves: no other rank was ever slow n windows in a row
         run = longest = 0
         for _, score in sorted(by_rank[rank]):

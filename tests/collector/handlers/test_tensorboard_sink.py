@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import pytest
 from kit.procs import REPO, load_counts, rank_worker, read_jsonl, spawn, start_collector
-from kit.support import wait_for
+from kit.support import small_tmpfs, wait_for
 
 from collector.handlers.specs import build_handler
 from elastic.metrics import MetricData, StatMetricData
@@ -268,16 +268,8 @@ def test_the_agents_metrics_have_a_run_of_their_own_and_nothing_lands_at_the_roo
 @pytest.fixture
 def small_disk(tmp_path):
     """A real tmpfs of 64 KiB (mounting needs root: skipped otherwise)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {r.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "64k") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @needs_tensorboard

@@ -169,7 +169,7 @@ def test_the_agents_prof_calls_and_metrics_are_counted_without_a_rank_label(tmp_
     from kit.support import unique_job
 
     from collector import Collector, CollectorConfig
-    from collector.cli.launcher import Agent
+    from collector.launch.agent import Agent
     from shmstat.shm.segment import Segment
 
     job = unique_job("agentprom")

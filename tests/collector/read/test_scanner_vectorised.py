@@ -93,8 +93,14 @@ def _reference(seg: Segment, now_ns: int, grace_ns: int, final: bool):
             by_key.setdefault((key, w.wid), []).append((info.rank, w))
             windows += 1
             torn += w.torn
-        if min(read.safe_wid, limit - 1) > desc.emitted_wid:
-            safe[(info.local_rank, desc.index)] = min(read.safe_wid, limit - 1)
+        top = min(read.safe_wid, limit - 1)
+        if final:  # a last pass: no further than the slot's newest window (its next incarnation writes the later)
+            base = seg.geometry.slot_offset(info.local_rank, desc.index)
+            held_wid = max(struct.unpack_from("<q", seg.buf, base + b * L.BANK_SIZE + 8)[0]
+                           for b in range(seg.geometry.banks))
+            top = min(top, max(desc.emitted_wid, held_wid))
+        if top > desc.emitted_wid:
+            safe[(info.local_rank, desc.index)] = top
     rows = []
     for (key, wid) in sorted(by_key, key=lambda k: (k[1], k[0])):
         group, name, window_ms, mask = key

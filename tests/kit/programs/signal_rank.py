@@ -1,4 +1,4 @@
-"""A rank for the signal tests of ``shmstat run`` (tests/system/test_run_signals.py).
+"""A rank for the signal tests of ``shmstat run`` (tests/collector/launch/test_run_signals.py).
 
 ``MODE=save``: adds to a Stat until interrupted; on KeyboardInterrupt (SIGINT) or SIGTERM it writes
 ``saved-<rank>`` with the signal's name and how many samples it added, and exits 0.

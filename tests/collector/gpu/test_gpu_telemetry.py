@@ -17,7 +17,7 @@ from kit.gpu import recording
 from kit.procs import REPO, read_jsonl, start_collector
 from kit.support import wait_for
 
-from collector.daemon.nvml import RECORDING_ENV
+from collector.gpu.nvml import RECORDING_ENV
 from shmstat.shm.segment import Segment
 
 KIT = str(Path(__file__).resolve().parents[2] / "kit" / "gpu.py")
@@ -205,7 +205,7 @@ def _collect_briefly(job: str, *args: str, env: dict[str, str] | None = None) ->
 
 def _nvml_finds_a_gpu() -> str:
     """"" when NVML finds a GPU here, else why not."""
-    from collector.daemon.nvml import NvmlDevices
+    from collector.gpu.nvml import NvmlDevices
     from shmstat.errors import ConfigError
 
     try:
@@ -246,8 +246,8 @@ def real_gpu() -> None:
 
 @pytest.mark.gpu
 def test_a_real_gpu_is_sampled_in_nvml_units(real_gpu):
-    from collector.daemon.gpu import GpuSampler
-    from collector.daemon.nvml import NvmlDevices
+    from collector.gpu.nvml import NvmlDevices
+    from collector.gpu.sampler import GpuSampler
 
     sampler = GpuSampler(NvmlDevices(), interval_s=0.5, extra=("energy", "pcie"))
     try:
@@ -293,8 +293,8 @@ def test_top_shows_a_gpu_column_per_rank_and_scores_no_gpu_figure(job, tmp_path)
     from rich.console import Console
 
     from collector.cli.top import render, snapshot
-    from collector.daemon.gpu import GpuSampler, JobGpu
-    from collector.daemon.nvml import RecordedDevices
+    from collector.gpu.nvml import RecordedDevices
+    from collector.gpu.sampler import GpuSampler, JobGpu
     from shmstat.job.rank import RankAttachment
 
     sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
@@ -346,8 +346,8 @@ def test_top_shows_a_gpu_column_per_rank_and_scores_no_gpu_figure(job, tmp_path)
 
 
 def test_the_expensive_figures_are_sampled_only_when_asked(tmp_path):
-    from collector.daemon.gpu import GpuSampler
-    from collector.daemon.nvml import RecordedDevices
+    from collector.gpu.nvml import RecordedDevices
+    from collector.gpu.sampler import GpuSampler
     from shmstat.errors import ConfigError
 
     recording(tmp_path / "h200.json", {})

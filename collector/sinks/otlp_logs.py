@@ -5,10 +5,10 @@ Needs the optional extra ``shmstat[otlp]`` (``opentelemetry-sdk`` and ``opentele
 (:mod:`collector.handlers.otlp`) does, the records are built by hand (``opentelemetry._logs.LogRecord`` wrapped in
 ``opentelemetry.sdk._logs.ReadableLogRecord``) and sent with ``OTLPLogExporter.export``: one request per batch.
 
-What an :class:`~collector.handlers.events.EventRecord` becomes: a log record with ``event_name`` the event's
+What an :class:`~collector.sinks.events.EventRecord` becomes: a log record with ``event_name`` the event's
 name, ``time_unix_nano`` its timestamp, severity INFO, the body its data (a map), and the attributes ``job``,
 ``rank`` (absent for the collector's own events), ``pid``, ``incarnation`` and ``seq``. A
-:class:`~collector.handlers.events.GapRecord` is a record with ``event_name`` ``shmstat.events.gap``, severity
+:class:`~collector.sinks.events.GapRecord` is a record with ``event_name`` ``shmstat.events.gap``, severity
 WARN, the body ``{"gap", "from_seq", "to_seq", "at"}`` and the same attributes. The resource carries
 ``host.name`` and ``service.name`` ``shmstat`` (unless ``OTEL_SERVICE_NAME`` or ``OTEL_RESOURCE_ATTRIBUTES``
 name one); the scope is ``shmstat.collector``.
@@ -30,8 +30,7 @@ from typing import Any
 
 from shmstat.errors import ConfigError
 
-from .events import EventHandler, EventRecord, GapRecord
-from .otlp_export import (
+from ..handlers.otlp_export import (
     DEFAULT_TIMEOUT_S,
     OtlpExportError,
     catch_export_reasons,
@@ -39,6 +38,7 @@ from .otlp_export import (
     collector_resource,
     export_reasons,
 )
+from .events import EventHandler, EventRecord, GapRecord
 
 __all__ = ["GAP_EVENT_NAME", "OtlpEventHandler", "build_otlp_event_handler"]
 

@@ -3,7 +3,7 @@
 :func:`shmstat.wire.decode` is the one definition of a valid message. Decoding every item in Python capped the
 collector at a few hundred thousand items per second, and the collector needs no event item and only some metric
 items: :func:`inspect` validates event and metric messages with the optional C check ``collector._intake`` (which
-accepts exactly what ``decode`` accepts, tests/collector/wire/test_intake.py checks that) and returns a
+accepts exactly what ``decode`` accepts, tests/collector/relay/test_intake.py checks that) and returns a
 :class:`Received` whose ``items`` are decoded only when read. Other kinds, and the payloads the C check leaves
 undecided, go through ``decode``; so does everything on shmstat's pure-Python backend (:mod:`collector._backend`).
 """

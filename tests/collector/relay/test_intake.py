@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rank import test_wire  # tests/rank/test_wire.py (tests/ is on sys.path: pyproject)
 
 from collector._backend import c_intake_check
-from collector.wire import intake
+from collector.relay import intake
 from shmstat import _backend, wire
 from shmstat.errors import WireError
 

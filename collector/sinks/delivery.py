@@ -4,7 +4,7 @@ The loop only queues (:meth:`EventDelivery.offer_message` for a rank's ``event/`
 arrived in and decoded in the sink's thread; :meth:`EventDelivery.offer` for a record the collector made); it
 never waits for a sink. A sink's queue holds at most ``queue_bytes`` (payload bytes plus a fixed overhead per
 entry); what does not fit is dropped, counted (``dropped``, per job) and summed per sender stream into a
-:class:`~collector.handlers.events.GapRecord` with ``at="collector"`` that the sink receives with its next batch,
+:class:`~collector.sinks.events.GapRecord` with ``at="collector"`` that the sink receives with its next batch,
 so its output tells the loss apart from silence. The summaries are bounded too (:data:`MAX_SUMMARIES` streams).
 
 A sink takes batches of up to ~1 MiB of payload (:data:`MAX_BATCH_BYTES`, at most :data:`MAX_BATCH_EVENTS`
@@ -31,7 +31,7 @@ from shmstat import wire
 from shmstat.errors import WireError
 from shmstat.publish.item_sizes import item_bytes
 
-from ..wire.intake import Received
+from ..relay.intake import Received
 from .events import EventRecord, EventSink, GapRecord
 from .specs import build_event_handler
 
@@ -288,7 +288,7 @@ class EventDelivery:
 
     @classmethod
     def from_specs(cls, specs: list[str], *, queue_bytes: int = DEFAULT_EVENTS_QUEUE_BYTES) -> EventDelivery:
-        """The sinks ``specs`` name (:func:`collector.handlers.specs.build_event_handler`); a bad SPEC is a
+        """The sinks ``specs`` name (:func:`collector.sinks.specs.build_event_handler`); a bad SPEC is a
         :class:`~shmstat.errors.ConfigError` and the sinks built before it are closed."""
         built: list[EventSink] = []
         try:

@@ -12,7 +12,7 @@ import pytest
 import zmq
 from kit.support import wait_for
 
-from collector.wire.relay import Relay
+from collector.relay.relay import Relay
 from shmstat import wire
 from shmstat.wire.delivered import SYNC_STATE, delivered_in, encode_delivered
 

@@ -383,12 +383,12 @@ class _Sender:
 
     def _check_uncollected(self) -> None:
         """Warn once per job (every rank and worker of it) when no collector has taken this publisher's items in
-        time: the flag is in the job's segment (:func:`shmstat.job._drops.warn_once_in_job`)."""
+        time: the flag is in the job's segment (:func:`shmstat.job._degrade.warn_once_in_job`)."""
         global _WARNED_UNCOLLECTED
         if _WARNED_UNCOLLECTED or time.monotonic() - self._first_publish < self._unacked_warning_s:
             return
         _WARNED_UNCOLLECTED = True
-        from ..job._drops import warn_once, warn_once_in_job
+        from ..job._degrade import warn_once, warn_once_in_job
 
         job = self._job or "?"
         message = (f"no collector takes the events of job {job}; they wait in the rank, bounded; run the node's "

@@ -1,14 +1,15 @@
 """GPU telemetry per rank: sample every GPU of the node, attribute GPUs to ranks, write the figures as stats.
 
-:class:`GpuSampler` samples every GPU (:mod:`collector.daemon.nvml`) every ``interval_s`` in a thread of its own
+:class:`GpuSampler` samples every GPU (:mod:`collector.gpu.nvml`) every ``interval_s`` in a thread of its own
 (an NVML call that hangs on a GPU in trouble never stalls the collector's loop), keeping the newest
-:class:`GpuSnapshot`; a node collector has one for every job it serves. :func:`start_sampler` starts one as a
-collector's configuration asks (``--gpu``, ``--gpu-interval``, ``--gpu-extra``), or says in one line why not.
+:class:`GpuSnapshot`; a node collector has one for every job it serves. :func:`collector.daemon.config.start_sampler`
+starts one as a collector's configuration asks (``--gpu``, ``--gpu-interval``, ``--gpu-extra``), or says in one
+line why not.
 
 :class:`JobGpu` is one job's side, stepped by the job's collector: it attributes GPUs to the job's ranks
 (:func:`attribute`: by the pids NVML lists on each GPU, a rank's own and its descendants'; where no pid of a rank
 is on any GPU, by the rank's ``CUDA_VISIBLE_DEVICES`` and ``LOCAL_RANK``), says each attribution and how it was
-made on ``event/shmstat.gpu``, and writes every figure (:mod:`collector.read.gpu_figures`) into the job's
+made on ``event/shmstat.gpu``, and writes every figure (:mod:`collector.gpu.figures`) into the job's
 segment as a sample of a *writer entry* of that rank (:meth:`shmstat.job.rank.RankAttachment.register_writer`,
 the same kind of entry a rank's DataLoader worker takes), so the figures are stats like any other: scanned,
 merged per rank and across ranks, emitted once to every handler, on ``/metrics``, in ``shmstat top``. Windows
@@ -44,18 +45,16 @@ from shmstat.shm.layout import RankState
 from shmstat.shm.segment import pid_alive
 from shmstat.writer._writer import SlotBinding, binding_for
 
-from ..read.gpu_figures import FIGURES, GPU_GROUP, NOT_THROTTLING, stat_name, throttle_names
-from .nvml import RECORDING_ENV, GpuDevices, driver_present, open_devices
+from .figures import FIGURES, GPU_GROUP, NOT_THROTTLING, stat_name, throttle_names
+from .nvml import GpuDevices
 
 if TYPE_CHECKING:
     from shmstat.shm.layout_records import RankInfo
     from shmstat.shm.segment import Segment
 
-    from .config import CollectorConfig
-
 __all__ = [
     "ATTRIBUTION_EVENT", "EXTRAS", "MIN_INTERVAL_S", "Attribution", "DeviceSample", "GpuSampler", "GpuSnapshot",
-    "JobGpu", "attribute", "check_interval", "start_sampler",
+    "JobGpu", "attribute", "check_interval",
 ]
 
 MIN_INTERVAL_S = 0.5
@@ -206,35 +205,6 @@ class GpuSampler:
             self._thread.join(30)
         with contextlib.suppress(Exception):
             self.devices.close()
-
-
-def start_sampler(config: CollectorConfig, out: IO[str], err: IO[str] | None = None) -> GpuSampler | None:
-    """The GPU sampler ``config`` asks for, sampling; None when GPU telemetry is off. ``config.gpu``: ``off``;
-    ``on`` (off with one line on ``err`` saying why when there is nothing to sample); ``auto`` (the default:
-    as ``on`` where an NVIDIA driver is loaded or :data:`~collector.daemon.nvml.RECORDING_ENV` is set, else off
-    without a word). Never raises for a missing GPU or NVML."""
-    err = err if err is not None else sys.stderr
-    if config.gpu == "off":
-        return None
-    if config.gpu == "auto" and not os.environ.get(RECORDING_ENV) and not driver_present():
-        return None
-    try:
-        devices = open_devices()
-    except ConfigError as exc:
-        print(f"shmstat collector: GPU telemetry off: {exc}", file=err, flush=True)
-        return None
-    try:
-        sampler = GpuSampler(devices, interval_s=config.gpu_interval_s, extra=tuple(config.gpu_extra),
-                             clock=config.clock, err=err)
-    except BaseException:
-        devices.close()
-        raise
-    sampler.start()
-    names = sorted(set(sampler.names))
-    print(f"shmstat collector: GPU telemetry: {len(sampler.uuids)} GPU{'s' if len(sampler.uuids) != 1 else ''} "
-          f"({', '.join(names)}; driver {devices.driver}) every {sampler.interval_s:g} s, group {GPU_GROUP}",
-          file=out, flush=True)
-    return sampler
 
 
 # -- attribution ---------------------------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ def short_job_ids(jobs: set[str] | frozenset[str]) -> dict[str, str]:
 def straggler_line(name: str, data: dict[str, str | int | float | bool], job: str = "") -> str:
     """The console line of a straggler event, e.g. ``[12:00:05] straggler: rank 1 on train/step_ms scores 0.62
     (its 16.2 against a median of 10.1) for 3 windows``; ``job`` (a short id) goes after the time."""
+    if name.startswith("shmstat.hang"):  # the hang detector's line (collector.daemon.hangs), stamped now
+        return f"[{_stamp(time.time_ns() // 1_000_000_000 * 1000)}] {job + ' ' if job else ''}{data.get('line', name)}"
     start_ns = int(data.get("window_start_ns", 0))
     where = f"rank {data.get('rank')} on {data.get('group')}/{data.get('stat')}"
     head = f"[{_stamp(start_ns // 1_000_000)}] {job + ' ' if job else ''}"

@@ -7,7 +7,7 @@ The agent plays torchelastic's local agent on one node: it sets the environment 
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
 ...), watches the worker group, restarts the whole group when a worker fails (up to ``--max-restarts``
 times; each restart is a new incarnation of every rank) and exits with the workers' status. Signals are handled
-as torchrun's agent does (:mod:`collector.cli.worker_shutdown`): the signal received (SIGINT, SIGTERM, SIGHUP,
+as torchrun's agent does (:mod:`collector.launch.worker_shutdown`): the signal received (SIGINT, SIGTERM, SIGHUP,
 SIGQUIT) is forwarded to every worker's process group, then SIGTERM and SIGKILL follow after ``stop_grace_s`` each,
 and the launcher exits with 128 + the signal's number (130 on Ctrl-C), no process of the group left. The launcher owns
 every process of the job: it is their child subreaper, so a daemon a rank starts (``setsid cmd &``, a double-forked
@@ -18,28 +18,22 @@ events, through the collector it runs in a thread of its own.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from elastic import metrics
 from shmstat.errors import ConfigError
 from shmstat.names import check_name
-from shmstat.shm.runtime import validate_job
 
 from ..daemon.collector import Collector
 from ..handlers.protocol import AgentMetricData
-from .worker_shutdown import become_subreaper, reap_adopted, stop_group
+from .worker_shutdown import reap_adopted, stop_group
 
-__all__ = ["Agent", "AgentResult", "run_job"]
+__all__ = ["STOP_SIGNALS", "Agent", "AgentResult", "check_agent_options"]
 
 AGENT_GROUP = "torchelastic"
 DEFAULT_STOP_GRACE_S = 10.0
@@ -88,7 +82,7 @@ class Agent:
         monitor_interval_s: float = 0.1, role: str = "default", env: dict[str, str] | None = None,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S, adopt_orphans: bool = False,
     ) -> None:
-        _check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s, role)
+        check_agent_options(nproc, max_restarts, monitor_interval_s, stop_grace_s, role)
         self.collector = collector
         self.job = job
         self.cmd = cmd
@@ -104,7 +98,7 @@ class Agent:
         self.adopt_orphans = adopt_orphans
         """This process is the job's child subreaper and starts no other process: every process below it is one
         of the job's, and is stopped and reaped with the workers (``shmstat run``; see
-        :func:`collector.cli.worker_shutdown.become_subreaper`)."""
+        :func:`collector.launch.worker_shutdown.become_subreaper`)."""
         self.stop_signal: int | None = None
         """The first stopping signal received (set by :meth:`on_signal`)."""
         self.signals_received = 0
@@ -248,8 +242,9 @@ class Agent:
             metrics.put_metric(f"workers.{role}.{name}", 1 if name == outcome else 0, AGENT_GROUP)
 
 
-def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float,
-                         role: str) -> None:
+def check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: float, stop_grace_s: float,
+                        role: str) -> None:
+    """The agent's options, else one sentence (:class:`ConfigError`)."""
     # the longest metric name the agent puts for its role follows the name rule (else put_metric raises mid-run)
     check_name(f"workers.{role}.run_success_with_retries", "--role gives the metric name")
     if not 1 <= nproc <= 4096:
@@ -262,80 +257,7 @@ def _check_agent_options(nproc: int, max_restarts: int, monitor_interval_s: floa
         raise ConfigError(f"--stop-grace must be between 0 and 3600 seconds, got {stop_grace_s}")
 
 
-def _check_module_name(name: str) -> None:
-    """A module's dotted name, else one sentence. Whether it exists is the ranks' to find (as with torchrun): the
-    agent imports none of the job's code."""
-    if name.endswith(".py") and os.path.exists(name):
-        raise ConfigError(f"-m takes a module name, not a file: run the file without -m (shmstat run {name}) or "
-                          f"the module as -m {name[:-3].replace(os.sep, '.')}")
-    if not all(part.isidentifier() for part in name.split(".")):
-        raise ConfigError(f"-m {name!r} is not a module name (dotted Python names, like pkg.train)")
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def run_job(args: argparse.Namespace) -> int:
-    """``shmstat run``: collector in a thread, agent in the main thread; returns the workers' exit status (128 +
-    the signal's number when a signal stopped the run). The job's segment and lock file are removed on every
-    exit once the collector emitted every window; otherwise one line says what was not emitted and how to look."""
-    from .options import collector_config  # options imports the daemon: late, as cli does
-
-    job = validate_job(args.job or f"run-{uuid.uuid4().hex[:12]}")
-    if args.module:
-        _check_module_name(args.script)
-    elif not os.path.exists(args.script):
-        raise ConfigError(f"script {args.script!r} does not exist")
-    _check_agent_options(args.nproc_per_node, args.max_restarts, args.monitor_interval, args.stop_grace, args.role)
-    config = collector_config(args, job)  # before anything is made
-    adopting = become_subreaper()  # the ranks' daemons reparent to us, to be stopped with the ranks
-    stopped: list[int] = []
-    # a signal ignored when we started stays ignored (nohup's SIGHUP, SIGINT of a job started with & by a script)
-    handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
-    previous = {sig: signal.signal(sig, lambda signum, _f: stopped.append(signum)) for sig in handled}
-    try:
-        collector = Collector(config)
-        cmd = [sys.executable, "-u", *(["-m"] if args.module else []), args.script, *args.script_args]
-        agent = Agent(collector, job, cmd, args.nproc_per_node, max_restarts=args.max_restarts,
-                      monitor_interval_s=args.monitor_interval, role=args.role, stop_grace_s=args.stop_grace,
-                      adopt_orphans=adopting)
-    except BaseException:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        raise
-    for sig in handled:
-        signal.signal(sig, agent.on_signal)
-    for signum in stopped:  # a signal that came while the collector was being made
-        agent.on_signal(signum)
-    print(f"shmstat run: job {job}, {args.nproc_per_node} workers, collector publish {collector.publish_endpoint}",
-          file=sys.stderr, flush=True)
-    thread = threading.Thread(target=collector.serve, name="shmstat-collector", daemon=True)
-    thread.start()
-    try:
-        collector.write_ready_file()
-        result = agent.run()
-    finally:
-        collector.request_stop()
-        thread.join(30)
-        if config.ready_file is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(config.ready_file)
-    if collector.config.status_interval_s > 0:
-        collector.print_status(final=True)
-    if result.state == "INTERRUPTED":
-        how = ", then ".join(signal.Signals(s).name for s in agent.signals_sent) or "nothing (no worker was left)"
-        assert agent.stop_signal is not None
-        print(f"shmstat run: interrupted by {signal.Signals(agent.stop_signal).name}; sent the workers {how}; "
-              f"exit code {result.exit_code}", file=sys.stderr, flush=True)
-    else:
-        print(f"shmstat run: {result.state.lower()} after {result.restarts} restart(s), exit code {result.exit_code}",
-              file=sys.stderr, flush=True)
-    kept = collector.finish() if not thread.is_alive() else (
-        f"job {job}'s segment kept: the collector did not finish within 30 s, so its last windows may not be emitted "
-        f"(inspect: shmstat ls; remove: shmstat clean {job})")
-    if kept:
-        print(f"shmstat run: {kept}", file=sys.stderr, flush=True)
-    return result.exit_code

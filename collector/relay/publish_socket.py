@@ -1,16 +1,16 @@
 """One publish socket for subscribers (``XPUB``): bound owner-only, the topics its subscribers asked for, and
 messages sent without ever blocking the collector's loop.
 
-A job's :class:`~collector.wire.relay.Relay` owns one, at the job's endpoint; a node collector that publishes every
+A job's :class:`~collector.relay.relay.Relay` owns one, at the job's endpoint; a node collector that publishes every
 job it serves on one endpoint (``shmstat collect --publish ENDPOINT`` without ``--job``) owns one more, which every
 job's relay sends on too, each message followed by the frame naming its job (:mod:`shmstat.wire`). Both are bounded
 the same way: a subscriber's queue holds at most ``sndhwm`` messages; a message that finds a subscriber's queue
 full is reported (``XPUB_NODROP``), so the sender counts it, and is then handed to the other subscribers
 (libzmq then skips that subscriber without a word until it has read half its queue: what it lost, a subscriber that
 can send reports, :attr:`Outlet.lost`); past
-:data:`~collector.wire.subscriptions.MAX_PREFIXES` subscription topics the socket is bound anew at the same
+:data:`~collector.relay.subscriptions.MAX_PREFIXES` subscription topics the socket is bound anew at the same
 endpoint (every subscriber reconnects and subscribes again), counted in :attr:`Outlet.resets`. With a
-:class:`~collector.wire.curve.CurveServer` every socket it binds is a CURVE server, secured before it is bound, and
+:class:`~collector.relay.curve.CurveServer` every socket it binds is a CURVE server, secured before it is bound, and
 :meth:`Outlet.cut_off_revoked` binds it anew when a client key was removed. The socket is made and bound in one
 place, :meth:`Outlet._bind`.
 """
@@ -58,7 +58,7 @@ class Outlet:
         self.endpoint: str = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def _bind(self, endpoint: str, retry_s: float = 0.0) -> zmq.Socket:
-        """A new publish socket with its bounds (:func:`~collector.wire.subscriptions.configure_xpub`), CURVE if
+        """A new publish socket with its bounds (:func:`~collector.relay.subscriptions.configure_xpub`), CURVE if
         asked for, bound owner-only at ``endpoint``; the one place a publish socket is made."""
         sock = self.ctx.socket(zmq.XPUB)
         try:

@@ -1,4 +1,4 @@
-"""The relay's publish socket with CURVE (:mod:`collector.wire.curve`), real sockets in this process: who is let
+"""The relay's publish socket with CURVE (:mod:`collector.relay.curve`), real sockets in this process: who is let
 in, how refused handshakes are counted, the subscription limit unchanged by CURVE's bytes, the server's key never
 a client's, a revoked key cutting its holder off, and nothing left running after close."""
 
@@ -13,9 +13,9 @@ import zmq
 from kit.support import wait_for
 
 from collector.cli.keys import make_keys
-from collector.wire.curve import ClientKeys, client_keys, load_client, read_pair, secure_client
-from collector.wire.relay import Relay
-from collector.wire.subscriptions import MAX_SUBSCRIPTION_BYTES
+from collector.relay.curve import ClientKeys, client_keys, load_client, read_pair, secure_client
+from collector.relay.relay import Relay
+from collector.relay.subscriptions import MAX_SUBSCRIPTION_BYTES
 
 
 def _relay(tmp_path, keys) -> Relay:

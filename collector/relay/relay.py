@@ -2,7 +2,7 @@
 
 The XSUB socket is bound at the job's ``ipc://`` path in the owner-only runtime directory and subscribes to
 everything upstream, so every rank's publisher sees a subscriber and releases its backlog. Each frame pair is
-validated as :func:`shmstat.wire.decode` would (:func:`collector.wire.intake.inspect`: event and metric messages by
+validated as :func:`shmstat.wire.decode` would (:func:`collector.relay.intake.inspect`: event and metric messages by
 the optional C check, without decoding their items); valid messages are re-published unchanged, invalid ones
 are counted and dropped. The XPUB socket binds the job's ``ipc://`` publish path in the same owner-only directory
 by default (a TCP port, even on loopback, is readable by every local user). Memory stays bounded in bytes: a
@@ -13,17 +13,17 @@ subscriber loses its own messages past it: the XPUB runs with ``XPUB_NODROP``, s
 subscriber's queue full comes back (``zmq.Again``), is counted per kind in :attr:`RelayCounters.queue_full` and
 is then handed to the other subscribers (lossy send); libzmq then offers that subscriber nothing until it has
 read half its queue, unseen here. What each subscriber lost, it learns exactly from the heartbeats
-(:mod:`collector.wire.sender_book`, :mod:`shmstat.wire.heartbeat`), and one that can send (``shmstat subscribe``)
+(:mod:`collector.relay.heartbeats`, :mod:`shmstat.wire.heartbeat`), and one that can send (``shmstat subscribe``)
 reports it upstream: the relay adds those reports up in :attr:`RelayCounters.subscriber_lost`. A subscription topic is
-at most :data:`~collector.wire.subscriptions.MAX_SUBSCRIPTION_BYTES`, and past
-:data:`~collector.wire.subscriptions.MAX_PREFIXES` distinct topics (kept by that module) the publish socket is
+at most :data:`~collector.relay.subscriptions.MAX_SUBSCRIPTION_BYTES`, and past
+:data:`~collector.relay.subscriptions.MAX_PREFIXES` distinct topics (kept by that module) the publish socket is
 bound anew (every subscriber reconnects and subscribes again, counted in ``subscription_resets``), so a flood of
 subscriptions from a local client neither grows the
 collector nor starves its loop. The publish socket, its topics and its bounds are an
-:class:`~collector.wire.outlet.Outlet`; a node collector that publishes every job on one endpoint hands each job's
-relay its own outlet too (``node``), on which every message goes out with a third frame naming the job
+:class:`~collector.relay.publish_socket.Outlet`; a node collector that publishes every job on one endpoint hands each
+job's relay its own outlet too (``node``), on which every message goes out with a third frame naming the job
 (:mod:`shmstat.wire`), heartbeats included. With a key directory (``curve``) the job's outlet is a CURVE server
-that lets in only the subscribers holding a client key of it (:mod:`collector.wire.curve`); once per heartbeat
+that lets in only the subscribers holding a client key of it (:mod:`collector.relay.curve`); once per heartbeat
 interval a revoked key makes it bind anew, cutting that subscriber off.
 """
 
@@ -44,9 +44,9 @@ from shmstat.wire.delivered import SYNC_STATE, encode_delivered
 
 from .._backend import intake_check
 from .curve import CurveServer, HandshakeCounts
+from .heartbeats import SenderBook
 from .intake import Received, inspect_with
-from .outlet import MAX_MESSAGE_BYTES, Outlet
-from .sender_book import SenderBook
+from .publish_socket import MAX_MESSAGE_BYTES, Outlet
 from .subscriptions import bind_owner_only, remove_ipc_file
 
 __all__ = ["Relay", "RelayCounters"]
@@ -64,7 +64,7 @@ _BUNCH_BYTES = 4 << 20
 """...and at most about this many bytes of them held at once."""
 SUBSCRIPTION_LOOK_S = 0.02
 """How often a relay takes the subscription frames its publish sockets queued (a subscriber that subscribes is
-served from at most this much later; every frame is taken, bounded per look: :mod:`collector.wire.subscriptions`)."""
+served from at most this much later; every frame is taken, bounded per look: :mod:`collector.relay.subscriptions`)."""
 _OVERFLOW_KINDS: tuple[str, ...] = (*wire.KINDS, wire.HEARTBEAT_KIND)
 
 
@@ -93,7 +93,7 @@ class RelayCounters:
     (:func:`shmstat.wire.heartbeat.encode_loss_report`; ``shmstat subscribe`` reports, a plain ``SUB`` cannot),
     summed over subscribers; on the job's endpoint or on the node's."""
     handshakes: HandshakeCounts = field(default_factory=HandshakeCounts)
-    """With CURVE: handshakes refused and failed, and revocations (:class:`collector.wire.curve.HandshakeCounts`)."""
+    """With CURVE: handshakes refused and failed, and revocations (:class:`collector.relay.curve.HandshakeCounts`)."""
 
 
 class Relay:
@@ -220,9 +220,9 @@ class Relay:
         valid ones and yield them one by one (a generator, so a round never holds more than a few messages' items:
         a rank's message can batch a thousand items, and a backlog of them decoded at once took gigabytes).
 
-        Messages are checked by :func:`collector.wire.intake.inspect` (what :func:`shmstat.wire.decode` accepts, without
-        decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and a
-        yielded message decodes its ``items`` when the caller reads them. They are taken in bunches of at most
+        Messages are checked by :func:`collector.relay.intake.inspect` (what :func:`shmstat.wire.decode` accepts,
+        without decoding event and metric items): sequence tracking, counters and re-publishing use the header only, and
+        a yielded message decodes its ``items`` when the caller reads them. They are taken in bunches of at most
         :data:`_BUNCH` messages (and :data:`_BUNCH_BYTES`): a bunch is checked and tracked, then sent to the
         subscribers in one go (one wake-up of libzmq's I/O thread rather than one per message), then yielded.
         Before each message libzmq is asked whether one waits (EVENTS), which cost less than the ``zmq.Again``

@@ -1,4 +1,4 @@
-"""Events sinks behind their threads (collector.handlers.event_delivery) and the ``--events`` SPECs: a sink that
+"""Events sinks behind their threads (collector.sinks.delivery) and the ``--events`` SPECs: a sink that
 does not keep up loses what does not fit in its queue (bounded in bytes), every loss counted and written to it as
 gap records once it takes again; a sink that raises or is stuck is counted and never holds the others up; a bad
 SPEC is one sentence."""
@@ -13,14 +13,14 @@ import time
 import pytest
 from kit.support import wait_for
 
-from collector.handlers.event_delivery import EventDelivery
-from collector.handlers.events import (
+from collector.sinks.delivery import EventDelivery
+from collector.sinks.events import (
     ConsoleEventHandler,
     EventRecord,
     GapRecord,
     JsonlEventHandler,
 )
-from collector.handlers.specs import build_event_handler
+from collector.sinks.specs import build_event_handler
 from shmstat.errors import ConfigError
 
 

@@ -19,9 +19,9 @@ import pytest
 import zmq
 from kit.support import wait_for
 
-from collector.wire.outlet import Outlet
-from collector.wire.relay import Relay
-from collector.wire.subscriptions import MAX_PREFIXES
+from collector.relay.publish_socket import Outlet
+from collector.relay.relay import Relay
+from collector.relay.subscriptions import MAX_PREFIXES
 from shmstat import wire
 from shmstat.errors import WireError
 from shmstat.wire.heartbeat import GapTracker, followed_kinds
@@ -294,7 +294,7 @@ def test_shmstat_subscribe_on_a_node_endpoint_keeps_gaps_and_ends_per_job(capsys
     """Both jobs' collector-made streams share the node collector's pid and, here, a sender key: keyed by job,
     job A's loss is told as A's (mixed with B's items it would vanish), and job A's end does not end following
     the endpoint."""
-    from collector.wire.sender_book import SenderBook
+    from collector.relay.heartbeats import SenderBook
 
     node = _RawNode(count=7)
     books = {job: SenderBook(pid=4000) for job in JOBS}  # one node collector: one pid for both jobs' beats

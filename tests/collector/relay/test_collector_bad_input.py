@@ -18,7 +18,7 @@ from kit.handlers.user import Recording
 from kit.support import FakeClock, step_and_wait, unique_job, wait_for
 
 from collector import Collector, CollectorConfig
-from collector.wire.outlet import MAX_MESSAGE_BYTES
+from collector.relay.publish_socket import MAX_MESSAGE_BYTES
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init, shutdown
 from shmstat.shm.segment import Segment

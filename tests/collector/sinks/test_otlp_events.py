@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kit.procs import spawn, start_collector
 
-from collector.handlers.events import EventRecord, GapRecord
-from collector.handlers.specs import build_event_handler
+from collector.sinks.events import EventRecord, GapRecord
+from collector.sinks.specs import build_event_handler
 from shmstat.errors import ConfigError
 
 _HAVE_OTEL = all(importlib.util.find_spec(m) is not None for m in (
@@ -96,7 +96,7 @@ def test_a_failing_receiver_raises_backs_off_then_exports_again():
     from kit.otlp import receiver
 
     from collector.handlers.otlp import OtlpExportError
-    from collector.handlers.otlp_logs import GAP_EVENT_NAME, OtlpEventHandler
+    from collector.sinks.otlp_logs import GAP_EVENT_NAME, OtlpEventHandler
 
     now = [100.0]
     batch = [EventRecord("e", "j", 0, 1_700_000_000_000_000_000, {"a": 1}, 0, 7),

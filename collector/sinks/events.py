@@ -2,14 +2,14 @@
 
 A sink is an :class:`EventSink`: ``emit_events(batch)``, ``batch`` a list of :class:`EventRecord` (one event) and
 :class:`GapRecord` (numbered items that never reached the sink), in the order the collector took them. The
-collector calls it from a thread of the sink's own (:mod:`collector.handlers.event_delivery`), never from its
+collector calls it from a thread of the sink's own (:mod:`collector.sinks.delivery`), never from its
 loop; ``flush()`` and ``close()``, when the sink has them, are called at shutdown. :class:`EventHandler` is the
 documented base class, which has both (subclassing it is optional).
 
 SPECs (``shmstat collect --events SPEC``, repeatable): ``jsonl:PATH`` (:class:`JsonlEventHandler`), ``console``
-(:class:`ConsoleEventHandler`), ``otlp:ENDPOINT`` (:mod:`collector.handlers.otlp_logs`: OpenTelemetry logs over
+(:class:`ConsoleEventHandler`), ``otlp:ENDPOINT`` (:mod:`collector.sinks.otlp_logs`: OpenTelemetry logs over
 OTLP/HTTP) and ``pkg.module:Class[,key=value...]`` (keyword arguments read as for ``--handler``, see
-:func:`collector.handlers.specs.parse_spec_kwargs`). :func:`collector.handlers.specs.build_event_handler` builds
+:func:`collector.handlers.specs.parse_spec_kwargs`). :func:`collector.sinks.specs.build_event_handler` builds
 the sink a SPEC names; a bad SPEC is a :class:`ConfigError` of one sentence.
 """
 
@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from shmstat.errors import ConfigError
 
-from .jsonl import REPAIR_BYTES, read_tail
+from ..handlers.jsonl import REPAIR_BYTES, read_tail
 
 __all__ = ["ConsoleEventHandler", "EventHandler", "EventRecord", "EventSink", "GapRecord", "JsonlEventHandler"]
 

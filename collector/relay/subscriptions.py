@@ -4,7 +4,7 @@ Subscribers' (un)subscribe frames queue on the ``XPUB``; :func:`take_subscriptio
 someone listens to, at most :data:`_MAX_SUBSCRIPTION_FRAMES` frames a round, and says when the set grew past
 :data:`MAX_PREFIXES` (the relay then binds its publish socket anew). The loss reports of subscribers that can send
 (:func:`shmstat.wire.heartbeat.decode_loss_report`) queue there too: it adds them up per job and kind. Used by
-:class:`collector.wire.relay.Relay`.
+:class:`collector.relay.relay.Relay`.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ import pytest
 import zmq
 from kit.support import wait_for
 
-from collector.wire.outlet import MAX_MESSAGE_BYTES
-from collector.wire.relay import Relay
-from collector.wire.sender_book import SenderBook
+from collector.relay.heartbeats import SenderBook
+from collector.relay.publish_socket import MAX_MESSAGE_BYTES
+from collector.relay.relay import Relay
 from shmstat import wire
 from shmstat.wire.heartbeat import ITEMS_PER_MESSAGE, MAX_LISTED, SENDER_STREAM, GapTracker, followed_kinds
 
@@ -216,7 +216,7 @@ def test_a_rank_cannot_forge_a_heartbeat(rig):
         list(rig.relay.receive())
     assert rig.relay.counters.rejected == 1 and not sub.poll(100)
     from shmstat.errors import ConfigError
-    from shmstat.publish.slow_path import check_topic
+    from shmstat.publish.item_encoding import check_topic
 
     with pytest.raises(ConfigError, match="kind"):  # and a rank's own publisher refuses the kind
         check_topic("heartbeat/", "heartbeat", {})

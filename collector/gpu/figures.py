@@ -1,6 +1,6 @@
 """The GPU figures the collector writes as stats of group ``gpu``: their names, units and dcgm-exporter twins.
 
-The collector (:mod:`collector.daemon.gpu`) samples each GPU with NVML and writes every figure as a stat of the
+The collector (:mod:`collector.gpu.sampler`) samples each GPU with NVML and writes every figure as a stat of the
 group :data:`GPU_GROUP` named ``gpu<index>.<figure>`` (``gpu0.util``, ``gpu3.fb_used``), in a writer entry of
 each rank the GPU is attributed to: per rank, the GPU(s) that rank uses; merged across the ranks sharing a GPU,
 that GPU. Every sink carries them like any stat; ``/metrics`` also shows each figure as one family

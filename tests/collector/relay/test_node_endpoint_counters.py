@@ -12,7 +12,7 @@ from kit.support import wait_for
 from collector.cli.keys import make_keys
 from collector.daemon.config import CollectorConfig
 from collector.daemon.node import NodeCollector
-from collector.wire.curve import ClientKeys, read_pair, secure_client
+from collector.relay.curve import ClientKeys, read_pair, secure_client
 
 
 def _node_series(url: str) -> dict[str, str]:

@@ -1,0 +1,197 @@
+"""Hangs named while they happen (collector.daemon.hangs): real ranks in sections, a real collector with a short
+--hang-after, the events it keeps, its console and its /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+
+from kit.procs import read_jsonl, spawn, start_collector
+from kit.support import wait_for
+
+from collector.daemon.hangs import innermost_frames
+
+HANG_AFTER = 2
+
+
+def _wait_file(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
+def _rank(job: str, rank: int, world: int, role: str, tmp: str, stacks: bool) -> None:
+    """A rank: steps in sections (``data``, then the wait section ``allreduce``) for a moment, then, until the file
+    ``go`` exists, ``stuck`` sleeps in ``data``, ``waits`` waits in ``allreduce``, ``plain`` (no section at all)
+    sleeps; then a few steps more."""
+    import shmstat
+
+    shmstat.init(job, rank=rank, local_rank=rank, world_size=world, hang_stacks=stacks)
+    go = os.path.join(tmp, "go")
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            with shmstat.section("data"):
+                time.sleep(0.01)
+            with shmstat.section("allreduce", wait=True):
+                time.sleep(0.01)
+            shmstat.advance_step()
+
+    if role != "plain":
+        steps(10)
+    open(os.path.join(tmp, f"ready.{rank}"), "w").close()
+    if role == "stuck":
+        with shmstat.section("data"):
+            _wait_file(go)
+    elif role == "waits":
+        with shmstat.section("data"):
+            pass
+        with shmstat.section("allreduce", wait=True):
+            _wait_file(go)
+    else:
+        _wait_file(go)
+    if role != "plain":
+        steps(10)
+    shmstat.shutdown()
+
+
+def _start_job(job: str, tmp: str, roles: list[str], stacks: bool = False) -> list:
+    procs = [spawn(_rank, job, r, len(roles), role, tmp, stacks) for r, role in enumerate(roles)]
+    wait_for(lambda: all(os.path.exists(os.path.join(tmp, f"ready.{r}")) for r in range(len(roles))), timeout_s=60)
+    return procs
+
+
+def _events(path: str, name: str) -> list[dict]:
+    return [e for e in read_jsonl(path) if e["name"] == name]
+
+
+def _hang(path: str, deadline_s: float) -> dict:
+    """The one ``shmstat.hang`` event, waited for at most ``deadline_s`` seconds."""
+    wait_for(lambda: _events(path, "shmstat.hang"), timeout_s=deadline_s)
+    (event,) = _events(path, "shmstat.hang")
+    return event["data"]
+
+
+def _collector(job: str, tmp: str, *extra: str):
+    return start_collector(job, "--hang-after", str(HANG_AFTER), "--status-interval", "0", "--grace-ms", "10",
+                           "--events", f"jsonl:{tmp}/events.jsonl", *extra)
+
+
+def _finish(coll, procs: list, tmp: str) -> str:
+    open(os.path.join(tmp, "go"), "w").close()
+    for p in procs:
+        p.join(60)
+    _, out = coll.finish()
+    return out
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def test_a_rank_stuck_in_a_section_is_named_once_with_its_state_stacks_and_metrics_and_resolves(job, tmp_path):
+    tmp = str(tmp_path)
+    events = f"{tmp}/events.jsonl"
+    coll = _collector(job, tmp, "--prometheus", "127.0.0.1:0")
+    procs = _start_job(job, tmp, ["waits", "stuck", "waits"], stacks=True)
+    try:
+        in_place = time.monotonic()
+        data = _hang(events, HANG_AFTER + 5)
+        assert time.monotonic() - in_place <= HANG_AFTER + 5
+        line = data["line"]
+        assert re.search(r"ranks 0,2 in allreduce for \d+ s; rank 1 in data for \d+ s \(pid "
+                         rf"{procs[1].pid}, sleeping, \d+% CPU, stacks: \S+\)", line), line
+        assert data["suspects"] == "1" and data["rank.1.status"] == "sleeping" and data["elsewhere"] is False
+        assert "_wait_file" in data["rank.1.stacks"] and data["rank.1.stacks_file"] in line
+        body = _scrape(coll.prometheus)
+        hung = re.search(rf'shmstat_job_hung{{job="{job}",node="[^"]+"}} 1\.0', body)
+        age = re.search(rf'shmstat_rank_progress_age_seconds{{job="{job}",node="[^"]+",rank="1",section="data",'
+                        r'wait="0"} ([0-9.]+)', body)
+        waits = re.findall(rf'shmstat_rank_progress_age_seconds{{job="{job}",[^}}]*section="allreduce",wait="1"}}',
+                           body)
+        assert hung and age and float(age.group(1)) >= HANG_AFTER and len(waits) == 2, body
+        open(os.path.join(tmp, "go"), "w").close()
+        wait_for(lambda: _events(events, "shmstat.hang.resolved"), timeout_s=10)
+        time.sleep(0.5)  # a second episode or line would come now
+    finally:
+        out = _finish(coll, procs, tmp)
+    assert len(_events(events, "shmstat.hang")) == 1 and len(_events(events, "shmstat.hang.resolved")) == 1
+    assert [ln for ln in out.splitlines() if "hang" in ln] == [ln for ln in out.splitlines() if line in ln], out
+    assert len([ln for ln in out.splitlines() if "hang:" in ln]) == 1, out
+
+
+def test_a_sigstopped_rank_is_named_stopped(job, tmp_path):
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["waits", "stuck"])
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    try:
+        data = _hang(f"{tmp}/events.jsonl", HANG_AFTER + 5)
+        assert re.search(rf"rank 1 in data for \d+ s \(pid {procs[1].pid}, stopped, 0% CPU\)", data["line"]), data
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        _finish(coll, procs, tmp)
+
+
+def test_a_rank_that_died_in_its_section_is_named_died(job, tmp_path):
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["waits", "stuck", "waits"])
+    os.kill(procs[1].pid, signal.SIGKILL)
+    procs[1].join(10)
+    try:
+        data = _hang(f"{tmp}/events.jsonl", HANG_AFTER + 5)
+        assert re.search(rf"ranks 0,2 in allreduce for \d+ s; rank 1 in data for \d+ s \(pid {procs[1].pid}, "
+                         r"died\)", data["line"]), data
+    finally:
+        _finish(coll, procs, tmp)
+
+
+def test_every_rank_waiting_in_one_wait_section_names_another_node(job, tmp_path):
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["waits", "waits"])
+    try:
+        data = _hang(f"{tmp}/events.jsonl", HANG_AFTER + 5)
+        assert re.fullmatch(rf"hang: job {job}: ranks 0,1 in allreduce for \d+ s; the rank holding the job is "
+                            r"elsewhere \(another node\)", data["line"]), data
+        assert data["elsewhere"] is True and data["suspects"] == ""
+    finally:
+        _finish(coll, procs, tmp)
+
+
+def test_hang_after_0_says_nothing(job, tmp_path):
+    off = tmp_path
+    coll = start_collector(job, "--hang-after", "0", "--status-interval", "0", "--events", f"jsonl:{off}/events.jsonl",
+                           "--prometheus", "127.0.0.1:0")
+    procs = _start_job(job, str(off), ["waits", "stuck"])
+    try:
+        time.sleep(HANG_AFTER + 2)
+        assert "shmstat_rank_progress_age_seconds{" not in _scrape(coll.prometheus)
+    finally:
+        out = _finish(coll, procs, str(off))
+    assert not _events(f"{off}/events.jsonl", "shmstat.hang") and "hang" not in out
+
+
+def test_a_job_without_sections_says_nothing(job, tmp_path):
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["plain", "plain"])
+    try:
+        time.sleep(HANG_AFTER + 2)
+    finally:
+        out = _finish(coll, procs, tmp)
+    assert not _events(f"{tmp}/events.jsonl", "shmstat.hang") and "hang" not in out
+
+
+def test_innermost_frames_keep_each_threads_first_frames_within_the_bound():
+    dump = ("Thread 0x01 (most recent call first):\n" + "".join(f'  File "a.py", line {i} in f{i}\n' for i in range(9))
+            + "\nCurrent thread 0x02 (most recent call first):\n  File \"b.py\", line 1 in g\n")
+    text = innermost_frames(dump, per_thread=2)
+    assert text.splitlines() == ["Thread 0x01 (most recent call first):", '  File "a.py", line 0 in f0',
+                                 '  File "a.py", line 1 in f1', "Current thread 0x02 (most recent call first):",
+                                 '  File "b.py", line 1 in g']
+    assert len(innermost_frames(dump * 100, limit=300)) == 300
