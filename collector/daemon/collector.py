@@ -19,18 +19,13 @@ What the job's collector is cut into, by concept:
   straggler lines after it), the relay's ``stat/`` topics (:class:`collector.daemon.stat_topics.StatTopics`) and
   the Prometheus exporter; a pass's watermark reaches the segment once every handler took it
   (:mod:`collector.daemon.commits`);
-- the events kept (:mod:`collector.sinks.kept_events`): what one job's collector hands its events sinks
-  (``--events``), as :class:`~collector.sinks.kept_events.KeptEvents`. Kept: every event a rank publishes on
-  ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the backlog a rank held before the
-  collector started included (it arrives through the relay once the collector subscribes); the collector's own
-  events (``rank/joined|exited|died`` as they are published on ``rank/``, ``shmstat.straggler[.recovered]``, the
-  launcher's ``torchelastic.worker.status.<STATE>``), numbered per job; and every gap the relay finds in a rank's
-  stream (:class:`~collector.sinks.events.GapRecord`, ``at="rank"``). Not kept: put metrics (``metric/``
-  topics go to the metric handlers) and stat windows;
+- the events kept (:mod:`collector.sinks.kept_events`): what the job's collector hands its events sinks
+  (``--events``), and how a stopping collector lets them finish; the delivered marks of what they took
+  (:mod:`collector.daemon.delivered_marks`);
 - the lifecycle (this module): open (:class:`Collector`), serve and stop (:meth:`Collector.step`,
   :meth:`Collector.serve`, :meth:`Collector.request_stop`, all the loop's), the hand-over
   (:meth:`Collector.stop_intake`, then :meth:`Collector.finish_round` while the sinks finish:
-  :func:`let_sinks_finish`), :meth:`Collector.close` and :meth:`Collector.finish`.
+  :func:`collector.sinks.kept_events.let_sinks_finish`), :meth:`Collector.close` and :meth:`Collector.finish`.
 """
 
 from __future__ import annotations
@@ -63,7 +58,7 @@ from ..read.scanner import Scanner
 from ..relay.intake import Received
 from ..relay.publish_socket import Outlet
 from ..sinks.delivery import EventDelivery
-from ..sinks.kept_events import KeptEvents
+from ..sinks.kept_events import KeptEvents, let_sinks_finish
 from .commits import PendingCommits
 from .config import (
     PLATFORM_GROUP,
@@ -87,7 +82,7 @@ from .straggler import EVENT_TOPICS, StragglerDetector, StragglerScorer
 if TYPE_CHECKING:
     from ..relay.relay import Relay
 
-__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "OneJob", "let_sinks_finish"]
+__all__ = ["PLATFORM_GROUP", "Collector", "CollectorConfig", "OneJob"]
 
 _log = logging.getLogger("shmstat.collector")
 
@@ -452,7 +447,7 @@ class Collector:
             self._take_submitted()
             if self.events.owns and self.events.delivery is not None:  # (a node collector's: it does this for all)
                 deadline = time.monotonic() + self.events.delivery.close_budget_s
-                let_sinks_finish(self.events.delivery, [self], deadline)
+                let_sinks_finish(self.events.delivery, {self.config.job: self.finish_round}, deadline)
             now = self.clock()
             for change in self.liveness.poll(self.scanner.refresh()):
                 self._lifecycle(change)
@@ -505,7 +500,8 @@ class Collector:
                 self.marks.settle(self.scanner.refresh(), final=True)
 
     def finish_round(self) -> None:
-        """One round while stopping, after :meth:`stop_intake`, as the events sinks finish (:func:`let_sinks_finish`):
+        """One round while stopping, after :meth:`stop_intake`, as the events sinks finish
+        (:func:`~collector.sinks.kept_events.let_sinks_finish`):
         the windows that closed are emitted and what the handlers took committed, and the delivered marks follow
         what the sinks took and are acknowledged, so the ranks do not send it to the next collector again."""
         if self.segment is None or self.relay is None:
@@ -636,26 +632,6 @@ class Collector:
             return {}
         return {"gpu_samples": self.gpu_sampler.samples, "gpu_errors": self.gpu_sampler.errors,
                 "gpu_figures_written": self.gpu.samples_written if self.gpu is not None else 0}
-
-
-FINISH_ROUND_S = 0.02
-"""How often a stopping collector emits windows and moves delivered marks while its events sinks finish."""
-
-
-def let_sinks_finish(delivery: EventDelivery, collectors: list[Collector], deadline: float) -> None:
-    """Stopping, after every collector's :meth:`Collector.stop_intake`: until the events sinks took what was offered
-    to them, or ``deadline`` (:func:`time.monotonic`), each collector takes a :meth:`Collector.finish_round` every
-    :data:`FINISH_ROUND_S`. A successor starts only once this process exited, and the ring keeps a closed window
-    only a few windows long (:mod:`shmstat.shm.layout`): windows closing while a slow sink finishes are emitted here
-    rather than lost; and what the sinks take is acknowledged while the marks still can be (after the jobs are let
-    go it would come again from the ranks)."""
-    while not delivery.drained() and time.monotonic() < deadline:
-        for c in collectors:
-            try:
-                c.finish_round()
-            except Exception as exc:  # one job's trouble stops neither the others nor the stop
-                _log.warning("job %s: a round while stopping failed (%r)", c.config.job, exc)
-        time.sleep(FINISH_ROUND_S)
 
 
 class OneJob:

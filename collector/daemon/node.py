@@ -47,7 +47,8 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..relay.curve import CurveServer
 from ..relay.publish_socket import Outlet
 from ..sinks.delivery import EventDelivery
-from .collector import Collector, let_sinks_finish
+from ..sinks.kept_events import let_sinks_finish
+from .collector import Collector
 from .config import (
     SERVING_RANK_LOOK_S,
     CollectorConfig,
@@ -360,7 +361,7 @@ class NodeCollector:
         """Let every job go (each emits what it holds, and its final heartbeat), then close the node's publish
         socket and the handlers. The events sinks, which every job shares, finish first (within their close
         budget): while the jobs' ranks hold new events and the jobs still emit windows and move delivered marks
-        (:func:`~collector.daemon.collector.let_sinks_finish`)."""
+        (:func:`~collector.sinks.kept_events.let_sinks_finish`)."""
         running = {job: c.ranks_running() for job, c in self.collectors.items()}
         if self.collectors:
             slack = min(c.ring_slack_s() for c in self.collectors.values())
@@ -377,7 +378,7 @@ class NodeCollector:
                     print(f"shmstat collector: job {c.config.job}: the hand-over failed ({exc!r})", file=sys.stderr,
                           flush=True)
             deadline = time.monotonic() + self.events.close_budget_s
-            let_sinks_finish(self.events, serving, deadline)
+            let_sinks_finish(self.events, {c.config.job: c.finish_round for c in serving}, deadline)
         for job in list(self.collectors):
             if self._release(job):
                 Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
