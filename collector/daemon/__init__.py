@@ -6,8 +6,10 @@
   its lifecycle (open, hand-over, close, finish), configured by :mod:`~collector.daemon.config`; its hold on the
   job's segment (:mod:`~collector.daemon.job_segment`); its passes, the put metrics and its own figures
   (:mod:`~collector.daemon.job_pass`), whose watermarks are written once their handlers took them
-  (:mod:`~collector.daemon.commits`); what goes to the events sinks (:mod:`~collector.daemon.delivered_marks`);
+  (:mod:`~collector.daemon.commits`); the delivered marks of what its events sinks took
+  (:mod:`~collector.daemon.delivered_marks`; the events themselves: :mod:`collector.sinks.kept_events`);
 - :mod:`~collector.daemon.liveness`: which ranks joined, exited or died, and what each costs;
+- :mod:`~collector.daemon.hangs`: every rank's phase word at each rank look, a hang named while it happens;
 - :mod:`~collector.daemon.straggler`: how each rank compares with the node, per window;
 - :mod:`~collector.daemon.node`: ``NodeCollector``, the loop serving every job of this user on this node, which
   removes unused segments (:mod:`~collector.daemon.sweep`).
