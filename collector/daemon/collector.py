@@ -104,8 +104,8 @@ class Collector:
         validate_job(config.job)
         self._init_state(config, out, exporter, events, gpu_sampler)
         try:  # each step makes what _release (or the events' close) undoes
+            segment = self._open_segment(config)  # first: a collector refused the job opens no output of the first's
             self._open_outputs(config, handler_objects, dispatcher, events, gpu_sampler)
-            segment = self._open_segment(config)
             relay = self._open_relay(config, segment, node_outlet)
             self._start_exports(config, segment)
         except BaseException:
