@@ -22,7 +22,8 @@ def _collect_cmd(job: str, *args: str) -> list[str]:
 
 def test_a_second_collector_with_another_runtime_dir_is_refused_naming_the_first(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
-    first = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
+    # a ring of 16 windows: the second collector's start-up shares a loaded 2-core machine with the first
+    first = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
     other_runtime = tmp_path / "xdg"
     other_runtime.mkdir(mode=0o700)
     env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=str(other_runtime))
