@@ -17,7 +17,7 @@ from shmstat.shm.runtime import runtime_dir, validate_job
 from shmstat.shm.segment import Segment, pid_alive
 from shmstat.shm.shm_entries import SHM_DIR, Skipped, entry_problem, other_users_line, own_skipped_lines, scan_shm
 
-from ..daemon.collector import drop_counters
+from ..daemon.job_pass import drop_counters
 from ..daemon.sweep import remove_if_dead, remove_leftover_locks
 
 __all__ = ["LS_COLUMNS", "LS_LEGEND", "SegmentInfo", "clean", "list_segments", "segment_info"]

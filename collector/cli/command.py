@@ -300,7 +300,7 @@ def _collect(args: argparse.Namespace) -> int:
         try:
             return collector.run()
         finally:  # whatever ended the run: the job's segment and lock file go unless something was not emitted
-            collector.shutdown()  # (a no-op once run shut down)
+            collector.close()  # (a no-op once run closed it)
             kept = collector.finish()
             if kept:
                 print(f"shmstat collector: {kept}", file=sys.stderr, flush=True)

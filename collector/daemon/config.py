@@ -93,7 +93,7 @@ class CollectorConfig:
     (collector.daemon.straggler)."""
     event_latency_ms: float = DEFAULT_EVENT_LATENCY_MS
     """The event path's latency budget in ms: while messages flow the loop turns every half of it (at least
-    :data:`collector.daemon.collector.RELAY_TURN_S`), and ``shmstat run`` gives it to its ranks
+    :data:`collector.daemon.loop.RELAY_TURN_S`), and ``shmstat run`` gives it to its ranks
     (``SHMSTAT_EVENT_LATENCY_MS``: how long a rank may hold an event). The collector's own events go at once."""
     hang_after_s: float = 30.0
     """A job whose ranks made no progress (no section left, no step) for this long while one is in a section hangs

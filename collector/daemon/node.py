@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
-import signal
 import sys
-import threading
 import time
+from collections.abc import Sequence
 from typing import IO, NamedTuple
 
 import zmq
@@ -49,18 +47,17 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..relay.curve import CurveServer
 from ..relay.publish_socket import Outlet
 from ..sinks.delivery import EventDelivery
-from .collector import (
-    CHORE_SLACK_S,
-    Collector,
+from ..sinks.kept_events import let_sinks_finish
+from .collector import Collector
+from .config import (
+    SERVING_RANK_LOOK_S,
     CollectorConfig,
     build_dispatcher,
-    gather_pause,
-    let_sinks_finish,
-    relay_turn_s,
-    stop_signals,
-    wait_quietly,
+    build_event_delivery,
+    start_sampler,
+    write_ready_file,
 )
-from .config import SERVING_RANK_LOOK_S, build_event_delivery, start_sampler, write_ready_file
+from .loop import CHORE_SLACK_S, Loop, ServedJob, relay_turn_s
 from .node_lock import NodeLock
 from .sweep import Verdict, remove_if_dead
 
@@ -151,32 +148,23 @@ class NodeCollector:
         self._others_said = False  # whether the line counting other users' entries of /dev/shm was said
         self._next_discovery = 0.0
         self._looks: dict[str, int] = {}  # job -> its collector's rank looks when the node last asked if it finished
-        self._polled: tuple[zmq.Socket, ...] = ()  # the sockets self._polling polls
-        self._polling = zmq.Poller()
-        self.stop_requested = threading.Event()
+        self.max_wait_s = NODE_MAX_WAIT_S
+        """The longest the loop waits with nothing due (nothing is submitted to the jobs from other threads)."""
+        self.loop = Loop(self, turn_s=relay_turn_s(config.event_latency_ms))
+        """The serving loop, every job served in it (a per-job collector serves its one job in the same loop)."""
 
     def run(self) -> int:
-        """Serve until SIGINT/SIGTERM, then let every job go (emitting what it holds) and return 0."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in stop_signals():
-                signal.signal(sig, lambda _s, _f: self.stop_requested.set())
+        """Serve until SIGINT/SIGTERM, then let every job go (emitting what it holds) and return 0
+        (:meth:`collector.daemon.loop.Loop.run`)."""
+        return self.loop.run()
+
+    def start(self) -> None:
+        """The start line, and the ready file (:meth:`write_ready_file`)."""
         which = "every job of this user" if self.jobs is None else "jobs " + ", ".join(self.jobs)
         every = f"; every job on {self.outlet.endpoint}" if self.outlet is not None else ""
         print(f"shmstat collector: node pid {os.getpid()} serving {which} on this node "
               f"(streams: shmstat subscribe --job JOB{every})", file=self.out, flush=True)
-        try:
-            self.write_ready_file()
-            while not self.stop_requested.is_set():
-                turn = time.monotonic()
-                relayed = any(c.relayed_last_step for c in self.collectors.values())
-                self.step(gather_pause(turn, relay_turn_s(self.config.event_latency_ms)) if relayed
-                          else self._poll_timeout_ms())
-        finally:
-            self.close()
-            if self.ready_file is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(self.ready_file)
-        return 0
+        self.write_ready_file()
 
     def write_ready_file(self) -> None:
         """Write the ready file, if asked for: ``{"pid", "publish", "prometheus", "jobs"}`` as JSON (``publish``
@@ -187,9 +175,13 @@ class NodeCollector:
                 "pid": os.getpid(), "publish": self.outlet.endpoint if self.outlet is not None else None,
                 "prometheus": self.exporter.url if self.exporter is not None else None, "jobs": self.jobs})
 
-    def step(self, poll_timeout_ms: int = 0) -> None:
-        """One round: discover jobs (every ``discover_interval_s``), wait up to ``poll_timeout_ms`` for messages,
-        step every job's collector, let finished jobs go."""
+    def serving(self) -> Sequence[Collector]:
+        """The jobs served now, each by its :class:`~collector.daemon.collector.Collector`."""
+        return tuple(self.collectors.values())
+
+    def chores(self) -> None:
+        """The node's part of a loop turn, before the wait: discover jobs (every ``discover_interval_s``), the status
+        line, the node's publish socket."""
         now = time.monotonic()
         if now + CHORE_SLACK_S >= self._next_discovery:  # (taken with the turn's other looks when due soon)
             self._next_discovery = now + self.discover_interval_s
@@ -205,53 +197,37 @@ class NodeCollector:
             if now >= self._next_key_check:  # with CURVE: cut off whoever connected with a key removed since
                 self._next_key_check = now + self.config.heartbeat_interval_s
                 self.outlet.cut_off_revoked()
-        if poll_timeout_ms > 0:
-            if self.collectors:
-                wait_quietly(self._poller(), poll_timeout_ms, tuple(self.collectors.values()))
-            else:
-                time.sleep(poll_timeout_ms / 1000)
-        for job, c in list(self.collectors.items()):
-            try:
-                c.step(0)
-            except Exception as exc:  # one job's trouble must not stop the others
-                print(f"shmstat collector: job {job} failed ({exc!r}); letting it go", file=sys.stderr, flush=True)
-                self._release(job)
-                continue
-            looks, self._looks[job] = self._looks.get(job, -1), c.rank_looks
-            if self.jobs is None and looks != c.rank_looks and self._finished(c):  # (its ranks read anew)
-                if self._release(job):
-                    self._to_remove[job] = time.monotonic() + _REMOVE_WITHIN_S
-                self._done.add(job)
-                self.let_go.append(job)
-                print(f"shmstat collector: job {job} done (its ranks exited, windows emitted)", file=self.out,
-                      flush=True)
 
-    def _poller(self) -> zmq.Poller:
-        """A poller of every served job's ingest socket (made anew only when the jobs served change)."""
-        socks = tuple(c.relay.xsub for c in self.collectors.values() if c.relay is not None)
-        if socks != self._polled:
-            self._polled = socks
-            self._polling = zmq.Poller()
-            for sock in socks:
-                self._polling.register(sock, zmq.POLLIN)
-        return self._polling
-
-    def next_due(self) -> float:
-        """The :func:`time.monotonic` time by which the loop must turn again with no message arriving: the next
-        discovery, status line or key check, or what a served job has due (:meth:`Collector.next_due`)."""
+    def due(self) -> float:
+        """When the node's own work is next due (:func:`time.monotonic`): the next discovery, status line or key
+        check (what a served job has due the loop adds: :meth:`collector.daemon.loop.Loop.next_due`)."""
         due = self._next_discovery + CHORE_SLACK_S
         if self.status.interval_s > 0:
             due = min(due, self.status.next)
         if self.curve is not None:
             due = min(due, self._next_key_check)
-        for c in self.collectors.values():
-            if c.relay is not None:
-                due = min(due, c.next_due() if c.relay.ranks_subscribed else time.monotonic() + 0.01)
         return due
 
-    def _poll_timeout_ms(self) -> int:
-        """How long :meth:`run` may wait for messages before something is due (:meth:`next_due`), in ms."""
-        return max(0, min(math.ceil(NODE_MAX_WAIT_S * 1000), math.ceil((self.next_due() - time.monotonic()) * 1000)))
+    def turned(self, job: ServedJob, failed: Exception | None) -> None:
+        """After a job's turn: a job that failed is let go (one job's trouble must not stop the others), a job
+        whose ranks all exited (read anew by that turn) is let go once its windows are emitted."""
+        assert isinstance(job, Collector)
+        name = job.config.job
+        if failed is not None:
+            print(f"shmstat collector: job {name} failed ({failed!r}); letting it go", file=sys.stderr, flush=True)
+            self._release(name)
+            return
+        looks, self._looks[name] = self._looks.get(name, -1), job.rank_looks
+        if self.jobs is None and looks != job.rank_looks and self._finished(job):  # (its ranks read anew)
+            if self._release(name):
+                self._to_remove[name] = time.monotonic() + _REMOVE_WITHIN_S
+            self._done.add(name)
+            self.let_go.append(name)
+            print(f"shmstat collector: job {name} done (its ranks exited, windows emitted)", file=self.out,
+                  flush=True)
+
+    def stopped(self) -> None:
+        """Nothing more: :meth:`close` said the last lines."""
 
     def discover(self) -> None:
         """Pick up the jobs that need a collector, and sweep this user's segments that no process uses (see the
@@ -375,7 +351,7 @@ class NodeCollector:
         if self.exporter is not None:
             self.exporter.retire_job(job)
         try:
-            collector.shutdown()  # emits every window the gone ranks left, releases the job's files
+            collector.close()  # emits every window the gone ranks left, releases the job's files
             self.status.let_go(collector)
         except Exception:
             return False
@@ -385,7 +361,7 @@ class NodeCollector:
         """Let every job go (each emits what it holds, and its final heartbeat), then close the node's publish
         socket and the handlers. The events sinks, which every job shares, finish first (within their close
         budget): while the jobs' ranks hold new events and the jobs still emit windows and move delivered marks
-        (:func:`~collector.daemon.collector.let_sinks_finish`)."""
+        (:func:`~collector.sinks.kept_events.let_sinks_finish`)."""
         running = {job: c.ranks_running() for job, c in self.collectors.items()}
         if self.collectors:
             slack = min(c.ring_slack_s() for c in self.collectors.values())
@@ -402,7 +378,7 @@ class NodeCollector:
                     print(f"shmstat collector: job {c.config.job}: the hand-over failed ({exc!r})", file=sys.stderr,
                           flush=True)
             deadline = time.monotonic() + self.events.close_budget_s
-            let_sinks_finish(self.events, serving, deadline)
+            let_sinks_finish(self.events, {c.config.job: c.finish_round for c in serving}, deadline)
         for job in list(self.collectors):
             if self._release(job):
                 Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives

@@ -52,8 +52,8 @@ def score_blocks(b: np.ndarray, f: np.ndarray, higher_is_better: np.ndarray
     neg = np.bincount(b, weights=(f < 0), minlength=len(size)) > 0
     keep = ((size >= 2) & ~neg)[b]
     half = size // 2
-    hi_mid = _f_sorted_at(f, start, b, half)
-    lo_mid = _f_sorted_at(f, start, b, np.maximum(half - 1, 0))
+    hi_mid = _f_sorted_at(f, start, size, half)
+    lo_mid = _f_sorted_at(f, start, size, np.maximum(half - 1, 0))
     median = np.where(size % 2 == 1, hi_mid, (lo_mid + hi_mid) / 2)[b]
     return median, score_against(median, f, higher_is_better), keep
 
@@ -69,11 +69,11 @@ def score_against(median: np.ndarray, f: np.ndarray, higher_is_better: np.ndarra
                                                    np.where(f != 0, median / np.where(f == 0, 1.0, f), np.inf)))
 
 
-def _f_sorted_at(f: np.ndarray, start: np.ndarray, b: np.ndarray, offset: np.ndarray) -> np.ndarray:
-    """Per block: the figure at ``offset`` within the block's sorted figures (``f`` sorted by block then value;
-    blocks with no entry give 0.0)."""
+def _f_sorted_at(f: np.ndarray, start: np.ndarray, size: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """Per block: the figure at ``offset`` within the block's sorted figures (``f`` sorted by block then value, each
+    block's ``size`` figures from ``start`` on; blocks with no entry give 0.0)."""
     out = np.zeros(len(start))
-    if len(b):
-        present = np.unique(b)
-        out[present] = f[np.searchsorted(b, present) + offset[present]]
+    # not np.unique: its first call imports numpy.ma, on the loop's thread in a collector's first pass
+    present = size > 0
+    out[present] = f[start[present] + offset[present]]
     return out

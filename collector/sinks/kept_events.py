@@ -1,13 +1,23 @@
 """A job's events on their way to the sinks (:class:`KeptEvents`): what the collector's loop hands the events
-sinks of one job (a rank's ``event/`` messages, the collector's own events, gaps), and what is queued for them and
-not known to be taken, per sender (read by :class:`collector.daemon.delivered_marks.DeliveredMarks`).
+sinks of one job (``--events``), and what is queued for them and not known to be taken, per sender (read by
+:class:`collector.daemon.delivered_marks.DeliveredMarks`); and how a stopping collector lets its sinks finish
+(:func:`let_sinks_finish`).
+
+Kept: every event a rank publishes on ``event/<name>`` (``shmstat.log_event``, ``elastic.events.record``), the
+backlog a rank held before the collector started included (it arrives through the relay once the collector
+subscribes); the collector's own events (``rank/joined|exited|died`` as they are published on ``rank/``,
+``shmstat.straggler[.recovered]``, ``shmstat.hang``, the launcher's ``torchelastic.worker.status.<STATE>``), numbered
+per job; and every gap the relay finds in a rank's stream (:class:`~collector.sinks.events.GapRecord`,
+``at="rank"``). Not kept: put metrics (``metric/`` topics go to the metric handlers) and stat windows.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from .delivery import EventDelivery
@@ -16,7 +26,9 @@ from .events import EventRecord, GapRecord
 if TYPE_CHECKING:
     from ..relay.intake import Received
 
-__all__ = ["KeptEvents"]
+__all__ = ["FINISH_ROUND_S", "KeptEvents", "let_sinks_finish"]
+
+_log = logging.getLogger("shmstat.collector")
 
 
 class KeptEvents:
@@ -74,3 +86,24 @@ class KeptEvents:
         :meth:`EventDelivery.close`."""
         if self.owns and self.delivery is not None:
             self.delivery.close(deadline)
+
+
+FINISH_ROUND_S = 0.02
+"""How often a stopping collector emits windows and moves delivered marks while its events sinks finish."""
+
+
+def let_sinks_finish(delivery: EventDelivery, rounds: Mapping[str, Callable[[], None]], deadline: float) -> None:
+    """Stopping, after every job's hand-over (:meth:`collector.daemon.collector.Collector.stop_intake`): until the
+    events sinks took what was offered to them, or ``deadline`` (:func:`time.monotonic`), each job's round
+    (``rounds``, by job: :meth:`collector.daemon.collector.Collector.finish_round`) is taken every
+    :data:`FINISH_ROUND_S`. A successor starts only once this process exited, and the ring keeps a closed window
+    only a few windows long (:mod:`shmstat.shm.layout`): windows closing while a slow sink finishes are emitted here
+    rather than lost; and what the sinks take is acknowledged while the marks still can be (after the jobs are let
+    go it would come again from the ranks)."""
+    while not delivery.drained() and time.monotonic() < deadline:
+        for job, finish_round in rounds.items():
+            try:
+                finish_round()
+            except Exception as exc:  # one job's trouble stops neither the others nor the stop
+                _log.warning("job %s: a round while stopping failed (%r)", job, exc)
+        time.sleep(FINISH_ROUND_S)

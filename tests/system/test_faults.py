@@ -131,10 +131,10 @@ def test_torn_bank_of_a_dead_writer_is_emitted_flagged_and_counted(job):
         assert torn["torn"] and torn["count"] == 5.0 and torn["sum"] in (5.0, 6.0)
         assert torn["min"] == torn["max"] == 1.0
         assert rows[(None, w_torn)]["torn"]  # the merged row says so too
-        assert coll.torn == 1
+        assert coll.passes.torn == 1
         assert seg.rank(0).state_name == "died"
     finally:
-        coll.shutdown()
+        coll.close()
         seg.close()
 
 
@@ -156,7 +156,7 @@ def test_torn_bank_caught_in_its_reset_carries_no_stale_numbers(job):
         assert merged["torn"] and merged["count"] == 5.0
         assert merged["sum"] in (5.0, 12.0) and merged["min"] == 1.0 and merged["max"] in (1.0, 7.0), merged
     finally:
-        coll.shutdown()
+        coll.close()
         seg.close()
 
 
@@ -180,9 +180,9 @@ def test_torn_bank_of_a_stopped_live_writer_is_held_then_flagged_once_it_dies(jo
             rows = rec.windows("torn", WINDOW_MS)
             assert rows[(3, w_torn)]["torn"] and rows[(3, w_torn)]["count"] == 3.0
             assert rows[(3, w_torn + 1)] == {"count": 2.0, "sum": 2.0, "max": 1.0, "min": 1.0, "torn": False}
-            assert coll.torn == 1
+            assert coll.passes.torn == 1
         finally:
-            coll.shutdown()
+            coll.close()
             seg.close()
     finally:
         sleeper.kill()
@@ -215,7 +215,7 @@ def test_a_stalled_writer_holds_back_the_merged_window_so_it_is_emitted_once_and
             assert merged == [8.0]  # once, both ranks
             assert rec.windows("torn", wms)[(None, w)]["torn"]
         finally:
-            coll.shutdown()
+            coll.close()
     finally:
         seg.close()
         sleeper.kill()
@@ -596,12 +596,12 @@ def test_windows_a_ring_overwrote_are_counted_before_any_watermark_and_across_an
     try:
         coll.step()
         emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
-        assert len(emitted) + coll.overwritten == 50, (sorted(emitted), coll.overwritten)
+        assert len(emitted) + coll.passes.overwritten == 50, (sorted(emitted), coll.passes.overwritten)
         # from the first window its clock left open; it does not look meanwhile (an outage of 70 windows)
         write_windows(51, 70)
         coll.step()
         emitted = {w for (rank, w) in rec.windows("ring", 50) if rank == 0}
-        assert len(emitted) + coll.overwritten == 120, (len(emitted), coll.overwritten)
+        assert len(emitted) + coll.passes.overwritten == 120, (len(emitted), coll.passes.overwritten)
     finally:
         coll.close()
 

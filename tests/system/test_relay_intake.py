@@ -94,7 +94,7 @@ def test_events_and_metrics_of_a_real_rank(monkeypatch, backend) -> None:
 
 
 def test_the_group_a_metric_topic_carries_is_its_first_segment() -> None:
-    from collector.daemon.collector import candidate_groups
+    from collector.daemon.job_pass import candidate_groups
 
     assert candidate_groups(b"metric/a/b/c") == ["a"]  # a group holds no '/' (shmstat.names; the wire checks it)
     assert candidate_groups(b"metric/g/m") == ["g"]

@@ -126,4 +126,4 @@ def test_a_short_window_never_overwrites_one_the_collector_has_not_emitted_and_c
     assert counts == {first: 2, first + 1: 2, first + 2: 2, first + 3: 2, first + 4: 5, first + 5: 1,
                       first + 7: 4}
     assert sum(counts.values()) + dropped() == 4 * 2 + 3 + 5 + 1 + 4
-    assert coll.overwritten == 0
+    assert coll.passes.overwritten == 0

@@ -22,7 +22,8 @@ def _collect_cmd(job: str, *args: str) -> list[str]:
 
 def test_a_second_collector_with_another_runtime_dir_is_refused_naming_the_first(job, tmp_path):
     out = str(tmp_path / "m.jsonl")
-    first = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10")
+    # a ring of 16 windows: the second collector's start-up shares a loaded 2-core machine with the first
+    first = start_collector(job, "--handler", f"*=jsonl:{out}", "--grace-ms", "10", "--banks", "16")
     other_runtime = tmp_path / "xdg"
     other_runtime.mkdir(mode=0o700)
     env = dict(os.environ, PYTHONPATH=REPO, XDG_RUNTIME_DIR=str(other_runtime))
@@ -37,6 +38,24 @@ def test_a_second_collector_with_another_runtime_dir_is_refused_naming_the_first
     finally:
         assert first.stop() == 0
     assert_rank_workers_reconcile(read_jsonl(out), tmp_path, 1)
+
+
+def test_a_refused_collector_leaves_the_outputs_of_the_one_serving_alone(job, tmp_path):
+    """The same command started twice: the second is refused before it opens any output. A jsonl output whose last
+    line is cut (its writer is mid-line: a full buffer flushed, or a write read half done) is the serving collector's
+    to finish; a refused one that opened it would take the cut line for a killed writer's and remove it."""
+    out = tmp_path / "m.jsonl"
+    args = ("--handler", "*=null", "--handler", f"quiet=jsonl:{out}")  # a group nobody writes: the file is ours
+    first = start_collector(job, *args)
+    try:
+        with open(out, "ab") as f:
+            f.write(b'{"whole": 1}\n{"cut": ')  # the serving writer is mid-line
+        second = subprocess.run(_collect_cmd(job, *args), capture_output=True, text=True, cwd=REPO, timeout=60,
+                                env=dict(os.environ, PYTHONPATH=REPO))
+        assert second.returncode == 2 and f"pid {first.proc.pid}" in second.stderr, second.stderr
+        assert out.read_bytes() == b'{"whole": 1}\n{"cut": ', second.stderr
+    finally:
+        assert first.stop() == 0
 
 
 def test_a_killed_collectors_successor_starts_at_once(job):

@@ -10,7 +10,7 @@ import struct
 from kit.support import unique_job
 
 from collector.cli.admin import segment_info
-from collector.daemon.collector import drop_counters
+from collector.daemon.job_pass import drop_counters
 from shmstat.shm import layout as L
 from shmstat.shm.segment import Segment
 

@@ -10,7 +10,8 @@ import time
 from kit.support import FakeClock, wait_for
 
 from collector import Collector, CollectorConfig
-from collector.daemon.collector import (
+from collector.daemon.config import SERVING_RANK_LOOK_S
+from collector.daemon.loop import (
     CHORE_SLACK_S,
     COMMIT_POLL_S,
     MAX_POLL_MS,
@@ -20,7 +21,6 @@ from collector.daemon.collector import (
     relay_turn_s,
     wait_quietly,
 )
-from collector.daemon.config import SERVING_RANK_LOOK_S
 from collector.daemon.node import NODE_MAX_WAIT_S, NodeCollector
 from shmstat.aggregation import Aggregation as A
 from shmstat.job.attach import init
@@ -51,20 +51,20 @@ def test_an_idle_serving_collector_sleeps_until_its_next_deadline(job):
         # nothing is due for a while: the loop sleeps until the next rank look, which may be CHORE_SLACK_S late (the
         # looks for new stats are made inside the wait, one word each: wait_quietly)
         assert c.next_due() <= mono + SERVING_RANK_LOOK_S + CHORE_SLACK_S + _EPS_S
-        assert STAT_LOOK_S * 1000 < c._poll_timeout_ms() <= (SERVING_RANK_LOOK_S + CHORE_SLACK_S) * 1000 + 1
+        assert STAT_LOOK_S * 1000 < c.loop.poll_timeout_ms() <= (SERVING_RANK_LOOK_S + CHORE_SLACK_S) * 1000 + 1
         started = time.monotonic()
-        wait_quietly(c.poller, 100, (c,))  # no message, no new stat: it waits it all, looking for stats within
-        assert time.monotonic() >= started + 0.1 and c._next_stat_look > started + STAT_LOOK_S
+        wait_quietly(c.loop.poller(), 100, (c,))  # no message, no new stat: it waits it all, looking for stats within
+        assert time.monotonic() >= started + 0.1 and c.next_stat_look > started + STAT_LOOK_S
         # a window ending sooner than that is what the loop wakes for (the window clock is injected)
         clock.advance_ms(1000 - 5)
         assert c.next_due() <= time.monotonic() + 0.005 + _EPS_S
         clock.advance_ms(5)
-        assert c._poll_timeout_ms() == 0  # due now
+        assert c.loop.poll_timeout_ms() == 0  # due now
         c.step(0)  # the pass: its watermark waits for the handlers to take it
         if len(c.commits):
             assert c.next_due() <= time.monotonic() + COMMIT_POLL_S + _EPS_S
         for _ in range(3):
-            assert 0 <= c._poll_timeout_ms() <= MAX_POLL_MS
+            assert 0 <= c.loop.poll_timeout_ms() <= MAX_POLL_MS
     finally:
         c.close()
 
@@ -85,7 +85,7 @@ def test_a_stat_made_between_rank_looks_is_found_within_the_stat_look(job):
         stat.add(1.0)
         assert looked + STAT_LOOK_S < c.next_due()  # no turn for the look: the wait makes it
         rank_look = c._next_rank_look
-        c.step(c._poll_timeout_ms())
+        c.step(c.loop.poll_timeout_ms())
         assert c.scanner._slots.get(0), "the new stat was not found by the step after the wait"
         assert c._next_rank_look == rank_look, "found by a rank look, not by the look for new stats"
     finally:
@@ -97,12 +97,12 @@ def test_a_node_collector_sleeps_until_the_earliest_deadline_of_its_jobs(job):
     node = NodeCollector(CollectorConfig(job="", status_interval_s=0.0, hold_ms=0), jobs=[job],
                          discover_interval_s=0.2)
     try:
-        node.step(0)  # discovers the job
+        node.loop.step(0)  # discovers the job
         (c,) = node.collectors.values()
         c.step(0)
-        assert node.next_due() <= min(c.next_due(), node._next_discovery + CHORE_SLACK_S) + _EPS_S
-        assert 0 <= node._poll_timeout_ms() <= NODE_MAX_WAIT_S * 1000
-        assert node._poller() is node._poller()  # one poller while the jobs served stay the same
+        assert node.loop.next_due() <= min(c.next_due(), node._next_discovery + CHORE_SLACK_S) + _EPS_S
+        assert 0 <= node.loop.poll_timeout_ms() <= NODE_MAX_WAIT_S * 1000
+        assert node.loop.poller() is node.loop.poller()  # one poller while the jobs served stay the same
     finally:
         node.close()
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 from kit.faults import Subscriber
-from kit.procs import read_jsonl, spawn, start_collector
+from kit.procs import REPO, read_jsonl, spawn, start_collector
 from kit.straggler_reference import columns_of
 from kit.support import wait_for
 
@@ -321,3 +324,15 @@ def test_a_stat_declared_higher_is_better_reaches_the_rows_from_its_descriptor(j
     assert direction == {"tokens_per_s": True, "step_s": False}
     # and on to what a subscriber of stat/<group>/<name> receives
     assert {r.name: r.to_wire()["higher_is_better"] for r in rows} == direction
+
+
+def test_a_collector_s_first_scored_pass_imports_nothing(job, tmp_path):
+    """A pass runs on the loop's thread, and a ring of 4 banks keeps a window about two windows long: an import
+    the first pass makes (numpy.ma, which np.unique loads on its first call: 0.2 to 0.9 s on a loaded machine) lost
+    a 50 ms window now and then."""
+    program = os.path.join(REPO, "tests", "kit", "programs", "first_pass.py")
+    proc = subprocess.run([sys.executable, program, job, str(tmp_path / "m.jsonl")], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["windows"] >= 2 and result["imported"] == [], result
