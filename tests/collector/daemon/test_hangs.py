@@ -119,8 +119,13 @@ def test_a_rank_stuck_in_a_section_is_named_once_with_its_state_stacks_and_metri
         waits = re.findall(rf'shmstat_rank_progress_age_seconds{{job="{job}",[^}}]*section="allreduce",wait="1"}}',
                            body)
         assert hung and age and float(age.group(1)) >= HANG_AFTER and len(waits) == 2, body
+        suspects = re.findall(rf'shmstat_hang_suspect_age_seconds{{job="{job}",node="[^"]+",rank="(\d+)",'
+                              r'section="(\w*)",state="(\w+)"} ([0-9.]+)', body)
+        assert [s[:3] for s in suspects] == [("1", "data", "sleeping")] and float(suspects[0][3]) >= HANG_AFTER, body
         open(os.path.join(tmp, "go"), "w").close()
         wait_for(lambda: _events(events, "shmstat.hang.resolved"), timeout_s=10)
+        wait_for(lambda: "shmstat_hang_suspect_age_seconds{" not in _scrape(coll.prometheus), timeout_s=10,
+                 interval_s=0.2, what="the suspect's series gone once the hang resolved")
         time.sleep(0.5)  # a second episode or line would come now
     finally:
         out = _finish(coll, procs, tmp)
