@@ -19,8 +19,11 @@ Recording rules (evaluated in order, one group):
 The collector scores a window's p50 where the stat keeps percentiles; these rules score the mean over ``interval``
 (the counters are what merges exactly across nodes). The two agree for a steady rank.
 
-Alerting rules: :data:`ALERTS` (their names) -- a slow rank, a slow node, a hang (on the contract of the hang
-detector's ``shmstat_rank_progress_age_seconds``), data lost, a collector down. The file is built as plain data
+Alerting rules: :data:`ALERTS` (their names) -- a slow rank, a slow node, a hang, data lost, a collector down.
+``ShmstatHang`` fires for each rank a node collector's hang detector names (:data:`HANG_SUSPECT`: a rank stopped
+inside a collective too, whose own series says it waits) and, where no collector sees the whole picture, for a rank
+outside a wait section past ``--hang-after`` while a rank of its job waits on any node (:data:`HANG_AGE`); one
+alert per rank (``or on (job, node, rank)``: the collector's, with its ``state``, wins). The file is built as plain data
 and written by a small YAML emitter (:func:`to_yaml`; the package has no YAML dependency).
 """
 
@@ -35,7 +38,7 @@ from shmstat.errors import ConfigError
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
 __all__ = ["ALERTS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE", "HANG_AGE",
-           "MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
+           "HANG_SUSPECT", "MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
 
 FIGURE = "shmstat:stat_figure"
 """Recording rule: each rank's and each node's mean of a scored stat over the interval."""
@@ -45,6 +48,9 @@ SCORE = "shmstat:straggler_score"
 """Recording rule: each rank's and each node's score against the job-wide median (under the threshold: slow)."""
 HANG_AGE = "shmstat_rank_progress_age_seconds"
 """The hang detector's gauge (labels job, node, rank, section, wait): seconds since the rank last made progress."""
+HANG_SUSPECT = "shmstat_hang_suspect_age_seconds"
+"""The hang detector's gauge (labels job, node, rank, section, state) of each rank its hang line names, while the
+episode lasts: seconds since the rank last made progress."""
 ALERTS = ("ShmstatStragglerRank", "ShmstatStragglerNode", "ShmstatHang", "ShmstatDataLost", "ShmstatCollectorDown")
 """The alerting rules, in the file's order."""
 DATA_LOST_COUNTERS = ("samples_dropped", "windows_overwritten", "windows_torn", "seq_gaps", "events_dropped",
@@ -113,14 +119,17 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
                             "{{ $value | printf \"%.3f\" }} "
                             f"(under {threshold!r} for {slow_for}), even where its ranks equal each other."}},
         {"alert": "ShmstatHang",
-         "expr": f'{HANG_AGE}{{wait!="1"}} > {hang_after_s!r}\n'
-                 f'and on (job) (count by (job) ({HANG_AGE}{{wait="1"}}) > 0)',
+         "expr": f"{HANG_SUSPECT}\nor on (job, node, rank)\n"
+                 f'(\n  {HANG_AGE}{{wait!="1"}} > {hang_after_s!r}\n'
+                 f'  and on (job) (count by (job) ({HANG_AGE}{{wait="1"}}) > 0)\n)',
          "labels": {"severity": "critical"},
          "annotations": {
              "summary": "Rank {{ $labels.rank }} on {{ $labels.node }} holds job {{ $labels.job }} in section "
                         "\"{{ $labels.section }}\"",
-             "description": "No progress for {{ $value | printf \"%.0f\" }} s outside a wait section while other "
-                            "ranks of the job wait."}},
+             "description": "No progress for {{ $value | printf \"%.0f\" }} s"
+                            "{{ if $labels.state }}; the collector of {{ $labels.node }} names it "
+                            "({{ $labels.state }}).{{ else }} outside a wait section while other ranks of the job "
+                            "wait.{{ end }}"}},
         {"alert": "ShmstatDataLost", "expr": lost,
          "labels": {"severity": "warning"},
          "annotations": {

@@ -17,8 +17,9 @@ later (:data:`STACKS_WAIT_S`) with the innermost frames of its stacks. When prog
 left in a section), ``shmstat.hang.resolved`` is published (no console line: one line per episode).
 
 The Prometheus exporter, when there is one, is handed the table at each look where it changed (and at least every
-:data:`EXPORT_EVERY_S`): ``shmstat_rank_progress_age_seconds`` and ``shmstat_job_hung``
-(docs/reference/prometheus-series.md).
+:data:`EXPORT_EVERY_S`): ``shmstat_rank_progress_age_seconds``, ``shmstat_job_hung`` and, while an episode lasts,
+its suspects as the hang line named them (section, process state), ``shmstat_hang_suspect_age_seconds``, on which
+``ShmstatHang`` fires whatever the suspect's section (docs/reference/prometheus-series.md).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class _Episode:
     publish_at: float  # monotonic: once the suspects' stacks had time to arrive
     published: bool
     offsets: dict[int, tuple[str, int]]  # rank -> (stacks file, its size before SIGUSR2)
+    suspects: list[tuple[int, str, str, int]]  # (rank, section, state, progress_ns) as the line names them
 
 
 class HangWatcher:
@@ -123,7 +125,7 @@ class HangWatcher:
         self._quiet: dict[tuple[int, int], tuple[int, float, float]] = {}  # (rank, pid) -> (progress, cpu s, mono)
         self._procs: dict[int, psutil.Process] = {}
         self._episode: _Episode | None = None
-        self._exported: tuple[list[tuple[int, str, bool, int]], bool] | None = None
+        self._exported: tuple[list[tuple[int, str, bool, int]], bool, list[tuple[int, str, str, int]]] | None = None
         self._exported_at = 0.0
 
     @property
@@ -249,6 +251,7 @@ class HangWatcher:
                            "hang_after_s": self.hang_after_ns / 1e9}
         offsets: dict[int, tuple[str, int]] = {}
         clauses = []
+        named: list[tuple[int, str, str, int]] = []
         for r in suspects:
             age = (now - r.progress_ns) / 1e9
             where = f"in {r.section}" if r.section else "outside every section"
@@ -267,6 +270,7 @@ class HangWatcher:
                 data[prefix + "status"] = r.gone
                 how = f"pid {r.pid}, {r.gone}"
             clauses.append(f"rank {r.rank} {where} for {age:.0f} s ({how})")
+            named.append((r.rank, r.section, str(data[prefix + "status"]), r.progress_ns))
         others = [r for r in table if r not in suspects]
         groups: dict[str, list[RankPhase]] = {}
         for r in others:
@@ -282,7 +286,7 @@ class HangWatcher:
             clauses.append("every rank of this node waits, in different wait sections")
         data["line"] = f"hang: job {self.job}: " + "; ".join(parts + clauses)
         since = max(r.progress_ns for r in live)
-        return _Episode(now, since, data, mono + (STACKS_WAIT_S if offsets else 0.0), False, offsets)
+        return _Episode(now, since, data, mono + (STACKS_WAIT_S if offsets else 0.0), False, offsets, named)
 
     def _stopped(self, r: RankPhase) -> bool:
         """Whether a live rank's process is stopped (it runs none of its code, whatever its phase word says)."""
@@ -336,11 +340,13 @@ class HangWatcher:
         if self.exporter is None:
             return
         rows = [(r.rank, r.section, r.waits, r.progress_ns) for r in table if r.alive or r.gone == "died"]
-        if (rows, hung) == self._exported and mono - self._exported_at < EXPORT_EVERY_S:
+        suspects = self._episode.suspects if self._episode is not None else []
+        if (rows, hung, suspects) == self._exported and mono - self._exported_at < EXPORT_EVERY_S:
             return
-        self._exported, self._exported_at = (rows, hung), mono
+        self._exported, self._exported_at = (rows, hung, suspects), mono
         self.exporter.set_progress(self.job, [(rank, section, wait, (now - at) / 1e9)
-                                              for rank, section, wait, at in rows], hung)
+                                              for rank, section, wait, at in rows], hung,
+                                   [(rank, section, state, (now - at) / 1e9) for rank, section, state, at in suspects])
 
 
 def innermost_frames(dump: str, per_thread: int = FRAMES_PER_THREAD, limit: int = MAX_STACK_CHARS) -> str:

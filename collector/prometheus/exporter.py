@@ -29,8 +29,10 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
 - ``shmstat_collector_<counter>_total``: the collector's own counters per job;
 - the hang detector's (:mod:`collector.daemon.hangs`, handed over by :meth:`PrometheusExporter.set_progress`):
   ``shmstat_rank_progress_age_seconds`` (labels ``job``, ``node``, ``rank``, ``section``, ``wait``: seconds since
-  the rank's phase word last changed, at the rendering) and ``shmstat_job_hung`` (``job``, ``node``: 1 while the
-  job hangs);
+  the rank's phase word last changed, at the rendering), ``shmstat_job_hung`` (``job``, ``node``: 1 while the
+  job hangs) and ``shmstat_hang_suspect_age_seconds`` (``job``, ``node``, ``rank``, ``section``, ``state``: while a
+  hang episode lasts, each rank its hang line names, its section and process state as the line says them, the
+  seconds since its progress);
 - the GPU figures (group ``gpu``, :mod:`collector.gpu.figures`), besides their ``shmstat_stat_*`` series, as
   one gauge family per figure, ``shmstat_gpu_<figure>`` (``shmstat_gpu_util``, ``shmstat_gpu_fb_used``, ...: the
   unit of dcgm-exporter's ``DCGM_FI_DEV_*`` twin), labels ``job``, ``node``, ``gpu`` (NVML index), ``uuid`` and,
@@ -91,6 +93,9 @@ _NB = len(BUCKET_BOUNDS) + 1
 _LE = (*(repr(b) for b in BUCKET_BOUNDS), "+Inf")
 RETIRE_AFTER_S = 600.0
 _PERCENTILES = ("p50", "p90", "p99", "p999")
+_Progress = tuple[float, list[tuple[int, str, bool, float]], bool, list[tuple[int, str, str, float]]]
+"""A job's hang table as handed over: when, per rank (rank, section, wait, age s), hung, per suspect (rank,
+section, state, age s)."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -143,7 +148,7 @@ class PrometheusExporter:
         self._counters: dict[str, Callable[[], dict[str, int]]] = {}
         self._node_counters: list[Callable[[], dict[str, int]]] = [self._server_counters]
         self._retired: dict[str, float] = {}
-        self._progress: dict[str, tuple[float, list[tuple[int, str, bool, float]], bool]] = {}
+        self._progress: dict[str, _Progress] = {}
         self._server: MetricsServer | None = None
         self._cache: RenderCache | None = None
         self.port = port
@@ -324,11 +329,13 @@ class PrometheusExporter:
             self._node_counters.append(counters)
         self._changed()
 
-    def set_progress(self, job: str, ages: list[tuple[int, str, bool, float]], hung: bool) -> None:
-        """The hang detector's table of ``job``: ``(rank, section, wait, age in seconds now)`` per rank, and whether
-        the job hangs; a rendering adds the time passed since (so a scrape between two hand-overs is exact)."""
+    def set_progress(self, job: str, ages: list[tuple[int, str, bool, float]], hung: bool,
+                     suspects: list[tuple[int, str, str, float]] | None = None) -> None:
+        """The hang detector's table of ``job``: ``(rank, section, wait, age in seconds now)`` per rank, whether
+        the job hangs and, while it does, ``(rank, section, process state, age in seconds now)`` per suspect; a
+        rendering adds the time passed since (so a scrape between two hand-overs is exact)."""
         with self._lock:
-            self._progress[job] = (self.clock(), list(ages), hung)
+            self._progress[job] = (self.clock(), list(ages), hung, list(suspects or ()))
         self._changed()
 
     def _server_counters(self) -> dict[str, int]:
@@ -430,9 +437,9 @@ class PrometheusExporter:
             del self._retired[job]
 
 
-def _progress_families(progress: list[tuple[str, tuple[float, list[tuple[int, str, bool, float]], bool]]],
-                       node: str, now: float) -> Iterator[object]:
-    """``shmstat_rank_progress_age_seconds`` and ``shmstat_job_hung`` of every job the hang detector handed over."""
+def _progress_families(progress: list[tuple[str, _Progress]], node: str, now: float) -> Iterator[object]:
+    """``shmstat_rank_progress_age_seconds``, ``shmstat_job_hung`` and ``shmstat_hang_suspect_age_seconds`` of every
+    job the hang detector handed over."""
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.samples import Sample
 
@@ -440,12 +447,19 @@ def _progress_families(progress: list[tuple[str, tuple[float, list[tuple[int, st
                             "phase word changed: a section entered or left, a step counted); section its innermost "
                             "open section, wait 1 when that is a wait section")
     hung = GaugeMetricFamily("shmstat_job_hung", "1 while the collector's hang detector finds the job hung")
-    for job, (at, rows, is_hung) in progress:
+    suspect = GaugeMetricFamily("shmstat_hang_suspect_age_seconds", "While the job hangs, each rank the collector's "
+                                "hang line names: seconds since its progress; section and state (its process's) as "
+                                "the line says them")
+    for job, (at, rows, is_hung, suspects) in progress:
+        since = max(0.0, now - at)
         for rank, section, wait, seconds in rows:
             age.samples.append(Sample(age.name, {"job": job, "node": node, "rank": str(rank), "section": section,
-                                                 "wait": "1" if wait else "0"}, seconds + max(0.0, now - at)))
+                                                 "wait": "1" if wait else "0"}, seconds + since))
         hung.samples.append(Sample(hung.name, {"job": job, "node": node}, 1 if is_hung else 0))
-    yield from (age, hung)
+        for rank, section, state, seconds in suspects:
+            suspect.samples.append(Sample(suspect.name, {"job": job, "node": node, "rank": str(rank),
+                                                         "section": section, "state": state}, seconds + since))
+    yield from (age, hung, suspect)
 
 
 def _gpu_families(series: list[tuple[tuple[str, str, int, int | None], float]], uuids: tuple[str, ...],

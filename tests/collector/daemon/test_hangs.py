@@ -7,11 +7,14 @@ import os
 import re
 import signal
 import time
+import urllib.parse
 import urllib.request
 
 from kit.procs import read_jsonl, spawn, start_collector
+from kit.prometheus import needs_prometheus, query, scraping, start_prometheus_as_written, static_job
 from kit.support import wait_for
 
+from collector.cli.prometheus_rules import rules_yaml
 from collector.daemon.hangs import innermost_frames
 
 HANG_AFTER = 2
@@ -25,7 +28,8 @@ def _wait_file(path: str) -> None:
 def _rank(job: str, rank: int, world: int, role: str, tmp: str, stacks: bool) -> None:
     """A rank: steps in sections (``data``, then the wait section ``allreduce``) for a moment, then, until the file
     ``go`` exists, ``stuck`` sleeps in ``data``, ``waits`` waits in ``allreduce``, ``plain`` (no section at all)
-    sleeps; then a few steps more."""
+    sleeps; ``holds`` waits in ``allreduce`` until ``go`` exists, then writes ``released``, for which ``follows``
+    waits in ``allreduce`` (a collective the holding rank ends); then a few steps more."""
     import shmstat
 
     shmstat.init(job, rank=rank, local_rank=rank, world_size=world, hang_stacks=stacks)
@@ -45,11 +49,13 @@ def _rank(job: str, rank: int, world: int, role: str, tmp: str, stacks: bool) ->
     if role == "stuck":
         with shmstat.section("data"):
             _wait_file(go)
-    elif role == "waits":
+    elif role in ("waits", "holds", "follows"):
         with shmstat.section("data"):
             pass
         with shmstat.section("allreduce", wait=True):
-            _wait_file(go)
+            _wait_file(os.path.join(tmp, "released") if role == "follows" else go)
+            if role == "holds":
+                open(os.path.join(tmp, "released"), "w").close()
     else:
         _wait_file(go)
     if role != "plain":
@@ -113,8 +119,13 @@ def test_a_rank_stuck_in_a_section_is_named_once_with_its_state_stacks_and_metri
         waits = re.findall(rf'shmstat_rank_progress_age_seconds{{job="{job}",[^}}]*section="allreduce",wait="1"}}',
                            body)
         assert hung and age and float(age.group(1)) >= HANG_AFTER and len(waits) == 2, body
+        suspects = re.findall(rf'shmstat_hang_suspect_age_seconds{{job="{job}",node="[^"]+",rank="(\d+)",'
+                              r'section="(\w*)",state="(\w+)"} ([0-9.]+)', body)
+        assert [s[:3] for s in suspects] == [("1", "data", "sleeping")] and float(suspects[0][3]) >= HANG_AFTER, body
         open(os.path.join(tmp, "go"), "w").close()
         wait_for(lambda: _events(events, "shmstat.hang.resolved"), timeout_s=10)
+        wait_for(lambda: "shmstat_hang_suspect_age_seconds{" not in _scrape(coll.prometheus), timeout_s=10,
+                 interval_s=0.2, what="the suspect's series gone once the hang resolved")
         time.sleep(0.5)  # a second episode or line would come now
     finally:
         out = _finish(coll, procs, tmp)
@@ -149,6 +160,43 @@ def test_a_rank_sigstopped_in_a_wait_section_is_named_stopped_not_another_nodes(
     finally:
         os.kill(procs[1].pid, signal.SIGCONT)
         _finish(coll, procs, tmp)
+
+
+@needs_prometheus
+def test_live_shmstathang_names_a_rank_sigstopped_in_a_wait_section_and_resolves_on_sigcont(job, tmp_path):
+    """Every rank waits in ``allreduce``, rank 1 because it is SIGSTOPped there (the others wait for it to end the
+    collective): a real Prometheus scraping the collector every second and loading the printed rules
+    (``--hang-after 2``) fires ``ShmstatHang`` for rank 1 alone, with its section and state, and resolves it once
+    SIGCONT lets the collective end."""
+    tmp = str(tmp_path)
+    coll = _collector(job, tmp, "--prometheus", "127.0.0.1:0", "--prometheus-node", "node-a")
+    path = tmp_path / "shmstat-rules.yml"
+    path.write_text(rules_yaml(hang_after_s=HANG_AFTER, interval_s=4, windows=1))
+    prom, base = start_prometheus_as_written(tmp_path, (
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files: ['{path}']\nscrape_configs:\n" + static_job([urllib.parse.urlsplit(coll.prometheus).netloc])))
+    procs = _start_job(job, tmp, ["follows", "holds", "follows"])
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    alert = f'ALERTS{{alertname="ShmstatHang", job="{job}"}}'
+    try:
+        wait_for(lambda: scraping(base), 60, what=f"Prometheus scraping (log: {tmp_path / 'prometheus.log'})")
+        wait_for(lambda: query(base, f'{alert[:-1]}, alertstate="firing"}}'), HANG_AFTER + 30, interval_s=0.5,
+                 what=f"ShmstatHang firing (log: {tmp_path / 'prometheus.log'})")
+        named = [{k: v for k, v in r["metric"].items() if k not in ("__name__", "instance")}
+                 for r in query(base, alert)]
+        assert named == [{"alertname": "ShmstatHang", "alertstate": "firing", "job": job, "node": "node-a",
+                          "rank": "1", "section": "allreduce", "state": "stopped", "severity": "critical"}], named
+        open(os.path.join(tmp, "go"), "w").close()
+        os.kill(procs[1].pid, signal.SIGCONT)
+        wait_for(lambda: _events(f"{tmp}/events.jsonl", "shmstat.hang.resolved"), timeout_s=10)
+        wait_for(lambda: not query(base, alert), 15, interval_s=0.5, what="ShmstatHang resolved")
+    finally:
+        os.kill(procs[1].pid, signal.SIGCONT)
+        try:
+            _finish(coll, procs, tmp)
+        finally:
+            prom.terminate()
+            prom.wait(30)
 
 
 def test_a_rank_that_died_in_its_section_is_named_died(job, tmp_path):
