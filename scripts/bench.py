@@ -793,17 +793,33 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
 
 
 def worker_sections(job: str, args: argparse.Namespace) -> None:
-    """A section's enter + exit beside torch.profiler.record_function (no profiler running) and a hand-written
-    perf_counter pair plus ``Stat.add``, a round of each in turn; on this process's backend (the C path, or the
-    pure-Python one with ``SHMSTAT_PURE_PYTHON=1``)."""
+    """A section's enter + exit beside torch.profiler.record_function (no profiler running), a hand-written
+    perf_counter pair plus ``Stat.add``, and the floors: an empty method call (issue 42's unit), a ``with`` on a C
+    context manager that does nothing, and one that only reads the monotonic clock at enter and exit (both
+    ``shmstat._fastpath.NullContext`` under a Python subclass with slots, as ``section`` is over ``SectionCore``);
+    a round of each in turn, on this process's backend (the C path, or the pure-Python one with
+    ``SHMSTAT_PURE_PYTHON=1``)."""
     import shmstat
     from shmstat import Aggregation as A
     from shmstat._backend import backend
 
+    class Floor:
+        def f(self, v: float) -> None:
+            pass
+
     shmstat.init(job, rank=0, publish=False)
-    env: dict[str, Any] = {"sec": shmstat.section("bench"), "pc": time.perf_counter,
+    env: dict[str, Any] = {"sec": shmstat.section("bench"), "pc": time.perf_counter, "floor": Floor(),
                            "add": shmstat.Stat("bench.pair", [getattr(A, a) for a in AGGS_NAMES], 3600.0).add}
-    stmts = {"section": "with sec:\n    pass", "pair": "t0 = pc()\nadd(pc() - t0)"}
+    stmts = {"floor": "floor.f(1.5)", "section": "with sec:\n    pass", "pair": "t0 = pc()\nadd(pc() - t0)"}
+    with contextlib.suppress(ImportError):
+        from shmstat._fastpath import NullContext
+
+        class Null(NullContext):  # type: ignore[misc]
+            __slots__ = ("_name",)
+
+        env.update(null=Null(), null_timed=Null(timed=True))
+        stmts["with_null"] = "with null:\n    pass"
+        stmts["with_clocks"] = "with null_timed:\n    pass"
     with contextlib.suppress(ImportError):
         from torch.profiler import record_function
 
@@ -843,13 +859,18 @@ def section_lines(runs: list[dict[str, Any]]) -> list[str]:
     out = ["", "## Instrumentation priced: a section's enter + exit beside its anchors (ns per call, lower is "
            "better)", "",
            "One process per path, a round of each statement in turn (median of the rounds); attached to a job "
-           "(the section's Stat in shared memory, its phase word written).", "",
-           "| path | `with shmstat.section(...)` | `torch.profiler.record_function`, no profiler | `perf_counter` "
-           "pair + `Stat.add` |", "|---|---:|---:|---:|"]
+           "(the section's Stat in shared memory, its phase word written). The floors: an empty method call (issue "
+           "42's target: a section at most 3x it), a `with` on a C context manager doing nothing, and one reading "
+           "the monotonic clock at enter and exit (what any timed `with` pays).", "",
+           "| path | `with shmstat.section(...)` | x empty call | empty method call | `with` C no-op | `with` C, 2 "
+           "clock reads | `torch.profiler.record_function`, no profiler | `perf_counter` pair + `Stat.add` |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         path = "C (SectionCore)" if r.get("c_path") else f"pure Python ({r.get('backend')} backend)"
-        out.append(f"| {path} | {fmt_ns(r.get('section'))} | {fmt_ns(r.get('record_function'))} | "
-                   f"{fmt_ns(r.get('pair'))} |")
+        sec, floor = r.get("section"), r.get("floor")
+        times = f"{sec / floor:.1f}x" if isinstance(sec, float) and isinstance(floor, float) and floor > 0 else "?"
+        out.append(f"| {path} | {fmt_ns(sec)} | {times} | {fmt_ns(floor)} | {fmt_ns(r.get('with_null'))} | "
+                   f"{fmt_ns(r.get('with_clocks'))} | {fmt_ns(r.get('record_function'))} | {fmt_ns(r.get('pair'))} |")
     return out
 
 

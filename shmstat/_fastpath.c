@@ -1634,6 +1634,77 @@ static PyTypeObject SectionCoreType = {
     .tp_getset = SectionCore_getset,
 };
 
+/* NullContext(timed=False): a context manager of this module's kind (a C type, METH_NOARGS __enter__, METH_FASTCALL
+ * __exit__, like SectionCore) that does nothing, or with ``timed`` only reads the monotonic clock at enter and exit:
+ * what a ``with`` on a C type costs, the floor scripts/bench.py prices a section against. */
+typedef struct {
+    PyObject_HEAD
+    int timed;
+    int64_t t0, last_ns;
+} NullContext;
+
+static PyObject *
+NullContext_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timed", NULL};
+    int timed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p:NullContext", kwlist, &timed)) {
+        return NULL;
+    }
+    NullContext *self = (NullContext *)type->tp_alloc(type, 0);
+    if (self != NULL) {
+        self->timed = timed;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *
+NullContext_enter(NullContext *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->timed) {
+        self->t0 = mono_ns();
+    }
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *
+NullContext_exit(NullContext *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    if (self->timed) {
+        self->last_ns = mono_ns() - self->t0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+NullContext_get_last(NullContext *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->last_ns);
+}
+
+static PyMethodDef NullContext_methods[] = {
+    {"__enter__", (PyCFunction)NullContext_enter, METH_NOARGS, "Enter (nothing, or a clock reading)."},
+    {"__exit__", (PyCFunction)(void (*)(void))NullContext_exit, METH_FASTCALL, "Leave (nothing, or a clock reading)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef NullContext_getset[] = {
+    {"last_ns", (getter)NullContext_get_last, NULL, "timed: the ns between the last enter and exit.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject NullContextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.NullContext",
+    .tp_doc = PyDoc_STR("NullContext(timed=False)\n\nA C context manager that does nothing (timed: reads the "
+                        "monotonic clock at enter and exit): the floor of a section's cost in scripts/bench.py."),
+    .tp_basicsize = sizeof(NullContext),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = NullContext_new,
+    .tp_methods = NullContext_methods,
+    .tp_getset = NullContext_getset,
+};
+
 static PyMethodDef fastpath_functions[] = {
     {"thread_stack", (PyCFunction)fastpath_thread_stack, METH_NOARGS,
      "thread_stack() -> Stack: this thread's open sections (shared by the C and Python enter/exit)."},
@@ -1656,7 +1727,8 @@ PyMODINIT_FUNC
 PyInit__fastpath(void)
 {
     if (PyType_Ready(&SlotWriterType) < 0 || PyType_Ready(&PhaseWriterType) < 0 || PyType_Ready(&RecordCoreType) < 0
-        || PyType_Ready(&StackType) < 0 || PyType_Ready(&SectionCoreType) < 0) {
+        || PyType_Ready(&StackType) < 0 || PyType_Ready(&SectionCoreType) < 0
+        || PyType_Ready(&NullContextType) < 0) {
         return NULL;
     }
     stack_key = PyUnicode_InternFromString("shmstat_section_stack");
@@ -1677,7 +1749,8 @@ PyInit__fastpath(void)
         || PyModule_AddObjectRef(m, "PhaseWriter", (PyObject *)&PhaseWriterType) < 0
         || PyModule_AddObjectRef(m, "RecordCore", (PyObject *)&RecordCoreType) < 0
         || PyModule_AddObjectRef(m, "Stack", (PyObject *)&StackType) < 0
-        || PyModule_AddObjectRef(m, "SectionCore", (PyObject *)&SectionCoreType) < 0) {
+        || PyModule_AddObjectRef(m, "SectionCore", (PyObject *)&SectionCoreType) < 0
+        || PyModule_AddObjectRef(m, "NullContext", (PyObject *)&NullContextType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
