@@ -163,8 +163,14 @@ def check_top_nodes(view: OpsView, since: tuple[int, int], scenario: str, expect
     when the scenario began): in "slow-node", ``expect["node"]`` marked ``SLOW NODE`` (and no other node, no rank
     of another node marked ``SLOW``) and named once as a node by a ``shmstat.job.straggler`` event; in "hang", the
     line naming ``expect["rank"]`` on ``expect["node"]`` in ``forward`` holding the job while the other hosts
-    wait, and the ``shmstat.job.hang`` event saying the same. Returns the frame that showed it."""
+    wait, and the ``shmstat.job.hang`` event saying the same; in "host-down" (``expect["node"]`` killed), no
+    node or rank marked and no straggler or hang event since. Returns the frame that showed it (the last one)."""
     node, job = expect["node"], expect["job"]
+    if scenario == "host-down":
+        frames = view.frames(since[0])
+        assert frames and not [f for f in frames if "SLOW" in f or "hang:" in f], frames
+        assert [e for name in (JOB_STRAGGLER_EVENT, JOB_HANG_EVENT) for e in view.events(since[1], name)] == []
+        return frames[-1]
     others = ",".join(n for n in expect["nodes"] if n != node)
     if scenario == "slow-node":
         def shown() -> str:
@@ -325,6 +331,7 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
 
     # 4. host 2 killed mid-job: its collector is down, nothing false fires for the others, their series exact
     dead = hosts[1]
+    since = view.mark()
     assert dead.crash(), "host 2 ran nothing"
     seen = []
     now = wait_alert(cluster, base, lambda f: any(a["alertname"] == "ShmstatCollectorDown" for a in f), 60,
@@ -358,6 +365,8 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
         assert named(now, "node") == {(dead.name,)}, now
         time.sleep(0.5)
     assert counted() == exact
+    frame = check_top_nodes(view, since, "host-down", {"job": job, "node": dead.name, "nodes": names})
+    print(f"[top --nodes, host down]\n{frame}")
     for proc in (view.top, view.watch):
         assert proc.stop(signal.SIGINT) == 0, proc.tail()
     print(f"[watch] {view.watch.output().splitlines()[-1]}")  # what it did not fold in: late rows, lost items
