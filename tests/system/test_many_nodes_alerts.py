@@ -4,7 +4,9 @@ docs/guides/many-nodes.md tells a user to set them up: on each host a node colle
 ``torchrun`` job (gloo across the bridge, static rendezvous on host 1, two ranks per host) whose training script
 calls ``shmstat.torch.instrument``; on the ops side a real Prometheus scraping every node and loading the rules
 printed with short ``--interval``/``--windows``/``--hang-after`` (so each scenario takes seconds). Alerts are read
-from Prometheus' ``/api/v1/alerts``, as Alertmanager gets them.
+from Prometheus' ``/api/v1/alerts``, as Alertmanager gets them. Beside Prometheus, on the ops side, ``shmstat top
+--nodes`` over the three hosts' endpoints and a ``collector.watch`` script (:class:`OpsView`) follow the same job:
+:func:`check_top_nodes` reads what they show in scenarios 1, 3 and 4.
 
 One job walks four scenarios in turn (the test steers its ranks through a control file, see
 tests/kit/programs/many_nodes_train.py), each waiting for the previous one's alerts to resolve:
