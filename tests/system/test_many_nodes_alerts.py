@@ -4,7 +4,9 @@ docs/guides/many-nodes.md tells a user to set them up: on each host a node colle
 ``torchrun`` job (gloo across the bridge, static rendezvous on host 1, two ranks per host) whose training script
 calls ``shmstat.torch.instrument``; on the ops side a real Prometheus scraping every node and loading the rules
 printed with short ``--interval``/``--windows``/``--hang-after`` (so each scenario takes seconds). Alerts are read
-from Prometheus' ``/api/v1/alerts``, as Alertmanager gets them.
+from Prometheus' ``/api/v1/alerts``, as Alertmanager gets them. Beside Prometheus, on the ops side, ``shmstat top
+--nodes`` over the three hosts' endpoints and a ``collector.watch`` script (:class:`OpsView`) follow the same job:
+:func:`check_top_nodes` reads what they show in scenarios 1, 3 and 4.
 
 One job walks four scenarios in turn (the test steers its ranks through a control file, see
 tests/kit/programs/many_nodes_train.py), each waiting for the previous one's alerts to resolve:
@@ -23,10 +25,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import signal
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,6 +39,8 @@ from kit.cluster import INTERFACE, OPS_ADDRESS, Cluster, Host, Proc, simulated_c
 from kit.procs import REPO
 from kit.prometheus import file_sd_job, needs_prometheus, prometheus_command, query
 from kit.support import wait_for
+
+from collector.jobwide.watch import JOB_HANG_EVENT, JOB_STRAGGLER_EVENT
 
 RANKS_PER_HOST = 2
 HOSTS = 3
@@ -115,11 +122,85 @@ def quiet(cluster: Cluster, base: str, timeout_s: float = 30) -> None:
                timeout_s, "quiet (every alert resolved)")
 
 
-# ---- PLACE FOR `shmstat top --nodes` (issue 43 item 2, built in parallel): fill in check_top_nodes ----------------
-def check_top_nodes(cluster: Cluster, scenario: str, expect: dict) -> None:
-    """TOP --NODES GOES HERE: ``shmstat top --nodes tcp://<host>:5557 ...`` (item 2 of issue 43, built
-    elsewhere) run on the ops side must show ``expect`` in ``scenario``: host 3 marked slow ("slow-node"),
-    the held rank and its host named ("hang"). Until it lands this checks nothing."""
+@dataclass
+class OpsView:
+    """The job-wide view without Prometheus, on the ops side as the Many nodes page runs it: ``shmstat top
+    --nodes`` over the three hosts' endpoints (frames printed one after the other: not a terminal) and a
+    ``collector.watch`` script printing its events as JSON lines (tests/kit/programs/watch_events.py)."""
+
+    top: Proc
+    watch: Proc
+
+    def mark(self) -> tuple[int, int]:
+        """Where each one's output stands now (a scenario reads only what came after)."""
+        return len(self.top.output()), len(self.watch.output())
+
+    def frames(self, since: int) -> list[str]:
+        """top's whole frames printed after ``since`` (the one being printed is left out)."""
+        return [f for f in self.top.output()[since:].split("\n\n")[:-1] if f.startswith("job ")]
+
+    def events(self, since: int, name: str) -> list[dict]:
+        """The data of every ``name`` event the watcher printed after ``since`` (whole lines only)."""
+        lines = self.watch.output()[since:].split("\n")[:-1]
+        return [e["data"] for e in map(json.loads, lines) if e.get("name") == name]
+
+
+_NODE_ROW = re.compile(r"(\S+)\s+(\d+) ranks\s+\S+\s+([\d.]+)( SLOW NODE)?")
+_RANK_ROW = re.compile(r"\s+(\d+)\s+\S+\s+([\d.]+)( SLOW)?")
+
+
+def top_rows(frame: str) -> tuple[list[tuple[str, bool]], dict[int, bool]]:
+    """A frame's node rows (node, marked SLOW NODE) in order, and each rank row's mark (SLOW)."""
+    nodes, ranks = [], {}
+    for line in frame.splitlines():
+        if m := _NODE_ROW.fullmatch(line.rstrip()):
+            nodes.append((m[1], bool(m[4])))
+        elif m := _RANK_ROW.fullmatch(line.rstrip()):
+            ranks[int(m[1])] = bool(m[3])
+    return nodes, ranks
+
+
+def check_top_nodes(view: OpsView, since: tuple[int, int], scenario: str, expect: dict) -> str:
+    """``shmstat top --nodes`` and ``collector.watch`` on the ops side, from ``since`` on (:meth:`OpsView.mark`
+    when the scenario began): in "slow-node", ``expect["node"]`` marked ``SLOW NODE`` (and no other node, no rank
+    of another node marked ``SLOW``) and named once as a node by a ``shmstat.job.straggler`` event; in "hang", the
+    line naming ``expect["rank"]`` on ``expect["node"]`` in ``forward`` holding the job while the other hosts
+    wait, and the ``shmstat.job.hang`` event saying the same; in "host-down" (``expect["node"]`` killed), no
+    node or rank marked and no straggler or hang event since. Returns the frame that showed it (the last one)."""
+    node, job = expect["node"], expect["job"]
+    if scenario == "host-down":
+        frames = view.frames(since[0])
+        assert frames and not [f for f in frames if "SLOW" in f or "hang:" in f], frames
+        assert [e for name in (JOB_STRAGGLER_EVENT, JOB_HANG_EVENT) for e in view.events(since[1], name)] == []
+        return frames[-1]
+    others = ",".join(n for n in expect["nodes"] if n != node)
+    if scenario == "slow-node":
+        def shown() -> str:
+            return next((f for f in reversed(view.frames(since[0])) if (node, True) in top_rows(f)[0]), "")
+        frame = wait_for(shown, 30, 0.2, what=f"top --nodes marking {node} SLOW NODE\n{view.top.tail(40)}")
+        nodes, ranks = top_rows(frame)
+        assert nodes == [(n, n == node) for n in expect["nodes"]], frame
+        assert not [r for r, slow in ranks.items() if slow and r not in expect["ranks"]], frame
+        wait_for(lambda: view.events(since[1], JOB_STRAGGLER_EVENT), 30, 0.2,
+                 what=f"collector.watch's straggler events\n{view.watch.tail(40)}")
+        named_now = view.events(since[1], JOB_STRAGGLER_EVENT)
+        assert {e["node"] for e in named_now if e["rank"] == -1} == {node}, named_now
+        assert {e["stat"] for e in named_now if e["rank"] == -1} <= {"forward", "backward"}, named_now
+        assert [e for e in named_now if e["rank"] >= 0 and e["node"] != node] == [], named_now
+        return frame
+    assert scenario == "hang", scenario
+    line = re.compile(rf"hang: job {re.escape(job)}: rank {expect['rank']} on node {node} in forward for \d+ s "
+                      rf"holds the job; nodes {others} wait")
+
+    def hung() -> str:
+        return next((f for f in reversed(view.frames(since[0])) if line.search(f)), "")
+    frame = wait_for(hung, 30, 0.2, what=f"top --nodes naming the hang\n{view.top.tail(40)}")
+    events = wait_for(lambda: view.events(since[1], JOB_HANG_EVENT), 30, 0.2,
+                      what=f"collector.watch's hang event\n{view.watch.tail(40)}")
+    assert [(e["node"], e["rank"], e["section"], e["waiting"]) for e in events] == [
+        (node, expect["rank"], "forward", others)], events
+    assert line.fullmatch(events[0]["line"]), events
+    return frame
 
 
 @needs_torch
@@ -156,6 +237,14 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
         wait_for(lambda c=coll: "serving every job" in c.notes() or c.popen.poll() is not None, 60,
                  what=f"{coll.name} to start")
         assert coll.popen.poll() is None, coll.tail()
+    # the job across the nodes without Prometheus, as the page runs it (plain endpoints, as the collectors publish)
+    endpoints = [f"{h.name}=tcp://{h.address}:5557" for h in hosts]
+    ops_env = dict(cluster.ops.env, PYTHONPATH=REPO, COLUMNS="160")  # the hang line on one line
+    view = OpsView(
+        cluster.ops.popen([sys.executable, "-c", _SHMSTAT, "top", "--interval", "1", "--stat", "section/forward",
+                           "--nodes", *endpoints], name="top-nodes", env=ops_env, cwd=REPO),
+        cluster.ops.popen([sys.executable, str(Path(REPO) / "tests" / "kit" / "programs" / "watch_events.py"),
+                           *endpoints], name="watch", env=ops_env, cwd=REPO))
 
     control = work / "control.json"
     steer(control)
@@ -190,6 +279,7 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
 
     # 1. every rank of host 3 slowed 1.4x: the node alert names host 3; no rank alert for the healthy hosts
     slow_host = hosts[2].name
+    since = view.mark()
     steer(control, slow={str(r): [SLOW, SLOW] for r in ranks[slow_host]})
     seen: list[dict] = []
     now = wait_alert(cluster, base, lambda f: {a["node"] for a in f if a["alertname"] == "ShmstatStragglerNode"}
@@ -200,7 +290,10 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     assert {a["stat"] for a in node_alerts} <= {"forward", "backward"}
     assert {a["node"] for a in seen if a["alertname"] == "ShmstatStragglerRank"} <= {slow_host}, seen
     assert not [a for a in now if a["alertname"] in ("ShmstatHang", "ShmstatDataLost", "ShmstatCollectorDown")]
-    check_top_nodes(cluster, "slow-node", {"node": slow_host})  # <- `shmstat top --nodes` (issue 43 item 2)
+    names = [h.name for h in hosts]
+    frame = check_top_nodes(view, since, "slow-node", {"job": job, "node": slow_host, "nodes": names,
+                                                       "ranks": ranks[slow_host]})
+    print(f"[top --nodes, slow node]\n{frame}")
     show(cluster, base, "slow node")
     steer(control)
     quiet(cluster, base)
@@ -222,6 +315,7 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
 
     # 3. one rank of host 1 stopped inside forward: the hang names it while every other rank waits in allreduce
     held = ranks[hosts[0].name][1]
+    since = view.mark()
     steer(control, hold=held)
     now = wait_alert(cluster, base, lambda f: any(a["alertname"] == "ShmstatHang" for a in f), 60,
                      f"ShmstatHang for rank {held}")
@@ -231,13 +325,15 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
     assert {(r["metric"]["node"], r["metric"]["rank"], r["metric"]["section"], r["metric"]["wait"])
             for r in waiting} == {(h, r, "allreduce", "1") for h, r in every_rank - {(hosts[0].name, str(held))}} | {
         (hosts[0].name, str(held), "forward", "0")}
-    check_top_nodes(cluster, "hang", {"node": hosts[0].name, "rank": held})  # <- `shmstat top --nodes`
+    frame = check_top_nodes(view, since, "hang", {"job": job, "node": hosts[0].name, "rank": held, "nodes": names})
+    print(f"[top --nodes, hang]\n{frame}")
     show(cluster, base, "hang")
     steer(control)
     quiet(cluster, base)
 
     # 4. host 2 killed mid-job: its collector is down, nothing false fires for the others, their series exact
     dead = hosts[1]
+    since = view.mark()
     assert dead.crash(), "host 2 ran nothing"
     seen = []
     now = wait_alert(cluster, base, lambda f: any(a["alertname"] == "ShmstatCollectorDown" for a in f), 60,
@@ -271,6 +367,11 @@ def _scenarios(cluster: Cluster, work: Path) -> None:
         assert named(now, "node") == {(dead.name,)}, now
         time.sleep(0.5)
     assert counted() == exact
+    frame = check_top_nodes(view, since, "host-down", {"job": job, "node": dead.name, "nodes": names})
+    print(f"[top --nodes, host down]\n{frame}")
+    for proc in (view.top, view.watch):
+        assert proc.stop(signal.SIGINT) == 0, proc.tail()
+    print(f"[watch] {view.watch.output().splitlines()[-1]}")  # what it did not fold in: late rows, lost items
     for coll in collectors:
         if coll.popen.poll() is None:
             assert coll.stop() == 0, coll.tail()
