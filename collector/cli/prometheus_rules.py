@@ -4,20 +4,21 @@ scores the whole job: each rank and each node against the job-wide median, by th
 
 Recording rules (evaluated in order, one group):
 
-- :data:`FIGURE` ``{job, node, group, stat, [rank]}``: the mean over the last ``interval`` (``rate`` of
-  ``shmstat_stat_sum_total`` over ``rate`` of ``shmstat_stat_count_total``) of every stat the straggler rule scores
-  (``shmstat_stat_info{scored="1"}``), for each rank (its per-rank series) and for each node (the merged series,
-  no ``rank``: every sample of the node's ranks, so the node's mean);
-- :data:`MEDIAN` ``{job, group, stat}``: the median of the per-rank figures across every rank of every node
+- :data:`FIGURE` ``{job, node, group, stat, rank}``: each rank's figure of every stat the straggler rule scores
+  (``shmstat_stat_info{scored="1"}``), the very figure the collector scores (:func:`collector.daemon.straggler.figure`):
+  its newest window's p50 (``shmstat_stat_p50``) where the stat keeps percentiles, else its mean
+  (``shmstat_stat_mean``), while the rank added samples within the last ``interval`` (a rank that stopped adding,
+  hung or gone, is not scored on its last window);
+- :data:`NODE_MEDIAN` ``{job, node, group, stat}``: each node's figure, the median of its ranks' figures (what its
+  collector scores them against);
+- :data:`MEDIAN` ``{job, group, stat}``: the median of the rank figures across every rank of every node
   (``quantile(0.5)``: the two middle figures' mean for an even count, as the collector's median), for stats on two
   ranks or more;
 - :data:`SCORE` ``{job, node, group, stat, [rank]}``: each rank's and each node's score against that median, one
   rule for both: ``median / figure``, or ``figure / median`` where the stat declared ``higher_is_better``
   (``shmstat_stat_info{higher_is_better="1"}``), as :mod:`collector.daemon.straggler` scores a node's ranks. Under
-  the threshold: slower than the job's median rank.
-
-The collector scores a window's p50 where the stat keeps percentiles; these rules score the mean over ``interval``
-(the counters are what merges exactly across nodes). The two agree for a steady rank.
+  the threshold: slower than the job's median rank. On a node alone, a rank's score is the collector's
+  ``shmstat_stat_straggler_score`` of the same window.
 
 Alerting rules: :data:`ALERTS` (their names) -- a slow rank, a slow node, a hang (on the contract of the hang
 detector's ``shmstat_rank_progress_age_seconds``), data lost, a collector down. The file is built as plain data
@@ -35,10 +36,14 @@ from shmstat.errors import ConfigError
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
 __all__ = ["ALERTS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE", "HANG_AGE",
-           "MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
+           "MEDIAN", "NODE_MEDIAN", "SCORE",
+           "rules", "rules_yaml", "to_yaml"]
 
 FIGURE = "shmstat:stat_figure"
-"""Recording rule: each rank's and each node's mean of a scored stat over the interval."""
+"""Recording rule: each rank's figure of a scored stat, as the collector scores it (its newest window's p50 where
+the stat keeps percentiles, else its mean)."""
+NODE_MEDIAN = "shmstat:stat_figure:node_median"
+"""Recording rule: each node's figure, the median of its ranks' figures (what its collector scores them against)."""
 MEDIAN = "shmstat:stat_figure:job_median"
 """Recording rule: the job-wide median of the per-rank figures."""
 SCORE = "shmstat:straggler_score"
@@ -81,16 +86,18 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
     hib = 'shmstat_stat_info{higher_is_better="1"}'
     records = [
         {"record": FIGURE,
-         "expr": f"rate(shmstat_stat_sum_total{rate})\n"
-                 f"  / (rate(shmstat_stat_count_total{rate}) > 0)\n"
+         "expr": '(shmstat_stat_p50{rank!=""} or shmstat_stat_mean{rank!=""})\n'
+                 f'and on (job, node, group, stat, rank) (increase(shmstat_stat_count_total{{rank!=""}}{rate}) > 0)\n'
                  'and on (job, node, group, stat) shmstat_stat_info{scored="1"}'},
+        {"record": NODE_MEDIAN,
+         "expr": f"quantile by (job, node, group, stat) (0.5, {FIGURE})"},
         {"record": MEDIAN,
-         "expr": f'quantile by (job, group, stat) (0.5, {FIGURE}{{rank!=""}})\n'
-                 f'and on (job, group, stat) (count by (job, group, stat) ({FIGURE}{{rank!=""}}) > 1)'},
+         "expr": f"quantile by (job, group, stat) (0.5, {FIGURE})\n"
+                 f"and on (job, group, stat) (count by (job, group, stat) ({FIGURE}) > 1)"},
         {"record": SCORE,
-         "expr": f"(\n  {MEDIAN} / on (job, group, stat) group_right {FIGURE}\n"
+         "expr": f"(\n  {MEDIAN} / on (job, group, stat) group_right () ({FIGURE} or {NODE_MEDIAN})\n"
                  f"  unless on (job, group, stat) {hib}\n)\nor\n"
-                 f"(\n  {FIGURE} / on (job, group, stat) group_left {MEDIAN}\n"
+                 f"(\n  ({FIGURE} or {NODE_MEDIAN}) / on (job, group, stat) group_left {MEDIAN}\n"
                  f"  and on (job, group, stat) {hib}\n)"},
     ]
     lost = "\nor ".join(f'label_replace(increase(shmstat_collector_{name}_total{rate}) > 0, "counter", "{name}", '
@@ -109,7 +116,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
          "annotations": {
              "summary": "Node {{ $labels.node }} is slow on {{ $labels.group }}/{{ $labels.stat }} "
                         "(job {{ $labels.job }})",
-             "description": "Its ranks' mean against the job-wide median rank scores "
+             "description": "Its median rank against the job-wide median rank scores "
                             "{{ $value | printf \"%.3f\" }} "
                             f"(under {threshold!r} for {slow_for}), even where its ranks equal each other."}},
         {"alert": "ShmstatHang",
