@@ -18,7 +18,10 @@ Recording rules (evaluated in order, one group):
   rule for both: ``median / figure``, or ``figure / median`` where the stat declared ``higher_is_better``
   (``shmstat_stat_info{higher_is_better="1"}``), as :mod:`collector.daemon.straggler` scores a node's ranks. Under
   the threshold: slower than the job's median rank. On a node alone, a rank's score is the collector's
-  ``shmstat_stat_straggler_score`` of the same window.
+  ``shmstat_stat_straggler_score`` of the same window;
+- :data:`COLLECTOR_JOBS` ``{instance, job, node}``: the training jobs each collector target serves, kept while
+  the target is down, so that ``ShmstatCollectorDown`` carries the training job (``job``; the scrape job goes in
+  ``scrape_job``), as the other alerts do; a target on which no job was ever seen alerts with no ``job``.
 
 Alerting rules: :data:`ALERTS` (their names) -- a slow rank, a slow node, a hang (on the contract of the hang
 detector's ``shmstat_rank_progress_age_seconds``), data lost, a collector down. The file is built as plain data
@@ -35,9 +38,8 @@ from shmstat.errors import ConfigError
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
-__all__ = ["ALERTS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE", "HANG_AGE",
-           "MEDIAN", "NODE_MEDIAN", "SCORE",
-           "rules", "rules_yaml", "to_yaml"]
+__all__ = ["ALERTS", "COLLECTOR_JOBS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE",
+           "HANG_AGE", "JOBS_KEPT", "MEDIAN", "NODE_MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
 
 FIGURE = "shmstat:stat_figure"
 """Recording rule: each rank's figure of a scored stat, as the collector scores it (its newest window's p50 where
@@ -48,6 +50,12 @@ MEDIAN = "shmstat:stat_figure:job_median"
 """Recording rule: the job-wide median of the per-rank figures."""
 SCORE = "shmstat:straggler_score"
 """Recording rule: each rank's and each node's score against the job-wide median (under the threshold: slow)."""
+COLLECTOR_JOBS = "shmstat:collector_jobs"
+"""Recording rule: 1 per training job each collector target (``instance``) serves, kept while the target is down
+(so that ``ShmstatCollectorDown`` names the training jobs it served)."""
+JOBS_KEPT = "5m"
+"""How far back :data:`COLLECTOR_JOBS` looks for its own last value while a target is down: longer than any rule
+evaluation interval."""
 HANG_AGE = "shmstat_rank_progress_age_seconds"
 """The hang detector's gauge (labels job, node, rank, section, wait): seconds since the rank last made progress."""
 ALERTS = ("ShmstatStragglerRank", "ShmstatStragglerNode", "ShmstatHang", "ShmstatDataLost", "ShmstatCollectorDown")
@@ -84,6 +92,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
     rate = f"[{interval_s}s]"
     slow_for = f"{windows * interval_s}s"
     hib = 'shmstat_stat_info{higher_is_better="1"}'
+    up = f'up{{job="{scrape_job}"}}'
     records = [
         {"record": FIGURE,
          "expr": '(shmstat_stat_p50{rank!=""} or shmstat_stat_mean{rank!=""})\n'
@@ -99,10 +108,15 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
                  f"  unless on (job, group, stat) {hib}\n)\nor\n"
                  f"(\n  ({FIGURE} or {NODE_MEDIAN}) / on (job, group, stat) group_left {MEDIAN}\n"
                  f"  and on (job, group, stat) {hib}\n)"},
+        {"record": COLLECTOR_JOBS,
+         "expr": f"group by (instance, job, node) (shmstat_collector_windows_emitted_total)\n"
+                 f"or (last_over_time({COLLECTOR_JOBS}[{JOBS_KEPT}]) and on (instance) ({up} == 0))"},
     ]
     lost = "\nor ".join(f'label_replace(increase(shmstat_collector_{name}_total{rate}) > 0, "counter", "{name}", '
                         '"", "")' for name in DATA_LOST_COUNTERS)
-    up = f'up{{job="{scrape_job}"}}'
+    down = (f'label_replace(\n  {up[:-1]}, node!=""}} == 0\n'
+            f'  or label_replace({up[:-1]}, node=""}} == 0, "node", "$1", "instance", "(.+):[0-9]+"),\n'
+            '  "scrape_job", "$1", "job", "(.+)"\n)')
     alerts = [
         {"alert": "ShmstatStragglerRank", "expr": f'{SCORE}{{rank!=""}} < {threshold!r}', "for": slow_for,
          "labels": {"severity": "warning"},
@@ -135,8 +149,8 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
              "description": f"shmstat_collector_{{{{ $labels.counter }}}}_total grew by "
                             f"{{{{ $value | printf \"%.0f\" }}}} in {interval_s}s."}},
         {"alert": "ShmstatCollectorDown",
-         "expr": f'{up[:-1]}, node!=""}} == 0\n'
-                 f'or label_replace({up[:-1]}, node=""}} == 0, "node", "$1", "instance", "(.+):[0-9]+")',
+         "expr": f"{down}\n  * on (instance) group_right (scrape_job) {COLLECTOR_JOBS}\n"
+                 f'or label_replace(\n  {down}\n  unless on (instance) {COLLECTOR_JOBS},\n  "job", "", "", ""\n)',
          "for": f"{interval_s}s",
          "labels": {"severity": "critical"},
          "annotations": {
