@@ -5,10 +5,10 @@ scores the whole job: each rank and each node against the job-wide median, by th
 Recording rules (evaluated in order, one group):
 
 - :data:`FIGURE` ``{job, node, group, stat, rank}``: each rank's figure of every stat the straggler rule scores
-  (``shmstat_stat_info{scored="1"}``), the very figure the collector scores (:func:`collector.daemon.straggler.figure`):
-  its newest window's p50 (``shmstat_stat_p50``) where the stat keeps percentiles, else its mean
-  (``shmstat_stat_mean``), while the rank added samples within the last ``interval`` (a rank that stopped adding,
-  hung or gone, is not scored on its last window);
+  (``shmstat_stat_info{scored="1"}``), the very figure the collector scores
+  (:func:`collector.daemon.straggler.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
+  percentiles, else its mean (``shmstat_stat_mean``), while the rank added samples within the last ``interval``
+  (a rank that stopped adding, hung or gone, is not scored on its last window);
 - :data:`NODE_MEDIAN` ``{job, node, group, stat}``: each node's figure, the median of its ranks' figures (what its
   collector scores them against);
 - :data:`MEDIAN` ``{job, group, stat}``: the median of the rank figures across every rank of every node
@@ -64,7 +64,7 @@ DATA_LOST_COUNTERS = ("samples_dropped", "windows_overwritten", "windows_torn", 
                       "handler_dropped", "subscriber_items_lost")
 """The ``shmstat_collector_<name>_total`` counters that count something lost: ``ShmstatDataLost`` when one grows."""
 DEFAULT_INTERVAL_S = 60
-"""The default rate window: a rank's figure is its mean over the last minute."""
+"""The default interval: a rank is scored while it added samples within the last minute."""
 DEFAULT_HANG_AFTER_S = 30.0
 """The default hang threshold: a rank that made no progress for this long while another rank of its job waits."""
 
@@ -76,7 +76,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
           interval_s: int = DEFAULT_INTERVAL_S, hang_after_s: float = DEFAULT_HANG_AFTER_S,
           scrape_job: str = "shmstat") -> dict[str, Any]:
     """The rules file as data (Prometheus' rule file format). A rank or node is alerted on once its score stays
-    under ``threshold`` for ``windows`` rate windows of ``interval_s`` seconds (the alerts' ``for:``);
+    under ``threshold`` for ``windows`` intervals of ``interval_s`` seconds (the alerts' ``for:``);
     ``scrape_job`` is the ``job_name`` of the scrape configuration of the collectors (whose ``up`` says one is
     down)."""
     if not 0 < threshold < 1:
