@@ -9,8 +9,8 @@ Recording rules (evaluated in order, one group):
   (:func:`collector.daemon.straggler.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
   percentiles, else its mean (``shmstat_stat_mean``), while the rank added samples within the last ``interval``
   (a rank that stopped adding, hung or gone, is not scored on its last window);
-- :data:`NODE_MEDIAN` ``{job, node, group, stat}``: each node's figure, the median of its ranks' figures (what its
-  collector scores them against);
+- :data:`NODE_MEDIAN` ``{job, node, group, stat}`` (and the target's labels, ``instance``): each node's figure, the
+  median of its ranks' figures (what its collector scores them against);
 - :data:`MEDIAN` ``{job, group, stat}``: the median of the rank figures across every rank of every node
   (``quantile(0.5)``: the two middle figures' mean for an even count, as the collector's median), for stats on two
   ranks or more;
@@ -99,7 +99,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
                  f'and on (job, node, group, stat, rank) (increase(shmstat_stat_count_total{{rank!=""}}{rate}) > 0)\n'
                  'and on (job, node, group, stat) shmstat_stat_info{scored="1"}'},
         {"record": NODE_MEDIAN,
-         "expr": f"quantile by (job, node, group, stat) (0.5, {FIGURE})"},
+         "expr": f"quantile without (rank) (0.5, {FIGURE})"},
         {"record": MEDIAN,
          "expr": f"quantile by (job, group, stat) (0.5, {FIGURE})\n"
                  f"and on (job, group, stat) (count by (job, group, stat) ({FIGURE}) > 1)"},

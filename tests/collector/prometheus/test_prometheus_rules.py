@@ -157,7 +157,8 @@ def test_live_the_rules_score_every_rank_by_the_figure_the_collector_scores(tmp_
     10 ms and their mean 32.5 ms, the last rank takes 15 ms every step), under ``shmstat run --prometheus``,
     scraped every second by a real Prometheus loading the printed rules: each rank's ``shmstat:straggler_score``
     equals the collector's ``shmstat_stat_straggler_score`` of the same window within float error (the slow rank
-    about 0.67, the healthy ones 1), the node's score is 1 (its median rank is the job's), and the rank alert
+    about 0.67, the healthy ones 1), the node's score is 1 (its median rank is the job's) with its target's
+    ``instance``, and the rank alert
     names the last rank alone. Scored by the mean, the last rank would be the fastest (about 2.2)."""
     job = unique_job("rulesfig")
     sd_dir = tmp_path / "sd"
@@ -189,7 +190,9 @@ def test_live_the_rules_score_every_rank_by_the_figure_the_collector_scores(tmp_
             raise AssertionError(f"{exc}; (rules, collector) by rank, last seen: {seen[-3:]}") from None
         scores = seen[-1]
         assert scores[SLOW][1] < 0.75 and all(scores[r][1] == 1.0 for r in scores if r != SLOW), scores
-        assert value(base, f'shmstat:straggler_score{{{sel}, rank=""}}') == 1.0
+        node = query(base, f'shmstat:straggler_score{{{sel}, rank=""}}')
+        assert [(r["metric"]["node"], "instance" in r["metric"], float(r["value"][1])) for r in node] == [
+            ("node-a", True, 1.0)], node  # the node's series keeps its target's labels, as its ranks' do
         firing = f'ALERTS{{alertname="ShmstatStragglerRank", alertstate="firing", {sel}}}'
         wait_for(lambda: query(base, firing), 60, interval_s=0.5, what="ShmstatStragglerRank firing for the step time")
         assert {(r["metric"]["node"], r["metric"]["rank"]) for r in query(base, firing)} == {("node-a", SLOW)}
