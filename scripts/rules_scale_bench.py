@@ -9,10 +9,10 @@ Usage::
 One loopback HTTP server (this process) serves, as one scrape target, every series the rules read for a job on
 ``--nodes`` nodes of ``--ranks`` ranks each (``honor_labels: true`` keeps each series' ``node``): per stat
 (``--stats`` scored sections plus the ``allreduce`` wait section) ``shmstat_stat_count_total`` and
-``shmstat_stat_sum_total`` per rank and per node (merged, no ``rank``), ``shmstat_stat_info`` per node, one
+``shmstat_stat_p50`` (the newest window's) per rank, ``shmstat_stat_info`` per node, one
 ``shmstat_rank_progress_age_seconds`` per rank, and each node's ``shmstat_collector_<counter>_total``. The
-counters grow with the wall clock (every rank 1,000 samples a second; one node's ranks 1.4x slower), so the
-recording rules have something to rate. Debian's ``prometheus`` (found on ``PATH`` or at /usr/bin) scrapes it
+counts grow with the wall clock (every rank 1,000 samples a second; one node's ranks 1.4x slower), so every rank
+counts as adding. Debian's ``prometheus`` (found on ``PATH`` or at /usr/bin) scrapes it
 every ``--scrape`` seconds and evaluates the rules printed by ``shmstat prometheus-rules`` (defaults but
 ``--interval``) every ``--evaluation`` seconds.
 
@@ -55,7 +55,7 @@ START = time.time()
 def exposition(nodes: int, ranks: int, stats: int, slow_node: int, now: float) -> bytes:
     """The text exposition of every series at ``now`` (counters since 0)."""
     names = [*SECTIONS[:stats], "allreduce"]
-    lines = ["# TYPE shmstat_stat_count_total counter", "# TYPE shmstat_stat_sum_total counter",
+    lines = ["# TYPE shmstat_stat_count_total counter", "# TYPE shmstat_stat_p50 gauge",
              "# TYPE shmstat_stat_info gauge", "# TYPE shmstat_rank_progress_age_seconds gauge"]
     count, infos, ages = [], [], []
     for n in range(nodes):
@@ -71,13 +71,11 @@ def exposition(nodes: int, ranks: int, stats: int, slow_node: int, now: float) -
             for r in range(ranks):
                 rank = n * ranks + r
                 count.append(f'shmstat_stat_count_total{{{base},rank="{rank}"}} {c}')
-                count.append(f'shmstat_stat_sum_total{{{base},rank="{rank}"}} {c * per_rank}')
-            count.append(f"shmstat_stat_count_total{{{base}}} {c * ranks}")
-            count.append(f"shmstat_stat_sum_total{{{base}}} {c * ranks * per_rank}")
+                count.append(f'shmstat_stat_p50{{{base},rank="{rank}"}} {per_rank}')
         for r in range(ranks):
             ages.append(f'shmstat_rank_progress_age_seconds{{job="{JOB}",node="{node}",rank="{n * ranks + r}",'
                         f'section="forward",wait="0"}} 0.01')
-        for counter in DATA_LOST_COUNTERS:
+        for counter in (*DATA_LOST_COUNTERS, "windows_emitted"):
             count.append(f'shmstat_collector_{counter}_total{{job="{JOB}",node="{node}"}} 0')
     return ("\n".join(lines + count + infos + ages) + "\n").encode()
 
@@ -117,7 +115,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--scrape", type=int, default=5)
     parser.add_argument("--evaluation", type=int, default=5)
-    parser.add_argument("--interval", type=int, default=20, help="the rules' --interval (rate window)")
+    parser.add_argument("--interval", type=int, default=20, help="the rules' --interval")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.path.exists(prometheus):

@@ -176,7 +176,7 @@ def _grafana_arguments(command: argparse.ArgumentParser) -> None:
 
 
 def _rules_arguments(command: argparse.ArgumentParser) -> None:
-    """``shmstat prometheus-rules``' arguments: the straggler threshold and windows, the rate window, the hang
+    """``shmstat prometheus-rules``' arguments: the straggler threshold and windows, the interval, the hang
     threshold and the collectors' scrape job."""
     from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
     from .prometheus_rules import DEFAULT_HANG_AFTER_S, DEFAULT_INTERVAL_S
@@ -185,11 +185,12 @@ def _rules_arguments(command: argparse.ArgumentParser) -> None:
                          help="a rank or node scoring under this against the job-wide median rank is slow "
                               f"(default {DEFAULT_THRESHOLD}, the collector's)")
     command.add_argument("--windows", type=int, default=DEFAULT_WINDOWS, metavar="N",
-                         help="alert once a rank or node stays slow for N rate windows in a row (the alerts' for: is "
+                         help="alert once a rank or node stays slow for N intervals (the alerts' for: is "
                               f"N x --interval; default {DEFAULT_WINDOWS}, the collector's)")
     command.add_argument("--interval", type=int, default=DEFAULT_INTERVAL_S, metavar="SECONDS",
-                         help="the rate window: a rank's figure is its mean over the last SECONDS (default "
-                              f"{DEFAULT_INTERVAL_S}; at least 4 scrape intervals)")
+                         help="a rank is scored (on its newest window's figure) while it added samples within the "
+                              f"last SECONDS; also the data-lost and collector-down windows (default "
+                              f"{DEFAULT_INTERVAL_S}; at least 4 scrape intervals and more than the stats' window)")
     command.add_argument("--hang-after", type=float, default=DEFAULT_HANG_AFTER_S, metavar="SECONDS",
                          help="a rank outside a wait section with no progress for SECONDS while another rank of its "
                               f"job waits is hung (default {DEFAULT_HANG_AFTER_S:g})")

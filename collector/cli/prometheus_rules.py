@@ -4,20 +4,24 @@ scores the whole job: each rank and each node against the job-wide median, by th
 
 Recording rules (evaluated in order, one group):
 
-- :data:`FIGURE` ``{job, node, group, stat, [rank]}``: the mean over the last ``interval`` (``rate`` of
-  ``shmstat_stat_sum_total`` over ``rate`` of ``shmstat_stat_count_total``) of every stat the straggler rule scores
-  (``shmstat_stat_info{scored="1"}``), for each rank (its per-rank series) and for each node (the merged series,
-  no ``rank``: every sample of the node's ranks, so the node's mean);
-- :data:`MEDIAN` ``{job, group, stat}``: the median of the per-rank figures across every rank of every node
+- :data:`FIGURE` ``{job, node, group, stat, rank}``: each rank's figure of every stat the straggler rule scores
+  (``shmstat_stat_info{scored="1"}``), the very figure the collector scores
+  (:func:`collector.daemon.straggler.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
+  percentiles, else its mean (``shmstat_stat_mean``), while the rank added samples within the last ``interval``
+  (a rank that stopped adding, hung or gone, is not scored on its last window);
+- :data:`NODE_MEDIAN` ``{job, node, group, stat}`` (and the target's labels, ``instance``): each node's figure, the
+  median of its ranks' figures (what its collector scores them against);
+- :data:`MEDIAN` ``{job, group, stat}``: the median of the rank figures across every rank of every node
   (``quantile(0.5)``: the two middle figures' mean for an even count, as the collector's median), for stats on two
   ranks or more;
 - :data:`SCORE` ``{job, node, group, stat, [rank]}``: each rank's and each node's score against that median, one
   rule for both: ``median / figure``, or ``figure / median`` where the stat declared ``higher_is_better``
   (``shmstat_stat_info{higher_is_better="1"}``), as :mod:`collector.daemon.straggler` scores a node's ranks. Under
-  the threshold: slower than the job's median rank.
-
-The collector scores a window's p50 where the stat keeps percentiles; these rules score the mean over ``interval``
-(the counters are what merges exactly across nodes). The two agree for a steady rank.
+  the threshold: slower than the job's median rank. On a node alone, a rank's score is the collector's
+  ``shmstat_stat_straggler_score`` of the same window;
+- :data:`COLLECTOR_JOBS` ``{instance, job, node}``: the training jobs each collector target serves, kept while
+  the target is down, so that ``ShmstatCollectorDown`` carries the training job (``job``; the scrape job goes in
+  ``scrape_job``), as the other alerts do; a target on which no job was ever seen alerts with no ``job``.
 
 Alerting rules: :data:`ALERTS` (their names) -- a slow rank, a slow node, a hang, data lost, a collector down.
 ``ShmstatHang`` fires for each rank a node collector's hang detector names (:data:`HANG_SUSPECT`: a rank stopped
@@ -37,15 +41,24 @@ from shmstat.errors import ConfigError
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
-__all__ = ["ALERTS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE", "HANG_AGE",
-           "HANG_SUSPECT", "MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
+__all__ = ["ALERTS", "COLLECTOR_JOBS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE",
+           "HANG_AGE", "HANG_SUSPECT", "JOBS_KEPT", "MEDIAN", "NODE_MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
 
 FIGURE = "shmstat:stat_figure"
-"""Recording rule: each rank's and each node's mean of a scored stat over the interval."""
+"""Recording rule: each rank's figure of a scored stat, as the collector scores it (its newest window's p50 where
+the stat keeps percentiles, else its mean)."""
+NODE_MEDIAN = "shmstat:stat_figure:node_median"
+"""Recording rule: each node's figure, the median of its ranks' figures (what its collector scores them against)."""
 MEDIAN = "shmstat:stat_figure:job_median"
 """Recording rule: the job-wide median of the per-rank figures."""
 SCORE = "shmstat:straggler_score"
 """Recording rule: each rank's and each node's score against the job-wide median (under the threshold: slow)."""
+COLLECTOR_JOBS = "shmstat:collector_jobs"
+"""Recording rule: 1 per training job each collector target (``instance``) serves, kept while the target is down
+(so that ``ShmstatCollectorDown`` names the training jobs it served)."""
+JOBS_KEPT = "5m"
+"""How far back :data:`COLLECTOR_JOBS` looks for its own last value while a target is down: longer than any rule
+evaluation interval."""
 HANG_AGE = "shmstat_rank_progress_age_seconds"
 """The hang detector's gauge (labels job, node, rank, section, wait): seconds since the rank last made progress."""
 HANG_SUSPECT = "shmstat_hang_suspect_age_seconds"
@@ -57,7 +70,7 @@ DATA_LOST_COUNTERS = ("samples_dropped", "windows_overwritten", "windows_torn", 
                       "handler_dropped", "subscriber_items_lost")
 """The ``shmstat_collector_<name>_total`` counters that count something lost: ``ShmstatDataLost`` when one grows."""
 DEFAULT_INTERVAL_S = 60
-"""The default rate window: a rank's figure is its mean over the last minute."""
+"""The default interval: a rank is scored while it added samples within the last minute."""
 DEFAULT_HANG_AFTER_S = 30.0
 """The default hang threshold: a rank that made no progress for this long while another rank of its job waits."""
 
@@ -69,7 +82,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
           interval_s: int = DEFAULT_INTERVAL_S, hang_after_s: float = DEFAULT_HANG_AFTER_S,
           scrape_job: str = "shmstat") -> dict[str, Any]:
     """The rules file as data (Prometheus' rule file format). A rank or node is alerted on once its score stays
-    under ``threshold`` for ``windows`` rate windows of ``interval_s`` seconds (the alerts' ``for:``);
+    under ``threshold`` for ``windows`` intervals of ``interval_s`` seconds (the alerts' ``for:``);
     ``scrape_job`` is the ``job_name`` of the scrape configuration of the collectors (whose ``up`` says one is
     down)."""
     if not 0 < threshold < 1:
@@ -85,23 +98,31 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
     rate = f"[{interval_s}s]"
     slow_for = f"{windows * interval_s}s"
     hib = 'shmstat_stat_info{higher_is_better="1"}'
+    up = f'up{{job="{scrape_job}"}}'
     records = [
         {"record": FIGURE,
-         "expr": f"rate(shmstat_stat_sum_total{rate})\n"
-                 f"  / (rate(shmstat_stat_count_total{rate}) > 0)\n"
+         "expr": '(shmstat_stat_p50{rank!=""} or shmstat_stat_mean{rank!=""})\n'
+                 f'and on (job, node, group, stat, rank) (increase(shmstat_stat_count_total{{rank!=""}}{rate}) > 0)\n'
                  'and on (job, node, group, stat) shmstat_stat_info{scored="1"}'},
+        {"record": NODE_MEDIAN,
+         "expr": f"quantile without (rank) (0.5, {FIGURE})"},
         {"record": MEDIAN,
-         "expr": f'quantile by (job, group, stat) (0.5, {FIGURE}{{rank!=""}})\n'
-                 f'and on (job, group, stat) (count by (job, group, stat) ({FIGURE}{{rank!=""}}) > 1)'},
+         "expr": f"quantile by (job, group, stat) (0.5, {FIGURE})\n"
+                 f"and on (job, group, stat) (count by (job, group, stat) ({FIGURE}) > 1)"},
         {"record": SCORE,
-         "expr": f"(\n  {MEDIAN} / on (job, group, stat) group_right {FIGURE}\n"
+         "expr": f"(\n  {MEDIAN} / on (job, group, stat) group_right () ({FIGURE} or {NODE_MEDIAN})\n"
                  f"  unless on (job, group, stat) {hib}\n)\nor\n"
-                 f"(\n  {FIGURE} / on (job, group, stat) group_left {MEDIAN}\n"
+                 f"(\n  ({FIGURE} or {NODE_MEDIAN}) / on (job, group, stat) group_left {MEDIAN}\n"
                  f"  and on (job, group, stat) {hib}\n)"},
+        {"record": COLLECTOR_JOBS,
+         "expr": f"group by (instance, job, node) (shmstat_collector_windows_emitted_total)\n"
+                 f"or (last_over_time({COLLECTOR_JOBS}[{JOBS_KEPT}]) and on (instance) ({up} == 0))"},
     ]
     lost = "\nor ".join(f'label_replace(increase(shmstat_collector_{name}_total{rate}) > 0, "counter", "{name}", '
                         '"", "")' for name in DATA_LOST_COUNTERS)
-    up = f'up{{job="{scrape_job}"}}'
+    down = (f'label_replace(\n  {up[:-1]}, node!=""}} == 0\n'
+            f'  or label_replace({up[:-1]}, node=""}} == 0, "node", "$1", "instance", "(.+):[0-9]+"),\n'
+            '  "scrape_job", "$1", "job", "(.+)"\n)')
     alerts = [
         {"alert": "ShmstatStragglerRank", "expr": f'{SCORE}{{rank!=""}} < {threshold!r}', "for": slow_for,
          "labels": {"severity": "warning"},
@@ -115,7 +136,7 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
          "annotations": {
              "summary": "Node {{ $labels.node }} is slow on {{ $labels.group }}/{{ $labels.stat }} "
                         "(job {{ $labels.job }})",
-             "description": "Its ranks' mean against the job-wide median rank scores "
+             "description": "Its median rank against the job-wide median rank scores "
                             "{{ $value | printf \"%.3f\" }} "
                             f"(under {threshold!r} for {slow_for}), even where its ranks equal each other."}},
         {"alert": "ShmstatHang",
@@ -137,8 +158,8 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
              "description": f"shmstat_collector_{{{{ $labels.counter }}}}_total grew by "
                             f"{{{{ $value | printf \"%.0f\" }}}} in {interval_s}s."}},
         {"alert": "ShmstatCollectorDown",
-         "expr": f'{up[:-1]}, node!=""}} == 0\n'
-                 f'or label_replace({up[:-1]}, node=""}} == 0, "node", "$1", "instance", "(.+):[0-9]+")',
+         "expr": f"{down}\n  * on (instance) group_right (scrape_job) {COLLECTOR_JOBS}\n"
+                 f'or label_replace(\n  {down}\n  unless on (instance) {COLLECTOR_JOBS},\n  "job", "", "", ""\n)',
          "for": f"{interval_s}s",
          "labels": {"severity": "critical"},
          "annotations": {

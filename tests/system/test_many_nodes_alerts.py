@@ -44,7 +44,7 @@ from collector.jobwide.watch import JOB_HANG_EVENT, JOB_STRAGGLER_EVENT
 
 RANKS_PER_HOST = 2
 HOSTS = 3
-INTERVAL_S = 3  # --interval: the rules' rate window
+INTERVAL_S = 3  # --interval: a rank is scored while it added samples within it
 WINDOWS = 2  # --windows: a straggler alert fires after INTERVAL_S * WINDOWS seconds under the threshold
 HANG_AFTER_S = 3.0
 SLOW = 1.4  # the scenarios' slowdown: a score of 1/1.4 = 0.71, under the default threshold 0.75

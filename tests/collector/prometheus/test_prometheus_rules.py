@@ -6,6 +6,7 @@ scrapes a real collector of a running job with a slow rank scores that rank as t
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -47,7 +48,7 @@ def test_the_printed_rules_pass_promtool_check_rules(tmp_path, flags):
     path = _write_rules(tmp_path, *flags)
     done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 8 rules found" in done.stdout, done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout, done.stdout
     text = path.read_text()
     assert all(f'alert: "{name}"' in text for name in ALERTS)
     if flags:
@@ -129,6 +130,72 @@ def test_live_the_rules_score_the_slow_rank_as_the_collector_and_alert_on_it_alo
         ours = value(base, f'shmstat:straggler_score{{{sel}, rank="{SLOW}"}}')
         assert abs(ratio - 1) <= 0.05, (ratio, ours)
         assert ours is not None and ours < 0.75
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(60)
+        finally:
+            prom.terminate()
+            prom.wait(30)
+            Segment.unlink(job)
+
+
+SKEWED = os.path.join(REPO, "tests", "kit", "programs", "skewed_steps.py")
+
+
+def _both_scores(base: str, sel: str) -> dict[str, tuple[float, float]]:
+    """``{rank: (the rules' score, the collector's score)}`` at one instant, ranks that have both."""
+    rules_ = {r["metric"]["rank"]: float(r["value"][1]) for r in query(base, f'shmstat:straggler_score{{{sel}}}')
+              if r["metric"].get("rank")}
+    ours = {r["metric"]["rank"]: float(r["value"][1]) for r in query(base, f"shmstat_stat_straggler_score{{{sel}}}")}
+    return {rank: (rules_[rank], ours[rank]) for rank in rules_.keys() & ours.keys()}
+
+
+@needs_prometheus
+def test_live_the_rules_score_every_rank_by_the_figure_the_collector_scores(tmp_path):
+    """A real job of 3 ranks whose typical step and mean step disagree (skewed_steps.py: the healthy ranks' p50 is
+    10 ms and their mean 32.5 ms, the last rank takes 15 ms every step), under ``shmstat run --prometheus``,
+    scraped every second by a real Prometheus loading the printed rules: each rank's ``shmstat:straggler_score``
+    equals the collector's ``shmstat_stat_straggler_score`` of the same window within float error (the slow rank
+    about 0.67, the healthy ones 1), the node's score is 1 (its median rank is the job's) with its target's
+    ``instance``, and the rank alert
+    names the last rank alone. Scored by the mean, the last rank would be the fastest (about 2.2)."""
+    job = unique_job("rulesfig")
+    sd_dir = tmp_path / "sd"
+    sd_dir.mkdir()
+    path = _write_rules(tmp_path, "--interval", "4", "--windows", "1")
+    config = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+              f"rule_files: ['{path}']\nscrape_configs:\n" + file_sd_job(sd_dir))
+    prom, base = start_prometheus_as_written(tmp_path, config)
+    env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN="120", WINDOW_S="0.5")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(RANKS), "--grace-ms", "20",
+         "--handler", "*=null", "--prometheus", "127.0.0.1:0", "--prometheus-sd", str(sd_dir / "node.json"),
+         "--prometheus-node", "node-a", SKEWED],
+        env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sel = f'job="{job}", stat="step_ms"'
+    try:
+        wait_for(lambda: scraping(base), 60, what=f"Prometheus scraping the job (log: {tmp_path / 'prometheus.log'})")
+        wait_for(lambda: len(_both_scores(base, sel)) == RANKS, 60, interval_s=0.5,
+                 what="both scores of every rank in Prometheus")
+        seen: list[dict[str, tuple[float, float]]] = []
+
+        def equal() -> bool:
+            seen.append(_both_scores(base, sel))
+            return len(seen[-1]) == RANKS and all(math.isclose(a, b, rel_tol=1e-9) for a, b in seen[-1].values())
+
+        try:
+            wait_for(equal, 20, interval_s=0.5, what="the rules' and the collector's scores equal")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; (rules, collector) by rank, last seen: {seen[-3:]}") from None
+        scores = seen[-1]
+        assert scores[SLOW][1] < 0.75 and all(scores[r][1] == 1.0 for r in scores if r != SLOW), scores
+        node = query(base, f'shmstat:straggler_score{{{sel}, rank=""}}')
+        assert [(r["metric"]["node"], "instance" in r["metric"], float(r["value"][1])) for r in node] == [
+            ("node-a", True, 1.0)], node  # the node's series keeps its target's labels, as its ranks' do
+        firing = f'ALERTS{{alertname="ShmstatStragglerRank", alertstate="firing", {sel}}}'
+        wait_for(lambda: query(base, firing), 60, interval_s=0.5, what="ShmstatStragglerRank firing for the step time")
+        assert {(r["metric"]["node"], r["metric"]["rank"]) for r in query(base, firing)} == {("node-a", SLOW)}
     finally:
         run.send_signal(signal.SIGINT)
         try:
