@@ -281,12 +281,24 @@ def shutdown(flush_timeout_s: float = 2.0) -> None:
 
         try:
             # (a process without an entry cannot tell whether others without one still run: it removes nothing)
-            if att.has_entry and os.environ.get("SHMSTAT_KEEP_SEGMENT") != "1":
-                Segment.remove_if_last(att.segment, att.local_rank, att.pid)
+            if att.has_entry and os.environ.get("SHMSTAT_KEEP_SEGMENT") != "1" and \
+                    Segment.remove_if_last(att.segment, att.local_rank, att.pid):
+                _say_removed_samples(att.segment)
         except Exception:  # e.g. the job lock cannot be taken: leave the segment, still say this entry exited
             pass
         with contextlib.suppress(Exception):
             att.mark_exited()
+
+
+def _say_removed_samples(segment: Segment) -> None:
+    """Say, once, how many samples no collector emitted the segment this process just removed held: they are lost
+    with it (its processes all gone, none of them is written anywhere else)."""
+    from .rank import unemitted_samples
+
+    lost = sum(unemitted_samples(segment, info) for info in segment.ranks())
+    if lost:
+        warn_once("removed_unemitted", f"job {segment.job} ends with {lost} samples no collector emitted; they are "
+                  "removed with its segment (run 'shmstat collect' on the node before the job to keep them)")
 
 
 def _after_fork_in_child() -> None:

@@ -33,7 +33,7 @@ from ..shm.layout_records import RankInfo
 from ..shm.segment import Segment, pid_alive
 from ._degrade import add_counter, warn_once
 
-__all__ = ["EntryHeldError", "RankAttachment", "SegmentRemoved", "SlotKey"]
+__all__ = ["EntryHeldError", "RankAttachment", "SegmentRemoved", "SlotKey", "unemitted_samples"]
 
 
 class SegmentRemoved(SegmentError):
@@ -183,7 +183,7 @@ class RankAttachment:
                     break
                 if not info.is_writer or pid_alive(info.pid):
                     continue
-                lost = _unemitted(segment, info)
+                lost = unemitted_samples(segment, info)
                 if lost == 0:
                     chosen = (i, info)
                     break
@@ -352,7 +352,7 @@ def _unemitted_banks(segment: Segment, info: RankInfo) -> list[tuple[int, int]]:
     return out
 
 
-def _unemitted(segment: Segment, info: RankInfo) -> int:
+def unemitted_samples(segment: Segment, info: RankInfo) -> int:
     """Samples in a gone writer's entry that no collector emitted (a bank the writer died writing counts its
     complete samples)."""
     return sum(n for _off, n in _unemitted_banks(segment, info))

@@ -34,8 +34,9 @@ def main(workdir: str) -> None:
     for var in ("SHMSTAT_JOB", "TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     out = os.path.join(workdir, "m.jsonl")
+    own = os.path.join(workdir, "own.jsonl")  # the collector's counters: what it counted lost
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
-                             "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE,
+                             "--handler", f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # its notes are on stderr
     lines: list[str] = []
 
@@ -46,6 +47,11 @@ def main(workdir: str) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    # the node's collector runs before the jobs start, as the node's agent does: a rank that finished while none ran
+    # yet left nothing for one (the job's last process removes a segment nobody serves), and lost its samples
+    deadline = time.monotonic() + 60
+    while not any("serving every job" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.02)
     script = os.path.join(HERE, "programs", "torchrun_default_id.py")
     jobs = {}
     for tag, fail in (("first", "1"), ("second", "0")):

@@ -175,6 +175,15 @@ def test_a_two_rank_job_without_a_collector_leaves_nothing(job_id):
     assert _leftovers(job_id) == []
 
 
+def test_the_last_process_of_a_job_nobody_collects_says_how_many_samples_it_removes(job_id):
+    """The samples no collector emitted go with the segment: the exit says how many, once (a torchrun rank done
+    before the node's collector was up lost 2,000 samples and said only "1 events ... no collector took")."""
+    got, err = _run(job_id, "simple", 1234)
+    assert got == {"ok": True}
+    assert _leftovers(job_id) == []
+    assert err.count("1234 samples no collector emitted") == 1, err
+
+
 def test_ranks_leave_the_segment_of_a_job_a_collector_serves(job_id):
     coll = start_collector(job_id, "--handler", "*=null", "--status-interval", "0")
     try:

@@ -37,6 +37,7 @@ def test_two_torchrun_jobs_with_the_default_run_id_are_two_jobs_each_with_exactl
     first, second = job_of["first"].pop(), job_of["second"].pop()
     assert first != second and first.startswith("none-") and second.startswith("none-")
     rows = read_jsonl(str(work / "m.jsonl"))
+    own = read_jsonl(str(work / "own.jsonl"))  # the collector's counters: what it counted lost, said on a failure
     assert {r["job"] for r in rows if r["group"] == "train"} == {first, second}
     for tag, job in (("first", first), ("second", second)):
         added: dict[int, float] = defaultdict(float)
@@ -44,8 +45,10 @@ def test_two_torchrun_jobs_with_the_default_run_id_are_two_jobs_each_with_exactl
             if t["tag"] == tag:
                 added[t["rank"]] += t["count"]
         mine = [r for r in rows if r["job"] == job and r["group"] == "train"]
+        counted = {r["name"]: r["value"] for r in own if r.get("job") == job and r["value"]}
         for rank, count in added.items():  # exactly its own samples, both attempts, nothing of the other job
-            assert sum(r["value"] for r in mine if r["name"] == "step_ms.count" and r["rank"] == rank) == count
+            assert sum(r["value"] for r in mine if r["name"] == "step_ms.count" and r["rank"] == rank) == count, \
+                (tag, rank, counted)
             assert sum(r["value"] for r in mine if r["name"] == "step_ms.sum" and r["rank"] == rank) == \
                 count * (rank + 1.0)
         assert sum(r["value"] for r in mine if r["name"] == "step_ms.count" and r["rank"] is None) == \
