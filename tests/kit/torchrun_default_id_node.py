@@ -37,7 +37,8 @@ def main(workdir: str) -> None:
     own = os.path.join(workdir, "own.jsonl")  # the collector's counters: what it counted lost
     coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--handler", f"*=jsonl:{out}",
                              "--handler", f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # its notes are on stderr
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # its notes are on stderr
+                            text=True, env=env, cwd=REPO)
     lines: list[str] = []
 
     def read() -> None:
