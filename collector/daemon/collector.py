@@ -152,6 +152,7 @@ class Collector:
         """Messages the last :meth:`step` relayed (then a serving loop lets more gather: :func:`gather_pause`)."""
         self.exporter = exporter
         self._owns_exporter = False
+        self._owns_dispatcher = False
         self.events = KeptEvents(config.job, events, owns=events is None)
         """What goes to the events sinks (``--events``; a node collector's, shared, as ``events``)."""
         self.gpu_sampler = gpu_sampler
@@ -239,6 +240,9 @@ class Collector:
         created = self.segment is not None and self.segment.created
         self._release()
         self.events.close()
+        if self._owns_dispatcher:  # built by this start: its handlers' files and threads go too
+            with contextlib.suppress(Exception):
+                self.dispatcher.close()
         if created:  # a failed start (a port in use, ...) leaves nothing of what it made: no rank came yet
             with contextlib.suppress(Exception):
                 Segment.unlink_if_unused(config.job)
