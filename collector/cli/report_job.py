@@ -207,11 +207,6 @@ class JobReport:
         nodes |= {node for s in self.stats.values() for node in s.node_merged}
         return sorted(nodes)
 
-    def label(self, key: RankKey) -> str | int:
-        """How the page names a rank: its number in a one-node report, ``node/rank`` across nodes (escaped: plotly
-        reads its labels as markup, a node's name is text)."""
-        return rank_label(key, len(self.nodes()) > 1)
-
     def hangs(self) -> list[Hang]:
         """Each node's hang episodes, in time order: a ``shmstat.hang`` event to the node's next
         ``shmstat.hang.resolved`` (a resolution with no hang before it, one the collector never published, is
