@@ -25,7 +25,8 @@ What the job's collector is cut into, by concept:
 - the lifecycle (this module): open (:class:`Collector`), serve and stop (:meth:`Collector.step`,
   :meth:`Collector.serve`, :meth:`Collector.request_stop`, all the loop's), the hand-over
   (:meth:`Collector.stop_intake`, then :meth:`Collector.finish_round` while the sinks finish:
-  :func:`collector.sinks.kept_events.let_sinks_finish`), :meth:`Collector.close` and :meth:`Collector.finish`.
+  :func:`collector.sinks.kept_events.let_sinks_finish`), :meth:`Collector.last_pass`: the loop's one stop sequence
+  (:meth:`collector.daemon.loop.Loop.stop`, which :meth:`Collector.close` runs), and :meth:`Collector.finish`.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from ..read.scanner import Scanner
 from ..relay.intake import Received
 from ..relay.publish_socket import Outlet
 from ..sinks.delivery import EventDelivery
-from ..sinks.kept_events import KeptEvents, let_sinks_finish
+from ..sinks.kept_events import KeptEvents
 from .commits import PendingCommits
 from .config import (
     PLATFORM_GROUP,
@@ -152,6 +153,7 @@ class Collector:
         """Messages the last :meth:`step` relayed (then a serving loop lets more gather: :func:`gather_pause`)."""
         self.exporter = exporter
         self._owns_exporter = False
+        self._owns_dispatcher = False
         self.events = KeptEvents(config.job, events, owns=events is None)
         """What goes to the events sinks (``--events``; a node collector's, shared, as ``events``)."""
         self.gpu_sampler = gpu_sampler
@@ -239,6 +241,9 @@ class Collector:
         created = self.segment is not None and self.segment.created
         self._release()
         self.events.close()
+        if self._owns_dispatcher:  # built by this start: its handlers' files and threads go too
+            with contextlib.suppress(Exception):
+                self.dispatcher.close()
         if created:  # a failed start (a port in use, ...) leaves nothing of what it made: no rank came yet
             with contextlib.suppress(Exception):
                 Segment.unlink_if_unused(config.job)
@@ -255,6 +260,8 @@ class Collector:
         self._due_work_at = 0.0  # monotonic time when the next of _due_work's looks falls due
         self._window_due_ns: int | None = None  # clock time when the next window closes (None: unknown)
         self._submitted = Submitted()  # from other threads (the launcher's agent)
+        self._stopping = False  # stop_intake began: the GPU entries closed, the ranks running counted
+        self._handover_failed = False
 
     def _serve_the_job(self, config: CollectorConfig, segment: Segment, relay: Relay) -> None:
         """The last step of :meth:`__init__`: the segment names this collector, the relay is polled, the ranks'
@@ -264,6 +271,11 @@ class Collector:
         self._release_hold()
         if self.exporter is not None:
             self.exporter.add_job(config.job, self.counters)
+
+    @property
+    def name(self) -> str:
+        """The job's name."""
+        return self.config.job
 
     @property
     def publish_endpoint(self) -> str:
@@ -432,22 +444,16 @@ class Collector:
         self._window_due_ns = self.scanner.next_due_ns()  # None (no stat known yet): every step looks
 
     def close(self) -> None:
-        """Stop the ranks sending and take their last messages, emit the closed windows (and, once no rank is
-        alive, every window that holds data), flush handlers, release everything (idempotent)."""
+        """Stop as the serving loop stops every job (:meth:`~collector.daemon.loop.Loop.stop`): the ranks' hand-over,
+        the events sinks finishing when they are this job's own, then :meth:`last_pass` (idempotent)."""
+        self.loop.stop()
+
+    def last_pass(self, deadline: float | None) -> None:
+        """Stopping, after :meth:`stop_intake` (and the events sinks' finish, by ``deadline``): emit the closed
+        windows (and, once no rank is alive, every window that holds data), flush handlers, release everything."""
         if self.relay is None:
             return
-        with contextlib.suppress(Exception):  # what the stopping line and the last status say (as it stopped)
-            self.running_at_stop = self.ranks_running()
-        if self.gpu is not None:  # first: its entries are the collector's own, not processes of the job
-            with contextlib.suppress(Exception):
-                self.gpu.close()
-        deadline = None
         try:
-            self.stop_intake()
-            self._take_submitted()
-            if self.events.owns and self.events.delivery is not None:  # (a node collector's: it does this for all)
-                deadline = time.monotonic() + self.events.delivery.close_budget_s
-                let_sinks_finish(self.events.delivery, {self.config.job: self.finish_round}, deadline)
             now = self.clock()
             for change in self.liveness.poll(self.scanner.refresh()):
                 self._lifecycle(change)
@@ -461,11 +467,12 @@ class Collector:
             self.marks.settle(ranks)  # the entries of gone senders whose end is marked now: cleared
             self.relay.update_subscriptions()  # the loss reports subscribers sent meanwhile count in the last rows
             self._emit_usage(now, ranks)  # the final counters, however short the run was
-            self.emitted_everything = not live
+            self.emitted_everything = not live and not self._handover_failed
             if live:
                 self.not_emitted = (f"the open windows of rank{'s' if len(live) > 1 else ''} "
                                     f"{', '.join(map(str, live))}, still running")
         except Exception as exc:  # whatever happens, the sockets and files below are released
+            self.emitted_everything = False
             self.not_emitted = f"the last pass, which failed ({exc!r})"
         self.events.close(deadline)
         self.fanout.close()  # the consumers on threads of their own take what was queued
@@ -491,13 +498,30 @@ class Collector:
         return remove_if_done(self.config.job, self.emitted_everything, self.not_emitted)
 
     def stop_intake(self) -> None:
-        """Stopping, first: the ranks' hand-over (:meth:`Relay.hand_over`): their last messages taken, put metrics
-        dispatched, events offered to the sinks; from then on the ranks hold what they log for the next collector.
-        A second call returns at once (every rank's marker arrived)."""
-        if self.relay is not None:
+        """Stopping, first: the job's GPU entries closed (they are the collector's own, not processes of the job),
+        then the ranks' hand-over (:meth:`Relay.hand_over`): their last messages taken, put metrics dispatched,
+        events offered to the sinks; from then on the ranks hold what they log for the next collector. A second call
+        returns at once (every rank's marker arrived). A failure is said and recorded (the job's last pass follows
+        all the same)."""
+        if self.relay is None:
+            return
+        if not self._stopping:
+            self._stopping = True
+            with contextlib.suppress(Exception):  # what the stopping line and the last status say (as it stopped)
+                self.running_at_stop = self.ranks_running()
+            if self.gpu is not None:
+                with contextlib.suppress(Exception):
+                    self.gpu.close()
+        try:
             self._drain_ingest()
             if self.segment is not None:  # what gone senders could not deliver: counted before the sinks finish
                 self.marks.settle(self.scanner.refresh(), final=True)
+            self._take_submitted()
+        except Exception as exc:
+            self._handover_failed = True
+            self.not_emitted = f"the hand-over, which failed ({exc!r})"
+            print(f"shmstat collector: job {self.config.job}: the hand-over failed ({exc!r})", file=sys.stderr,
+                  flush=True)
 
     def finish_round(self) -> None:
         """One round while stopping, after :meth:`stop_intake`, as the events sinks finish
@@ -675,9 +699,21 @@ class OneJob:
         if failed is not None:
             raise failed
 
-    def close(self) -> None:
-        """Close the job (:meth:`Collector.close`)."""
-        self.collector.close()
+    @property
+    def events_sinks(self) -> EventDelivery | None:
+        """The job's own events sinks (``--events``), which the stop lets finish."""
+        events = self.collector.events
+        return events.delivery if events.owns else None
+
+    def stopping(self) -> None:
+        """Nothing yet: the stopping line is said once stopped (:meth:`stopped`)."""
+
+    def close_job(self, job: object, deadline: float | None) -> None:
+        """The job's last pass and release (:meth:`Collector.last_pass`)."""
+        self.collector.last_pass(deadline)
+
+    def release(self, deadline: float | None) -> None:
+        """Nothing more: the job released what it owns in its last pass."""
 
     def stopped(self) -> None:
         """The stopping line, if ranks still run, and the final status line."""

@@ -17,11 +17,16 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import zmq
 
 from shmstat.shm.layout import MAX_GRACE_MS, RING_BUDGET_MS
+
+from ..sinks.kept_events import let_sinks_finish
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..sinks.delivery import EventDelivery
 
 __all__ = ["CHORE_SLACK_S", "COMMIT_POLL_S", "MAX_POLL_MS", "RELAY_TURN_S", "STAT_LOOK_S", "Loop", "Served",
            "ServedJob", "gather_pause", "relay_turn_s", "stat_look_s", "stop_signals", "wait_quietly"]
@@ -85,6 +90,10 @@ class ServedJob(Protocol):
     stat_look_s: float
 
     @property
+    def name(self) -> str:
+        """The job's name."""
+
+    @property
     def ingest_socket(self) -> zmq.Socket | None:
         """The socket the job's ranks send on (None once released)."""
 
@@ -100,6 +109,12 @@ class ServedJob(Protocol):
 
     def entries_moved(self) -> bool:
         """Whether a rank, writer or stat entry came since the job last read its rank table."""
+
+    def stop_intake(self) -> None:
+        """Stop, first: the ranks' hand-over (never raises: a failure is recorded, and the job let go all the same)."""
+
+    def finish_round(self) -> None:
+        """One round while the events sinks finish: closed windows emitted, delivered marks moved."""
 
 
 class Served(Protocol):
@@ -129,11 +144,22 @@ class Served(Protocol):
     def turned(self, job: ServedJob, failed: Exception | None) -> None:
         """After ``job``'s turn (``failed``: what it raised; re-raise it to end the loop)."""
 
-    def close(self) -> None:
-        """Stop: every job's hand-over, last pass and release."""
+    @property
+    def events_sinks(self) -> EventDelivery | None:
+        """The events sinks whose finish the stop waits for (None: none of its own to finish)."""
+
+    def stopping(self) -> None:
+        """Stop, first: what the host says or records before its jobs' hand-over."""
+
+    def close_job(self, job: ServedJob, deadline: float | None) -> None:
+        """Stop, after every job's hand-over and the sinks' finish: ``job``'s last pass and release (its
+        :meth:`ServedJob.last_pass`)."""
+
+    def release(self, deadline: float | None) -> None:
+        """Stop, last: the host's own sockets and outputs (``deadline``: the events sinks' close, or None)."""
 
     def stopped(self) -> None:
-        """After :meth:`close`, as :meth:`Loop.run` returns: the last lines."""
+        """After :meth:`Loop.stop`, as :meth:`Loop.run` returns: the last lines."""
 
 
 class Loop:
@@ -156,7 +182,7 @@ class Loop:
         try:
             self.served.start()
         except BaseException:
-            self.served.close()
+            self.stop()
             raise
         try:
             self.serve()
@@ -168,7 +194,7 @@ class Loop:
         return 0
 
     def serve(self) -> None:
-        """Turn until :meth:`request_stop`, then close what is served. One turn runs whatever happens, so a collector
+        """Turn until :meth:`request_stop`, then :meth:`stop`. One turn runs whatever happens, so a collector
         stopped as soon as it started still reports its counters once."""
         try:
             self.step(0)
@@ -177,7 +203,25 @@ class Loop:
                 relayed = any(job.relayed_last_step for job in self.served.serving())
                 self.step(gather_pause(turn, self.turn_s) if relayed else self.poll_timeout_ms())
         finally:
-            self.served.close()
+            self.stop()
+
+    def stop(self) -> None:
+        """The one stop sequence of every collector: the host's first word, every job's hand-over (the ranks' last
+        messages taken), the events sinks finishing (:func:`~collector.sinks.kept_events.let_sinks_finish`, every
+        job emitting windows and moving delivered marks meanwhile), every job's last pass and release, then the
+        host's own outputs. A per-job collector is this with its one job; a node collector lets each job go the
+        same way."""
+        self.served.stopping()
+        jobs = tuple(self.served.serving())
+        for job in jobs:
+            job.stop_intake()
+        sinks, deadline = self.served.events_sinks, None
+        if sinks is not None and jobs:
+            deadline = time.monotonic() + sinks.close_budget_s
+            let_sinks_finish(sinks, {job.name: job.finish_round for job in jobs}, deadline)
+        for job in jobs:
+            self.served.close_job(job, deadline)
+        self.served.release(deadline)
 
     def request_stop(self) -> None:
         """Ask :meth:`serve` to finish its turn and close (safe from a signal handler and from another thread)."""

@@ -47,7 +47,6 @@ from ..prometheus.exporter import PrometheusExporter, start_exporter
 from ..relay.curve import CurveServer
 from ..relay.publish_socket import Outlet
 from ..sinks.delivery import EventDelivery
-from ..sinks.kept_events import let_sinks_finish
 from .collector import Collector
 from .config import (
     SERVING_RANK_LOOK_S,
@@ -148,6 +147,7 @@ class NodeCollector:
         self._others_said = False  # whether the line counting other users' entries of /dev/shm was said
         self._next_discovery = 0.0
         self._looks: dict[str, int] = {}  # job -> its collector's rank looks when the node last asked if it finished
+        self._running_at_stop: dict[str, int] = {}  # job -> its ranks still running as the stop began
         self.max_wait_s = NODE_MAX_WAIT_S
         """The longest the loop waits with nothing due (nothing is submitted to the jobs from other threads)."""
         self.loop = Loop(self, turn_s=relay_turn_s(config.event_latency_ms))
@@ -359,33 +359,39 @@ class NodeCollector:
 
     def close(self) -> None:
         """Let every job go (each emits what it holds, and its final heartbeat), then close the node's publish
-        socket and the handlers. The events sinks, which every job shares, finish first (within their close
-        budget): while the jobs' ranks hold new events and the jobs still emit windows and move delivered marks
-        (:func:`~collector.sinks.kept_events.let_sinks_finish`)."""
-        running = {job: c.ranks_running() for job, c in self.collectors.items()}
+        socket and the handlers (:meth:`collector.daemon.loop.Loop.stop`). The events sinks, which every job shares,
+        finish first (within their close budget): while the jobs' ranks hold new events and the jobs still emit
+        windows and move delivered marks (:func:`~collector.sinks.kept_events.let_sinks_finish`)."""
+        self.loop.stop()
+
+    @property
+    def events_sinks(self) -> EventDelivery | None:
+        """The node's events sinks, shared by every job."""
+        return self.events
+
+    def stopping(self) -> None:
+        """The stopping line, before the jobs' hand-over: the ranks still running and how long the rings keep
+        their windows."""
+        self._running_at_stop = running = {job: c.ranks_running() for job, c in self.collectors.items()}
         if self.collectors:
             slack = min(c.ring_slack_s() for c in self.collectors.values())
             line = stopping_line(running, slack, min(c.banks for c in self.collectors.values()))
             if line is not None:
                 print(line, file=sys.stderr, flush=True)
-        deadline = None
-        if self.events is not None and self.collectors:
-            serving = list(self.collectors.values())
-            for c in serving:
-                try:
-                    c.stop_intake()
-                except Exception as exc:  # the job is let go below all the same
-                    print(f"shmstat collector: job {c.config.job}: the hand-over failed ({exc!r})", file=sys.stderr,
-                          flush=True)
-            deadline = time.monotonic() + self.events.close_budget_s
-            let_sinks_finish(self.events, {c.config.job: c.finish_round for c in serving}, deadline)
-        for job in list(self.collectors):
-            if self._release(job):
-                Segment.unlink_if_unused(job)  # every window emitted: gone unless a process of the job lives
+
+    def close_job(self, job: ServedJob, deadline: float | None) -> None:
+        """Let ``job`` go as it stops by itself (:meth:`Collector.close`); its segment removed when every window
+        was emitted, unless a process of the job lives."""
+        if self._release(job.name):
+            Segment.unlink_if_unused(job.name)
+
+    def release(self, deadline: float | None) -> None:
+        """The node's own, once every job was let go: its publish socket, the events sinks (by ``deadline``), the
+        final status line, the handlers, the Prometheus endpoint, the node lock, the GPU sampler."""
         self._close_outlet()
         if self.events is not None:
             self.events.close(deadline)  # before the final status line, which counts what the sinks lost
-        self.status.print(self, final=True, running=sum(running.values()))
+        self.status.print(self, final=True, running=sum(self._running_at_stop.values()))
         with contextlib.suppress(Exception):
             self.dispatcher.close()
         if self.exporter is not None:
@@ -395,7 +401,6 @@ class NodeCollector:
             self._node_lock = None
         if self.gpu is not None:
             self.gpu.close()
-
 
     def endpoint_counters(self) -> dict[str, int]:
         """The node's endpoint's own counters (``shmstat_node_publish_*_total`` on ``/metrics``): times bound anew

@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CapacityError, ConfigError, ShmstatError
@@ -26,6 +27,7 @@ from ._degrade import geometry_from_env, reported, warn_once
 from .identity import Identity, identity_from_env, identity_variables, start_environ
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..shm.layout import Geometry
     from ..shm.segment import Segment
     from .rank import RankAttachment
 
@@ -83,11 +85,50 @@ def init(
     from . import hang_stacks as stacks
 
     want_stacks = stacks.wanted(hang_stacks)
+    who = _identity(job, rank, local_rank, world_size)
+    if who is None:
+        _state.STATE.auto_init_done = True
+        return None
+    from ..publish.publisher import event_latency_ms as latency_ms
+
+    if publish:
+        event_latency_ms = latency_ms(event_latency_ms)  # a bad budget stops init before it attaches
+    geometry = _asked_geometry(max_ranks, max_stats, banks)
+    create_geometry = geometry_from_env() if geometry is None else None
+    with _state.STATE.lock:
+        shutdown()
+        att = _register(who, geometry, create_geometry)
+        _state.STATE.attachment = att
+        if publish:
+            _start_publisher(att, who, endpoint, backlog_mb, event_latency_ms)
+        _state.STATE.auto_init_done = True
+        _state.rebind_sections()
+        if want_stacks and att.has_entry and att.writer_of < 0:
+            try:
+                stacks.enable(who.job)
+            except (OSError, ShmstatError) as exc:  # telemetry never stops the job: it goes on without stacks
+                warn_once("stacks", f"cannot register hang stacks ({exc}); the collector gets none",
+                          job=who.job)
+    return att
+
+
+@dataclass(frozen=True)
+class _Who:
+    """Who ``init`` attaches: the job, the rank's numbers, and whether it is a worker of that rank."""
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    inherited: bool
+
+
+def _identity(job: str | None, rank: int | None, local_rank: int | None, world_size: int | None) -> _Who | None:
+    """``init``'s arguments completed from the environment and checked; None with no job anywhere."""
     env = identity_from_env()
     inherited = env is not None and rank is None and local_rank is None and job in (None, env.job) and _inherited()
     if job is None:
         if env is None:
-            _state.STATE.auto_init_done = True
             return None
         job = env.job
     validate_job(job)
@@ -100,56 +141,56 @@ def init(
     for label, value in (("rank", rank), ("local_rank", local_rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{label} must be a non-negative int, got {value!r}")
-    from ..publish.publisher import Publisher
-    from ..publish.publisher import event_latency_ms as latency_ms
+    return _Who(job, rank, local_rank, world_size, inherited)
+
+
+def _asked_geometry(max_ranks: int | None, max_stats: int | None, banks: int | None) -> Geometry | None:
+    """The capacities ``init`` was given (the others at their defaults), or None when it was given none."""
     from ..shm.layout import Geometry
+
+    if max_ranks is None and max_stats is None and banks is None:
+        return None
+    default = Geometry()
+    return Geometry(max_ranks or default.max_ranks, max_stats or default.max_stats, banks or default.banks)
+
+
+def _register(who: _Who, geometry: Geometry | None, create_geometry: Geometry | None) -> RankAttachment:
+    """Open the job's segment and register the rank in it (an attachment without an entry when the table is full),
+    opening it again when it was removed in between."""
     from ..shm.segment import Segment
     from .rank import RankAttachment, SegmentRemoved
 
-    if publish:
-        event_latency_ms = latency_ms(event_latency_ms)  # a bad budget stops init before it attaches
-    geometry = None
-    if max_ranks is not None or max_stats is not None or banks is not None:
-        default = Geometry()
-        geometry = Geometry(max_ranks or default.max_ranks, max_stats or default.max_stats, banks or default.banks)
-    create_geometry = geometry_from_env() if geometry is None else None
-    with _state.STATE.lock:
-        shutdown()
-        for tries_left in range(_REOPENS, -1, -1):
-            segment = Segment.open(job, geometry=geometry, create_geometry=create_geometry)
-            try:
-                att = RankAttachment.register(segment, rank=rank, local_rank=local_rank, world_size=world_size,
-                                              inherited=inherited)
-            except SegmentRemoved:
-                segment.close()
-                if not tries_left:
-                    raise
-                continue  # removed between its opening and the registration: the job's segment is made anew
-            except CapacityError:
-                att = _no_room_for_rank(segment, rank, local_rank, world_size)
-            except BaseException:
-                segment.close()
+    tries_left = _REOPENS
+    while True:
+        segment = Segment.open(who.job, geometry=geometry, create_geometry=create_geometry)
+        try:
+            return RankAttachment.register(segment, rank=who.rank, local_rank=who.local_rank,
+                                           world_size=who.world_size, inherited=who.inherited)
+        except SegmentRemoved:
+            segment.close()
+            if not tries_left:
                 raise
-            break
-        _state.STATE.attachment = att
-        if publish:
-            target = (endpoint or ingest_endpoint(job), rank, att.incarnation)
-            _state.STATE.publish_target = target
-            _state.STATE.publisher = pub = Publisher(
-                target[0], rank=rank, incarnation=att.incarnation,
-                backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=job,
-                event_latency_ms=event_latency_ms,
-            )
-            pub.on_undelivered = att.record_events_end
-        _state.STATE.auto_init_done = True
-        _state.rebind_sections()
-        if want_stacks and att.has_entry and att.writer_of < 0:
-            try:
-                stacks.enable(job)
-            except (OSError, ShmstatError) as exc:  # telemetry never stops the job: it goes on without stacks
-                warn_once("stacks", f"cannot register hang stacks ({exc}); the collector gets none",
-                          job=job)
-    return att
+            tries_left -= 1  # removed between its opening and the registration: the job's segment is made anew
+        except CapacityError:
+            return _no_room_for_rank(segment, who.rank, who.local_rank, who.world_size)
+        except BaseException:
+            segment.close()
+            raise
+
+
+def _start_publisher(att: RankAttachment, who: _Who, endpoint: str | None, backlog_mb: float | None,
+                     event_latency_ms: float | None) -> None:
+    """The rank's publisher to its collector, which records in the segment what it could not deliver."""
+    from ..publish.publisher import Publisher
+
+    target = (endpoint or ingest_endpoint(who.job), who.rank, att.incarnation)
+    _state.STATE.publish_target = target
+    _state.STATE.publisher = pub = Publisher(
+        target[0], rank=who.rank, incarnation=att.incarnation,
+        backlog_bytes=None if backlog_mb is None else int(backlog_mb * 1024 * 1024), job=who.job,
+        event_latency_ms=event_latency_ms,
+    )
+    pub.on_undelivered = att.record_events_end
 
 
 def ensure_init() -> RankAttachment | None:

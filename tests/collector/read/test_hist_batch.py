@@ -165,7 +165,7 @@ def test_the_vectorised_reader_decodes_what_read_bank_decodes(job):
     wrap the bucket ring and lower the scale; negatives and zeros): read_histograms of every bank equals
     layout_codec.read_bank's decode of it, and a bank whose (seq, wid) no longer matches is left to the caller."""
     import shmstat
-    from collector.read.scanner import read_histograms
+    from collector.read.bank_reads import read_histograms
     from shmstat import Aggregation
     from shmstat.shm import layout as L
     from shmstat.shm import layout_codec as codec

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from kit.support import unique_job
 
-from collector.read.scanner import Scanner, consistent_banks, read_banks
+from collector.read.bank_reads import consistent_banks, read_banks
+from collector.read.scanner import Scanner
 from shmstat.shm import layout as L
 from shmstat.shm import layout_codec as codec
 from shmstat.shm.segment import Segment
