@@ -6,7 +6,7 @@ Recording rules (evaluated in order, one group):
 
 - :data:`FIGURE` ``{job, node, group, stat, rank}``: each rank's figure of every stat the straggler rule scores
   (``shmstat_stat_info{scored="1"}``), the very figure the collector scores
-  (:func:`collector.daemon.straggler.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
+  (:func:`collector.daemon.scoring.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
   percentiles, else its mean (``shmstat_stat_mean``), while the rank added samples within the last ``interval``
   (a rank that stopped adding, hung or gone, is not scored on its last window);
 - :data:`NODE_MEDIAN` ``{job, node, group, stat}`` (and the target's labels, ``instance``): each node's figure, the
