@@ -37,7 +37,7 @@ def test_collector_restarted_after_sigkill_beside_a_sweep_serves_and_emits_every
             # it emitted a pass first: a ring that wraps with no collector ever emitting loses windows uncounted
             # (a defect of its own), and that is not what this test is about
             size = os.path.getsize(out) if os.path.exists(out) else 0
-            wait_for(lambda: os.path.exists(out) and os.path.getsize(out) > size, 30, 0.01, what="a pass")
+            wait_for(lambda size=size: os.path.exists(out) and os.path.getsize(out) > size, 30, 0.01, what="a pass")
             coll.stop(signal.SIGKILL)
             try:
                 coll = start_collector(job, *args)
@@ -55,7 +55,7 @@ def test_collector_restarted_after_sigkill_beside_a_sweep_serves_and_emits_every
             if p.is_alive():
                 p.kill()
         coll.stop(signal.SIGKILL)
-    looks, removed = map(int, open(tmp_path / "sweeps").read().split())
+    looks, removed = map(int, (tmp_path / "sweeps").read_text().split())
     assert looks > 0 and removed == 0
     assert not refused, f"{len(refused)} of {RESTARTS} restarts refused: {refused[:2]}"
     rows = [r for r in read_jsonl(out) if r["group"] == "kills" and r["rank"] is not None

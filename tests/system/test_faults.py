@@ -20,13 +20,13 @@ from collections import defaultdict
 
 import pytest
 from kit.faults import (
-    overwritten_total,
     RssSampler,
     Subscriber,
     counts_from,
     idle_adder,
     late_writer,
     load_worker,
+    overwritten_total,
     percentile_adder,
     read_json,
     rows_by_rank_window,
