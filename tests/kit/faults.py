@@ -486,3 +486,15 @@ def percentile_adder(job: str, rank: int, window_ms: int, nstats: int, out_path:
     _write_json(out_path, {"counts": {name: {str(k): v for k, v in c.items()} for name, c in counts.items()},
                            "pid": os.getpid()})
     shmstat.shutdown()
+
+
+def overwritten_total(rows: list[dict]) -> float:
+    """Windows the collectors writing ``rows`` counted as overwritten: each collector's counter starts at 0 and only
+    grows, so the file holds runs of growing values, one per collector; their last values add up."""
+    total = last = 0.0
+    for r in rows:
+        if r["name"] == "collector.windows_overwritten":
+            if r["value"] < last:
+                total += last
+            last = r["value"]
+    return total + last

@@ -26,6 +26,7 @@ from kit.faults import (
     idle_adder,
     late_writer,
     load_worker,
+    overwritten_total,
     percentile_adder,
     read_json,
     rows_by_rank_window,
@@ -470,18 +471,6 @@ KILLS_WINDOW_MS = 200  # 64 banks: a 12.8 s ring, longer than a collector's star
 KILLS_STATS = 6
 
 
-def _overwritten_total(rows: list[dict]) -> float:
-    """Windows the collectors writing ``rows`` counted as overwritten: each collector's counter starts at 0 and only
-    grows, so the file holds runs of growing values, one per collector; their last values add up."""
-    total = last = 0.0
-    for r in rows:
-        if r["name"] == "collector.windows_overwritten":
-            if r["value"] < last:
-                total += last
-            last = r["value"]
-    return total + last
-
-
 def _ranges(wids: list[int]) -> list[tuple[int, int]]:
     """Consecutive runs of window ids, as (first, last)."""
     out: list[tuple[int, int]] = []
@@ -539,7 +528,7 @@ def test_collector_sigkilled_at_random_moments_emits_every_window_once(job, tmp_
             if p.is_alive():
                 p.kill()
     rows = read_jsonl(out)
-    overwritten = _overwritten_total(rows)
+    overwritten = overwritten_total(rows)
     seen: dict[tuple[str, int, int], float] = {}
     repeats = []
     for r in rows:
