@@ -635,8 +635,8 @@ def worker_node_collector(job: str, args: argparse.Namespace) -> None:
     config = CollectorConfig(job="", publish=args.endpoint, handlers={"*": "null"}, status_interval_s=0,
                              **({"publish_queue": args.publish_queue} if args.publish_queue else {}))
     node = NodeCollector(config, jobs=[job], out=open(os.devnull, "w"))  # noqa: SIM115
-    threading.Thread(target=lambda: (sys.stdin.read(), node.stop_requested.set()), daemon=True).start()
-    node.step(0)  # the job picked up now: its segment made and held before any rank attaches
+    threading.Thread(target=lambda: (sys.stdin.read(), node.loop.request_stop()), daemon=True).start()
+    node.loop.step(0)  # the job picked up now: its segment made and held before any rank attaches
     print("ready", os.getpid(), flush=True)
     node.run()
 
