@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from kit.support import FakeClock
 
-from collector.jobwide.watch import JOB_RECOVERED_EVENT, JOB_STRAGGLER_EVENT, JobWatch
+from collector.jobwide.watch import (
+    JOB_RECOVERED_EVENT,
+    JOB_STRAGGLER_EVENT,
+    NODE_BACK_EVENT,
+    NODE_SILENT_EVENT,
+    JobWatch,
+)
 from collector.read.rows import WindowRow
 from shmstat import wire
 from shmstat.aggregation import Aggregation as A
@@ -101,3 +107,39 @@ def test_a_slow_node_near_the_threshold_is_one_episode_not_flapping():
         found += jw.take("c", _msg([(4, wid, 10.0 * k), (5, wid, 10.0 * k)]), "j")
     episode = [(e.name, e.data["node"], e.data["rank"], e.data["window_start_ns"] // 100_000_000) for e in found]
     assert episode == [(JOB_STRAGGLER_EVENT, "c", -1, 3), (JOB_RECOVERED_EVENT, "c", -1, 16)], found
+
+
+def test_a_node_that_sends_nothing_is_silent_left_out_of_the_scores_and_back_when_heard():
+    """Node c stops (its collector killed: no rows, no heartbeat): after ``silent_after_s`` it is named silent once,
+    its window still waiting then is scored without it (not against the live nodes), no window waits for it any
+    more, the view lists it as silent; when it is heard again (a heartbeat is enough) it is back."""
+    clock = FakeClock()
+    jw = JobWatch(windows=1, settle_s=5.0, silent_after_s=3.0, clock=clock)
+    jw.expected = ("a", "b", "c")
+    found = []
+    for wid in (1, 2):
+        found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
+        found += jw.take("b", _msg([(2, wid, 10.0), (3, wid, 10.0)]), "j")
+        found += jw.take("c", _msg([(4, wid, 10.0), (5, wid, 10.0)]), "j")
+    assert jw.views()[0].stats[0].wid == 1 and len(jw.views()[0].stats[0].nodes) == 3
+    found += jw.take("c", _msg([(4, 3, 90.0), (5, 3, 90.0)]), "j")  # c's last window, waiting for c's next
+    for wid in (3, 4, 5, 6):
+        clock.advance_ms(1000)
+        found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
+        found += jw.take("b", _msg([(2, wid, 10.0), (3, wid, 10.0)]), "j")
+        assert jw.views()[0].stats[0].wid == (2 if wid < 5 else wid - 1)  # 3.. wait for c until it is silent
+        found += jw.heard("a") + jw.heard("b") + jw.tick()  # their heartbeats
+    silent = [e.data for e in found if e.name == NODE_SILENT_EVENT]
+    assert [(d["node"], d["silent_s"]) for d in silent] == [("c", 3.0)], found
+    assert silent[0]["line"] == ("node silent: job j: node c sent nothing, not even a heartbeat, for 3 s; its "
+                                 "windows are left out of the scores")
+    assert not [e for e in found if e.name == JOB_STRAGGLER_EVENT], found  # c's 90 never scored against a and b
+    (view,) = jw.views()
+    (stat,) = view.stats
+    assert stat.wid == 5 and [n.node for n in stat.nodes] == ["a", "b"] and {r.node for r in stat.ranks} == {"a", "b"}
+    assert view.silent == (("c", 4.0),) and view.nodes == ("a", "b", "c")
+    clock.advance_ms(1000)
+    back = jw.heard("c")
+    assert [(e.name, e.data["node"], e.data["silent_s"]) for e in back] == [(NODE_BACK_EVENT, "c", 5.0)], back
+    assert back[0].data["line"] == "node back: job j: node c heard again after 5 s silent"
+    assert jw.views()[0].silent == () and jw.tick() == []
