@@ -8,7 +8,8 @@ job a header (job, clock, nodes heard), the hang line while the job hangs (the r
 section; the nodes that wait), then per stat its newest scored window: each node (its figure, the median of its
 ranks', and its score) followed by its ranks, a slow node marked ``SLOW NODE`` and a slow rank ``SLOW`` (bold red,
 the mark kept without colour), and last each node gone silent (no message, no heartbeat: the host down or its
-collector killed), marked ``SILENT 12 s`` with how long since it was last heard, without figures. Frames are refreshed as ``shmstat top``'s are (:mod:`collector.cli.top_live`).
+collector killed), marked ``SILENT 12 s`` with how long since it was last heard, without figures. Frames are
+refreshed as ``shmstat top``'s are (:mod:`collector.cli.top_live`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ from ..relay.curve import CLIENT, CURVE_FRAME_OVERHEAD, load_client, secure_clie
 
 __all__ = [
     "DEFAULT_SILENT_AFTER_S", "GAP_EVENT", "JOB_HANG_EVENT", "JOB_HANG_RESOLVED_EVENT", "JOB_RECOVERED_EVENT",
-    "JOB_STRAGGLER_EVENT", "NODE_BACK_EVENT", "NODE_SILENT_EVENT", "TOPICS", "JobHang", "JobView", "JobWatch", "NodeScore", "NodeStreams", "RankScore", "StatScores", "WatchEvent",
+    "JOB_STRAGGLER_EVENT", "NODE_BACK_EVENT", "NODE_SILENT_EVENT", "TOPICS", "JobHang", "JobView", "JobWatch",
+    "NodeScore", "NodeStreams", "RankScore", "StatScores", "WatchEvent",
     "node_names", "watch",
 ]
 
@@ -502,7 +503,8 @@ def node_names(endpoints: Sequence[str]) -> list[tuple[str, str]]:
 
 def watch(endpoints: Sequence[str], *, curve: str | None = None, curve_client: str | None = None,
           threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS, settle_s: float = 2.0,
-          silent_after_s: float = DEFAULT_SILENT_AFTER_S, timeout_s: float | None = None, clock: Callable[[], int] = time.time_ns,
+          silent_after_s: float = DEFAULT_SILENT_AFTER_S, timeout_s: float | None = None,
+          clock: Callable[[], int] = time.time_ns,
           state: JobWatch | None = None) -> Iterator[WatchEvent]:
     """Follow node collectors' endpoints and yield the job-wide :class:`WatchEvent` s, until ``timeout_s`` (if
     given) or the caller stops iterating (closing the generator closes the sockets).

@@ -236,7 +236,7 @@ def test_a_node_whose_collector_is_killed_is_marked_silent_left_out_and_back_onc
     assert scored_silent == ["n0", "n1"]  # n2's last figures not scored against the live nodes
     assert not _events(found, JOB_STRAGGLER_EVENT), found  # every rank adds the same figure: nobody is slow
     frames = [f for f in silent_top.split("\n\n") if "SILENT" in f]
-    marked = [line for line in frames[-1].splitlines() if "ranks" in line and "nodes" not in line or "SILENT" in line]
+    marked = [line for line in frames[-1].splitlines() if ("ranks" in line and "nodes" not in line) or "SILENT" in line]
     assert [line.split()[0] for line in marked] == ["n0", "n1", "n2"], frames[-1]
     assert marked[-1].split()[1:5] == ["-", "-", "-", "SILENT"], frames[-1]
     assert [line.split()[0] for line in back_top.splitlines() if "ranks" in line and "nodes" not in line] == \

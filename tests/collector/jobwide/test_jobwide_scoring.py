@@ -101,7 +101,7 @@ def test_a_slow_node_near_the_threshold_is_one_episode_not_flapping():
     jw.expected = ("a", "b", "c")
     found = []
     factors = [1.4, 1.4, 1.4, 1.3, 1.4, 1.3, 1.3, 1.4, 1.4, 1.4, 1.0, 1.3, 1.4, 1.0, 1.3, 1.0]
-    for wid, k in enumerate(factors + [1.0], start=1):  # the last window only closes the one before
+    for wid, k in enumerate([*factors, 1.0], start=1):  # the last window only closes the one before
         found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
         found += jw.take("b", _msg([(2, wid, 10.0), (3, wid, 10.0)]), "j")
         found += jw.take("c", _msg([(4, wid, 10.0 * k), (5, wid, 10.0 * k)]), "j")
