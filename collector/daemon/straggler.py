@@ -64,8 +64,8 @@ STRAGGLER_EVENT = "shmstat.straggler"
 """The event a rank gets once it scored under the threshold for the configured number of windows in a row."""
 RECOVERED_EVENT = "shmstat.straggler.recovered"
 """The event a reported rank gets when it scores at or above the threshold again for ``windows`` windows in a row
-(``reason`` ``"recovered"``),
-or when the detector forgets it (``reason`` ``"gone"``: no window of that stat scored it for a while)."""
+(``reason`` ``"recovered"``), or when the detector forgets it (``reason`` ``"gone"``: no window of that stat
+scored it for a while)."""
 EVENT_TOPICS = (wire.event_topic(STRAGGLER_EVENT), wire.event_topic(RECOVERED_EVENT))
 """The topics the events are published on."""
 DEFAULT_FORGET_NS = 30 * 1_000_000_000

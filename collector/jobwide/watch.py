@@ -26,8 +26,10 @@ and its section, and the nodes that wait; once no node hangs any more, :data:`JO
 Silence: a node collector sends a heartbeat every ``--heartbeat-interval`` (1 s by default) besides its data, so
 a node heard of that sends nothing for ``silent_after_s`` (5 s: five beats) is gone quiet (a host down, its
 collector killed, the network cut): :data:`NODE_SILENT_EVENT`, once, and :data:`NODE_BACK_EVENT` when it is heard
-again. While it is silent no window waits for it, its rows not yet scored are left out (a dead node's last windows
-are not scored against the live ones) and :meth:`JobWatch.views` lists it as silent, not with its last figures.
+again. While it is silent no window waits for it, its rows not yet scored are left out (a dead node's last
+windows are not scored against the live ones) and :meth:`JobWatch.views` lists it as silent, not with its last
+figures. A node whose collector said its final heartbeat (it closed, or the job ended there) is not silent for
+its quiet after it.
 
 Losses: the collectors' heartbeats are compared with what arrived (:class:`shmstat.wire.heartbeat.GapTracker`);
 windows lost on the way are yielded as :data:`GAP_EVENT` (and counted in :attr:`JobWatch.lost`), and rows of a
@@ -263,6 +265,18 @@ class JobWatch:
         return [WatchEvent(NODE_BACK_EVENT, job, {"node": node, "silent_s": round(silent_s, 3), "line": (
             f"node back: job {job}: node {node} heard again after {silent_s:.0f} s silent")})
             for job, state in sorted(self._jobs.items()) if node in state.nodes]
+
+    def ended(self, node: str) -> None:
+        """``node``'s collector sent its final heartbeat of a job (it closed, or the job ended there): it may send
+        nothing more, and its quiet then says nothing, until it is heard again (:meth:`heard`; a job still running
+        there is heard at its next heartbeat)."""
+        self._heard.pop(node, None)
+
+    @property
+    def followed(self) -> tuple[str, ...]:
+        """The nodes that would be silent if they sent nothing for ``silent_after_s``: heard, neither silent nor
+        ended since."""
+        return tuple(n for n in self._heard if n not in self._silent)
 
     def _silence(self, now: int) -> list[WatchEvent]:
         """The nodes that went silent since the last look: :data:`NODE_SILENT_EVENT` for each job they sent."""
@@ -596,6 +610,8 @@ class NodeStreams:
                     out.extend(self.jw.take(node, msg, job))
                     continue
                 out.extend(self.jw.heard(node))
+                if beat.final:
+                    self.jw.ended(node)
                 out.extend(self.jw.gap(node, job or "", gap.stream, gap.items) for gap in beat.gaps)
         out.extend(self.jw.tick())
         return out

@@ -226,6 +226,8 @@ def test_a_node_whose_collector_is_killed_is_marked_silent_left_out_and_back_onc
             top.wait(30)
         codes = [p.wait(120) for p in nodes]
     assert codes == [0, 0, 0], [p.stderr.read() if p.stderr else "" for p in nodes]
+    # the collectors said their final heartbeats as they closed: their quiet since is not silence
+    wait_for(lambda: state.followed == (), timeout_s=30, interval_s=0.1, what="the nodes' final heartbeats")
     (silent,) = _events(found, NODE_SILENT_EVENT)
     assert silent["node"] == "n2" and silent["silent_s"] >= 2.0, silent
     assert re.fullmatch(rf"node silent: job {job}: node n2 sent nothing, not even a heartbeat, for \d+ s; its "

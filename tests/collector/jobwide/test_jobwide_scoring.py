@@ -143,3 +143,8 @@ def test_a_node_that_sends_nothing_is_silent_left_out_of_the_scores_and_back_whe
     assert [(e.name, e.data["node"], e.data["silent_s"]) for e in back] == [(NODE_BACK_EVENT, "c", 5.0)], back
     assert back[0].data["line"] == "node back: job j: node c heard again after 5 s silent"
     assert jw.views()[0].silent == () and jw.tick() == []
+    jw.ended("c")  # c's final heartbeat: its quiet after it says nothing
+    clock.advance_ms(10_000)
+    jw.heard("a")
+    jw.ended("b")
+    assert jw.tick() == [] and jw.followed == ("a",) and jw.views()[0].silent == ()
