@@ -245,7 +245,7 @@ class JobWatch:
             for item in msg.items:
                 if isinstance(item, dict):
                     self._row(state, node, item)
-            return out + self.tick()
+            return out + self._score_ready(self.clock())  # silence waits for tick(): others' messages may be queued
         if msg.kind == "event":
             for j in range(len(msg.items)):
                 rec = item_record(msg, j, name)
@@ -322,10 +322,14 @@ class JobWatch:
         win.figures[(node, int(rank))] = float(f)
 
     def tick(self) -> list[WatchEvent]:
-        """Score every gathered window that is complete (each node sending its stat sent a later one) or waited
-        ``settle_s``, in window order; the events found."""
+        """Name the nodes silent for ``silent_after_s`` (call it once every message received was taken: a node's
+        may wait in a socket while the watcher was busy), then score every gathered window that is complete (each
+        node sending its stat sent a later one) or waited ``settle_s``, in window order; the events found."""
         now = self.clock()
-        out = self._silence(now)
+        return self._silence(now) + self._score_ready(now)
+
+    def _score_ready(self, now: int) -> list[WatchEvent]:
+        out: list[WatchEvent] = []
         for name, state in self._jobs.items():
             ready = []
             for key, win in state.pending.items():

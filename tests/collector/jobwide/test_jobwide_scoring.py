@@ -127,8 +127,8 @@ def test_a_node_that_sends_nothing_is_silent_left_out_of_the_scores_and_back_whe
         clock.advance_ms(1000)
         found += jw.take("a", _msg([(0, wid, 10.0), (1, wid, 10.0)]), "j")
         found += jw.take("b", _msg([(2, wid, 10.0), (3, wid, 10.0)]), "j")
-        assert jw.views()[0].stats[0].wid == (2 if wid < 5 else wid - 1)  # 3.. wait for c until it is silent
         found += jw.heard("a") + jw.heard("b") + jw.tick()  # their heartbeats
+        assert jw.views()[0].stats[0].wid == (2 if wid < 5 else wid - 1)  # 3.. wait for c until it is silent
     silent = [e.data for e in found if e.name == NODE_SILENT_EVENT]
     assert [(d["node"], d["silent_s"]) for d in silent] == [("c", 3.0)], found
     assert silent[0]["line"] == ("node silent: job j: node c sent nothing, not even a heartbeat, for 3 s; its "
@@ -148,3 +148,18 @@ def test_a_node_that_sends_nothing_is_silent_left_out_of_the_scores_and_back_whe
     jw.heard("a")
     jw.ended("b")
     assert jw.tick() == [] and jw.followed == ("a",) and jw.views()[0].silent == ()
+
+
+def test_a_watcher_that_stalled_names_no_node_silent_whose_messages_wait_in_its_queue():
+    """The watcher itself stalled (load, a pause) longer than ``silent_after_s``: the messages its nodes sent
+    meanwhile wait in its sockets. Taking one node's does not judge the others before theirs are taken: silence is
+    judged by :meth:`JobWatch.tick`, once every socket was read."""
+    clock = FakeClock()
+    jw = JobWatch(windows=1, settle_s=1.0, silent_after_s=2.0, clock=clock)
+    for node, ranks in (("a", (0, 1)), ("b", (2, 3))):
+        jw.take(node, _msg([(r, 1, 10.0) for r in ranks]), "j")
+    clock.advance_ms(3000)  # stalled; both nodes sent window 2 and their heartbeats meanwhile
+    found = jw.take("a", _msg([(0, 2, 10.0), (1, 2, 10.0)]), "j")
+    found += jw.take("b", _msg([(2, 2, 10.0), (3, 2, 10.0)]), "j")
+    found += jw.tick()
+    assert [e for e in found if e.name == NODE_SILENT_EVENT] == [], found
