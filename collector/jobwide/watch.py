@@ -172,7 +172,8 @@ class JobView:
     stats: tuple[StatScores, ...]
     hang: JobHang | None
     silent: tuple[tuple[str, float], ...] = ()
-    """The nodes silent now (:data:`NODE_SILENT_EVENT`), each with the seconds since it was last heard."""
+    """The nodes silent now (:data:`NODE_SILENT_EVENT`; a node followed that was never heard too), each with the
+    seconds since it was last heard (or followed)."""
 
 
 @dataclass
@@ -265,6 +266,14 @@ class JobWatch:
         return [WatchEvent(NODE_BACK_EVENT, job, {"node": node, "silent_s": round(silent_s, 3), "line": (
             f"node back: job {job}: node {node} heard again after {silent_s:.0f} s silent")})
             for job, state in sorted(self._jobs.items()) if node in state.nodes]
+
+    def follow(self, nodes: Sequence[str]) -> None:
+        """Wait for ``nodes`` (:attr:`expected`) and time their silence from now: a node followed that sends
+        nothing for ``silent_after_s`` from the start is silent too (a host down before the watcher began)."""
+        self.expected = tuple(nodes)
+        now = self.clock()
+        for node in nodes:
+            self._heard.setdefault(node, now)
 
     def ended(self, node: str) -> None:
         """``node``'s collector sent its final heartbeat of a job (it closed, or the job ended there): it may send
@@ -441,7 +450,8 @@ class JobWatch:
         """Every job heard of, as it stands: its nodes, the newest scored window of each stat, the hang."""
         now = self.clock()
         return [JobView(job, tuple(state.nodes), tuple(self._live(state.views[k]) for k in sorted(state.views)),
-                        state.hang, tuple((n, (now - self._silent[n]) / 1e9) for n in state.nodes if n in self._silent))
+                        state.hang, tuple((n, (now - self._silent[n]) / 1e9)
+                                          for n in dict.fromkeys([*state.nodes, *self.expected]) if n in self._silent))
                 for job, state in sorted(self._jobs.items())]
 
     def _live(self, s: StatScores) -> StatScores:
@@ -573,7 +583,7 @@ class NodeStreams:
             raise ConfigError("--curve-client NAME picks a key of a --curve DIR; add --curve DIR")
         self.jw = jw
         self.nodes = [n for n, _ in named]
-        jw.expected = tuple(self.nodes)
+        jw.follow(self.nodes)
         self._ctx = zmq.Context()
         self._tracker = GapTracker(followed_kinds(TOPICS))
         self._socks: dict[zmq.Socket, str] = {}

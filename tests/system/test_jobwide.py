@@ -197,6 +197,7 @@ def test_a_node_whose_collector_is_killed_is_marked_silent_left_out_and_back_onc
         time.sleep(1.0)  # the subscriptions reach the collectors before the first window
         (tmp_path / "go").touch()
         wait_for(lambda: nodes_scored() == list(NODES), timeout_s=60, interval_s=0.1, what="every node scored")
+        wait_for(lambda: re.search(r"\n\s*n2\s+3 ranks", out.read_text()), timeout_s=30, what="top showing n2")
         (tmp_path / "n2.kill").touch()
         wait_for(lambda: (tmp_path / "n2.killed").exists(), timeout_s=30, what="n2's collector killed")
         wait_for(lambda: _events(found, NODE_SILENT_EVENT, node="n2"), timeout_s=30, interval_s=0.1,
