@@ -172,8 +172,7 @@ class JobView:
     stats: tuple[StatScores, ...]
     hang: JobHang | None
     silent: tuple[tuple[str, float], ...] = ()
-    """The nodes silent now (:data:`NODE_SILENT_EVENT`; a node followed that was never heard too), each with the
-    seconds since it was last heard (or followed)."""
+    """The nodes silent now (:data:`NODE_SILENT_EVENT`), each with the seconds since it was last heard."""
 
 
 @dataclass
@@ -219,6 +218,7 @@ class JobWatch:
         self._jobs: dict[str, _Job] = {}
         self._heard: dict[str, int] = {}  # node -> when it was last heard, on the clock
         self._silent: dict[str, int] = {}  # node -> when it was last heard, while it is silent
+        self._told: dict[str, list[str]] = {}  # silent node -> the jobs told so (told it is back, none other)
         self.late = 0
         """Rows of a rank that arrived after their window was scored (not folded in)."""
         self.lost = 0
@@ -265,15 +265,7 @@ class JobWatch:
         silent_s = (now - since) / 1e9
         return [WatchEvent(NODE_BACK_EVENT, job, {"node": node, "silent_s": round(silent_s, 3), "line": (
             f"node back: job {job}: node {node} heard again after {silent_s:.0f} s silent")})
-            for job, state in sorted(self._jobs.items()) if node in state.nodes]
-
-    def follow(self, nodes: Sequence[str]) -> None:
-        """Wait for ``nodes`` (:attr:`expected`) and time their silence from now: a node followed that sends
-        nothing for ``silent_after_s`` from the start is silent too (a host down before the watcher began)."""
-        self.expected = tuple(nodes)
-        now = self.clock()
-        for node in nodes:
-            self._heard.setdefault(node, now)
+            for job in self._told.pop(node, [])]
 
     def ended(self, node: str) -> None:
         """``node``'s collector sent its final heartbeat of a job (it closed, or the job ended there): it may send
@@ -295,11 +287,12 @@ class JobWatch:
                 continue
             self._silent[node] = last
             silent_s = (now - last) / 1e9
+            self._told[node] = [job for job, state in sorted(self._jobs.items()) if node in state.nodes]
             out += [WatchEvent(NODE_SILENT_EVENT, job, {
                 "node": node, "silent_s": round(silent_s, 3), "last_heard_ns": last, "line": (
                     f"node silent: job {job}: node {node} sent nothing, not even a heartbeat, for {silent_s:.0f} s; "
                     "its windows are left out of the scores")})
-                for job, state in sorted(self._jobs.items()) if node in state.nodes]
+                for job in self._told[node]]
         return out
 
     def gap(self, node: str, job: str, stream: str, items: int) -> WatchEvent:
@@ -450,8 +443,7 @@ class JobWatch:
         """Every job heard of, as it stands: its nodes, the newest scored window of each stat, the hang."""
         now = self.clock()
         return [JobView(job, tuple(state.nodes), tuple(self._live(state.views[k]) for k in sorted(state.views)),
-                        state.hang, tuple((n, (now - self._silent[n]) / 1e9)
-                                          for n in dict.fromkeys([*state.nodes, *self.expected]) if n in self._silent))
+                        state.hang, tuple((n, (now - self._silent[n]) / 1e9) for n in state.nodes if n in self._silent))
                 for job, state in sorted(self._jobs.items())]
 
     def _live(self, s: StatScores) -> StatScores:
@@ -583,7 +575,7 @@ class NodeStreams:
             raise ConfigError("--curve-client NAME picks a key of a --curve DIR; add --curve DIR")
         self.jw = jw
         self.nodes = [n for n, _ in named]
-        jw.follow(self.nodes)
+        jw.expected = tuple(self.nodes)
         self._ctx = zmq.Context()
         self._tracker = GapTracker(followed_kinds(TOPICS))
         self._socks: dict[zmq.Socket, str] = {}

@@ -229,6 +229,8 @@ def test_a_node_whose_collector_is_killed_is_marked_silent_left_out_and_back_onc
     assert codes == [0, 0, 0], [p.stderr.read() if p.stderr else "" for p in nodes]
     # the collectors said their final heartbeats as they closed: their quiet since is not silence
     wait_for(lambda: state.followed == (), timeout_s=30, interval_s=0.1, what="the nodes' final heartbeats")
+    said = "\n".join(f"{e.name} {e.data.get('line')}" for e in found if e.name.startswith("shmstat.job.node"))
+    assert len(_events(found, NODE_SILENT_EVENT)) == len(_events(found, NODE_BACK_EVENT)) == 1, said
     (silent,) = _events(found, NODE_SILENT_EVENT)
     assert silent["node"] == "n2" and silent["silent_s"] >= 3.0, silent
     assert re.fullmatch(rf"node silent: job {job}: node n2 sent nothing, not even a heartbeat, for \d+ s; its "
