@@ -7,7 +7,9 @@ The nodes' streams are followed by :class:`collector.jobwide.watch.NodeStreams` 
 job a header (job, clock, nodes heard), the hang line while the job hangs (the rank holding it, its node and
 section; the nodes that wait), then per stat its newest scored window: each node (its figure, the median of its
 ranks', and its score) followed by its ranks, a slow node marked ``SLOW NODE`` and a slow rank ``SLOW`` (bold red,
-the mark kept without colour). Frames are refreshed as ``shmstat top``'s are (:mod:`collector.cli.top_live`).
+the mark kept without colour), and last each node gone silent (no message, no heartbeat: the host down or its
+collector killed), marked ``SILENT 12 s`` with how long since it was last heard, without figures. Frames are
+refreshed as ``shmstat top``'s are (:mod:`collector.cli.top_live`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _score(value: float) -> str:
     return f"{value:.2f}" if value < 100 else abbreviate(value)
 
 
-def _stat_table(s: StatScores, width: int, max_rows: int | None) -> Table:
+def _stat_table(s: StatScores, silent: tuple[tuple[str, float], ...], width: int, max_rows: int | None) -> Table:
     t = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False,
               header_style="bold", width=None if width >= 60 else width)
     t.add_column("NODE", no_wrap=True, overflow="ellipsis", min_width=6, max_width=max(12, min(width, 120) - 40))
@@ -55,6 +57,8 @@ def _stat_table(s: StatScores, width: int, max_rows: int | None) -> Table:
             t.add_row(Text(""), Text(str(r.rank)), Text(abbreviate(r.figure)), Text(_score(r.score)),
                       Text("SLOW" if r.slow else ""), style="bold red" if r.slow else None)
             rows += 1
+    for node, silent_s in silent:  # no figure: its last window is not the job's now
+        t.add_row(Text(node), Text("-"), Text("-"), Text("-"), Text(f"SILENT {silent_s:.0f} s"), style="bold yellow")
     return t
 
 
@@ -63,7 +67,8 @@ def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = No
     """One frame of ``shmstat top --nodes`` for ``views`` (:meth:`collector.jobwide.watch.JobWatch.views`): per job, a
     header, the hang line if the job hangs, then per stat (only ``stat``, ``GROUP/NAME``, if given) its newest
     window scored across the nodes, node rows (``NODE``, ``N ranks``, figure, score) each followed by its ranks'
-    rows, slow nodes and ranks bold red and marked ``SLOW NODE`` / ``SLOW``. ``height`` bounds the rows."""
+    rows, slow nodes and ranks bold red and marked ``SLOW NODE`` / ``SLOW``, silent nodes last, marked ``SILENT N s``.
+    ``height`` bounds the rows."""
     if not views:
         return Text("nothing received from the nodes yet (are their collectors publishing there?)")
     parts: list[RenderableType] = []
@@ -84,7 +89,7 @@ def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = No
             ns = s.window_ms * 1_000_000
             parts.append(Text(f"{s.key}  window {window_label(s.wid * ns, ns)}  job median {abbreviate(s.median)}",
                               style="dim"))
-            parts.append(_stat_table(s, width, budget))
+            parts.append(_stat_table(s, job.silent, width, budget))
     return Group(*parts)
 
 

@@ -63,8 +63,9 @@ SECTION_WINDOWS_KEPT = 1000
 STRAGGLER_EVENT = "shmstat.straggler"
 """The event a rank gets once it scored under the threshold for the configured number of windows in a row."""
 RECOVERED_EVENT = "shmstat.straggler.recovered"
-"""The event a reported rank gets when it scores at or above the threshold again (``reason`` ``"recovered"``),
-or when the detector forgets it (``reason`` ``"gone"``: no window of that stat scored it for a while)."""
+"""The event a reported rank gets when it scores at or above the threshold again for ``windows`` windows in a row
+(``reason`` ``"recovered"``), or when the detector forgets it (``reason`` ``"gone"``: no window of that stat
+scored it for a while)."""
 EVENT_TOPICS = (wire.event_topic(STRAGGLER_EVENT), wire.event_topic(RECOVERED_EVENT))
 """The topics the events are published on."""
 DEFAULT_FORGET_NS = 30 * 1_000_000_000
@@ -120,6 +121,7 @@ class _Slow:
     last: Score  # the latest window that scored it
     windows: int = 1  # slow windows in a row
     reported: bool = False
+    fine: int = 0  # windows in a row at or above the threshold since it was reported
 
 
 class StragglerDetector:
@@ -127,8 +129,10 @@ class StragglerDetector:
 
     Each window of a stat with a finite, non-negative figure on two ranks or more is scored
     (:func:`score_ranks`); a rank scoring under ``threshold`` is slow in that window. Once it was slow in
-    ``windows`` windows in a row it is reported (:data:`STRAGGLER_EVENT`, once), and when it then scores at or
-    above the threshold it is reported recovered (:data:`RECOVERED_EVENT`). The count is over the windows that
+    ``windows`` windows in a row it is reported (:data:`STRAGGLER_EVENT`, once), and once it then scores at or
+    above the threshold for as many windows in a row it is reported recovered (:data:`RECOVERED_EVENT`): a rank
+    near the threshold whose windows cross it now and then is one episode, not one per crossing (a slow window
+    restarts the count; it stays reported meanwhile). The count is over the windows that
     scored the rank: a window where it has no figure (no sample, a non-finite figure, fewer than two ranks) is no
     evidence either way and neither adds to nor resets it. A window a rank was already scored in (an older or
     the same window id) is ignored.
@@ -270,12 +274,20 @@ class StragglerDetector:
         if s.score >= self.threshold:
             if slow is None:
                 return None
+            if not slow.reported:
+                del self._slow[key]
+                return None
+            slow.fine += 1
+            slow.last = s
+            if slow.fine < self.windows:  # one noisy window back over the threshold is no recovery
+                return None
             del self._slow[key]
-            return self._event(RECOVERED_EVENT, s, slow, "recovered") if slow.reported else None
+            return self._event(RECOVERED_EVENT, s, slow, "recovered")
         if slow is None:
             slow = self._slow[key] = _Slow(s.start_ns, s)
         else:
             slow.windows += 1
+            slow.fine = 0
             slow.last = s
         if slow.reported or slow.windows < self.windows:
             return None

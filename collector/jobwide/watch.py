@@ -23,6 +23,14 @@ suspects; a node whose ranks all wait in one wait section says the rank holding 
 nodes the holder is the rank a node suspects outside every wait section: :data:`JOB_HANG_EVENT` names it, its node
 and its section, and the nodes that wait; once no node hangs any more, :data:`JOB_HANG_RESOLVED_EVENT`.
 
+Silence: a node collector sends a heartbeat every ``--heartbeat-interval`` (1 s by default) besides its data, so
+a node heard of that sends nothing for ``silent_after_s`` (5 s: five beats) is gone quiet (a host down, its
+collector killed, the network cut): :data:`NODE_SILENT_EVENT`, once, and :data:`NODE_BACK_EVENT` when it is heard
+again. While it is silent no window waits for it, its rows not yet scored are left out (a dead node's last
+windows are not scored against the live ones) and :meth:`JobWatch.views` lists it as silent, not with its last
+figures. A node whose collector said its final heartbeat (it closed, or the job ended there) is not silent for
+its quiet after it.
+
 Losses: the collectors' heartbeats are compared with what arrived (:class:`shmstat.wire.heartbeat.GapTracker`);
 windows lost on the way are yielded as :data:`GAP_EVENT` (and counted in :attr:`JobWatch.lost`), and rows of a
 window that arrive after it was scored are counted in :attr:`JobWatch.late`, never silently folded in.
@@ -33,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -59,8 +67,9 @@ from ..read.columns import COUNT_ONLY_MASK
 from ..relay.curve import CLIENT, CURVE_FRAME_OVERHEAD, load_client, secure_client
 
 __all__ = [
-    "GAP_EVENT", "JOB_HANG_EVENT", "JOB_HANG_RESOLVED_EVENT", "JOB_RECOVERED_EVENT", "JOB_STRAGGLER_EVENT",
-    "TOPICS", "JobHang", "JobView", "JobWatch", "NodeScore", "NodeStreams", "RankScore", "StatScores", "WatchEvent",
+    "DEFAULT_SILENT_AFTER_S", "GAP_EVENT", "JOB_HANG_EVENT", "JOB_HANG_RESOLVED_EVENT", "JOB_RECOVERED_EVENT",
+    "JOB_STRAGGLER_EVENT", "NODE_BACK_EVENT", "NODE_SILENT_EVENT", "TOPICS", "JobHang", "JobView", "JobWatch",
+    "NodeScore", "NodeStreams", "RankScore", "StatScores", "WatchEvent",
     "node_names", "watch",
 ]
 
@@ -74,6 +83,13 @@ JOB_HANG_EVENT = "shmstat.job.hang"
 the nodes that wait."""
 JOB_HANG_RESOLVED_EVENT = "shmstat.job.hang.resolved"
 """No node hangs any more."""
+NODE_SILENT_EVENT = "shmstat.job.node_silent"
+"""A node heard of sent nothing, not even a heartbeat, for ``silent_after_s``: ``node``, ``silent_s`` (since it was
+last heard), ``last_heard_ns`` (on the watcher's clock)."""
+NODE_BACK_EVENT = "shmstat.job.node_silent.resolved"
+"""A silent node is heard again: ``node``, ``silent_s`` (how long it was silent)."""
+DEFAULT_SILENT_AFTER_S = 5.0
+"""How long a node may send nothing before it is silent: five heartbeats at the collector's default interval."""
 GAP_EVENT = "shmstat.watch.gap"
 """Items a node's heartbeats show lost on the way to the watcher, or dropped before its collector."""
 TOPICS = ("stat/", wire.event_topic(HANG_EVENT))
@@ -155,6 +171,8 @@ class JobView:
     nodes: tuple[str, ...]
     stats: tuple[StatScores, ...]
     hang: JobHang | None
+    silent: tuple[tuple[str, float], ...] = ()
+    """The nodes silent now (:data:`NODE_SILENT_EVENT`), each with the seconds since it was last heard."""
 
 
 @dataclass
@@ -184,15 +202,23 @@ class _Job:
 class JobWatch:
     """The job-wide view of several nodes' streams (see the module docstring), without sockets: feed it every
     decoded message with :meth:`take` and call :meth:`tick` now and then; both return the :class:`WatchEvent` s
-    found. ``clock`` (ns) times the ``settle_s`` wait of a window whose nodes did not all send a later one."""
+    found. ``clock`` (ns) times the ``settle_s`` wait of a window whose nodes did not all send a later one, and
+    the ``silent_after_s`` a node may send nothing (:meth:`heard`: a heartbeat counts) before it is silent."""
 
     def __init__(self, *, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS,
-                 settle_s: float = 2.0, clock: Callable[[], int] = time.time_ns) -> None:
+                 settle_s: float = 2.0, silent_after_s: float = DEFAULT_SILENT_AFTER_S,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         StragglerDetector(threshold=threshold, windows=windows)  # the same checks, the same sentences
         if not 0 < settle_s <= 3600:
             raise ConfigError(f"settle_s must be more than 0 and at most 3600 seconds, got {settle_s:g}")
+        if not 0 < silent_after_s <= 3600:
+            raise ConfigError(f"silent_after_s must be more than 0 and at most 3600 seconds, got {silent_after_s:g}")
         self.threshold, self.windows, self.settle_ns, self.clock = threshold, windows, int(settle_s * 1e9), clock
+        self.silent_ns = int(silent_after_s * 1e9)
         self._jobs: dict[str, _Job] = {}
+        self._heard: dict[str, int] = {}  # node -> when it was last heard, on the clock
+        self._silent: dict[str, int] = {}  # node -> when it was last heard, while it is silent
+        self._told: dict[str, list[str]] = {}  # silent node -> the jobs told so (told it is back, none other)
         self.late = 0
         """Rows of a rank that arrived after their window was scored (not folded in)."""
         self.lost = 0
@@ -215,19 +241,59 @@ class JobWatch:
         name = job or ""
         state = self._job(name)
         state.nodes.setdefault(node, None)
+        out = self.heard(node)
         if msg.kind == "stat" and msg.topic.startswith("stat/"):
             for item in msg.items:
                 if isinstance(item, dict):
                     self._row(state, node, item)
-            return self.tick()
+            return out + self._score_ready(self.clock())  # silence waits for tick(): others' messages may be queued
         if msg.kind == "event":
-            out: list[WatchEvent] = []
             for j in range(len(msg.items)):
                 rec = item_record(msg, j, name)
                 if rec.get("name") in (HANG_EVENT, RESOLVED_EVENT):
                     out.extend(self._hang(name, state, node, rec["name"], rec.get("data") or {}))
-            return out
-        return []
+        return out
+
+    def heard(self, node: str) -> list[WatchEvent]:
+        """Note that ``node`` sent something (any message, a heartbeat too): a silent node is back
+        (:data:`NODE_BACK_EVENT`, the events returned)."""
+        now = self.clock()
+        self._heard[node] = now
+        since = self._silent.pop(node, None)
+        if since is None:
+            return []
+        silent_s = (now - since) / 1e9
+        return [WatchEvent(NODE_BACK_EVENT, job, {"node": node, "silent_s": round(silent_s, 3), "line": (
+            f"node back: job {job}: node {node} heard again after {silent_s:.0f} s silent")})
+            for job in self._told.pop(node, [])]
+
+    def ended(self, node: str) -> None:
+        """``node``'s collector sent its final heartbeat of a job (it closed, or the job ended there): it may send
+        nothing more, and its quiet then says nothing, until it is heard again (:meth:`heard`; a job still running
+        there is heard at its next heartbeat)."""
+        self._heard.pop(node, None)
+
+    @property
+    def followed(self) -> tuple[str, ...]:
+        """The nodes that would be silent if they sent nothing for ``silent_after_s``: heard, neither silent nor
+        ended since."""
+        return tuple(n for n in self._heard if n not in self._silent)
+
+    def _silence(self, now: int) -> list[WatchEvent]:
+        """The nodes that went silent since the last look: :data:`NODE_SILENT_EVENT` for each job they sent."""
+        out = []
+        for node, last in self._heard.items():
+            if node in self._silent or now - last < self.silent_ns:
+                continue
+            self._silent[node] = last
+            silent_s = (now - last) / 1e9
+            self._told[node] = [job for job, state in sorted(self._jobs.items()) if node in state.nodes]
+            out += [WatchEvent(NODE_SILENT_EVENT, job, {
+                "node": node, "silent_s": round(silent_s, 3), "last_heard_ns": last, "line": (
+                    f"node silent: job {job}: node {node} sent nothing, not even a heartbeat, for {silent_s:.0f} s; "
+                    "its windows are left out of the scores")})
+                for job in self._told[node]]
+        return out
 
     def gap(self, node: str, job: str, stream: str, items: int) -> WatchEvent:
         """Count ``items`` of ``stream`` lost from ``node`` and say so as a :data:`GAP_EVENT`."""
@@ -258,16 +324,21 @@ class JobWatch:
         win.figures[(node, int(rank))] = float(f)
 
     def tick(self) -> list[WatchEvent]:
-        """Score every gathered window that is complete (each node sending its stat sent a later one) or waited
-        ``settle_s``, in window order; the events found."""
+        """Name the nodes silent for ``silent_after_s`` (call it once every message received was taken: a node's
+        may wait in a socket while the watcher was busy), then score every gathered window that is complete (each
+        node sending its stat sent a later one) or waited ``settle_s``, in window order; the events found."""
         now = self.clock()
+        return self._silence(now) + self._score_ready(now)
+
+    def _score_ready(self, now: int) -> list[WatchEvent]:
         out: list[WatchEvent] = []
         for name, state in self._jobs.items():
             ready = []
             for key, win in state.pending.items():
                 group, stat, ms, wid = key
-                senders = state.newest.get((group, stat, ms), {})
-                heard = all(n in senders for n in self.expected)  # a node not sending yet is waited for too
+                senders = {n: w for n, w in state.newest.get((group, stat, ms), {}).items() if n not in self._silent}
+                # a node not sending yet is waited for too, a silent one not
+                heard = all(n in senders for n in self.expected if n not in self._silent)
                 if (heard and all(w > wid for w in senders.values())) or now - win.first_ns >= self.settle_ns:
                     ready.append(key)
             for key in sorted(ready, key=lambda k: (k[3], k[0], k[1], k[2])):
@@ -284,7 +355,7 @@ class JobWatch:
 
     def _score(self, job: str, state: _Job, group: str, stat: str, ms: int, wid: int, win: _Window
                ) -> list[WatchEvent]:
-        kept = sorted((f, node, rank) for (node, rank), f in win.figures.items())
+        kept = sorted((f, node, rank) for (node, rank), f in win.figures.items() if node not in self._silent)
         f = np.array([x for x, _, _ in kept], np.float64)
         hib = np.full(len(f), win.higher_is_better)
         median, score, keep = score_blocks(np.zeros(len(f), np.int64), f, hib)
@@ -370,8 +441,17 @@ class JobWatch:
 
     def views(self) -> list[JobView]:
         """Every job heard of, as it stands: its nodes, the newest scored window of each stat, the hang."""
-        return [JobView(job, tuple(state.nodes), tuple(state.views[k] for k in sorted(state.views)), state.hang)
+        now = self.clock()
+        return [JobView(job, tuple(state.nodes), tuple(self._live(state.views[k]) for k in sorted(state.views)),
+                        state.hang, tuple((n, (now - self._silent[n]) / 1e9) for n in state.nodes if n in self._silent))
                 for job, state in sorted(self._jobs.items())]
+
+    def _live(self, s: StatScores) -> StatScores:
+        """``s`` without the silent nodes and their ranks (their figures are of a window gone by)."""
+        if not any(n.node in self._silent for n in s.nodes):
+            return s
+        return replace(s, nodes=tuple(n for n in s.nodes if n.node not in self._silent),
+                       ranks=tuple(r for r in s.ranks if r.node not in self._silent))
 
 
 def _event(ev: StragglerEvent, job: str, node: str, rank: int, ranks: int, by_node: bool = False) -> WatchEvent:
@@ -443,7 +523,8 @@ def node_names(endpoints: Sequence[str]) -> list[tuple[str, str]]:
 
 def watch(endpoints: Sequence[str], *, curve: str | None = None, curve_client: str | None = None,
           threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS, settle_s: float = 2.0,
-          timeout_s: float | None = None, clock: Callable[[], int] = time.time_ns,
+          silent_after_s: float = DEFAULT_SILENT_AFTER_S, timeout_s: float | None = None,
+          clock: Callable[[], int] = time.time_ns,
           state: JobWatch | None = None) -> Iterator[WatchEvent]:
     """Follow node collectors' endpoints and yield the job-wide :class:`WatchEvent` s, until ``timeout_s`` (if
     given) or the caller stops iterating (closing the generator closes the sockets).
@@ -453,6 +534,8 @@ def watch(endpoints: Sequence[str], *, curve: str | None = None, curve_client: s
     ``shmstat subscribe --curve DIR`` takes it (``DIR/NAME.key_secret``, ``curve_client`` NAME, default
     ``client``, against ``DIR/server.key``). ``threshold`` and ``windows``: the straggler rule's (under 0.75 for 3
     windows in a row by default). ``settle_s``: how long a window waits for nodes that have not sent a later one.
+    ``silent_after_s``: how long a node may send nothing, heartbeats included, before it is silent
+    (:data:`NODE_SILENT_EVENT`; give more than five beats of a collector's ``--heartbeat-interval``).
     ``state``: a :class:`JobWatch` to feed (to read its :meth:`~JobWatch.views` meanwhile, as ``top --nodes``
     does); one is made otherwise. Raises :class:`ConfigError` for a bad endpoint or key directory.
 
@@ -462,7 +545,7 @@ def watch(endpoints: Sequence[str], *, curve: str | None = None, curve_client: s
             print(ev.name, ev.data["line"])
     """
     jw = state if state is not None else JobWatch(threshold=threshold, windows=windows, settle_s=settle_s,
-                                                 clock=clock)
+                                                 silent_after_s=silent_after_s, clock=clock)
     streams = NodeStreams(endpoints, jw, curve=curve, curve_client=curve_client)
     try:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -532,6 +615,9 @@ class NodeStreams:
                 if beat is None:
                     out.extend(self.jw.take(node, msg, job))
                     continue
+                out.extend(self.jw.heard(node))
+                if beat.final:
+                    self.jw.ended(node)
                 out.extend(self.jw.gap(node, job or "", gap.stream, gap.items) for gap in beat.gaps)
         out.extend(self.jw.tick())
         return out

@@ -11,7 +11,10 @@ to sleeps. ``SLOW``: ``F`` (every rank of the node F times slower: a slow node) 
 ``-`` none. The ranks start together (each waits for every rank of the job, as after a rendezvous) and step until
 ``WORKDIR/hang`` exists; then global rank ``STUCK`` (``-``: none here) stays in ``compute`` and every other rank
 waits in ``allreduce``, until ``WORKDIR/stop`` exists. Then the ranks end and the collector is
-stopped; its stderr is kept in ``WORKDIR/NODE.err``."""
+stopped; its stderr is kept in ``WORKDIR/NODE.err``. Meanwhile ``WORKDIR/NODE.kill`` SIGKILLs the node's collector
+(a host's collector gone: no rows, no heartbeat; ``WORKDIR/NODE.killed`` says it is dead), and
+``WORKDIR/NODE.restart`` then starts a successor on the same endpoint (``WORKDIR/NODE.restarted`` once it serves),
+which takes the job's ranks over."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,13 +77,40 @@ def main(work: str, node: str, job: str, keys: str, ranks: str, world: str, firs
     os.environ["XDG_RUNTIME_DIR"] = runtime
     env = dict(os.environ, PYTHONPATH=REPO)
     ready = os.path.join(work, f"{node}.ready.tmp")
-    with open(os.path.join(work, f"{node}.err"), "w") as err:  # the child keeps its own copy
-        coll = subprocess.Popen([sys.executable, "-m", "collector", "collect", "--publish", "tcp://127.0.0.1:0",
-                                 "--curve", keys, "--ready-file", ready, "--hang-after", "1", "--handler", "*=null",
-                                 "--grace-ms", "10", "--status-interval", "0", "--heartbeat-interval", "0.2"],
-                                env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+
+    def collect(publish: str) -> subprocess.Popen[bytes]:
+        with open(os.path.join(work, f"{node}.err"), "a") as err:  # the child keeps its own copy
+            return subprocess.Popen([sys.executable, "-m", "collector", "collect", "--publish", publish,
+                                     "--curve", keys, "--ready-file", ready, "--hang-after", "1", "--handler",
+                                     "*=null", "--grace-ms", "10", "--status-interval", "0", "--heartbeat-interval",
+                                     "0.2"], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=err)
+
+    colls = [collect("tcp://127.0.0.1:0")]
     _wait_file(ready, 60)
+    with open(ready) as f:
+        publish = json.load(f)["publish"]
     os.rename(ready, os.path.join(work, f"{node}.ready"))
+    done = threading.Event()
+
+    def kill_and_restart() -> None:
+        kill, restart = os.path.join(work, f"{node}.kill"), os.path.join(work, f"{node}.restart")
+        while not done.is_set() and not os.path.exists(kill):
+            time.sleep(0.02)
+        if done.is_set():
+            return
+        colls[-1].kill()
+        colls[-1].wait()
+        open(os.path.join(work, f"{node}.killed"), "w").close()
+        while not done.is_set() and not os.path.exists(restart):
+            time.sleep(0.02)
+        if done.is_set():
+            return
+        colls.append(collect(publish))
+        _wait_file(ready, 60)
+        os.rename(ready, os.path.join(work, f"{node}.restarted"))
+
+    chaos = threading.Thread(target=kill_and_restart, daemon=True)
+    chaos.start()
     n, size, start = int(ranks), int(world), int(first)
     factors = {r: 1.0 for r in range(start, start + n)}
     if slow != "-":
@@ -94,6 +125,9 @@ def main(work: str, node: str, job: str, keys: str, ranks: str, world: str, firs
         p.start()
     for p in procs:
         p.join(600)
+    done.set()
+    chaos.join()
+    coll = colls[-1]
     coll.send_signal(signal.SIGTERM)
     coll.wait(30)
     shutil.rmtree(runtime, ignore_errors=True)

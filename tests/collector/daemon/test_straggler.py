@@ -99,13 +99,25 @@ def test_recovery_is_reported_once_and_a_new_run_starts_from_zero():
     slow, fine = {0: 1.0, 1: 1.0, 2: 2.0}, {0: 1.0, 1: 1.0, 2: 1.0}
     passes = _feed(det, [slow, slow, slow, fine, fine, slow, fine, slow, slow])
     names = [[(e.name, e.data["rank"], e.data["windows"]) for e in p] for p in passes]
-    assert names == [[], [(STRAGGLER_EVENT, 2, 2)], [], [(RECOVERED_EVENT, 2, 3)], [], [], [], [],
-                     [(STRAGGLER_EVENT, 2, 2)]]
-    recovered = passes[3][0].data
+    assert names == [[], [(STRAGGLER_EVENT, 2, 2)], [], [], [(RECOVERED_EVENT, 2, 3)], [], [], [],
+                     [(STRAGGLER_EVENT, 2, 2)]]  # recovered after 2 fine windows in a row, as flagged after 2 slow
+    recovered = passes[4][0].data
     assert recovered["reason"] == "recovered" and recovered["score"] == 1.0
-    assert recovered["window_start_ns"] == 103 * WMS * 1_000_000 and recovered["since_ns"] == 100 * WMS * 1_000_000
+    assert recovered["window_start_ns"] == 104 * WMS * 1_000_000 and recovered["since_ns"] == 100 * WMS * 1_000_000
     # a slow window that did not reach N leaves nothing behind once the rank is fine again
     assert det.tracked == 1
+
+
+def test_one_noisy_window_back_over_the_threshold_is_not_a_recovery():
+    """A rank ~5% under the threshold (1.4x) crosses it now and then under load: one straggler event for the episode,
+    recovered only after as many windows in a row at or above the threshold as flagging needed under it."""
+    det = StragglerDetector("j", threshold=0.75, windows=3)
+    slow, noisy, fine = {0: 1.0, 1: 1.0, 2: 1.4}, {0: 1.0, 1: 1.0, 2: 1.3}, {0: 1.0, 1: 1.0, 2: 1.0}
+    passes = _feed(det, [slow, slow, slow, noisy, slow, noisy, noisy, slow, slow, slow, fine, noisy, slow, fine,
+                          noisy, fine])
+    events = [(i, e.name, e.data["rank"]) for i, p in enumerate(passes) for e in p]
+    assert events == [(2, STRAGGLER_EVENT, 2), (15, RECOVERED_EVENT, 2)], events
+    assert det.reported("train", "step", 2) is False and det.tracked == 0
 
 
 def test_higher_is_better_flags_the_low_rank_not_the_high_one():
