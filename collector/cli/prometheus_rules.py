@@ -124,14 +124,16 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
             f'  or label_replace({up[:-1]}, node=""}} == 0, "node", "$1", "instance", "(.+):[0-9]+"),\n'
             '  "scrape_job", "$1", "job", "(.+)"\n)')
     alerts = [
-        {"alert": "ShmstatStragglerRank", "expr": f'{SCORE}{{rank!=""}} < {threshold!r}', "for": slow_for,
+        {"alert": "ShmstatStragglerRank", "expr": f'{SCORE}{{rank!=""}} < {threshold!r}',
+         "for": slow_for, "keep_firing_for": slow_for,
          "labels": {"severity": "warning"},
          "annotations": {
              "summary": "Rank {{ $labels.rank }} on {{ $labels.node }} is slow on {{ $labels.group }}/"
                         "{{ $labels.stat }} (job {{ $labels.job }})",
              "description": "Its score against the job-wide median rank is {{ $value | printf \"%.3f\" }} "
                             f"(under {threshold!r} for {slow_for})."}},
-        {"alert": "ShmstatStragglerNode", "expr": f'{SCORE}{{rank=""}} < {threshold!r}', "for": slow_for,
+        {"alert": "ShmstatStragglerNode", "expr": f'{SCORE}{{rank=""}} < {threshold!r}',
+         "for": slow_for, "keep_firing_for": slow_for,
          "labels": {"severity": "warning"},
          "annotations": {
              "summary": "Node {{ $labels.node }} is slow on {{ $labels.group }}/{{ $labels.stat }} "
