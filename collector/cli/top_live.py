@@ -26,7 +26,7 @@ from .top_history import DEFAULT_WINDOWS, History
 
 _MAX_HISTORY = 1000
 
-__all__ = ["run_top"]
+__all__ = ["live_frames", "run_top"]
 
 
 def _check(stat: str | None, sort: str, interval_s: float, iterations: int | None, sections: bool = False) -> None:
@@ -75,6 +75,21 @@ class _Segments:
         self.open.clear()
 
 
+def live_frames(console: Console, frame: Callable[[int | None], RenderableType], iterations: int | None,
+                wait: Callable[[], object]) -> int:
+    """Draw ``frame(height)`` on the terminal's alternate screen, ``wait()`` between frames, until ``iterations``
+    frames (never when None: until Ctrl-C); 0. The live loop of every ``top`` (one job, ``--nodes``)."""
+    with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+              redirect_stderr=False) as live:
+        drawn = 0
+        while True:
+            live.update(frame(console.height), refresh=True)
+            drawn += 1
+            if iterations is not None and drawn >= iterations:
+                return 0
+            wait()
+
+
 def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "name", interval_s: float = 1.0,
             once: bool = False, iterations: int | None = None, console: Console | None = None,
             clock: Callable[[], int] = time.time_ns, history: int = DEFAULT_WINDOWS, sections: bool = False) -> int:
@@ -114,15 +129,7 @@ def run_top(job: str | None = None, *, stat: str | None = None, sort: str = "nam
                     return 0
                 console.print()
                 time.sleep(interval_s)
-        with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
-                  redirect_stderr=False) as live:
-            n = 0
-            while True:
-                live.update(frame(console.height), refresh=True)
-                n += 1
-                if iterations is not None and n >= iterations:
-                    return 0
-                time.sleep(interval_s)
+        return live_frames(console, frame, iterations, lambda: time.sleep(interval_s))
     except KeyboardInterrupt:
         return 0
     finally:

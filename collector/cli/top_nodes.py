@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +26,7 @@ from shmstat.errors import ConfigError
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
 from ..jobwide.watch import JobView, JobWatch, NodeStreams, StatScores
 from .top import abbreviate, window_label
+from .top_live import live_frames
 
 __all__ = ["render_nodes", "run_top_nodes"]
 
@@ -130,15 +130,7 @@ def run_top_nodes(endpoints: Sequence[str], *, curve: str | None = None, curve_c
                 if once or (iterations is not None and n >= iterations):
                     return 0
                 console.print()
-        with Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
-                  redirect_stderr=False) as live:
-            n = 0
-            while True:
-                live.update(frame(console.height), refresh=True)
-                n += 1
-                if iterations is not None and n >= iterations:
-                    return 0
-                listen()
+        return live_frames(console, frame, iterations, listen)
     except KeyboardInterrupt:
         return 0
     finally:
