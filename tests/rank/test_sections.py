@@ -165,9 +165,11 @@ elif mode == "churn":
     with secs[0]:
         c_path = sections._fast is not None and sections.section.__enter__ is sections._fast.SectionCore.__enter__
         print("inside", "c" if c_path else "python", flush=True)
-    while True:
+    while True:  # a step counted at each depth: the time (and a kill's moment) shared by the three sections
         with secs[0]:
+            shmstat.advance_step()
             with secs[1]:
+                shmstat.advance_step()
                 with secs[2]:
                     shmstat.advance_step()
 elif mode == "worker":
