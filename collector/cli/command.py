@@ -151,6 +151,9 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
                          help="with --nodes: connect as subscribe --curve DIR does")
     command.add_argument("--curve-client", default=None, metavar="NAME",
                          help="with --nodes --curve: use DIR/NAME.key_secret")
+    command.add_argument("--silent-after", type=float, default=None, metavar="SECONDS",
+                         help="with --nodes: a node that sends nothing, not even a heartbeat, for SECONDS is shown "
+                              "silent (default 5: five beats of a collector's --heartbeat-interval)")
 
 
 def _report_arguments(command: argparse.ArgumentParser) -> None:
@@ -336,10 +339,13 @@ def _top(args: argparse.Namespace) -> int:
 
         if args.job is not None:
             raise ConfigError("--nodes shows every job the nodes' collectors publish; leave out --job")
+        silent = {} if args.silent_after is None else {"silent_after_s": args.silent_after}
         return run_top_nodes(args.nodes, curve=args.curve, curve_client=args.curve_client, stat=args.stat,
-                             interval_s=args.interval, once=args.once, iterations=args.iterations)
+                             interval_s=args.interval, once=args.once, iterations=args.iterations, **silent)
     if args.curve is not None or args.curve_client is not None:
         raise ConfigError("--curve connects to other nodes' collectors: add --nodes ENDPOINT...")
+    if args.silent_after is not None:
+        raise ConfigError("--silent-after is how long a node of --nodes may send nothing: add --nodes ENDPOINT...")
     from .top_live import run_top
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,
