@@ -137,7 +137,8 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
                          help="one row per rank: its time split across its sections (shmstat.section), the section "
                               "it is in now and for how long")
     command.add_argument("--sort", default="name", metavar="KEY",
-                         help="name, or count, mean, p99, spread (descending); default name")
+                         help="name, or count, mean, p99, spread (descending); default name; with --sections name "
+                              "or spread (the worst score first)")
     command.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     command.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     command.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
