@@ -374,7 +374,8 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
     fit (80 over ssh); ``height``, if given, bounds the rows so the frame fits a screen. Straggler rows are bold
     red and marked (``!`` / ``SLOW``), so the mark survives a terminal without colour. With ``history``
     (:class:`collector.cli.top_history.History`, which the caller feeds every snapshot) a second table follows:
-    per stat (per rank, and merged, in the ranks view) a sparkline of the figure over the last windows seen and a strip marking the windows with a straggler (``!``).
+    per stat (per rank, and merged, in the ranks view) a sparkline of the figure over the last windows seen and a
+    strip marking the windows with a straggler (``!``).
     """
     if (view not in VIEWS or sort not in (SECTION_SORTS if view == "sections" else SORTS)
             or (view == "ranks" and not stat)):
