@@ -137,7 +137,8 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
                          help="one row per rank: its time split across its sections (shmstat.section), the section "
                               "it is in now and for how long")
     command.add_argument("--sort", default="name", metavar="KEY",
-                         help="name, or count, mean, p99, spread (descending); default name")
+                         help="name, or count, mean, p99, spread (descending); default name; with --sections name "
+                              "or spread (the worst score first)")
     command.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     command.add_argument("--once", action="store_true", help="print one frame and exit (for scripts)")
     command.add_argument("--iterations", type=int, default=None, help="stop after N refreshes")
@@ -151,6 +152,9 @@ def _top_arguments(command: argparse.ArgumentParser) -> None:
                          help="with --nodes: connect as subscribe --curve DIR does")
     command.add_argument("--curve-client", default=None, metavar="NAME",
                          help="with --nodes --curve: use DIR/NAME.key_secret")
+    command.add_argument("--silent-after", type=float, default=None, metavar="SECONDS",
+                         help="with --nodes: a node that sends nothing, not even a heartbeat, for SECONDS is shown "
+                              "silent (default 5: five beats of a collector's --heartbeat-interval)")
 
 
 def _report_arguments(command: argparse.ArgumentParser) -> None:
@@ -336,10 +340,13 @@ def _top(args: argparse.Namespace) -> int:
 
         if args.job is not None:
             raise ConfigError("--nodes shows every job the nodes' collectors publish; leave out --job")
+        silent = {} if args.silent_after is None else {"silent_after_s": args.silent_after}
         return run_top_nodes(args.nodes, curve=args.curve, curve_client=args.curve_client, stat=args.stat,
-                             interval_s=args.interval, once=args.once, iterations=args.iterations)
+                             interval_s=args.interval, once=args.once, iterations=args.iterations, **silent)
     if args.curve is not None or args.curve_client is not None:
         raise ConfigError("--curve connects to other nodes' collectors: add --nodes ENDPOINT...")
+    if args.silent_after is not None:
+        raise ConfigError("--silent-after is how long a node of --nodes may send nothing: add --nodes ENDPOINT...")
     from .top_live import run_top
 
     return run_top(args.job, stat=args.stat, sort=args.sort, interval_s=args.interval, once=args.once,

@@ -8,7 +8,9 @@ Recording rules (evaluated in order, one group):
   (``shmstat_stat_info{scored="1"}``), the very figure the collector scores
   (:func:`collector.daemon.scoring.figure`): its newest window's p50 (``shmstat_stat_p50``) where the stat keeps
   percentiles, else its mean (``shmstat_stat_mean``), while the rank added samples within the last ``interval``
-  (a rank that stopped adding, hung or gone, is not scored on its last window);
+  (a rank that stopped adding, hung or gone, is not scored on its last window), and not while that window had no
+  sample (:data:`EMPTY`: a window torn by a writer that died in the middle of an add, which the collector does not
+  score either);
 - :data:`NODE_MEDIAN` ``{job, node, group, stat}`` (and the target's labels, ``instance``): each node's figure, the
   median of its ranks' figures (what its collector scores them against);
 - :data:`MEDIAN` ``{job, group, stat}``: the median of the rank figures across every rank of every node
@@ -41,8 +43,9 @@ from shmstat.errors import ConfigError
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS, MAX_WINDOWS
 
-__all__ = ["ALERTS", "COLLECTOR_JOBS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "FIGURE",
-           "HANG_AGE", "HANG_SUSPECT", "JOBS_KEPT", "MEDIAN", "NODE_MEDIAN", "SCORE", "rules", "rules_yaml", "to_yaml"]
+__all__ = ["ALERTS", "COLLECTOR_JOBS", "DATA_LOST_COUNTERS", "DEFAULT_HANG_AFTER_S", "DEFAULT_INTERVAL_S", "EMPTY",
+           "FIGURE", "HANG_AGE", "HANG_SUSPECT", "JOBS_KEPT", "MEDIAN", "NODE_MEDIAN", "SCORE", "rules", "rules_yaml",
+           "to_yaml"]
 
 FIGURE = "shmstat:stat_figure"
 """Recording rule: each rank's figure of a scored stat, as the collector scores it (its newest window's p50 where
@@ -59,6 +62,9 @@ COLLECTOR_JOBS = "shmstat:collector_jobs"
 JOBS_KEPT = "5m"
 """How far back :data:`COLLECTOR_JOBS` looks for its own last value while a target is down: longer than any rule
 evaluation interval."""
+EMPTY = "shmstat_stat_window_empty"
+"""The exporter's gauge (1, the stat series' labels) of a series whose newest window had no sample (possible only on
+a torn window, whose figures are exported as 0): :data:`FIGURE` leaves the rank out, as the collector does."""
 HANG_AGE = "shmstat_rank_progress_age_seconds"
 """The hang detector's gauge (labels job, node, rank, section, wait): seconds since the rank last made progress."""
 HANG_SUSPECT = "shmstat_hang_suspect_age_seconds"
@@ -103,7 +109,8 @@ def rules(*, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOW
         {"record": FIGURE,
          "expr": '(shmstat_stat_p50{rank!=""} or shmstat_stat_mean{rank!=""})\n'
                  f'and on (job, node, group, stat, rank) (increase(shmstat_stat_count_total{{rank!=""}}{rate}) > 0)\n'
-                 'and on (job, node, group, stat) shmstat_stat_info{scored="1"}'},
+                 'and on (job, node, group, stat) shmstat_stat_info{scored="1"}\n'
+                 f'unless on (job, node, group, stat, rank) {EMPTY}'},
         {"record": NODE_MEDIAN,
          "expr": f"quantile without (rank) (0.5, {FIGURE})"},
         {"record": MEDIAN,

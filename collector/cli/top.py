@@ -24,12 +24,15 @@ from .top_snapshot import JobView, RankFigure, RankGpu, RankPhase, StatView, Top
 
 # JobView, RankFigure, RankGpu, RankPhase, StatView, TopSnapshot and snapshot are defined in top_snapshot
 __all__ = [
-    "SORTS", "VIEWS", "WAIT_MARK", "JobView", "RankFigure", "RankGpu", "RankPhase", "StatView", "TopSnapshot",
-    "abbreviate", "gpu_cell", "render", "snapshot", "window_label",
+    "SECTION_SORTS", "SORTS", "VIEWS", "WAIT_MARK", "JobView", "RankFigure", "RankGpu", "RankPhase", "StatView",
+    "TopSnapshot", "abbreviate", "gpu_cell", "render", "snapshot", "window_label",
 ]
 
 SORTS = ("name", "count", "mean", "p99", "spread")
 """Sort keys of ``--sort``: ``name`` ascending, the numbers descending (unknown values last)."""
+SECTION_SORTS = ("name", "spread")
+"""The sort keys of the sections view: ``name`` by rank, ``spread`` the worst score first (the rank's lowest
+across its compute sections). ``count``, ``mean`` and ``p99`` are a section's, and a rank has one per section."""
 VIEWS = ("stats", "ranks", "sections")
 """``stats``: one row per stat of each job; ``ranks``: one row per rank of one stat; ``sections``: one row per rank,
 its time split across its sections and its current section."""
@@ -318,7 +321,19 @@ def _phase_cells(p: RankPhase | None, now_ns: int) -> tuple[Text, str]:
         _age(now_ns - p.since_ns)
 
 
-def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int | None) -> tuple[Table, str]:
+def _sorted_section_ranks(ranks: set[int], sections: list[StatView], sort: str) -> list[int]:
+    if sort == "name":
+        return sorted(ranks)
+    worst: dict[int, float] = {}  # a wait section is never scored
+    for s in sections:
+        for r in s.ranks:
+            if not s.wait and r.score is not None:
+                worst[r.rank] = min(worst.get(r.rank, math.inf), r.score)
+    return sorted(ranks, key=lambda r: (r not in worst, worst.get(r, 0.0), r))
+
+
+def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int | None,
+                    sort: str = "name") -> tuple[Table, str]:
     sections, more = _section_columns(job, width)
     t = _table(width)
     t.expand, t.width = False, None  # columns as wide as their text: a short frame reads left to right
@@ -331,7 +346,7 @@ def _sections_table(job: JobView, snap: TopSnapshot, width: int, max_rows: int |
         t.add_column(Text(header), justify="right", no_wrap=True, overflow="ellipsis",
                      min_width=min(len(header), 16), max_width=16)
     phases = {p.rank: p for p in job.phases}
-    ranks = sorted(set(phases) | {r.rank for s in sections for r in s.ranks})
+    ranks = _sorted_section_ranks(set(phases) | {r.rank for s in sections for r in s.ranks}, sections, sort)
     for rank in ranks[:max_rows]:
         p = phases.get(rank)
         now, age = _phase_cells(p, snap.now_ns)
@@ -355,15 +370,17 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
     the window's length: the split of the rank's time; nested sections count in their parent too); a cell of a
     straggler is marked ``!``.
 
-    ``sort`` is one of :data:`SORTS`; ``width`` the columns to fit (80 over ssh); ``height``, if given, bounds
-    the rows so the frame fits a screen. Straggler rows are bold red and marked (``!`` / ``SLOW``), so the
-    mark survives a terminal without colour. With ``history`` (:class:`collector.cli.top_history.History`, which
-    the caller feeds every snapshot) a second table follows: per stat (per rank, and merged, in the ranks view) a
-    sparkline of the figure over the last windows seen and a strip marking the windows with a straggler (``!``).
+    ``sort`` is one of :data:`SORTS` (of :data:`SECTION_SORTS` for the sections view); ``width`` the columns to
+    fit (80 over ssh); ``height``, if given, bounds the rows so the frame fits a screen. Straggler rows are bold
+    red and marked (``!`` / ``SLOW``), so the mark survives a terminal without colour. With ``history``
+    (:class:`collector.cli.top_history.History`, which the caller feeds every snapshot) a second table follows:
+    per stat (per rank, and merged, in the ranks view) a sparkline of the figure over the last windows seen and a
+    strip marking the windows with a straggler (``!``).
     """
-    if view not in VIEWS or sort not in SORTS or (view == "ranks" and not stat):
+    if (view not in VIEWS or sort not in (SECTION_SORTS if view == "sections" else SORTS)
+            or (view == "ranks" and not stat)):
         raise ValueError(f"render(view={view!r}, stat={stat!r}, sort={sort!r}): view is one of {VIEWS} (ranks "
-                         f"needs a stat), sort one of {SORTS}")
+                         f"needs a stat), sort one of {SORTS} ({SECTION_SORTS} for sections)")
     parts: list[RenderableType] = []
     if not snap.jobs:
         return Text("no shmstat segments of this user on this node (start a job, or see 'shmstat ls')")
@@ -379,7 +396,7 @@ def render(snap: TopSnapshot, *, view: str = "stats", stat: str | None = None, s
             parts.append(Text.assemble(("job ", "dim"), (job.job, "bold cyan"), "  ", (job.error, "yellow")))
             continue
         if view == "sections":
-            table, label = _sections_table(job, snap, width, budget)
+            table, label = _sections_table(job, snap, width, budget, sort)
             parts.append(_header(job, snap, label))
             parts.append(table)
             continue

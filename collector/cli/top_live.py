@@ -21,7 +21,7 @@ from shmstat.shm.reader import SegmentReader
 from shmstat.shm.runtime import validate_job
 from shmstat.shm.segment import Segment
 
-from .top import SORTS, TopSnapshot, render, snapshot
+from .top import SECTION_SORTS, SORTS, TopSnapshot, render, snapshot
 from .top_history import DEFAULT_WINDOWS, History
 
 _MAX_HISTORY = 1000
@@ -38,6 +38,9 @@ def _check(stat: str | None, sort: str, interval_s: float, iterations: int | Non
         raise ConfigError(f"--iterations must be at least 1, got {iterations}")
     if sort not in SORTS:
         raise ConfigError(f"--sort must be one of {', '.join(SORTS)}, got {sort!r}")
+    if sections and sort not in SECTION_SORTS:
+        raise ConfigError(f"--sort {sort} does not apply to --sections (a rank has one per section): sort its ranks "
+                          f"by {' or '.join(SECTION_SORTS)}")
     if stat is not None and ("/" not in stat or stat.startswith("/") or stat.endswith("/")):
         raise ConfigError(f"--stat takes GROUP/NAME (as the stats table shows it), got {stat!r}")
 

@@ -8,8 +8,10 @@ job a header (job, clock, nodes heard), the hang line while the job hangs (the r
 section; the nodes that wait), then per stat its newest scored window: each node (its figure, the median of its
 ranks', and its score) followed by its ranks, a slow node marked ``SLOW NODE`` and a slow rank ``SLOW`` (bold red,
 the mark kept without colour), and last each node gone silent (no message, no heartbeat: the host down or its
-collector killed), marked ``SILENT 12 s`` with how long since it was last heard, without figures. Frames are
-refreshed as ``shmstat top``'s are (:mod:`collector.cli.top_live`).
+collector killed), marked ``SILENT 12 s`` with how long since it was last heard, without figures. The frame's
+footer counts what the watcher did not fold in: rows that came after their window was scored, items the nodes'
+heartbeats showed lost, messages that did not decode. Frames are refreshed as ``shmstat top``'s are
+(:mod:`collector.cli.top_live`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from rich.text import Text
 from shmstat.errors import ConfigError
 
 from ..daemon.straggler import DEFAULT_THRESHOLD, DEFAULT_WINDOWS
-from ..jobwide.watch import JobView, JobWatch, NodeStreams, StatScores
+from ..jobwide.watch import DEFAULT_SILENT_AFTER_S, JobView, JobWatch, NodeStreams, StatScores
 from .top import abbreviate, window_label
 from .top_live import live_frames
 
@@ -62,15 +64,21 @@ def _stat_table(s: StatScores, silent: tuple[tuple[str, float], ...], width: int
     return t
 
 
+def _footer(jw: JobWatch) -> Text:
+    return Text(f"from the nodes: {jw.late} late rows, {jw.lost} items lost, {jw.undecodable} undecodable messages",
+                style="bold yellow" if jw.lost or jw.undecodable else "dim")
+
+
 def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = None, width: int = 80,
-                 height: int | None = None) -> RenderableType:
+                 height: int | None = None, counts: JobWatch | None = None) -> RenderableType:
     """One frame of ``shmstat top --nodes`` for ``views`` (:meth:`collector.jobwide.watch.JobWatch.views`): per job, a
     header, the hang line if the job hangs, then per stat (only ``stat``, ``GROUP/NAME``, if given) its newest
     window scored across the nodes, node rows (``NODE``, ``N ranks``, figure, score) each followed by its ranks'
     rows, slow nodes and ranks bold red and marked ``SLOW NODE`` / ``SLOW``, silent nodes last, marked ``SILENT N s``.
-    ``height`` bounds the rows."""
+    ``height`` bounds the rows. ``counts``: the watcher whose counts (late, lost, undecodable) end the frame."""
     if not views:
-        return Text("nothing received from the nodes yet (are their collectors publishing there?)")
+        empty = Text("nothing received from the nodes yet (are their collectors publishing there?)")
+        return empty if counts is None else Group(empty, _footer(counts))
     parts: list[RenderableType] = []
     clock = time.strftime("%H:%M:%S", time.localtime(now_ns / 1e9))
     for job in views:
@@ -83,6 +91,7 @@ def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = No
         stats = [s for s in job.stats if stat is None or s.key == stat]
         if not stats:
             parts.append(Text(f"no window of {stat} scored yet" if stat else "no window scored yet", style="dim"))
+            parts.extend(Text(f"{node} SILENT {silent_s:.0f} s", style="bold yellow") for node, silent_s in job.silent)
             continue
         budget = None if height is None else max(3, (height - 3) // (len(stats) * len(views)) - 2)
         for s in stats:
@@ -90,17 +99,21 @@ def render_nodes(views: Sequence[JobView], now_ns: int, *, stat: str | None = No
             parts.append(Text(f"{s.key}  window {window_label(s.wid * ns, ns)}  job median {abbreviate(s.median)}",
                               style="dim"))
             parts.append(_stat_table(s, job.silent, width, budget))
+    if counts is not None:
+        parts.append(_footer(counts))
     return Group(*parts)
 
 
 def run_top_nodes(endpoints: Sequence[str], *, curve: str | None = None, curve_client: str | None = None,
                   stat: str | None = None, interval_s: float = 1.0, once: bool = False,
                   iterations: int | None = None, threshold: float = DEFAULT_THRESHOLD, windows: int = DEFAULT_WINDOWS,
-                  console: Console | None = None, clock: Callable[[], int] = time.time_ns) -> int:
+                  silent_after_s: float = DEFAULT_SILENT_AFTER_S, console: Console | None = None,
+                  clock: Callable[[], int] = time.time_ns) -> int:
     """Show the job across ``endpoints`` (one per node: ``tcp://HOST:PORT`` or ``NODE=tcp://HOST:PORT``, CURVE
     as ``shmstat subscribe --curve DIR [--curve-client NAME]``) until Ctrl-C (exit status 0), for ``iterations``
     frames, or one frame (``once``: after ``interval_s`` of listening). ``threshold``/``windows``: the straggler
-    rule's. Frames are redrawn in place on a terminal, printed one after the other otherwise. Raises
+    rule's; ``silent_after_s``: how long a node may send nothing, heartbeats included, before it is shown silent
+    (``--silent-after``). Frames are redrawn in place on a terminal, printed one after the other otherwise. Raises
     :class:`ConfigError` for a bad option, endpoint or key directory."""
     if not 0 < interval_s <= 3600:
         raise ConfigError(f"--interval must be more than 0 and at most 3600 seconds, got {interval_s:g}")
@@ -108,7 +121,10 @@ def run_top_nodes(endpoints: Sequence[str], *, curve: str | None = None, curve_c
         raise ConfigError(f"--iterations must be at least 1, got {iterations}")
     if stat is not None and ("/" not in stat or stat.startswith("/") or stat.endswith("/")):
         raise ConfigError(f"--stat takes GROUP/NAME (as the table shows it), got {stat!r}")
-    jw = JobWatch(threshold=threshold, windows=windows, settle_s=max(2.0, 2 * interval_s))
+    if not 0 < silent_after_s <= 3600:  # the flag's name in the sentence, not JobWatch's parameter
+        raise ConfigError(f"--silent-after must be more than 0 and at most 3600 seconds, got {silent_after_s:g}")
+    jw = JobWatch(threshold=threshold, windows=windows, settle_s=max(2.0, 2 * interval_s),
+                  silent_after_s=silent_after_s)
     streams = NodeStreams(endpoints, jw, curve=curve, curve_client=curve_client)
     console = console or Console()
 
@@ -118,7 +134,7 @@ def run_top_nodes(endpoints: Sequence[str], *, curve: str | None = None, curve_c
             streams.poll(min(left, 0.1))
 
     def frame(height: int | None) -> RenderableType:
-        return render_nodes(jw.views(), clock(), stat=stat, width=console.width, height=height)
+        return render_nodes(jw.views(), clock(), stat=stat, width=console.width, height=height, counts=jw)
 
     try:
         if once or not console.is_terminal:

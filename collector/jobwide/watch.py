@@ -32,8 +32,10 @@ figures. A node whose collector said its final heartbeat (it closed, or the job 
 its quiet after it.
 
 Losses: the collectors' heartbeats are compared with what arrived (:class:`shmstat.wire.heartbeat.GapTracker`);
-windows lost on the way are yielded as :data:`GAP_EVENT` (and counted in :attr:`JobWatch.lost`), and rows of a
-window that arrive after it was scored are counted in :attr:`JobWatch.late`, never silently folded in.
+windows lost on the way are yielded as :data:`GAP_EVENT` (and counted in :attr:`JobWatch.lost`), rows of a
+window that arrive after it was scored are counted in :attr:`JobWatch.late`, never silently folded in, and
+messages that do not decode are skipped and counted in :attr:`JobWatch.undecodable`: each message received is
+taken or counted.
 """
 
 from __future__ import annotations
@@ -223,6 +225,9 @@ class JobWatch:
         """Rows of a rank that arrived after their window was scored (not folded in)."""
         self.lost = 0
         """Items the nodes' heartbeats showed lost (:data:`GAP_EVENT`)."""
+        self.undecodable = 0
+        """Messages received that did not decode (:func:`shmstat.wire.decode_with_job` refused them: a broken or
+        hostile sender on an endpoint), skipped and counted here, as ``shmstat subscribe`` counts them."""
         self.expected: tuple[str, ...] = ()
         """The nodes every window waits for (up to ``settle_s``) besides those that sent its stat: the endpoints
         followed (:class:`NodeStreams` sets them), so that a node whose ranks start late is not scored out."""
@@ -610,6 +615,7 @@ class NodeStreams:
                 try:
                     msg, job = wire.decode_with_job(frames)
                 except WireError:
+                    self.jw.undecodable += 1
                     continue
                 beat = self._tracker.take(f"{node} job {job or ''}", msg)
                 if beat is None:

@@ -11,6 +11,9 @@ Series (labels ``job``, ``node``, ``group``, ``stat``; per-rank series add ``ran
   (min/max merged only); ``shmstat_stat_p50`` / ``_p90`` / ``_p99`` / ``_p999`` for stats with percentiles;
 - ``shmstat_stat_straggler_score`` (per-rank series of scored stats): gauge, the collector's straggler score of the
   rank in the newest scored window (:mod:`collector.daemon.straggler`, in the stat's own direction);
+- ``shmstat_stat_window_empty``: gauge, 1, only on a series whose newest window had no sample (possible only on a
+  window torn by a writer that died in the middle of an ``add``; its mean and percentiles read 0): the collector
+  does not score that window, and ``shmstat prometheus-rules`` leaves it out too;
 - ``shmstat_stat_info`` (one per stat): gauge, always 1, labels ``higher_is_better``, ``scored`` and ``wait``
   (``"1"`` or ``"0"``): the stat's direction (a rate declared higher_is_better scores ``figure / median``, a time
   ``median / figure``), whether the straggler rule scores it at all and whether it times a wait for other ranks (a
@@ -119,6 +122,7 @@ class _Series:
     percentiles: tuple[float, ...] | None = None
     buckets: list[int] | None = None  # classic, not cumulative; merged series of percentile stats only
     score: float | None = None  # per-rank series: the collector's straggler score of the newest scored window
+    empty: bool = False  # the newest window had no sample (torn): its figures are 0, and no surface scores them
 
 
 class PrometheusExporter:
@@ -294,6 +298,7 @@ class PrometheusExporter:
                 if cur is None:
                     cur = series[key] = _Series()
                 cur.count += n
+                cur.empty = n == 0
                 cur.total += total
                 cur.mean, cur.lo, cur.hi, cur.percentiles = mean, lo, hi, pct
                 if classic is not None:
@@ -361,6 +366,7 @@ class PrometheusExporter:
             self._drop_retired()
             series = [(k, v.count, v.total, v.mean, v.lo, v.hi, v.percentiles,
                        list(v.buckets) if v.buckets is not None else None, v.score) for k, v in self._series.items()]
+            empty = [k for k, v in self._series.items() if v.empty]
             puts = self._puts.snapshot()
             gpu = sorted(self._gpu.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3] is not None,
                                                             kv[0][3] or 0))
@@ -411,7 +417,14 @@ class PrometheusExporter:
             info.samples.append(Sample("shmstat_stat_info", {
                 "job": job, "node": node, "group": group, "stat": stat, "higher_is_better": "1" if better else "0",
                 "scored": "1" if scored else "0", "wait": "1" if wait else "0"}, 1))
-        yield from (count, total, mean, lo, hi, *pcts, hist, scores, info)
+        window_empty = GaugeMetricFamily("shmstat_stat_window_empty", "1 while the newest emitted window had no sample "
+                                         "(torn by a writer that died in an add; its figures read 0): not scored")
+        for job, group, stat, rank in empty:
+            labels = {"job": job, "node": node, "group": group, "stat": stat}
+            if rank is not None:
+                labels["rank"] = str(rank)
+            window_empty.samples.append(Sample("shmstat_stat_window_empty", labels, 1))
+        yield from (count, total, mean, lo, hi, *pcts, hist, scores, info, window_empty)
         yield from _progress_families(progress, node, self.clock())
         yield from _gpu_families(gpu, uuids, node)
         yield from put_families(puts, node)

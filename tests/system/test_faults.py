@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import defaultdict
 
 import pytest
@@ -34,6 +35,7 @@ from kit.faults import (
 )
 from kit.procs import REPO, collector_env, read_jsonl, spawn, start_collector
 from kit.support import step_and_wait, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from collector.daemon.collector import Collector, CollectorConfig
 from elastic.metrics import MetricHandler
@@ -156,6 +158,34 @@ def test_torn_bank_caught_in_its_reset_carries_no_stale_numbers(job):
         merged = rows[(None, w)]
         assert merged["torn"] and merged["count"] == 5.0
         assert merged["sum"] in (5.0, 12.0) and merged["min"] == 1.0 and merged["max"] in (1.0, 7.0), merged
+    finally:
+        coll.close()
+        seg.close()
+
+
+def test_an_empty_torn_window_is_marked_on_metrics_for_the_rules_to_leave_out(job):
+    """A writer that died as it reset its bank for a new window leaves that window with no sample (its mean and
+    percentiles read 0): the collector does not score it, and ``/metrics`` says so with
+    ``shmstat_stat_window_empty`` on the rank's series (which ``shmstat prometheus-rules`` leaves out: rules/torn.yml),
+    only while it is the newest window: none on a window with samples."""
+    seg, att, idx, now_wid = _torn_setup(job, _dead_pid())
+    w = now_wid - 4
+    _write_bank(seg, 0, idx, w, seq=1.0, total=1e9, lo=-1e9, hi=1e9, last=7.0, inc=att.incarnation)
+    other = RankAttachment.register(seg, rank=4, local_rank=1)
+    j = other.allocate_stat("torn", "faults", WINDOW_MS, 2**63 - 1, to_mask([A.COUNT, A.SUM, A.MIN, A.MAX]))
+    _write_bank(seg, 1, j, w, seq=10.0, total=5.0, lo=1.0, hi=1.0, last=1.0, inc=other.incarnation)
+    rec = Recorder()
+    coll = Collector(CollectorConfig(job=job, handlers={"*": "null"}, grace_ms=10, status_interval_s=0,
+                                     prometheus="127.0.0.1:0"), handler_objects={"faults": rec}, out=io.StringIO())
+    step_and_wait(coll)
+    try:
+        _step_until(coll, lambda: (None, w) in rec.windows("torn", WINDOW_MS), what="the window")
+        assert coll.exporter is not None
+        with urllib.request.urlopen(coll.exporter.url, timeout=10) as resp:
+            text = resp.read().decode()
+        empty = [s.labels.get("rank") for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name == "shmstat_stat_window_empty" and s.labels["stat"] == "torn"]
+        assert empty == ["3"], text
     finally:
         coll.close()
         seg.close()

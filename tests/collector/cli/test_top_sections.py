@@ -226,3 +226,43 @@ def test_a_real_job_shows_its_split_its_slow_rank_and_who_holds_it_when_stuck(tm
             run.wait(60)
         finally:
             Segment.unlink(job)
+
+
+def _ranks_in_order(text: str) -> list[int]:
+    return [int(cells[0]) for cells in (line.split() for line in text.splitlines()) if cells and cells[0].isdigit()]
+
+
+def test_sort_orders_the_sections_rows_and_a_key_that_does_not_apply_is_refused(job):
+    """A recorded segment of four ranks, one closed window of sections ``data`` and ``allreduce`` (wait): rank 1
+    three times slower in data, rank 3 twice. Through the real command, piped: ``--sort name`` lists ranks 0..3,
+    ``--sort spread`` the worst score first (1, 3, then the others by rank); ``count``, ``mean`` and ``p99`` (a
+    rank has one of each per section) are refused in one sentence, exit 2."""
+    clock = FakeClock(time.time_ns() - 1000 * MS)
+    clock.to_window(WINDOW_MS)
+    seg = Segment.open(job)
+    try:
+        ranks = [RankAttachment.register(seg, rank=r, local_rank=r, world_size=4) for r in range(4)]
+        stats = [(_section(a, "data", clock), _section(a, "allreduce", clock, wait=True)) for a in ranks]
+        slow = {1: 3.0, 3: 2.0}
+        for r, (data, allreduce) in enumerate(stats):
+            for _ in range(5):
+                data.add(4.0 * slow.get(r, 1.0))
+                allreduce.add(2.0)
+        clock.advance_ms(WINDOW_MS)  # the window is closed
+
+        def order(sort: str) -> list[int]:
+            done = _top("--job", job, "--sort", sort)
+            assert done.returncode == 0, done.stderr
+            return _ranks_in_order(done.stdout)
+
+        assert order("name") == [0, 1, 2, 3]
+        assert order("spread") == [1, 3, 0, 2]
+        for key in ("count", "mean", "p99"):
+            done = _top("--job", job, "--sort", key)
+            assert done.returncode == 2, done
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.endswith(f"--sort {key} does not apply to --sections (a rank has one per section): "
+                                 "sort its ranks by name or spread"), done.stderr
+        del stats
+    finally:
+        seg.close()

@@ -134,14 +134,20 @@ def test_the_demo_names_its_straggler_through_its_table_handler():
     assert flagged, done.stdout
 
 
-def test_the_collectors_own_group_reaches_a_sink_only_when_named(tmp_path):
+def test_the_collectors_own_group_reaches_a_sink_when_named_or_by_star(tmp_path):
     rows, own = str(tmp_path / "rows.jsonl"), str(tmp_path / "own.jsonl")
     script = _script(tmp_path, SLOW_RANK.format(seconds=1.5))
-    done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"*=jsonl:{rows}", "--grace-ms", "10",
+    done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"train=jsonl:{rows}", "--grace-ms", "10",
                     "--status-interval", "0", script)
     assert done.returncode == 0, done.stderr
     groups = {r["group"] for r in read_jsonl(rows)}
-    assert "train" in groups and "shmstat" not in groups, groups  # '*': every group of the job, not the collector's
+    assert groups == {"train"}, groups  # the collector's own group goes nowhere unless asked for
+    star = str(tmp_path / "star.jsonl")
+    done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"*=jsonl:{star}", "--grace-ms", "10",
+                    "--status-interval", "0", script)
+    assert done.returncode == 0, done.stderr
+    groups = {r["group"] for r in read_jsonl(star)}
+    assert "train" in groups and "shmstat" in groups, groups  # '*': every group, the collector's too
     done = _shmstat("run", "--nproc-per-node", "1", "--handler", f"*=jsonl:{rows}", "--handler",
                     f"shmstat=jsonl:{own}", "--grace-ms", "10", "--status-interval", "0", script)
     assert done.returncode == 0, done.stderr

@@ -70,7 +70,7 @@ def test_the_promtool_unit_tests_pass_against_the_printed_rules(tmp_path, name):
 
 def test_the_unit_tests_cover_every_scenario():
     assert {p.stem for p in RULE_TESTS.glob("*.yml")} == {
-        "slow_rank", "slow_node", "hang", "clean", "data_lost", "collector_down", "flap"}
+        "slow_rank", "slow_node", "hang", "clean", "data_lost", "collector_down", "flap", "torn"}
 
 
 @pytest.mark.parametrize("flags, says", [
