@@ -1665,11 +1665,12 @@ static PyTypeObject SectionCoreType = {
 
 /* SectionFunction(section, fn): what ``@section(...)`` makes of a function on the C path: calling it enters the
  * section, calls ``fn`` with the arguments as they came (vectorcall: no tuple, no dict) and leaves the section, also
- * when ``fn`` raises (the exception goes on unchanged; one the exit raises is chained to it, as after a ``with``).
- * So a decorated call costs the section's enter and exit and one C call, no ``with`` statement. Like a function it
- * binds as a method (a method descriptor: ``obj.f(x)`` calls it with ``obj`` first, no bound method made), keeps
- * what ``functools.update_wrapper`` sets in its ``__dict__``, and pickles by reference. A generator or coroutine
- * function is called like any other: the section times the call that makes the generator, as the Python path does. */
+ * when ``fn`` raises (the exception goes on unchanged; one the exit raises takes it as its context, as after a
+ * ``with``). So a decorated call costs the section's enter and exit and one C call, no ``with`` statement. Like a
+ * function it binds as a method (a method descriptor: ``obj.f(x)`` calls it with ``obj`` first, no bound method
+ * made), keeps what ``functools.update_wrapper`` sets in its ``__dict__``, and pickles by reference. A generator or
+ * coroutine function is called like any other: the section times the call that makes the generator, as the Python
+ * path does. */
 typedef struct {
     PyObject_HEAD
     PyObject *section;  /* a SectionCore (a shmstat.section) */
@@ -1693,23 +1694,27 @@ SectionFunction_vectorcall(SectionFunction *self, PyObject *const *args, size_t 
         }
         return res;
     }
+    /* As a with statement does: the exit runs with fn's exception as the one being handled, so an error raised in
+     * it takes that one as its context (and code in it sees it as sys.exception()). */
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    if (section_exit(sec) == 0) {
-        PyErr_Restore(type, value, tb);
-        return NULL;
-    }
-    PyObject *type2, *value2, *tb2;  /* the exit's error, with fn's as its context (as a with statement does) */
-    PyErr_Fetch(&type2, &value2, &tb2);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL) {
         PyException_SetTraceback(value, tb);
     }
-    PyErr_NormalizeException(&type2, &value2, &tb2);
-    PyException_SetContext(value2, value); /* steals value */
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    PyErr_Restore(type2, value2, tb2);
+    PyObject *handled = PyErr_GetHandledException();
+    PyErr_SetHandledException(value);
+    int rc = section_exit(sec);
+    PyErr_SetHandledException(handled);
+    Py_XDECREF(handled);
+    if (rc == 0) {
+        PyErr_Restore(type, value, tb);
+    }
+    else {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
     return NULL;
 }
 

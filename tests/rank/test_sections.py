@@ -156,6 +156,46 @@ def test_a_decorated_function_keeps_its_name_binds_as_a_method_and_counts_a_call
     assert read_phase(seg, 0).section is None
 
 
+class _Stop(BaseException):
+    """Not an Exception: a handler raising it is not caught (as KeyboardInterrupt is not), so the exit raises."""
+
+
+def test_an_error_the_exit_raises_is_chained_to_the_function_s_as_after_a_with():
+    """A window that ends at a call's exit is logged there; a handler that raises a BaseException makes the exit
+    raise: after a call that raised, the exit's error carries the function's as its context, as a ``with`` does."""
+    shmstat.init(section_window_s=0.001)  # no job: in-process, windows logged to the handlers
+    handled = []
+
+    def stop(event: shmstat.Event) -> None:
+        handled.append(sys.exc_info()[1])  # what the exit runs under
+        raise _Stop(sorted(event.data))
+
+    handle = shmstat.register_event_handler(stop)
+
+    def boom() -> None:
+        raise ValueError("in the function")
+
+    try:
+        for form in ("decorated", "with"):
+            sec = shmstat.section(f"chained_{form}")
+            call = sec(boom) if form == "decorated" else None
+            with sec:
+                pass  # the first sample opens a window
+            time.sleep(0.005)  # ... which ends before the next exit
+            with pytest.raises(_Stop) as caught:
+                if call is not None:
+                    call()
+                else:
+                    with sec:
+                        boom()
+            context = caught.value.__context__
+            assert isinstance(context, ValueError) and str(context) == "in the function", form
+            assert handled.pop() is context, form
+            assert caught.value.args[0][0] == f"chained_{form}.count"
+    finally:
+        shmstat.unregister_event_handler(handle)
+
+
 def test_the_section_window_comes_from_the_environment_and_init_overrides_it(job, monkeypatch):
     monkeypatch.setenv("SHMSTAT_SECTION_WINDOW_S", "0.25")
     shmstat.init(job, rank=0, world_size=1, publish=False)
