@@ -793,12 +793,13 @@ def worker_node_subscriber(args: argparse.Namespace) -> None:
 
 
 def worker_sections(job: str, args: argparse.Namespace) -> None:
-    """A section's enter + exit beside torch.profiler.record_function (no profiler running), a hand-written
-    perf_counter pair plus ``Stat.add``, and the floors: an empty method call (issue 42's unit), a ``with`` on a C
-    context manager that does nothing, and one that only reads the monotonic clock at enter and exit (both
-    ``shmstat._fastpath.NullContext`` under a Python subclass with slots, as ``section`` is over ``SectionCore``);
-    a round of each in turn, on this process's backend (the C path, or the pure-Python one with
-    ``SHMSTAT_PURE_PYTHON=1``)."""
+    """A section's enter + exit (a ``with``, and what ``@section`` adds to a call of an empty function: the
+    decorated call minus the bare one, round by round) beside torch.profiler.record_function (no profiler
+    running), a hand-written perf_counter pair plus ``Stat.add``, and the floors: an empty method call (issue
+    42's unit), a ``with`` on a C context manager that does nothing, and one that only reads the monotonic clock
+    at enter and exit (both ``shmstat._fastpath.NullContext`` under a Python subclass with slots, as ``section``
+    is over ``SectionCore``); a round of each in turn, on this process's backend (the C path, or the pure-Python
+    one with ``SHMSTAT_PURE_PYTHON=1``)."""
     import shmstat
     from shmstat import Aggregation as A
     from shmstat._backend import backend
@@ -807,10 +808,15 @@ def worker_sections(job: str, args: argparse.Namespace) -> None:
         def f(self, v: float) -> None:
             pass
 
+    def bare() -> None:
+        pass
+
     shmstat.init(job, rank=0, publish=False)
     env: dict[str, Any] = {"sec": shmstat.section("bench"), "pc": time.perf_counter, "floor": Floor(),
-                           "add": shmstat.Stat("bench.pair", [getattr(A, a) for a in AGGS_NAMES], 3600.0).add}
-    stmts = {"floor": "floor.f(1.5)", "section": "with sec:\n    pass", "pair": "t0 = pc()\nadd(pc() - t0)"}
+                           "add": shmstat.Stat("bench.pair", [getattr(A, a) for a in AGGS_NAMES], 3600.0).add,
+                           "bare": bare, "decorated": shmstat.section("bench.decorated")(bare)}
+    stmts = {"floor": "floor.f(1.5)", "section": "with sec:\n    pass", "pair": "t0 = pc()\nadd(pc() - t0)",
+             "bare": "bare()", "decorated": "decorated()"}
     with contextlib.suppress(ImportError):
         from shmstat._fastpath import NullContext
 
@@ -831,8 +837,11 @@ def worker_sections(job: str, args: argparse.Namespace) -> None:
         for k, t in timers.items():
             rounds[k].append(t.timeit(args.number) / args.number * 1e9)
     res: dict[str, Any] = {k: statistics.median(v) for k, v in rounds.items()}
+    # what the decorator adds to a call: each round's decorated call minus the bare call timed beside it
+    res["decorated_added"] = statistics.median(d - b for d, b in zip(rounds["decorated"], rounds["bare"], strict=True))
     res["backend"] = backend().name
     res["c_path"] = type(env["sec"]).__mro__[1].__name__ == "SectionCore"
+    res["c_decorator"] = type(env["decorated"]).__name__ == "SectionFunction"
     print("result", json.dumps(res), flush=True)
     shmstat.shutdown()
 
@@ -861,15 +870,25 @@ def section_lines(runs: list[dict[str, Any]]) -> list[str]:
            "One process per path, a round of each statement in turn (median of the rounds); attached to a job "
            "(the section's Stat in shared memory, its phase word written). The floors: an empty method call (issue "
            "42's target: a section at most 3x it), a `with` on a C context manager doing nothing, and one reading "
-           "the monotonic clock at enter and exit (what any timed `with` pays).", "",
-           "| path | `with shmstat.section(...)` | x empty call | empty method call | `with` C no-op | `with` C, 2 "
-           "clock reads | `torch.profiler.record_function`, no profiler | `perf_counter` pair + `Stat.add` |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "the monotonic clock at enter and exit (what any timed `with` pays). `@shmstat.section` on an empty "
+           "function: its call minus the bare call of the same round (what a section adds to a call; no `with` on "
+           "the C path).", "",
+           "| path | `with shmstat.section(...)` | x empty call | `@shmstat.section` on an empty function: "
+           "decorated call minus bare call | x empty call | bare call | empty method call | `with` C no-op | "
+           "`with` C, 2 clock reads | `torch.profiler.record_function`, no profiler | `perf_counter` pair + "
+           "`Stat.add` |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def times(v: Any, floor: Any) -> str:
+        return f"{v / floor:.1f}x" if isinstance(v, float) and isinstance(floor, float) and floor > 0 else "?"
+
     for r in runs:
         path = "C (SectionCore)" if r.get("c_path") else f"pure Python ({r.get('backend')} backend)"
-        sec, floor = r.get("section"), r.get("floor")
-        times = f"{sec / floor:.1f}x" if isinstance(sec, float) and isinstance(floor, float) and floor > 0 else "?"
-        out.append(f"| {path} | {fmt_ns(sec)} | {times} | {fmt_ns(floor)} | {fmt_ns(r.get('with_null'))} | "
+        if r.get("c_path") and r.get("c_decorator"):
+            path = "C (SectionCore; decorator: SectionFunction)"
+        sec, floor, added = r.get("section"), r.get("floor"), r.get("decorated_added")
+        out.append(f"| {path} | {fmt_ns(sec)} | {times(sec, floor)} | {fmt_ns(added)} | {times(added, floor)} | "
+                   f"{fmt_ns(r.get('bare'))} | {fmt_ns(floor)} | {fmt_ns(r.get('with_null'))} | "
                    f"{fmt_ns(r.get('with_clocks'))} | {fmt_ns(r.get('record_function'))} | {fmt_ns(r.get('pair'))} |")
     return out
 

@@ -22,7 +22,7 @@ C (``Backend`` field)                     Python twin                           
 ``add_u64`` (at each add)                 ``shmstat.job._degrade.add_counter``'s locked add (one atomic add)
 ``SectionCore``, ``RecordCore``,          ``shmstat.writer.sections``' ``_enter_py``,      test_sections.py
 ``PhaseWriter``, ``thread_stack``,        ``_exit_py``, ``_PyStack``; ``shmstat.shm.phase.
-``section_epoch``                         PhaseWriter``
+``section_epoch``, ``SectionFunction``    PhaseWriter``; ``section.__call__``'s wrapper
 ``Outbox`` (at each publisher's birth)    ``shmstat.publish.outbox.Outbox``                test_outbox.py
 ``EventBase``, ``set_event_checks``       ``shmstat.publish.events._PyEventStorage``       test_event_paths.py
 ``check_data``                            ``shmstat.publish._eventdata._check_data``       test_outbox.py
@@ -57,7 +57,8 @@ VARIABLE = "SHMSTAT_PURE_PYTHON"
 NAMES = ("c", "python")
 """The backends, by name."""
 
-FASTPATH_API = ("SlotWriter", "add_u64", "SectionCore", "RecordCore", "PhaseWriter", "thread_stack", "section_epoch")
+FASTPATH_API = ("SlotWriter", "add_u64", "SectionCore", "RecordCore", "PhaseWriter", "thread_stack", "section_epoch",
+                "SectionFunction")
 """What ``shmstat._fastpath`` must provide (the attached writer)."""
 
 PUBFAST_API = ("Outbox", "EventBase", "set_event_checks", "check_data", "naive_local_ns", "remember_offset",
@@ -75,6 +76,7 @@ class Backend:
     SlotWriter: Any = None
     add_u64: Callable[[Any, int, int], None] | None = None
     SectionCore: Any = None
+    SectionFunction: Any = None
     RecordCore: Any = None
     PhaseWriter: Any = None
     thread_stack: Callable[[], Any] | None = None

@@ -23,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <float.h>
 #include <math.h>
@@ -1506,45 +1507,58 @@ typedef struct {
 
 static PyObject *enter_py_name, *exit_py_name;
 
-static PyObject *
-SectionCore_enter(SectionCore *self, PyObject *Py_UNUSED(ignored))
+/* Enter ``self``: 0, or -1 with an error set. What the C path does not take goes to the Python ``_enter_py``. */
+static inline int
+section_enter(SectionCore *self)
 {
     PyObject *rec = self->rec;
     if (rec == NULL || !PyObject_TypeCheck(rec, &RecordCoreType) || !fast_record(rec)) {
-        return PyObject_CallMethodNoArgs((PyObject *)self, enter_py_name);
+        PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self, enter_py_name);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        return 0;
     }
     Stack *st = thread_stack();
     if (st == NULL) {
-        return NULL;
+        return -1;
     }
     int64_t t = mono_ns();
     if (stack_push(st, rec, t) < 0) {
-        return NULL;
+        return -1;
     }
     PyObject *phase = ((RecordCore *)rec)->phase;
     if (phase != NULL) {
         phase_enter((PhaseWriter *)phase, ((RecordCore *)rec)->ident, (uint64_t)st->n, t);
     }
-    return Py_NewRef((PyObject *)self);
+    return 0;
 }
 
-static PyObject *
-SectionCore_exit(SectionCore *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+/* Leave the innermost section of this thread (entered through ``self``): 0, or -1 with an error set. Called with
+ * no error pending. */
+static inline int
+section_exit(SectionCore *self)
 {
     int64_t t = mono_ns();
     Stack *st = thread_stack();
     if (st == NULL) {
-        return NULL;
+        return -1;
     }
     Py_ssize_t n = st->n;
     if (n == 0) {
-        Py_RETURN_NONE; /* entered in another process (a fork inside the section): nothing of it is ours */
+        return 0; /* entered in another process (a fork inside the section): nothing of it is ours */
     }
     PyObject *rec = st->recs[n - 1];
     if (!PyObject_TypeCheck(rec, &RecordCoreType) || !fast_record(rec)
         || (n > 1 && (!PyObject_TypeCheck(st->recs[n - 2], &RecordCoreType)
                       || !epoch_is(((RecordCore *)st->recs[n - 2])->epoch)))) {
-        return PyObject_CallMethodNoArgs((PyObject *)self, exit_py_name);
+        PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self, exit_py_name);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        return 0;
     }
     int64_t t0 = st->t0[n - 1];
     st->n = --n; /* popped: the reference to rec is now ours */
@@ -1562,7 +1576,22 @@ SectionCore_exit(SectionCore *self, PyObject *const *Py_UNUSED(args), Py_ssize_t
         Py_DECREF(phase);
     }
     Py_DECREF(rec);
-    if (rc < 0) {
+    return rc;
+}
+
+static PyObject *
+SectionCore_enter(SectionCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (section_enter(self) < 0) {
+        return NULL;
+    }
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *
+SectionCore_exit(SectionCore *self, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
+{
+    if (section_exit(self) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1632,6 +1661,169 @@ static PyTypeObject SectionCoreType = {
     .tp_clear = (inquiry)SectionCore_clear,
     .tp_methods = SectionCore_methods,
     .tp_getset = SectionCore_getset,
+};
+
+/* SectionFunction(section, fn): what ``@section(...)`` makes of a function on the C path: calling it enters the
+ * section, calls ``fn`` with the arguments as they came (vectorcall: no tuple, no dict) and leaves the section, also
+ * when ``fn`` raises (the exception goes on unchanged; one the exit raises takes it as its context, as after a
+ * ``with``). So a decorated call costs the section's enter and exit and one C call, no ``with`` statement. Like a
+ * function it binds as a method (a method descriptor: ``obj.f(x)`` calls it with ``obj`` first, no bound method
+ * made), keeps what ``functools.update_wrapper`` sets in its ``__dict__``, and pickles by reference. A generator or
+ * coroutine function is called like any other: the section times the call that makes the generator, as the Python
+ * path does. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *section;  /* a SectionCore (a shmstat.section) */
+    PyObject *fn;
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+} SectionFunction;
+
+static PyObject *
+SectionFunction_vectorcall(SectionFunction *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    SectionCore *sec = (SectionCore *)self->section;
+    if (section_enter(sec) < 0) {
+        return NULL;
+    }
+    PyObject *res = PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
+    if (res != NULL) {
+        if (section_exit(sec) < 0) {
+            Py_DECREF(res);
+            return NULL;
+        }
+        return res;
+    }
+    /* As a with statement does: the exit runs with fn's exception as the one being handled, so an error raised in
+     * it takes that one as its context (and code in it sees it as sys.exception()). */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *handled = PyErr_GetHandledException();
+    PyErr_SetHandledException(value);
+    int rc = section_exit(sec);
+    PyErr_SetHandledException(handled);
+    Py_XDECREF(handled);
+    if (rc == 0) {
+        PyErr_Restore(type, value, tb);
+    }
+    else {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    return NULL;
+}
+
+static PyObject *
+SectionFunction_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"section", "fn", NULL};
+    PyObject *section, *fn;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:SectionFunction", kwlist, &section, &fn)) {
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(section, &SectionCoreType) || !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "SectionFunction(section, fn) takes a section and a callable");
+        return NULL;
+    }
+    SectionFunction *self = (SectionFunction *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->section = Py_NewRef(section);
+    self->fn = Py_NewRef(fn);
+    self->vectorcall = (vectorcallfunc)SectionFunction_vectorcall;
+    return (PyObject *)self;
+}
+
+static int
+SectionFunction_traverse(SectionFunction *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->section);
+    Py_VISIT(self->fn);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+SectionFunction_clear(SectionFunction *self)
+{
+    Py_CLEAR(self->section);
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+SectionFunction_dealloc(SectionFunction *self)
+{
+    PyObject_GC_UnTrack(self);
+    SectionFunction_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* As a function: looked up on an instance, a method bound to it; on the class, itself. */
+static PyObject *
+SectionFunction_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+SectionFunction_repr(SectionFunction *self)
+{
+    return PyUnicode_FromFormat("<%R around %R>", self->section, self->fn);
+}
+
+/* Pickled by reference, as a function is: its module's attribute __qualname__. */
+static PyObject *
+SectionFunction_reduce(SectionFunction *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyObject_GetAttrString((PyObject *)self, "__qualname__");
+}
+
+static PyMethodDef SectionFunction_methods[] = {
+    {"__reduce__", (PyCFunction)SectionFunction_reduce, METH_NOARGS, "Pickled by reference (its __qualname__)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef SectionFunction_members[] = {
+    {"__section__", T_OBJECT, offsetof(SectionFunction, section), READONLY, "The section each call runs in."},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(SectionFunction, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef SectionFunction_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SectionFunctionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shmstat._fastpath.SectionFunction",
+    .tp_doc = PyDoc_STR("SectionFunction(section, fn)\n\nfn, each call of it run inside section (the C path of "
+                        "@shmstat.section(...) on a function)."),
+    .tp_basicsize = sizeof(SectionFunction),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_new = SectionFunction_new,
+    .tp_dealloc = (destructor)SectionFunction_dealloc,
+    .tp_traverse = (traverseproc)SectionFunction_traverse,
+    .tp_clear = (inquiry)SectionFunction_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(SectionFunction, vectorcall),
+    .tp_descr_get = SectionFunction_descr_get,
+    .tp_repr = (reprfunc)SectionFunction_repr,
+    .tp_dictoffset = offsetof(SectionFunction, dict),
+    .tp_methods = SectionFunction_methods,
+    .tp_members = SectionFunction_members,
+    .tp_getset = SectionFunction_getset,
 };
 
 /* NullContext(timed=False): a context manager of this module's kind (a C type, METH_NOARGS __enter__, METH_FASTCALL
@@ -1728,6 +1920,7 @@ PyInit__fastpath(void)
 {
     if (PyType_Ready(&SlotWriterType) < 0 || PyType_Ready(&PhaseWriterType) < 0 || PyType_Ready(&RecordCoreType) < 0
         || PyType_Ready(&StackType) < 0 || PyType_Ready(&SectionCoreType) < 0
+        || PyType_Ready(&SectionFunctionType) < 0
         || PyType_Ready(&NullContextType) < 0) {
         return NULL;
     }
@@ -1750,6 +1943,7 @@ PyInit__fastpath(void)
         || PyModule_AddObjectRef(m, "RecordCore", (PyObject *)&RecordCoreType) < 0
         || PyModule_AddObjectRef(m, "Stack", (PyObject *)&StackType) < 0
         || PyModule_AddObjectRef(m, "SectionCore", (PyObject *)&SectionCoreType) < 0
+        || PyModule_AddObjectRef(m, "SectionFunction", (PyObject *)&SectionFunctionType) < 0
         || PyModule_AddObjectRef(m, "NullContext", (PyObject *)&NullContextType) < 0) {
         Py_DECREF(m);
         return NULL;

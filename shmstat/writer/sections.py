@@ -17,7 +17,8 @@ Outside a job, sections are in-process Stats like any other (local windows, loca
 The C path (``shmstat._fastpath``: ``SectionCore``, the base of :class:`section`, and ``PhaseWriter``) enters and
 leaves a section without running Python code: it reads the clock, keeps the thread's stack, writes the phase word
 (the bytes :class:`shmstat.shm.phase.PhaseWriter` writes; the GIL serialises the threads, so no lock) and adds the
-duration through the Stat's C ``SlotWriter``. What it does not take (``cuda=True``, a section bound in an earlier
+duration through the Stat's C ``SlotWriter``; a decorated function is a C ``SectionFunction`` that runs the same
+enter and exit around each call. What it does not take (``cuda=True``, a section bound in an earlier
 epoch, a Stat on the Python writer) runs in ``_enter_py``/``_exit_py``, the pure-Python twin, which is all that runs
 on the pure-Python backend (:mod:`shmstat._backend`).
 
@@ -286,7 +287,10 @@ class section(_SectionBase):
         self._left(opened, entry, t, count)
 
     def __call__(self, fn: F) -> F:
-        """Decorate a function: each call runs inside this section."""
+        """Decorate a function: each call runs inside this section (a generator or coroutine function: the call
+        that makes the generator or coroutine)."""
+        if _fast is not None:  # the C wrapper: enter, the call, exit, no frame or ``with`` of its own
+            return cast(F, functools.update_wrapper(_fast.SectionFunction(self, fn), fn))
 
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:

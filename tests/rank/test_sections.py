@@ -6,8 +6,10 @@ and pure-Python paths."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -95,6 +97,103 @@ def test_threads_nesting_and_the_decorator_reconcile_in_a_job_and_a_wait_section
     assert {c[3] for c in counts.values()} == {60_000}
     phase = read_phase(_segment(), 0)
     assert phase is not None and phase.section is None and phase.depth == 0  # every section left
+
+
+@shmstat.section("module_level")
+def _module_level(x: int, y: int = 1) -> int:
+    """Adds."""
+    return x + y
+
+
+def test_a_decorated_function_keeps_its_name_binds_as_a_method_and_counts_a_call_that_raises(job):
+    """On this process's path (the C wrapper where the extension is built): what ``functools.wraps`` gives a
+    function, method binding (plain, static, class), a sample per call (one that raises too, the exception
+    going through unchanged) and the phase word back to the enclosing section after each."""
+    shmstat.init(job, rank=0, world_size=1, publish=False, section_window_s=60)
+    seg = _segment()
+
+    class Model:
+        scale = 10
+
+        @shmstat.section("forward")
+        def forward(self, x: int, *, bias: int = 0) -> int:
+            """The forward pass."""
+            assert (read_phase(seg, 0).section, read_phase(seg, 0).depth) == ("forward", 2)
+            return x * self.scale + bias
+
+        @staticmethod
+        @shmstat.section("forward")
+        def plain(x: int) -> int:
+            return x
+
+        @classmethod
+        @shmstat.section("forward")
+        def scaled(cls, x: int) -> int:
+            return x * cls.scale
+
+    @shmstat.section("fail")
+    def fail(exc: BaseException) -> None:
+        raise exc
+
+    model = Model()
+    with shmstat.section("step"):
+        assert model.forward(2, bias=1) == 21 and Model.forward(model, 3) == 30
+        assert Model.plain(4) == 4 and model.scaled(5) == 50
+        bound = model.forward
+        assert bound(1) == 10 and bound.__self__ is model
+        for exc in (ValueError("boom"), KeyboardInterrupt()):
+            with pytest.raises(type(exc)) as caught:
+                fail(exc)
+            assert caught.value is exc and read_phase(seg, 0).section == "step"
+        assert _module_level(2) == 3 and _module_level(2, y=5) == 7
+    assert (Model.forward.__name__, Model.forward.__qualname__, Model.forward.__doc__) == (
+        "forward", Model.forward.__wrapped__.__qualname__, "The forward pass.")
+    assert Model.forward.__module__ == __name__ and "bias" in str(inspect.signature(Model.forward))
+    assert pickle.loads(pickle.dumps(_module_level)) is _module_level  # by reference, as a function
+    assert "module_level" in repr(_module_level)
+    counts = _counts(seg, [0])
+    assert {name: c[0] for name, c in counts.items()} == {"step": 1, "forward": 5, "fail": 2, "module_level": 2}
+    assert read_phase(seg, 0).section is None
+
+
+class _Stop(BaseException):
+    """Not an Exception: a handler raising it is not caught (as KeyboardInterrupt is not), so the exit raises."""
+
+
+def test_an_error_the_exit_raises_is_chained_to_the_function_s_as_after_a_with():
+    """A window that ends at a call's exit is logged there; a handler that raises a BaseException makes the exit
+    raise: after a call that raised, the exit's error carries the function's as its context, as a ``with`` does."""
+    shmstat.init(section_window_s=0.001)  # no job: in-process, windows logged to the handlers
+    handled = []
+
+    def stop(event: shmstat.Event) -> None:
+        handled.append(sys.exc_info()[1])  # what the exit runs under
+        raise _Stop(sorted(event.data))
+
+    handle = shmstat.register_event_handler(stop)
+
+    def boom() -> None:
+        raise ValueError("in the function")
+
+    try:
+        for form in ("decorated", "with"):
+            sec = shmstat.section(f"chained_{form}")
+            call = sec(boom) if form == "decorated" else None
+            with sec:
+                pass  # the first sample opens a window
+            time.sleep(0.005)  # ... which ends before the next exit
+            with pytest.raises(_Stop) as caught:
+                if call is not None:
+                    call()
+                else:
+                    with sec:
+                        boom()
+            context = caught.value.__context__
+            assert isinstance(context, ValueError) and str(context) == "in the function", form
+            assert handled.pop() is context, form
+            assert caught.value.args[0][0] == f"chained_{form}.count"
+    finally:
+        shmstat.unregister_event_handler(handle)
 
 
 def test_the_section_window_comes_from_the_environment_and_init_overrides_it(job, monkeypatch):
@@ -201,8 +300,39 @@ elif mode == "trace":
             shmstat.advance_step()
             snap()
         snap()
+    @shmstat.section("load")
+    def load(n, *, twice=False):
+        snap()
+        return n * (2 if twice else 1)
+    class Model:
+        @shmstat.section("forward")
+        def forward(self, x):
+            snap()
+            return x + 1
+    @shmstat.section("fail")
+    def fail():
+        snap()
+        raise ValueError("in the section")
+    @shmstat.section("produce")
+    def produce():
+        snap()  # runs at the first next(), after the call that made the generator returned
+        yield 1
+    decorated = []
+    with shmstat.section("step"):
+        decorated.append(load(3, twice=True))
+        decorated.append(Model().forward(4))
+        try:
+            fail()
+        except ValueError as exc:
+            decorated.append(str(exc))
+        snap()
+        gen = produce()
+        snap()
+        decorated.append(next(gen))
+    snap()
     c_path = sections._fast is not None and sections.section.__enter__ is sections._fast.SectionCore.__enter__
-    print(json.dumps({"phases": out, "raw": raw, "c_path": c_path}), flush=True)
+    print(json.dumps({"phases": out, "raw": raw, "c_path": c_path, "decorated": decorated,
+                      "wrapper": type(load).__name__}), flush=True)
 elif mode == "ddp_trace":
     import tempfile
     import torch
@@ -330,18 +460,29 @@ def _same_instants(raw: list[list[int]]) -> list[int]:
 @pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
 def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
     shmstat.init(job, rank=0, world_size=2, publish=False)
-    traces = []
+    seg = _segment()
+    traces, samples, before = [], [], _counts(seg, [1])
     for pure in ("0", "1"):
         env = dict(os.environ, SHMSTAT_PURE_PYTHON=pure)
         proc = _start(job, "trace", env)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0
         traces.append(json.loads(out))
+        after = _counts(seg, [1])  # the second process of the entry goes on in the first's slots: the difference
+        samples.append({name: n - before.get(name, (0,))[0] for name, (n, *_) in after.items()})
+        before = after
     c, py = traces
     assert (c["c_path"], py["c_path"]) == (True, False)  # each ran its own path
+    assert (c["wrapper"], py["wrapper"]) == ("SectionFunction", "function")  # the decorator's too
     assert c["phases"] == py["phases"]
     assert c["phases"][:5] == [["data", False, 1, 0], ["allreduce", True, 2, 0], ["step", False, 1, 0],
                                ["step", False, 1, 1], [None, False, 0, 1]]
+    assert c["phases"][15:] == [["load", False, 2, 3], ["forward", False, 2, 3], ["fail", False, 2, 3],
+                                ["step", False, 1, 3], ["step", False, 1, 3], ["step", False, 1, 3],
+                                [None, False, 0, 3]]  # a decorated generator function times the call that makes it
+    assert c["decorated"] == py["decorated"] == [6, 5, "in the section", 1]
+    assert samples[0] == samples[1] == {"data": 3, "step": 4, "allreduce": 3, "load": 1, "forward": 1, "fail": 1,
+                                        "produce": 1}
     # the same words, steps and sequence numbers, byte for byte (the second rank process of one entry goes on from
     # the sequence the first left: the same number of writes, so a constant difference)
     assert [r[1] for r in c["raw"]] == [r[1] for r in py["raw"]]
