@@ -1413,22 +1413,26 @@ static PyTypeObject StackType = {
     .tp_as_sequence = &Stack_as_sequence,
 };
 
-/* Each thread's Stack lives in its thread-state dict (freed with the thread); this thread's is remembered here
- * (borrowed: the dict holds it) with the dict it was found in. A forked child's thread keeps both. */
+/* Each thread's Stack lives in its thread-state dict (freed with the thread state); this OS thread's is remembered
+ * here (borrowed: the dict holds it) with the unique id of the thread state it was found in. Not the dict's
+ * address: an OS thread that gets a new thread state per callback (PyGILState_Ensure from a C thread: gloo's and
+ * NCCL's callback threads leave DDP's all-reduce section there) may get the new dict at the freed one's address,
+ * and the freed Stack with it. A forked child's thread keeps its thread state, id and all. */
 static PyObject *stack_key;  /* the key of the thread-state dict */
-static __thread PyObject *t_dict;
+static __thread uint64_t t_state_id;  /* 0: none remembered (thread state ids start at 1) */
 static __thread Stack *t_stack;
 
 static Stack *
 thread_stack(void)
 {
+    uint64_t state_id = PyThreadState_GetID(PyThreadState_Get());
+    if (state_id == t_state_id && t_stack != NULL) {
+        return t_stack;
+    }
     PyObject *d = PyThreadState_GetDict();
     if (d == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no thread state dict");
         return NULL;
-    }
-    if (d == t_dict && t_stack != NULL) {
-        return t_stack;
     }
     PyObject *st = PyDict_GetItemWithError(d, stack_key);
     if (st == NULL) {
@@ -1449,7 +1453,7 @@ thread_stack(void)
         PyErr_SetString(PyExc_TypeError, "the thread's section stack is not a Stack");
         return NULL;
     }
-    t_dict = d;
+    t_state_id = state_id;
     t_stack = (Stack *)st;
     return t_stack;
 }

@@ -561,3 +561,37 @@ def test_sections_cost_little_enough_to_time_every_step():
         with s:
             pass
     assert (time.perf_counter() - t0) / n < 200e-6
+
+
+_NEW_THREAD_STATES = """
+import ctypes
+import shmstat
+from shmstat._fastpath import thread_stack
+api = ctypes.pythonapi
+api.PyInterpreterState_Get.restype = ctypes.c_void_p
+api.PyThreadState_New.restype, api.PyThreadState_New.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+api.PyThreadState_Swap.restype, api.PyThreadState_Swap.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+api.PyThreadState_Clear.argtypes = api.PyThreadState_Delete.argtypes = [ctypes.c_void_p]
+interp, sec, stale = api.PyInterpreterState_Get(), shmstat.section("callback"), 0
+for i in range(300):
+    state = api.PyThreadState_New(interp)  # what PyGILState_Ensure makes for a C thread's callback
+    old = api.PyThreadState_Swap(state)
+    stale += len(thread_stack()) != 0  # a new thread state's stack is empty
+    with sec:
+        pass
+    sec.__enter__()  # left open when the thread state goes, as a callback that raised
+    api.PyThreadState_Swap(old)
+    api.PyThreadState_Clear(state)
+    api.PyThreadState_Delete(state)
+print("stale", stale)
+"""
+
+
+@pytest.mark.skipif(not _backend.c_available(), reason="the C extensions are not built")
+def test_a_new_thread_state_on_the_same_os_thread_gets_its_own_section_stack():
+    """gloo's and NCCL's callback threads get a new thread state per callback (DDP's all-reduce section is left
+    there): the C path remembered this thread's stack by its dict's address, which a new dict may take, and handed
+    the freed stack back (a segmentation fault here before)."""
+    proc = subprocess.run([sys.executable, "-c", _NEW_THREAD_STATES], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert (proc.returncode, proc.stdout.split()) == (0, ["stale", "0"]), proc.stderr[-2000:]
