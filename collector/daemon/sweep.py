@@ -66,6 +66,12 @@ def _remove_if_dead(job: str, empty_grace_s: float | None) -> Verdict:
         problem = entry_problem(os.fstat(seg_fd))
         if problem is not None:
             return Verdict(False, problem)
+        # A job whose processes live is kept without taking its locks: looks again and again (a node collector's
+        # sweep, shmstat clean in a loop) held the segment's lock so much of the time that, on a loaded machine, a
+        # collector starting for the job waited past its hold wait and was refused.
+        in_use = _live_processes(job)
+        if in_use:
+            return Verdict(False, in_use, live=True)
         try:
             fcntl.flock(seg_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -104,6 +110,33 @@ def _take_job_lock(job: str) -> tuple[int, str]:
     return fd, ""
 
 
+def _live_processes(job: str) -> str:
+    """Why a live process of the job keeps its segment (its collector, a process of its rank table), "" when none
+    is seen or the segment cannot be read: read without the locks, so it may only keep (the removal is decided
+    again under both locks)."""
+    try:
+        seg = Segment.open(job, create=False, wait=False)
+    except (ShmstatError, OSError, ValueError):
+        return ""
+    try:
+        return _why_live(seg)
+    except (OSError, ValueError):
+        return ""
+    finally:
+        seg.close()
+
+
+def _why_live(seg: Segment) -> str:
+    """The live collector or rank-table processes of ``seg``, as a reason; "" if none."""
+    header = seg.header()
+    if header.collector_pid and header.collector_pid != os.getpid() and pid_alive(header.collector_pid):
+        return f"its collector (pid {header.collector_pid}) is alive"
+    alive = sorted({r.pid for r in seg.ranks() if r.pid and pid_alive(r.pid)})
+    if alive:
+        return "live process" + ("es " if len(alive) > 1 else " ") + ", ".join(map(str, alive[:5]))
+    return ""
+
+
 def _why_kept(job: str, empty_grace_s: float | None) -> tuple[str, bool]:
     """Why the segment must stay ("" when it may go) and whether that is because a process may use it; both
     locks are held by the caller."""
@@ -114,14 +147,11 @@ def _why_kept(job: str, empty_grace_s: float | None) -> tuple[str, bool]:
     except (ShmstatError, OSError, ValueError) as exc:
         return f"unreadable ({exc})", True
     try:
+        live = _why_live(seg)
+        if live:
+            return live, True
         header = seg.header()
-        if header.collector_pid and header.collector_pid != os.getpid() and pid_alive(header.collector_pid):
-            return f"its collector (pid {header.collector_pid}) is alive", True
-        ranks = seg.ranks()
-        alive = sorted({r.pid for r in ranks if r.pid and pid_alive(r.pid)})
-        if alive:
-            return "live process" + ("es " if len(alive) > 1 else " ") + ", ".join(map(str, alive[:5])), True
-        if not ranks and empty_grace_s is not None and time.time_ns() - header.created_ns < empty_grace_s * 1e9:
+        if not seg.ranks() and empty_grace_s is not None and time.time_ns() - header.created_ns < empty_grace_s * 1e9:
             return "no rank registered in it yet", True
         return "", False
     finally:

@@ -78,5 +78,15 @@ def test_windows_a_ring_overwrote_before_any_collector_emitted_its_slot_are_coun
     for start, n in emitted.items():
         assert added.get(start) == n, f"window {start}: emitted {n}, added {added.get(start)}"
     lost = overwritten_total(read_jsonl(own))
-    assert len(emitted) + lost == len(added), (
-        f"{len(added)} windows added, {len(emitted)} emitted, {lost} counted as overwritten")
+    missing = set(added) - set(emitted)
+    # A window the rank wrote no sample in (held off the CPU for a whole window, as on a loaded machine) is in
+    # no bank: where its bank was later taken by a newer window, nothing in the ring says it was empty, and it
+    # counts as overwritten too. So the count lies between the windows missing and the ids the ring passed; with
+    # no such window it is exactly the windows missing.
+    wns = WINDOW_MS * 1_000_000
+    ids = [round(start * 1e9 / wns) for start in added]
+    spanned = max(ids) - min(ids) + 1
+    assert len(missing) <= lost <= spanned - len(emitted), (
+        f"{len(added)} windows added over {spanned} ids, {len(emitted)} emitted, {lost} counted as overwritten")
+    if spanned == len(added):
+        assert lost == len(missing), f"{len(missing)} windows missing, {lost} counted as overwritten"

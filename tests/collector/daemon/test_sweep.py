@@ -35,6 +35,28 @@ def test_a_live_rank_keeps_the_segment_until_it_is_killed_and_reaped(job, tmp_pa
     assert remove_if_dead(job).removed and _gone(job)
 
 
+def test_a_look_at_a_job_whose_rank_lives_leaves_the_segments_lock_alone(job, tmp_path):
+    """A look at a job in use decides by its live processes, without the segment's lock: with the lock held (a
+    collector starting), the look names the live rank, not the lock. Looks in a loop (a sweep, ``shmstat clean``)
+    held that lock so much of the time that a collector starting on a loaded machine was refused
+    (tests/system/test_collector_restart.py)."""
+    ready = str(tmp_path / "ready")
+    proc = spawn(rank_main, job, 0, ready)
+    fd = -1
+    try:
+        wait_for(lambda: os.path.exists(ready), 60, what="the rank to register")
+        fd = os.open(f"/dev/shm/shmstat.{job}", os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        kept = remove_if_dead(job)
+        assert (kept.removed, kept.live, kept.reason) == (False, True, f"live process {proc.pid}")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+    assert remove_if_dead(job).removed and _gone(job)
+
+
 def test_a_collector_holding_the_segment_keeps_it(job):
     Segment.open(job).close()
     fd = os.open(f"/dev/shm/shmstat.{job}", os.O_RDONLY)
