@@ -10,7 +10,7 @@ import signal
 import time
 from collections import Counter, defaultdict
 
-from kit.procs import read_jsonl, spawn, start_collector
+from kit.procs import CollectorProc, read_jsonl, spawn, start_collector
 from kit.support import wait_for
 
 from shmstat.shm.segment import Segment
@@ -217,3 +217,96 @@ def test_a_restart_after_the_ring_wrapped_never_writes_a_window_twice(job, tmp_p
     seen = Counter((r["rank"], r["window_start"]) for r in rows)
     assert [k for k, n in seen.items() if n > 1] == []
     assert max(r["value"] for r in read_jsonl(own) if r["name"] == "collector.windows_overwritten") > 0
+
+
+def rank_with_a_clock(job: str, stop_path: str, out_path: str) -> None:
+    """Rank 0: adds 1.0 to ``w`` (50 ms windows) every ~1 ms until ``stop_path`` exists; writes the windows it
+    added to (from the clock its adds used)."""
+    import shmstat
+    from shmstat import Aggregation as A
+
+    shmstat.init(job, rank=0, local_rank=0, world_size=1, publish=False)
+    last = [0]
+
+    def clock() -> int:
+        last[0] = time.time_ns()
+        return last[0]
+
+    stat = shmstat.Stat("w", [A.COUNT], 0.05, group="g", clock=clock)
+    windows: set[int] = set()
+    while not os.path.exists(stop_path):
+        stat.add(1.0)
+        windows.add(last[0] // 50_000_000)
+        time.sleep(0.001)
+    shmstat.shutdown()
+    with open(out_path + ".tmp", "w") as f:
+        json.dump(sorted(windows), f)
+    os.replace(out_path + ".tmp", out_path)
+
+
+def _lost_windows(added: set[int], written: set[int]) -> int:
+    """The windows a collector finds lost to the ring, from the windows a rank added to and those written: those
+    it added to and not written, and the windows it added nothing to (a rank not scheduled for a window) just
+    before such a window (a bank overwritten holds no sign of whether the window it held had data)."""
+    missing = added - written
+    empty_then_missing, waiting = 0, 0
+    for w in range(min(added), max(added) + 1):
+        if w not in added:
+            waiting += 1
+        else:
+            empty_then_missing += waiting if w in missing else 0
+            waiting = 0
+    return len(missing) + empty_then_missing
+
+
+def _reported(path: str, name: str = "collector.windows_overwritten") -> list[int]:
+    """The values of the collector's own counter ``name`` in its file, in the order written."""
+    return [int(r["value"]) for r in read_jsonl(path) if r["name"] == name]
+
+
+def test_windows_a_collector_killed_before_its_first_commit_found_lost_are_counted_once(job, tmp_path):
+    """Windows lost to the ring (the node without a collector longer than the ring holds) twice: the first time
+    found by a collector that commits, the second by one SIGKILLed before it committed that pass (its one handler of
+    the group never returns), which leaves them to the next one, which finds them lost again. The job's count
+    (``collector.windows_overwritten``, a count of the job like ``samples_dropped``) never falls from one collector
+    to the next and ends at exactly the windows missing: each lost window counted once."""
+    out, stop, added = str(tmp_path / "w.jsonl"), str(tmp_path / "stop"), str(tmp_path / "added.json")
+    owns = [str(tmp_path / f"own{n}.jsonl") for n in range(4)]
+    common = ("--banks", "4", "--grace-ms", "20", "--status-interval", "0")
+
+    def collector(n: int, *handlers: str) -> CollectorProc:
+        return start_collector(job, *handlers, "--handler", f"shmstat=jsonl:{owns[n]}", *common)
+
+    coll = collector(0, "--handler", f"g=jsonl:{out}")
+    proc = spawn(rank_with_a_clock, job, stop, added)
+    try:
+        wait_for(lambda: len(read_jsonl(out)) > 5, 30, 0.01, what="rows of the first collector")
+        assert coll.stop(signal.SIGTERM) == 0  # its watermark committed; the rank runs on, no collector reads
+        time.sleep(0.5)  # the ring (4 banks of 50 ms) wraps: windows lost
+        coll = collector(1, "--handler", f"g=jsonl:{out}")
+        wait_for(lambda: any(_reported(owns[1])), 30, 0.01, what="the second collector to count the windows lost")
+        assert coll.stop(signal.SIGTERM) == 0
+        time.sleep(0.5)  # lost again
+        coll = collector(2, "--handler", "g=kit.handlers.user:Stuck", "--commit-wait", "3600")
+        wait_for(lambda: any(r["name"] == "collector.windows_emitted" and r["value"] > 0 for r in read_jsonl(owns[2])),
+                 30, 0.01, what="the counters of the third collector's first pass")
+        coll.proc.send_signal(signal.SIGKILL)
+        coll.stop()
+        coll = collector(3, "--handler", f"g=jsonl:{out}")
+        wait_for(lambda: any(r["name"] == "collector.windows_emitted" and r["value"] > 0 for r in read_jsonl(owns[3])),
+                 30, 0.01, what="the counters of the last collector's first pass")
+    finally:
+        with open(stop, "w"):
+            pass
+        proc.join(30)
+        assert coll.stop(signal.SIGTERM) == 0
+    with open(added) as f:
+        windows = set(json.load(f))
+    got = Counter(round(r["window_start"] * 20) for r in read_jsonl(out)
+                  if r["name"] == "w.count" and r["rank"] == 0)
+    assert [w for w, n in got.items() if n > 1] == [], "a window was written twice"
+    missing = _lost_windows(windows, set(got))
+    reported = [v for path in owns for v in _reported(path)]
+    assert _reported(owns[1]) and missing > max(_reported(owns[1])), "windows were not lost twice: the test is void"
+    assert reported == sorted(reported), f"the job's count fell from one collector to the next: {reported}"
+    assert reported[-1] == missing, f"{missing} windows lost, {reported[-1]} counted"
