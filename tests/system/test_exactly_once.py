@@ -347,4 +347,7 @@ def test_windows_a_collector_killed_before_its_first_commit_found_lost_are_count
     reported = [v for path in owns for v in _reported(path)]
     assert _reported(owns[1]) and missing > max(_reported(owns[1])), "windows were not lost twice: the test is void"
     assert reported == sorted(reported), f"the job's count fell from one collector to the next: {reported}"
-    assert reported[-1] == missing, f"{missing} windows lost, {reported[-1]} counted"
+    empty = sorted(set(range(min(windows), max(windows) + 1)) - windows)
+    assert reported[-1] == missing, (f"{missing} windows lost, {reported[-1]} counted (each collector's counts "
+                                     f"{[_reported(p) for p in owns]}; lost {sorted(windows - set(got))}; windows "
+                                     f"the rank added nothing to {empty})")
