@@ -424,7 +424,7 @@ class Collector:
                 self.scanner.refresh()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
-        self.commits.apply(self.segment)
+        self._apply_commits(now)
         if soon >= self._next_usage:
             self._next_usage = mono + self.config.usage_interval_s
             self._emit_usage(now, self.last_ranks)
@@ -466,6 +466,8 @@ class Collector:
             self.marks.step()  # the ranks forget what was delivered; the next collector drops it if re-sent
             self.marks.settle(ranks)  # the entries of gone senders whose end is marked now: cleared
             self.relay.update_subscriptions()  # the loss reports subscribers sent meanwhile count in the last rows
+            if self.segment is not None:  # the windows lost in the last pass count in the last counters
+                self.commits.settle(self.segment, self.dispatcher.close_budget_s)
             self._emit_usage(now, ranks)  # the final counters, however short the run was
             self.emitted_everything = not live and not self._handover_failed
             if live:
@@ -533,7 +535,7 @@ class Collector:
         now = self.clock()
         if self.scanner.due(now):
             self._emit_scan(now, final=False)
-        self.commits.apply(self.segment)
+        self._apply_commits(now)
         self.marks.step_if_due(time.monotonic())
 
     def _drain_ingest(self) -> None:
@@ -598,6 +600,15 @@ class Collector:
     # -- the job's passes ------------------------------------------------------------------------------------
     def _emit_scan(self, now: int, *, final: bool) -> None:
         self.passes.scan(now, final=final, lost=lambda: self._emit_usage(now, self.last_ranks))
+
+    def _apply_commits(self, now: int) -> None:
+        """Commit the passes every handler took; windows lost to the ring count once committed, so the counters
+        are handed on when that moved them."""
+        assert self.segment is not None
+        shown = self.commits.lost_committed
+        self.commits.apply(self.segment)
+        if self.commits.lost_committed != shown:
+            self._emit_usage(now, self.last_ranks)
 
     def _puts_of(self, msg: Received) -> list[Put]:
         return puts_of(self.config.job, msg, self.fanout, self.relay_counters)

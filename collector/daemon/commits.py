@@ -52,6 +52,8 @@ class PendingCommits:
         self.wait_s = wait_s
         self.not_taken = 0
         """Passes committed before every handler had taken them (a handler stuck past ``wait_s``, or at stop)."""
+        self.lost_committed = 0
+        """Windows lost to the ring whose passes this collector committed (the header's count moved by them)."""
         self._queue: deque[_Pending] = deque()
         self._warned = False
 
@@ -60,7 +62,7 @@ class PendingCommits:
 
     def add(self, taken: PassTaken, marks: DurableMarks) -> None:
         """Hold ``marks`` until ``taken`` is done (a pass that moved no watermark is not held)."""
-        if not len(marks.words) and not self._queue:
+        if not len(marks.words) and not marks.lost and not self._queue:
             return
         if len(self._queue) >= MAX_PENDING:  # a handler taking each pass only after the next one was read
             newest = self._queue.pop()  # (a handler's queue is in order: the later ticket done, the earlier is)
@@ -79,9 +81,19 @@ class PendingCommits:
                 if now - head.since < self.wait_s:
                     break
                 self._count_not_taken(head, f"within {self.wait_s:g} s")
-            self._queue.popleft().marks.write(segment)
+            self._write(self._queue.popleft().marks, segment)
             done += 1
         return done
+
+    def settle(self, segment: Segment, timeout_s: float) -> None:
+        """Before the collector's last counters: while a pass waiting holds windows lost to the ring, wait up to
+        ``timeout_s`` seconds in all for the handlers to take the passes up to it, committing each one taken, in
+        order, so that the last counters count them; those still not taken stay for :meth:`drain`."""
+        deadline = time.monotonic() + timeout_s
+        while any(p.marks.lost for p in self._queue):
+            if not self._queue[0].taken.wait(max(0.0, deadline - time.monotonic())):
+                return
+            self._write(self._queue.popleft().marks, segment)
 
     def drain(self, segment: Segment, timeout_s: float) -> None:
         """At stop: wait up to ``timeout_s`` seconds for the handlers to take every pass, then commit them all
@@ -91,7 +103,11 @@ class PendingCommits:
             head = self._queue.popleft()
             if not head.taken.wait(max(0.0, deadline - time.monotonic())):
                 self._count_not_taken(head, "before the collector stopped")
-            head.marks.write(segment)
+            self._write(head.marks, segment)
+
+    def _write(self, marks: DurableMarks, segment: Segment) -> None:
+        marks.write(segment)
+        self.lost_committed += marks.lost
 
     def _count_not_taken(self, pending: _Pending, when: str) -> None:
         self.not_taken += 1

@@ -77,21 +77,29 @@ class JobPass:
         self.commits = commits
         self.windows_emitted = 0
         self.rows_emitted = 0
-        self.overwritten = 0
         self.torn = 0
+
+    @property
+    def overwritten(self) -> int:
+        """Windows of the job lost to the ring, counted once across collectors: the segment's count, which moves
+        with the watermarks that pass them (:class:`collector.read.scanner.DurableMarks`); 0 once it is released."""
+        try:
+            return self._segment.overwritten()
+        except (ValueError, TypeError):  # released at shutdown
+            return 0
 
     def scan(self, now: int, *, final: bool, lost: Callable[[], None]) -> None:
         """Scan the segment at ``now`` (every window with data if ``final``) for the groups some consumer wants,
-        hand the pass to every consumer, count it, and commit it (:meth:`commit`). Windows found lost or torn are
-        counted in the pass whose watermark moves past them: ``lost`` (which hands the counters on) runs before
-        that watermark is committed, so a collector killed in between leaves both to the next one, which counts
-        them again, and never the watermark without the count."""
+        hand the pass to every consumer, count it, and commit it (:meth:`commit`). Windows found torn are counted
+        in the pass whose watermark moves past them: ``lost`` (which hands the counters on) runs before that
+        watermark is committed, so a collector killed in between leaves both to the next one, which counts them
+        again, and never the watermark without the count. Windows lost to the ring count when the watermark that
+        moves past them is committed (:attr:`overwritten`): once, whoever commits."""
         counts = self._pass(now, final=final)
         self.windows_emitted += counts.windows
         self.rows_emitted += counts.rows
-        self.overwritten += counts.overwritten
         self.torn += counts.torn
-        if counts.overwritten or counts.torn:
+        if counts.torn:
             lost()
         self.commit()
 

@@ -80,6 +80,7 @@ class Scanner:
         self._dirty = True
         self._pending: tuple[np.ndarray, np.ndarray] | None = None
         self._pending_inc: dict[int, int] = {}  # long-window slot -> incarnation of its emitted newest window
+        self._pending_lost = 0  # windows the last scan found lost to the ring (committed with its watermarks)
         self.resume_ns = segment.dispatched_ns()
         """What the previous collector may have dispatched (see :meth:`_not_again`): windows ended by then."""
 
@@ -135,6 +136,7 @@ class Scanner:
         result = ScanResult()
         self._pending = None
         self._pending_inc = {}
+        self._pending_lost = 0
         table = self._current_table()
         if table.slots:
             self._scan_table(table, now_ns, final, want, result)
@@ -145,6 +147,7 @@ class Scanner:
             if wns > _LONG_NS:  # closed by count or by the writer's end too: looked at every LONG_POLL_MS
                 due = min(due, now_ns + _LONG_POLL_NS)
             self._next_due[wns] = due
+        self._pending_lost = result.overwritten
         return result
 
     # -- the vectorised pass ------------------------------------------------------------------------------------
@@ -443,18 +446,19 @@ class Scanner:
         took the pass (:mod:`collector.daemon.commits`): a collector that dies before re-emits it when restarted."""
         pending, self._pending = self._pending, None
         pending_inc, self._pending_inc = self._pending_inc, {}
+        lost, self._pending_lost = self._pending_lost, 0
         t = self._table
         if t is not None and pending_inc:
             t.after_inc[list(pending_inc)] = list(pending_inc.values())
         if pending is None or t is None or not len(pending[0]):
             if t is not None and pending_inc and self._dirty:
                 t.sync_back()
-            return DurableMarks(np.zeros(0, np.int64), np.zeros(0, np.int64))
+            return DurableMarks(np.zeros(0, np.int64), np.zeros(0, np.int64), lost)
         which, wids = pending
         t.after[which] = wids
         if self._dirty:  # slots were added since the scan: the next table is built from the slot objects
             t.sync_back()
-        return DurableMarks(t.emitted_word[which], np.asarray(wids, np.int64))
+        return DurableMarks(t.emitted_word[which], np.asarray(wids, np.int64), lost)
 
 
 # ---- The slots the scanner knows ----
@@ -612,29 +616,38 @@ def distinct(*columns: np.ndarray) -> int:
 
 
 class DurableMarks(NamedTuple):
-    """Watermarks of one pass still to be written into the segment: ``emitted_wid`` words and their values."""
+    """Watermarks of one pass still to be written into the segment: ``emitted_wid`` words and their values, and
+    the windows the pass found lost to the ring (before those watermarks)."""
 
     words: np.ndarray
     """Indices of the descriptors' ``emitted_wid`` words, counted in 8-byte words from the segment's start."""
     wids: np.ndarray
+    lost: int = 0
+    """Windows lost to the ring that these watermarks move past: added to the header's ``overwritten`` with them."""
 
     def then(self, later: DurableMarks) -> DurableMarks:
         """These watermarks followed by ``later``'s: one set, the later value of each word kept (watermarks only
-        move forward, so that is the larger one)."""
+        move forward, so that is the larger one), the windows lost of both."""
         words, wids = np.concatenate([self.words, later.words]), np.concatenate([self.wids, later.wids])
         order = np.lexsort((wids, words))
         words, wids = words[order], wids[order]
         last = np.ones(len(words), bool)
         last[:-1] = words[1:] != words[:-1]
-        return DurableMarks(words[last], wids[last])
+        return DurableMarks(words[last], wids[last], self.lost + later.lost)
 
     def write(self, segment: Segment) -> None:
-        """Write the watermarks into ``segment`` (a restarted collector resumes after them)."""
-        if not len(self.words):
+        """Write the watermarks into ``segment`` (a restarted collector resumes after them), and add the windows
+        lost to the header's count in the same store: counted once the watermark moved past them, never before (a
+        collector killed in between would leave them to the next one, which counts them again) nor after."""
+        if not len(self.words) and not self.lost:
             return
         buf = segment.buf
         words = np.frombuffer(buf, L.WORD_DTYPE, len(buf) // 8)
         try:
-            words[self.words] = self.wids
+            at, values = self.words, self.wids
+            if self.lost:
+                at = np.append(at, L.H_OVERWRITTEN // 8)
+                values = np.append(values, int(words[L.H_OVERWRITTEN // 8]) + self.lost)
+            words[at] = values
         finally:
             del words

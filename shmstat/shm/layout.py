@@ -38,7 +38,10 @@ of it are the values of :mod:`shmstat.shm.layout_records`; the code that moves t
                                one knows which windows after its watermark it may be emitting again; 0: none)
     112  entries_epoch    u64  bumped (under the job lock) whenever a rank or writer entry is taken or a stat
                                descriptor published: a collector reads the rank table again only when it moved
-    120  reserved ... 256
+    120  overwritten      u64  windows of the job lost to the ring before a collector read them, counted once across
+                               collectors: written with the watermarks that move past them (in the same store), so a
+                               collector killed before it committed leaves both to the next one, which counts them
+    128  reserved ... 256
 
     rank entry (200 bytes)
       0  state            u64  0 free, 1 active, 2 exited (clean), 3 died (seen dead by the collector)
@@ -257,6 +260,7 @@ PERCENTILE_BITS = 0xF << 10  # P50, P90, P99, P999: a stat with any keeps a hist
 H_MAGIC, H_VERSION, H_MAX_RANKS, H_MAX_STATS, H_BANKS, H_TOTAL = 0, 8, 16, 24, 32, 40
 H_CREATED, H_COLLECTOR_PID, H_COLLECTOR_BEAT, H_HIST_SLOTS = 48, 56, 64, 72
 H_DROPPED, H_RANKS_REFUSED, H_WARNED, H_DISPATCHED, H_ENTRIES_EPOCH = 80, 88, 96, 104, 112
+H_OVERWRITTEN = 120
 
 # Rank entry fields (byte offsets inside an entry).
 R_STATE, R_PID, R_INCARNATION, R_RANK, R_LOCAL_RANK, R_WORLD = 0, 8, 16, 24, 32, 40

@@ -36,6 +36,7 @@ from .layout import (
     H_DISPATCHED,
     H_ENTRIES_EPOCH,
     H_MAGIC,
+    H_OVERWRITTEN,
     H_WARNED,
     HIST_BUCKETS,
     HIST_COUNTS,
@@ -82,6 +83,7 @@ __all__ = [
     "read_delivered_marks",
     "read_descriptor",
     "read_dispatched_ns",
+    "read_overwritten",
     "read_entries_epoch",
     "read_header",
     "read_phase_seq",
@@ -168,6 +170,11 @@ def read_dispatched_ns(buf: memoryview) -> int:
 def write_dispatched_ns(buf: memoryview, ns: int) -> None:
     """Set the header's ``dispatched_ns`` (the collector, before it dispatches a pass)."""
     _store_i64(buf, H_DISPATCHED, ns)
+
+
+def read_overwritten(buf: memoryview) -> int:
+    """The header's ``overwritten``: the job's windows lost to the ring, as committed by its collectors."""
+    return int(_U64.unpack_from(buf, H_OVERWRITTEN)[0])
 
 
 def read_entries_epoch(buf: memoryview) -> int:

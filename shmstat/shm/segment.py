@@ -255,6 +255,11 @@ class Segment:
         if ns > self.dispatched_ns():
             codec.write_dispatched_ns(self.buf, ns)
 
+    def overwritten(self) -> int:
+        """Windows of the job lost to the ring before a collector read them, counted once across collectors (the
+        collector adds to it with the watermarks that move past them: :class:`collector.read.scanner.DurableMarks`)."""
+        return codec.read_overwritten(self.buf)
+
     def entries_epoch(self) -> int:
         """A number that changes whenever a rank or writer entry is taken or a stat descriptor published."""
         return codec.read_entries_epoch(self.buf)

@@ -489,8 +489,9 @@ def percentile_adder(job: str, rank: int, window_ms: int, nstats: int, out_path:
 
 
 def overwritten_total(rows: list[dict]) -> float:
-    """Windows the collectors writing ``rows`` counted as overwritten: each collector's counter starts at 0 and only
-    grows, so the file holds runs of growing values, one per collector; their last values add up."""
+    """Windows the collectors writing ``rows`` counted as overwritten: the job's count, which a restarted collector
+    goes on from, so the last value (a value below the one before would start a new count, as of a new segment:
+    the counts then add up)."""
     total = last = 0.0
     for r in rows:
         if r["name"] == "collector.windows_overwritten":
