@@ -31,11 +31,12 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import inspect
 import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar, cast
 
 from .._backend import backend
@@ -287,8 +288,14 @@ class section(_SectionBase):
         self._left(opened, entry, t, count)
 
     def __call__(self, fn: F) -> F:
-        """Decorate a function: each call runs inside this section (a generator or coroutine function: the call
-        that makes the generator or coroutine)."""
+        """Decorate a function: each call runs inside this section; a generator function's generator runs each of
+        its steps inside it (each item it yields is one sample: a data loader's batch; its end is none), a coroutine function's
+        coroutine from its start to its result (the awaits included: left by token, as other coroutines of the
+        thread enter and leave sections meanwhile)."""
+        if inspect.isgeneratorfunction(fn):
+            return cast(F, self._generator(fn))
+        if inspect.iscoroutinefunction(fn):
+            return cast(F, self._coroutine(fn))
         if _fast is not None:  # the C wrapper: enter, the call, exit, no frame or ``with`` of its own
             return cast(F, functools.update_wrapper(_fast.SectionFunction(self, fn), fn))
 
@@ -298,6 +305,49 @@ class section(_SectionBase):
                 return fn(*args, **kwargs)
 
         return cast(F, timed)
+
+    def _generator(self, fn: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., Generator[Any, Any, Any]]:
+        """``fn``'s generators, each step (to its next item, or its end) inside this section."""
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+            inner = fn(*args, **kwargs)
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                token = self._open()
+                try:
+                    item = inner.throw(thrown) if thrown is not None else inner.send(sent)
+                except StopIteration as end:  # its end is no item: not a sample
+                    self._close(token, count=False)
+                    return end.value
+                except BaseException:
+                    self._close(token)
+                    raise
+                self._close(token)
+                sent, thrown = None, None
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    inner.close()
+                    raise
+                except BaseException as error:  # thrown in by the caller: passed on to the inner generator
+                    thrown = error
+
+        return timed
+
+    def _coroutine(self, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Coroutine[Any, Any, Any]]:
+        """``fn``'s coroutines, from their start to their result, inside this section."""
+
+        @functools.wraps(fn)
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            token = self._open()
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                self._close(token)
+
+        return timed
 
 
 def advance_step() -> None:

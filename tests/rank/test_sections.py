@@ -105,6 +105,52 @@ def _module_level(x: int, y: int = 1) -> int:
     return x + y
 
 
+def test_a_decorated_generator_times_each_item_and_a_coroutine_its_awaits(job):
+    """A decorated generator function (a data loader's) gives a sample per item it yields, each inside the
+    section, its end none; values sent and exceptions thrown in reach it. A decorated ``async def`` is timed from
+    its start to its result, across its awaits, while other coroutines of the thread enter and leave theirs."""
+    import asyncio
+
+    shmstat.init(job, rank=0, world_size=1, publish=False, section_window_s=60)
+    seg = _segment()
+
+    @shmstat.section("batches")
+    def batches(n: int):
+        for i in range(n):
+            assert (read_phase(seg, 0).section, read_phase(seg, 0).depth) == ("batches", 2)
+            time.sleep(0.002)
+            got = yield i
+            if got is not None:
+                yield ("got", got)
+        return "done"
+
+    with shmstat.section("epoch"):
+        assert list(batches(3)) == [0, 1, 2]
+        assert read_phase(seg, 0).section == "epoch"  # between items: not in the section
+        gen = batches(2)
+        assert next(gen) == 0 and gen.send("x") == ("got", "x")
+        with pytest.raises(KeyError):
+            gen.throw(KeyError("in"))
+        gen = batches(5)
+        next(gen)
+        gen.close()
+    assert _counts(seg, [0])["batches"][:1] == (3 + 2 + 1 + 1,)  # items yielded (and the step that raised)
+    assert _counts(seg, [0])["batches"][1] >= 6 * 2  # each item's step slept 2 ms inside the section
+
+    @shmstat.section("fetch")
+    async def fetch(delay: float) -> float:
+        await asyncio.sleep(delay)
+        return delay
+
+    async def both() -> list[float]:
+        return list(await asyncio.gather(fetch(0.05), fetch(0.02)))
+
+    assert asyncio.run(both()) == [0.05, 0.02]
+    n, total, *_ = _counts(seg, [0])["fetch"]
+    assert n == 2 and total >= 70, total  # the awaits inside: 50 + 20 ms at least
+    assert read_phase(seg, 0).depth == 0
+
+
 def test_a_decorated_function_keeps_its_name_binds_as_a_method_and_counts_a_call_that_raises(job):
     """On this process's path (the C wrapper where the extension is built): what ``functools.wraps`` gives a
     function, method binding (plain, static, class), a sample per call (one that raises too, the exception
@@ -315,7 +361,7 @@ elif mode == "trace":
         raise ValueError("in the section")
     @shmstat.section("produce")
     def produce():
-        snap()  # runs at the first next(), after the call that made the generator returned
+        snap()  # runs at the first next(), inside the section (the call that made the generator is not timed)
         yield 1
     decorated = []
     with shmstat.section("step"):
@@ -478,8 +524,8 @@ def test_the_c_and_pure_python_paths_write_the_same_phase_words(job):
     assert c["phases"][:5] == [["data", False, 1, 0], ["allreduce", True, 2, 0], ["step", False, 1, 0],
                                ["step", False, 1, 1], [None, False, 0, 1]]
     assert c["phases"][15:] == [["load", False, 2, 3], ["forward", False, 2, 3], ["fail", False, 2, 3],
-                                ["step", False, 1, 3], ["step", False, 1, 3], ["step", False, 1, 3],
-                                [None, False, 0, 3]]  # a decorated generator function times the call that makes it
+                                ["step", False, 1, 3], ["step", False, 1, 3], ["produce", False, 2, 3],
+                                [None, False, 0, 3]]  # a decorated generator function times its generator's steps
     assert c["decorated"] == py["decorated"] == [6, 5, "in the section", 1]
     assert samples[0] == samples[1] == {"data": 3, "step": 4, "allreduce": 3, "load": 1, "forward": 1, "fail": 1,
                                         "produce": 1}
