@@ -289,9 +289,9 @@ class section(_SectionBase):
 
     def __call__(self, fn: F) -> F:
         """Decorate a function: each call runs inside this section; a generator function's generator runs each of
-        its steps inside it (each item it yields is one sample: a data loader's batch; its end is none), a coroutine function's
-        coroutine from its start to its result (the awaits included: left by token, as other coroutines of the
-        thread enter and leave sections meanwhile)."""
+        its steps inside it (each item it yields is one sample: a data loader's batch; its end is none), a
+        coroutine function's coroutine from its start to its result (the awaits included: left by token, as other
+        coroutines of the thread enter and leave sections meanwhile)."""
         if inspect.isgeneratorfunction(fn):
             return cast(F, self._generator(fn))
         if inspect.iscoroutinefunction(fn):
