@@ -253,19 +253,19 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
             if cmd[0] == "go":
                 seconds = float(cmd[1])
                 ru0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-                rows0, win0 = col.rows_emitted, col.windows_emitted
+                rows0, win0 = col.passes.rows_emitted, col.passes.windows_emitted
                 measuring[0] = True
                 while time.monotonic() - w0 < seconds:
-                    step(col._poll_timeout_ms())
+                    step(col.loop.poll_timeout_ms())
                 measuring[0] = False
                 ru1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
                 import psutil
 
                 cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
                 print("result", json.dumps({
-                    "cpu_per_s": cpu / (w1 - w0), "wall": w1 - w0, "rows": col.rows_emitted - rows0,
-                    "windows": col.windows_emitted - win0, "rss": psutil.Process().memory_info().rss,
-                    "maxrss": ru1.ru_maxrss * 1024, "lat": lat, "overwritten": col.overwritten,
+                    "cpu_per_s": cpu / (w1 - w0), "wall": w1 - w0, "rows": col.passes.rows_emitted - rows0,
+                    "windows": col.passes.windows_emitted - win0, "rss": psutil.Process().memory_info().rss,
+                    "maxrss": ru1.ru_maxrss * 1024, "lat": lat, "overwritten": col.passes.overwritten,
                 }), flush=True)
             elif cmd[0] == "count":
                 want, timeout = int(cmd[1]), float(cmd[2])
@@ -276,7 +276,7 @@ def worker_collector(job: str, args: argparse.Namespace) -> None:
                 print("result", json.dumps({"t_done": time.time(), "events": c.events, "gaps": c.gaps,
                                             "rejected": c.rejected}), flush=True)
             continue
-        step(col._poll_timeout_ms())
+        step(col.loop.poll_timeout_ms())
     col.close()
     c = col.relay_counters
     print("final", json.dumps({"events": c.events, "metrics": c.metrics, "gaps": c.gaps, "rejected": c.rejected}),
