@@ -409,10 +409,7 @@ class _Sender:
     def _start_resync(self, sock: zmq.Socket[Any]) -> bool:
         """Send the re-sync marker (the first sequence number still held) and queue the kept messages for
         re-sending; False if zmq could not take the marker now."""
-        # the oldest kept message, else the outbox's head batch (sealed, maybe refused by zmq once already: its
-        # numbers are taken), else the next number on the wire
-        head = self._kept[0][1] if self._kept else self._outbox.head(wire.MAX_TOPIC)
-        first = self._outbox.wire_seq() if head is None else wire.decode(bytes(head[0]), bytes(head[1])).seq
+        first = self._next_to_send()
         marker = wire.encode("rank", self._rank, self._pid, self._incarnation, first,
                              [{"state": SYNC_STATE, "origin": self.origin}])
         try:
@@ -422,6 +419,19 @@ class _Sender:
         self._resync_due = False
         self._resend = collections.deque(entry[1] for entry in self._kept)
         return True
+
+    def _next_to_send(self) -> int:
+        """The sequence number of the first item this thread has not handed to zmq since the collector subscribed:
+        with a re-sync due, the oldest kept message's; else the next message to re-send's; else the outbox's head
+        batch's (sealed, maybe refused by zmq once already: its numbers are taken, its items not sent); else the
+        next number on the wire."""
+        if self._resync_due:
+            head = self._kept[0][1] if self._kept else None
+        else:
+            head = self._resend[0] if self._resend else None
+        if head is None:
+            head = self._outbox.head(wire.MAX_TOPIC)
+        return self._outbox.wire_seq() if head is None else wire.decode(bytes(head[0]), bytes(head[1])).seq
 
     def collector_listening(self) -> bool:
         """Whether a collector may be serving this publisher's ``ipc://`` endpoint (a socket file someone
@@ -487,9 +497,10 @@ class _Sender:
     def _send_held(self, sock: zmq.Socket[Any], next_seq: int | None = None) -> None:
         """Tell the collector that everything sent before has been sent: the marker travels behind it in the
         same pipe. Sent when a collector that shuts down unsubscribes (from then on items are held for the
-        next one) and when this publisher closes. It carries the next sequence number on the wire, or
-        ``next_seq`` (closing with items left: the sequence number after them, so they count as a gap)."""
-        seq = self._outbox.wire_seq() if next_seq is None else next_seq
+        next one) and when this publisher closes. It carries the first number not sent (:meth:`_next_to_send`:
+        what zmq refused and what is still to re-send are held for the next collector, no loss), or ``next_seq``
+        (closing with items left: the sequence number after them, so they count as a gap)."""
+        seq = self._next_to_send() if next_seq is None else next_seq
         payload = wire.encode("rank", self._rank, self._pid, self._incarnation, seq, [{"state": "held"}])
         with contextlib.suppress(zmq.ZMQError):
             sock.send_multipart([wire.HELD_TOPIC, payload], zmq.NOBLOCK)

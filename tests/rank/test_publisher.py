@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import platform
 import shutil
 import tempfile
 import threading
@@ -39,12 +40,13 @@ def endpoint() -> Iterator[str]:
 
 class Collector:
     """A minimal stand-in for the collector's ingest: XSUB bound at ``endpoint``, subscribed to everything,
-    decoding every message with :func:`shmstat.wire.decode`."""
+    decoding every message with :func:`shmstat.wire.decode`; ``rcvhwm`` messages wait in its socket at most (0: no
+    bound)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, rcvhwm: int = 0) -> None:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.sock = self.ctx.socket(zmq.XSUB)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.sock.bind(endpoint)
         self.sock.send(b"\x01")
         self.messages: list[wire.WireMessage] = []
@@ -110,11 +112,11 @@ class Collector:
 
 
 @pytest.fixture
-def collector_factory(endpoint: str) -> Iterator[Callable[[], Collector]]:
+def collector_factory(endpoint: str) -> Iterator[Callable[..., Collector]]:
     made: list[Collector] = []
 
-    def make() -> Collector:
-        c = Collector(endpoint)
+    def make(rcvhwm: int = 0) -> Collector:
+        c = Collector(endpoint, rcvhwm)
         made.append(c)
         return c
 
@@ -391,6 +393,55 @@ def test_handover_request_is_answered_behind_the_last_item_then_items_are_held(
     c.sock.send(b"\x01")  # the next collector subscribes (a repeated frame on the same pipe)
     c.receive_until(lambda: c.count() == 320)
     assert [s for s, _i, _m in c.items()] == list(range(320))
+
+
+def _asleep_in_its_long_wait(pub: Publisher, wait_ms: int) -> bool:
+    """Whether the publisher's thread sleeps for good: no wake-up pending on its eventfd (nothing publishes any
+    more, so none comes), then the thread blocked in ``poll`` of that one fd for ``wait_ms`` (the latency budget,
+    not the shorter retry), as the kernel says in /proc (x86_64's system call numbers)."""
+    sender = pub._sender
+    assert sender.thread is not None and sender.thread.native_id is not None
+    with open(f"/proc/self/fdinfo/{sender._wake.fd}") as f:
+        if [line.split()[1] for line in f if line.startswith("eventfd-count:")] != ["0"]:
+            return False
+    with open(f"/proc/self/task/{sender.thread.native_id}/syscall") as f:
+        call = f.read().split()
+    return call[0] == "7" and call[2] == "0x1" and int(call[3], 16) == wait_ms  # poll(fds, 1, wait_ms)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="reads x86_64 system call numbers in /proc")
+def test_a_handover_marker_claims_no_number_zmq_refused(
+    publishers: list[Publisher], collector_factory: Callable[..., Collector], endpoint: str, backend: str
+) -> None:
+    """A collector that read too slowly (the pipe full: zmq refused the batch the thread had numbered) and then
+    asks for the hand-over: the marker carries the first number not handed to zmq, so the collector counts no
+    gap for the batch the rank still holds, and the next collector gets it, each item once."""
+    c = collector_factory(rcvhwm=1)
+    # after zmq refused a batch the thread tries again in a second, then sleeps a minute unless woken: the test
+    # chooses when it next looks
+    pub = Publisher(endpoint, rank=1, sndhwm=1, idle_sleep_s=1, event_latency_ms=60_000)
+    publishers.append(pub)
+    pub.publish_event("e", 0, {})
+    assert flush_while_pumping(pub, c)
+    c.receive_until(lambda: c.count() == 1)
+    n = 24
+    for i in range(1, n):  # ~23 MB: more than the pipes and the kernel's buffers hold
+        pub.publish_event("e", i, {"pad": "p" * 1_000_000})
+    wait_for(lambda: _asleep_in_its_long_wait(pub, 60_000), 20, 0.01, what="the publisher thread asleep")
+    refused_at = pub._sender._outbox.wire_seq()
+    sent = pub.stats().sent_items
+    assert refused_at > sent  # a batch numbered, refused by the full pipe, still held (the case under test)
+    c.receive_until(lambda: c.count() == sent, what="what the pipe held")
+    c.sock.send(wire.HANDOVER_REQUEST)
+    pub.flush(0.01)  # wakes the thread: it reads the request with room in the pipe again
+    c.receive_until(lambda: len(c.held) == 1, what="the hand-over marker")
+    c.pump(50)
+    # it claims what arrived before it (the thread holds from now on), not the numbers of a batch zmq refused
+    assert c.held[0].seq == c.count() < n
+    c.sock.send(b"\x01")  # the next collector subscribes
+    assert flush_while_pumping(pub, c, 30)  # (woken by each flush: it would sleep its minute when zmq refuses)
+    c.receive_until(lambda: c.count() == n, what="the rest")
+    assert [s for s, _i, _m in c.items()] == list(range(n))  # each once, none lost
 
 
 def test_collector_restart(

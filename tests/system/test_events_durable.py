@@ -61,6 +61,21 @@ def _stop_ranks_and_wait_for_their_events(procs, stop: str, tmp_path, out: str) 
     return reports
 
 
+def _gaps_said(lines: list[dict]) -> str:
+    """Each gap row with what the file holds of its numbers outside it: which of them arrived all the same (a false
+    gap: the rank still held them), and the file's row numbers of the gap and of the first such arrival."""
+    said = []
+    for at, g in enumerate(lines):
+        if "gap" not in g:
+            continue
+        key = (g["rank"], g["pid"], g["incarnation"])
+        came = [(n, e["seq"]) for n, e in enumerate(lines) if "gap" not in e
+                and (e["rank"], e["pid"], e["incarnation"]) == key and g["from_seq"] <= e["seq"] <= g["to_seq"]]
+        said.append(f"{g} at row {at}: {len(came)} of its numbers arrived, first at row "
+                    f"{came[0][0] if came else None}, seqs {[s for _, s in came[:3]]}..{[s for _, s in came[-3:]]}")
+    return "; ".join(said)
+
+
 def _assert_each_event_once(lines: list[dict], reports: list[dict], context: str) -> None:
     """Every event each rank logged is in ``lines`` exactly once, and no rank dropped any."""
     for r, rep in enumerate(reports):
@@ -132,5 +147,5 @@ def test_a_successor_stopped_before_the_ranks_resync_loses_and_gaps_nothing(job,
             p.join(30)
         assert coll.stop(signal.SIGTERM) == 0
     lines = read_jsonl(out)
-    assert [g for g in lines if "gap" in g] == []
+    assert [g for g in lines if "gap" in g] == [], f"{_gaps_said(lines)}; the ranks said {reports}"
     _assert_each_event_once(lines, reports, "")
