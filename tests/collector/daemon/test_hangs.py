@@ -258,3 +258,54 @@ def test_innermost_frames_keep_each_threads_first_frames_within_the_bound():
                                  '  File "a.py", line 1 in f1', "Current thread 0x02 (most recent call first):",
                                  '  File "b.py", line 1 in g']
     assert len(innermost_frames(dump * 100, limit=300)) == 300
+
+
+def test_a_rank_that_shows_up_after_the_hang_was_named_changes_the_named_picture(job, tmp_path):
+    """Ranks 0 and 2 wait in ``allreduce`` while rank 1 has not started (a slow start): the node names the holder
+    elsewhere; then rank 1 starts, steps and sticks in ``data``. The episode named on the old picture resolves (a
+    rank that shows up is progress) and the next one names rank 1, once."""
+    tmp = str(tmp_path)
+    events = f"{tmp}/events.jsonl"
+    coll = _collector(job, tmp)
+    procs = [spawn(_rank, job, r, 3, "waits", tmp, False) for r in (0, 2)]
+    try:
+        first = _hang(events, 60)
+        assert first["elsewhere"] is True and first["ranks"] == "0,2", first
+        procs.append(spawn(_rank, job, 1, 3, "stuck", tmp, False))
+        wait_for(lambda: len(_events(events, "shmstat.hang")) == 2, timeout_s=60,
+                 what="the hang named again once rank 1 showed up")
+        names = [e["name"] for e in read_jsonl(events) if e["name"].startswith("shmstat.hang")]
+        assert names == ["shmstat.hang", "shmstat.hang.resolved", "shmstat.hang"], names
+        data = _events(events, "shmstat.hang")[1]["data"]
+        assert re.search(rf"ranks 0,2 in allreduce for \d+ s; rank 1 in data for \d+ s \(pid {procs[2].pid}, "
+                         r"sleeping", data["line"]), data
+        assert (data["suspects"], data["elsewhere"]) == ("1", False)
+    finally:
+        out = _finish(coll, procs, tmp)
+    assert len([ln for ln in out.splitlines() if "hang:" in ln]) == 2, out
+
+
+def test_a_suspect_that_dies_while_the_hang_lasts_is_named_again_died(job, tmp_path):
+    """Rank 1 is named stuck in ``data`` (sleeping); then it is SIGKILLed, and no rank makes progress: the episode
+    resolves with reason ``changed`` and the next one, named at once, says rank 1 died; no more after."""
+    tmp = str(tmp_path)
+    events = f"{tmp}/events.jsonl"
+    coll = _collector(job, tmp)
+    procs = _start_job(job, tmp, ["waits", "stuck", "waits"])
+    try:
+        first = _hang(events, 60)
+        assert (first["suspects"], first["rank.1.status"]) == ("1", "sleeping"), first
+        os.kill(procs[1].pid, signal.SIGKILL)
+        wait_for(lambda: len(_events(events, "shmstat.hang")) == 2, timeout_s=10,
+                 what="the hang named again once rank 1 died")
+        (resolved,) = _events(events, "shmstat.hang.resolved")
+        assert resolved["data"]["reason"] == "changed", resolved
+        data = _events(events, "shmstat.hang")[1]["data"]
+        assert re.search(rf"ranks 0,2 in allreduce for \d+ s; rank 1 in data for \d+ s \(pid {procs[1].pid}, "
+                         r"(zombie|died)\)", data["line"]), data  # a zombie until the test reaps it
+        procs[1].join(10)  # reaped: its zombie goes, and it is still named gone, not again
+        time.sleep(1)
+        assert len(_events(events, "shmstat.hang")) == 2
+    finally:
+        out = _finish(coll, procs, tmp)
+    assert len([ln for ln in out.splitlines() if "hang:" in ln]) == 2, out
