@@ -14,7 +14,10 @@ named with its process state and its CPU since it went quiet (psutil). When ever
 wait section (none stopped), the line says the rank holding the job is elsewhere (another node).
 A suspect that opted in (:mod:`shmstat.job.hang_stacks`) is sent ``SIGUSR2`` and the event is published a moment
 later (:data:`STACKS_WAIT_S`) with the innermost frames of its stacks. When progress resumes (or no live rank is
-left in a section), ``shmstat.hang.resolved`` is published (no console line: one line per episode).
+left in a section), ``shmstat.hang.resolved`` is published (no console line: one line per episode). A rank that
+shows up (its first phase word) is progress. When the picture the line named changes while no rank makes progress
+(a suspect died or was stopped, a waiting rank became a suspect, the holder is no longer elsewhere), the episode
+resolves with reason ``changed`` and a new one is named at once on the new picture (its event and line).
 
 The Prometheus exporter, when there is one, is handed the table at each look where it changed (and at least every
 :data:`EXPORT_EVERY_S`): ``shmstat_rank_progress_age_seconds``, ``shmstat_job_hung`` and, while an episode lasts,
@@ -101,6 +104,7 @@ class _Episode:
     published: bool
     offsets: dict[int, tuple[str, int]]  # rank -> (stacks file, its size before SIGUSR2)
     suspects: list[tuple[int, str, str, int]]  # (rank, section, state, progress_ns) as the line names them
+    picture: tuple[tuple[int, str, str], ...]  # what a changed picture is told by (see _picture)
 
 
 class HangWatcher:
@@ -144,19 +148,19 @@ class HangWatcher:
         hung = bool(live) and any(r.section for r in live) and all(
             now - r.progress_ns >= self.hang_after_ns for r in live)
         ep = self._episode
+        if hung and ep is not None and ep.published:
+            picture = self._picture(table)
+            if picture[1] != ep.picture:  # no progress, but the line would name other ranks or states now
+                self._resolve(ep, table, now, "changed")
+                ep = self._episode = None
         if hung and ep is None:
             self._episode = ep = self._start(table, now, mono)
         if ep is not None and not ep.published and (mono >= ep.publish_at or not hung):
             self._say(ep)
         if not hung and ep is not None:
             self._episode = None
-            duration = (now - ep.since_ns) / 1e9
             progressed = any(now - r.progress_ns < self.hang_after_ns for r in live)
-            reason = "progress" if progressed else "ended"
-            self.publish(RESOLVED_EVENT, now, {
-                "group": LINE_GROUP, "ranks": _ranks(table), "duration_s": round(duration, 3), "reason": reason,
-                "line": f"hang resolved: job {self.job}: {'progress' if progressed else 'no rank waits any more'} "
-                        f"after {duration:.0f} s"})
+            self._resolve(ep, table, now, "progress" if progressed else "ended")
         self.hung = hung
         self._export(table, hung, now, mono)
 
@@ -241,12 +245,31 @@ class HangWatcher:
         self._quiet = kept
 
     # -- an episode -----------------------------------------------------------------------------------------------
-    def _start(self, table: list[RankPhase], now: int, mono: float) -> _Episode:
-        """The hang's event data and line, its suspects asked for their stacks."""
+    def _picture(self, table: list[RankPhase]) -> tuple[list[RankPhase], tuple[tuple[int, str, str], ...]]:
+        """The suspects, and the picture a line on them names: every rank with its section and, for a suspect,
+        ``gone``, ``stopped`` or ``suspect`` (a rank not suspected: ""). A live suspect's other states (sleeping,
+        running) are not in it: they come and go while it stays stuck."""
         live = [r for r in table if r.alive]
         stopped = {r.rank for r in live if self._stopped(r)}
         waiting = [r for r in live if r.waits and r.rank not in stopped]
         suspects = [r for r in table if not r.alive or r.rank in stopped or (not r.waits if waiting else True)]
+        kinds = {r.rank: "gone" if not r.alive else "stopped" if r.rank in stopped else "suspect" for r in suspects}
+        return suspects, tuple((r.rank, r.section, kinds.get(r.rank, "")) for r in table)
+
+    def _resolve(self, ep: _Episode, table: list[RankPhase], now: int, reason: str) -> None:
+        """Publish the end of episode ``ep``: ``progress``, ``ended`` (no live rank in a section) or ``changed``
+        (a new episode names the new picture)."""
+        duration = (now - ep.since_ns) / 1e9
+        how = {"progress": "progress", "ended": "no rank waits any more",
+               "changed": "the picture changed, named again"}[reason]
+        self.publish(RESOLVED_EVENT, now, {
+            "group": LINE_GROUP, "ranks": _ranks(table), "duration_s": round(duration, 3), "reason": reason,
+            "line": f"hang resolved: job {self.job}: {how} after {duration:.0f} s"})
+
+    def _start(self, table: list[RankPhase], now: int, mono: float) -> _Episode:
+        """The hang's event data and line, its suspects asked for their stacks."""
+        live = [r for r in table if r.alive]
+        suspects, picture = self._picture(table)
         data: EventData = {"group": LINE_GROUP, "ranks": _ranks(table), "suspects": _ranks(suspects),
                            "hang_after_s": self.hang_after_ns / 1e9}
         offsets: dict[int, tuple[str, int]] = {}
@@ -286,7 +309,8 @@ class HangWatcher:
             clauses.append("every rank of this node waits, in different wait sections")
         data["line"] = f"hang: job {self.job}: " + "; ".join(parts + clauses)
         since = max(r.progress_ns for r in live)
-        return _Episode(now, since, data, mono + (STACKS_WAIT_S if offsets else 0.0), False, offsets, named)
+        return _Episode(now, since, data, mono + (STACKS_WAIT_S if offsets else 0.0), False, offsets, named,
+                        picture)
 
     def _stopped(self, r: RankPhase) -> bool:
         """Whether a live rank's process is stopped (it runs none of its code, whatever its phase word says)."""

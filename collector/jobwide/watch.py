@@ -21,7 +21,8 @@ node is named once, not once per rank. When either scores at or above the thresh
 Hangs: each node collector names a hang on its node (``shmstat.hang``, ``--hang-after``), with the ranks it
 suspects; a node whose ranks all wait in one wait section says the rank holding the job is elsewhere. Across the
 nodes the holder is the rank a node suspects outside every wait section: :data:`JOB_HANG_EVENT` names it, its node
-and its section, and the nodes that wait; once no node hangs any more, :data:`JOB_HANG_RESOLVED_EVENT`.
+and its section, and the nodes that wait; once no node hangs any more, :data:`JOB_HANG_RESOLVED_EVENT` (a node's
+resolution with reason ``changed`` is not one: that node names the hang again at once, on its new picture).
 
 Silence: a node collector sends a heartbeat every ``--heartbeat-interval`` (1 s by default) besides its data, so
 a node heard of that sends nothing for ``silent_after_s`` (5 s: five beats) is gone quiet (a host down, its
@@ -417,6 +418,8 @@ class JobWatch:
 
     def _hang(self, job: str, state: _Job, node: str, name: str, data: dict[str, Any]) -> list[WatchEvent]:
         if name == RESOLVED_EVENT:
+            if data.get("reason") == "changed":  # the node names it again at once, on its new picture
+                return []
             state.node_hangs.pop(node, None)
         else:
             state.node_hangs[node] = data

@@ -67,6 +67,21 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: fl
         time.sleep(interval_s)
 
 
+def wait_growing(count: Callable[[], int], target: int, stall_s: float, what: str,
+                 explain: Callable[[], str] = lambda: "") -> int:
+    """Poll ``count`` until it reaches ``target``, as long as it keeps growing: fail once it stayed put for
+    ``stall_s`` (what stopped, told from a consumer a loaded machine slows down, however much it has to take)."""
+    last, moved = count(), time.monotonic()
+    while last < target:
+        time.sleep(0.05)
+        now = count()
+        if now > last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise AssertionError(f"{what}: {last} of {target}, none more for {stall_s:g} s {explain()}")
+    return last
+
+
 def step_and_wait(collector) -> None:
     """Make ``collector.step()`` return only once its handlers (threads of their own) took what the step
     dispatched, so a test can look at a recording handler right after a step."""
