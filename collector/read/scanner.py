@@ -615,6 +615,10 @@ def distinct(*columns: np.ndarray) -> int:
     return 1 + int(change.sum())
 
 
+_COUNT_MAX = (1 << 63) - 1
+"""The most a count word of the segment holds."""
+
+
 class DurableMarks(NamedTuple):
     """Watermarks of one pass still to be written into the segment: ``emitted_wid`` words and their values, and
     the windows the pass found lost to the ring (before those watermarks)."""
@@ -646,8 +650,10 @@ class DurableMarks(NamedTuple):
         try:
             at, values = self.words, self.wids
             if self.lost:
+                # saturated: garbage window ids in a hostile segment can make the count pass what a word holds
+                total = min(max(int(words[L.H_OVERWRITTEN // 8]), 0) + self.lost, _COUNT_MAX)
                 at = np.append(at, L.H_OVERWRITTEN // 8)
-                values = np.append(values, int(words[L.H_OVERWRITTEN // 8]) + self.lost)
+                values = np.append(values.astype(np.int64), np.int64(total))
             words[at] = values
         finally:
             del words

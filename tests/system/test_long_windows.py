@@ -266,6 +266,7 @@ def test_scanner_refuses_absurd_windows_and_polls_long_ones_without_spinning(job
         seg.close()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the lost count once overflowed its word: a cast of garbage
 def test_scanner_survives_random_banks_of_long_window_slots(job):
     """Random bytes in the banks and watermarks of valid long-window slots (read the slow way, every poll),
     writer alive and dead, final pass or not: every pass returns, and whatever comes out has counts a writer
