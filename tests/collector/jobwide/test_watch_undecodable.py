@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 import msgpack
 import zmq
@@ -107,21 +108,27 @@ def test_each_undecodable_message_is_counted_and_the_valid_ones_among_them_taken
         pub.close()
 
 
-def test_top_nodes_shows_the_undecodable_count_in_its_footer():
-    pub = _Publisher()
+def _top_nodes(pub: _Publisher, send: Callable[[], None], *flags: str) -> str:
+    """Three frames of a real ``shmstat top --nodes`` on ``pub``'s endpoint (piped) while ``send`` publishes."""
     top = subprocess.Popen([sys.executable, "-m", "collector", "top", "--nodes", f"n1={pub.endpoint}",
-                            "--interval", "1", "--iterations", "3"],
+                            "--interval", "1", "--iterations", "3", *flags],
                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, COLUMNS="100"),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         pub.wait_subscribed()
-        pub.send_all(3)
+        send()
         out, err = top.communicate(timeout=60)
     finally:
         if top.poll() is None:
             top.kill()
         pub.close()
     assert top.returncode == 0, err
+    return out
+
+
+def test_top_nodes_shows_the_undecodable_count_in_its_footer():
+    pub = _Publisher()
+    out = _top_nodes(pub, lambda: pub.send_all(3))
     counts = re.findall(r"(\d+) undecodable", out)
     assert counts and int(counts[-1]) == len(BAD), out
 
@@ -130,19 +137,8 @@ def test_top_nodes_silent_after_names_a_quiet_node_sooner_than_the_default():
     """``--silent-after 1``: a node heard once and quiet after is shown ``SILENT`` within the frames of 3 s (the
     default, 5 s, would not show it yet)."""
     pub = _Publisher()
-    top = subprocess.Popen([sys.executable, "-m", "collector", "top", "--nodes", f"n1={pub.endpoint}",
-                            "--interval", "1", "--iterations", "3", "--silent-after", "1"],
-                           cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO, COLUMNS="100"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        pub.wait_subscribed()
-        pub.sock.send_multipart(_good(1))  # heard once, then nothing: no row, no heartbeat
-        out, err = top.communicate(timeout=60)
-    finally:
-        if top.poll() is None:
-            top.kill()
-        pub.close()
-    assert top.returncode == 0, err
+    # heard once, then nothing: no row, no heartbeat
+    out = _top_nodes(pub, lambda: pub.sock.send_multipart(_good(1)), "--silent-after", "1")
     last = out.split("\n\n")[-1]
     assert re.search(r"^n1\b.*SILENT \d+ s", last, re.M), out
     assert "0 undecodable" in last, out
