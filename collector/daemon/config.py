@@ -126,9 +126,9 @@ class CollectorConfig:
 def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricHandler] | None = None,
                      quiet: tuple[str, ...] = ()) -> ThreadedDispatcher:
     """The handlers of ``config`` (and the given objects) behind their threads; the collector's own group goes
-    nowhere unless asked for: by name (``--handler shmstat=SPEC``, or a handler object for it) or by ``*`` in
-    ``config.handlers`` (``--handler '*=SPEC'``: every group; its counters are on ``/metrics`` and the status line
-    already, so without either it is left out). Nor do the groups in ``quiet``
+    nowhere unless asked for: by name (``--handler shmstat=SPEC``, or a handler object for it) or by ``*``
+    (``--handler '*=SPEC'`` or a ``"*"`` handler object: every group; its counters are on ``/metrics`` and the status
+    line already, so without either it is left out). Nor do the groups in ``quiet``
     (the GPU figures' when the collector samples GPUs: a dozen figures per GPU are not for the default console
     line) unless a handler names them or ``*`` is configured."""
     inner = Dispatcher.from_specs(config.handlers, node=config.prometheus_node)
@@ -136,10 +136,11 @@ def build_dispatcher(config: CollectorConfig, handler_objects: dict[str, MetricH
         inner.bind(group, handler)
     from elastic.metrics import NullMetricHandler
 
-    if PLATFORM_GROUP not in inner.handlers and "*" not in config.handlers:
+    star = "*" in config.handlers or "*" in (handler_objects or {})  # every group, by a spec or an object
+    if PLATFORM_GROUP not in inner.handlers and not star:
         inner.bind(PLATFORM_GROUP, NullMetricHandler())
     for group in quiet:
-        if group not in inner.handlers and "*" not in config.handlers:
+        if group not in inner.handlers and not star:
             inner.bind(group, NullMetricHandler())
     return ThreadedDispatcher(inner, handler_queue=config.handler_queue)
 

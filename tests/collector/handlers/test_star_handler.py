@@ -36,3 +36,38 @@ def test_star_serves_the_collectors_own_group_unless_a_handler_names_it(job, tmp
     groups = _groups(job, tmp_path, *handlers)
     assert "train" in groups, groups
     assert (COLLECTOR_GROUP in groups) is own, groups
+
+
+def test_a_star_handler_object_serves_the_collectors_own_group_as_the_star_spec_does(job):
+    """``handler_objects={"*": h}`` (the Python face of ``--handler '*=...'``) gets every group, the collector's own
+    too (it got the job's groups only: ``*`` meant two things); a handler object naming ``shmstat`` wins."""
+    from kit.handlers.user import Recording
+    from kit.support import FakeClock, step_and_wait
+
+    from collector import Collector, CollectorConfig
+    from shmstat.aggregation import Aggregation as A
+    from shmstat.job.attach import init, shutdown
+    from shmstat.writer.stat import Stat
+
+    groups = []
+    for named in (False, True):
+        clock = FakeClock()
+        clock.to_window(100)
+        star, own = Recording(), Recording()
+        objects = {"*": star, **({COLLECTOR_GROUP: own} if named else {})}
+        c = Collector(CollectorConfig(job=job, grace_ms=0, clock=clock, usage_interval_s=0.0),
+                      handler_objects=objects)
+        step_and_wait(c)
+        try:
+            init(job, rank=0, publish=False)
+            stat = Stat("steps", [A.COUNT], 0.1, clock=clock, group="train")
+            stat.add(1.0)
+            clock.advance_ms(250)
+            c.step()
+        finally:
+            c.close()
+            shutdown()
+        groups.append(({m.group_name for m in star.got}, {m.group_name for m in own.got}))
+    (star_alone, _), (star_beside, own_named) = groups
+    assert {"train", COLLECTOR_GROUP} <= star_alone, star_alone
+    assert COLLECTOR_GROUP not in star_beside and COLLECTOR_GROUP in own_named, groups
