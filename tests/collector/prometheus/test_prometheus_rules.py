@@ -6,12 +6,14 @@ scrapes a real collector of a running job with a slow rank scores that rank as t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,27 +99,44 @@ RANKS = 3
 SLOW = str(RANKS - 1)  # report_job.py: the last rank is three times slower
 
 
-@needs_prometheus
-def test_live_the_rules_score_the_slow_rank_as_the_collector_and_alert_on_it_alone(tmp_path):
-    """A real job (3 ranks, the last three times slower, 0.2 s windows) under ``shmstat run --prometheus``, scraped
-    every second by a real Prometheus that loads the printed rules (``--interval 4 --windows 1``): once
-    ``ShmstatStragglerRank`` fires, it names the slow rank (and node) alone for the step time, and the recording
-    rule's score of that rank is the collector's ``shmstat_stat_straggler_score`` within 5%."""
-    job = unique_job("rules")
+@contextlib.contextmanager
+def _live_job(tmp_path: Path, name: str, window_s: str, script: str) -> Iterator[tuple[str, str]]:
+    """A real Prometheus loading the printed rules (``--interval 4 --windows 1``), scraping every second the job
+    ``script`` runs under ``shmstat run --prometheus`` (3 ranks, ``WINDOW_S`` windows, node ``node-a``, found by
+    file discovery): yields the job and Prometheus's base URL; stops both after."""
+    job = unique_job(name)
     sd_dir = tmp_path / "sd"
     sd_dir.mkdir()
     path = _write_rules(tmp_path, "--interval", "4", "--windows", "1")
     config = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
               f"rule_files: ['{path}']\nscrape_configs:\n" + file_sd_job(sd_dir))
     prom, base = start_prometheus_as_written(tmp_path, config)
-    env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN="120", WINDOW_S="0.2")
+    env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN="120", WINDOW_S=window_s)
     run = subprocess.Popen(
         [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(RANKS), "--grace-ms", "20",
          "--handler", "*=null", "--prometheus", "127.0.0.1:0", "--prometheus-sd", str(sd_dir / "node.json"),
-         "--prometheus-node", "node-a", SCRIPT],
+         "--prometheus-node", "node-a", script],
         env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sel = f'job="{job}", stat="step_ms"'
     try:
+        yield job, base
+    finally:
+        run.send_signal(signal.SIGINT)
+        try:
+            run.wait(60)
+        finally:
+            prom.terminate()
+            prom.wait(30)
+            Segment.unlink(job)
+
+
+@needs_prometheus
+def test_live_the_rules_score_the_slow_rank_as_the_collector_and_alert_on_it_alone(tmp_path):
+    """A real job (3 ranks, the last three times slower, 0.2 s windows) under ``shmstat run --prometheus``, scraped
+    every second by a real Prometheus that loads the printed rules (``--interval 4 --windows 1``): once
+    ``ShmstatStragglerRank`` fires, it names the slow rank (and node) alone for the step time, and the recording
+    rule's score of that rank is the collector's ``shmstat_stat_straggler_score`` within 5%."""
+    with _live_job(tmp_path, "rules", "0.2", SCRIPT) as (job, base):
+        sel = f'job="{job}", stat="step_ms"'
         wait_for(lambda: scraping(base), 60, what=f"Prometheus scraping the job (log: {tmp_path / 'prometheus.log'})")
         firing = f'ALERTS{{alertname="ShmstatStragglerRank", alertstate="firing", {sel}}}'
         wait_for(lambda: query(base, firing), 90, interval_s=0.5, what="ShmstatStragglerRank firing for the step time")
@@ -130,14 +149,6 @@ def test_live_the_rules_score_the_slow_rank_as_the_collector_and_alert_on_it_alo
         ours = value(base, f'shmstat:straggler_score{{{sel}, rank="{SLOW}"}}')
         assert abs(ratio - 1) <= 0.05, (ratio, ours)
         assert ours is not None and ours < 0.75
-    finally:
-        run.send_signal(signal.SIGINT)
-        try:
-            run.wait(60)
-        finally:
-            prom.terminate()
-            prom.wait(30)
-            Segment.unlink(job)
 
 
 SKEWED = os.path.join(REPO, "tests", "kit", "programs", "skewed_steps.py")
@@ -160,21 +171,8 @@ def test_live_the_rules_score_every_rank_by_the_figure_the_collector_scores(tmp_
     about 0.67, the healthy ones 1), the node's score is 1 (its median rank is the job's) with its target's
     ``instance``, and the rank alert
     names the last rank alone. Scored by the mean, the last rank would be the fastest (about 2.2)."""
-    job = unique_job("rulesfig")
-    sd_dir = tmp_path / "sd"
-    sd_dir.mkdir()
-    path = _write_rules(tmp_path, "--interval", "4", "--windows", "1")
-    config = ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-              f"rule_files: ['{path}']\nscrape_configs:\n" + file_sd_job(sd_dir))
-    prom, base = start_prometheus_as_written(tmp_path, config)
-    env = dict(os.environ, PYTHONPATH=REPO, SECONDS_TO_RUN="120", WINDOW_S="0.5")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "collector", "run", "--job", job, "--nproc-per-node", str(RANKS), "--grace-ms", "20",
-         "--handler", "*=null", "--prometheus", "127.0.0.1:0", "--prometheus-sd", str(sd_dir / "node.json"),
-         "--prometheus-node", "node-a", SKEWED],
-        env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sel = f'job="{job}", stat="step_ms"'
-    try:
+    with _live_job(tmp_path, "rulesfig", "0.5", SKEWED) as (job, base):
+        sel = f'job="{job}", stat="step_ms"'
         wait_for(lambda: scraping(base), 60, what=f"Prometheus scraping the job (log: {tmp_path / 'prometheus.log'})")
         wait_for(lambda: len(_both_scores(base, sel)) == RANKS, 60, interval_s=0.5,
                  what="both scores of every rank in Prometheus")
@@ -196,11 +194,3 @@ def test_live_the_rules_score_every_rank_by_the_figure_the_collector_scores(tmp_
         firing = f'ALERTS{{alertname="ShmstatStragglerRank", alertstate="firing", {sel}}}'
         wait_for(lambda: query(base, firing), 60, interval_s=0.5, what="ShmstatStragglerRank firing for the step time")
         assert {(r["metric"]["node"], r["metric"]["rank"]) for r in query(base, firing)} == {("node-a", SLOW)}
-    finally:
-        run.send_signal(signal.SIGINT)
-        try:
-            run.wait(60)
-        finally:
-            prom.terminate()
-            prom.wait(30)
-            Segment.unlink(job)
